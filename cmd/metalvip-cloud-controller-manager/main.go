@@ -1,0 +1,106 @@
+// Command metalvip-cloud-controller-manager is the Kubernetes cloud-controller-manager for
+// bare metal: the framework's node, node-lifecycle and service controllers with the metalvip
+// provider. Run kube-controller-manager and every kubelet with --cloud-provider=external.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/wait"
+	cloudprovider "k8s.io/cloud-provider"
+	"k8s.io/cloud-provider/app"
+	"k8s.io/cloud-provider/app/config"
+	"k8s.io/cloud-provider/names"
+	"k8s.io/cloud-provider/options"
+	"k8s.io/component-base/cli"
+	cliflag "k8s.io/component-base/cli/flag"
+	_ "k8s.io/component-base/logs/json/register"          // --logging-format=json
+	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics
+	_ "k8s.io/component-base/metrics/prometheus/version"  // version metric
+	"k8s.io/component-base/version/verflag"
+
+	"github.com/metalvip/metalvip/provider"
+)
+
+func main() {
+	cmd, err := newCommand()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "metalvip-cloud-controller-manager: %v\n", err)
+		os.Exit(1)
+	}
+	os.Exit(cli.Run(cmd))
+}
+
+// Defaults that differ from the framework's. The framework's client defaults (20 QPS, burst
+// 30, one service sync at a time) cap a controller far below what allocating for thousands of
+// Services at once needs; the flags still override these.
+const (
+	defaultKubeAPIQPS             = 200
+	defaultKubeAPIBurst           = 400
+	defaultConcurrentServiceSyncs = 8
+)
+
+func newCommand() (*cobra.Command, error) {
+	opts, err := options.NewCloudControllerManagerOptions()
+	if err != nil {
+		return nil, fmt.Errorf("initialise options: %w", err)
+	}
+	opts.KubeCloudShared.CloudProvider.Name = provider.ProviderName
+	opts.Generic.ClientConnection.QPS = defaultKubeAPIQPS
+	opts.Generic.ClientConnection.Burst = defaultKubeAPIBurst
+	opts.ServiceController.ConcurrentServiceSyncs = defaultConcurrentServiceSyncs
+	opts.Generic.LeaderElection.ResourceName = "metalvip-cloud-controller-manager"
+
+	cmd := app.NewCloudControllerManagerCommand(opts, cloudInitializer, app.DefaultInitFuncConstructors,
+		names.CCMControllerAliases(), cliflag.NamedFlagSets{}, wait.NeverStop)
+	cmd.Use = "metalvip-cloud-controller-manager"
+	cmd.Long = `metalvip-cloud-controller-manager gives Services of type LoadBalancer virtual IPs on bare
+metal and initialises nodes (providerID metalvip://<node-name>, addresses, zone and region).
+Settings of its own are in the --cloud-config file, documented in docs/cloud-config.md.`
+
+	// Read the cloud-config before the framework builds clients and opens ports, so a mistake
+	// in it is reported first and alone.
+	run := cmd.RunE
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		verflag.PrintAndExitIfRequested()
+		cp := opts.KubeCloudShared.CloudProvider
+		if cp.Name != provider.ProviderName {
+			return fmt.Errorf("--cloud-provider=%q: this binary runs only the %q provider; leave the flag out or set it to %q", cp.Name, provider.ProviderName, provider.ProviderName)
+		}
+		if _, err := initCloud(cp.Name, cp.CloudConfigFile); err != nil {
+			// Plain text, not a log line: this is the operator's file and the message is the fix.
+			fmt.Fprintf(os.Stderr, "metalvip-cloud-controller-manager: %v\n", err)
+			os.Exit(1)
+		}
+		return run(c, args)
+	}
+	return cmd, nil
+}
+
+func initCloud(name, file string) (cloudprovider.Interface, error) {
+	cloud, err := cloudprovider.InitCloudProvider(name, file)
+	if err != nil {
+		if file != "" {
+			return nil, fmt.Errorf("--cloud-config %s: %w", file, err)
+		}
+		return nil, err
+	}
+	if cloud == nil {
+		return nil, fmt.Errorf("cloud provider %q is not registered", name)
+	}
+	return cloud, nil
+}
+
+// cloudInitializer is called by the framework after it has parsed its flags. The file was
+// already checked in RunE, so an error here means it changed in between.
+func cloudInitializer(c *config.CompletedConfig) cloudprovider.Interface {
+	cp := c.ComponentConfig.KubeCloudShared.CloudProvider
+	cloud, err := initCloud(cp.Name, cp.CloudConfigFile)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "metalvip-cloud-controller-manager: %v\n", err)
+		os.Exit(1)
+	}
+	return cloud
+}

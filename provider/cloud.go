@@ -1,0 +1,92 @@
+// Package provider is metalvip's thin adapter to k8s.io/cloud-provider: it registers the
+// "metalvip" provider and translates the framework's calls into calls on the domain packages.
+// It decides nothing about IPs or announcements itself (that is loadbalancer/) and never
+// touches the wire (that is nodeagent/).
+package provider
+
+import (
+	"io"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+	cloudprovider "k8s.io/cloud-provider"
+	"k8s.io/klog/v2"
+
+	"github.com/metalvip/metalvip/provider/config"
+)
+
+// ProviderName is the name given to --cloud-provider and the scheme of every ProviderID.
+const ProviderName = "metalvip"
+
+// ProviderIDPrefix starts every ProviderID metalvip sets: metalvip://<node-name>.
+const ProviderIDPrefix = ProviderName + "://"
+
+func init() {
+	cloudprovider.RegisterCloudProvider(ProviderName, func(r io.Reader) (cloudprovider.Interface, error) {
+		cfg, err := config.Read(r)
+		if err != nil {
+			return nil, err
+		}
+		return New(cfg), nil
+	})
+}
+
+// Cloud is metalvip's cloudprovider.Interface.
+type Cloud struct {
+	cfg       *config.Config
+	instances *instances
+}
+
+var _ cloudprovider.Interface = (*Cloud)(nil)
+
+// New returns the provider for a parsed cloud-config.
+func New(cfg *config.Config) *Cloud {
+	return &Cloud{
+		cfg: cfg,
+		// A FakeRecorder without a channel drops events until Initialize gives a real one.
+		instances: &instances{cfg: cfg, recorder: &record.FakeRecorder{}},
+	}
+}
+
+// Initialize starts the provider's own housekeeping; it ends when stop closes.
+func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, stop <-chan struct{}) {
+	client := clientBuilder.ClientOrDie("metalvip-cloud-provider")
+	broadcaster := record.NewBroadcaster()
+	broadcaster.StartStructuredLogging(2)
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	c.instances.recorder = broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "metalvip-cloud-controller-manager"})
+	go func() {
+		<-stop
+		broadcaster.Shutdown()
+	}()
+	klog.InfoS("metalvip provider initialised", "agentPort", c.cfg.Agent.Port, "subnetRules", len(c.cfg.Topology.Subnets))
+}
+
+// LoadBalancer is not offered yet: without IP pools there is nothing to allocate from, and a
+// provider that claimed support would leave Services pending with no reason given.
+func (c *Cloud) LoadBalancer() (cloudprovider.LoadBalancer, bool) { return nil, false }
+
+// Instances is the legacy interface; InstancesV2 replaces it.
+func (c *Cloud) Instances() (cloudprovider.Instances, bool) { return nil, false }
+
+// InstancesV2 initialises nodes: ProviderID, addresses, zone and region.
+func (c *Cloud) InstancesV2() (cloudprovider.InstancesV2, bool) { return c.instances, true }
+
+// Zones is deprecated in favour of InstancesV2.
+func (c *Cloud) Zones() (cloudprovider.Zones, bool) { return nil, false }
+
+// Clusters is not used by external cloud providers.
+func (c *Cloud) Clusters() (cloudprovider.Clusters, bool) { return nil, false }
+
+// Routes: pod networking is the CNI's business on bare metal.
+func (c *Cloud) Routes() (cloudprovider.Routes, bool) { return nil, false }
+
+// ProviderName returns "metalvip".
+func (c *Cloud) ProviderName() string { return ProviderName }
+
+// HasClusterID is true: metalvip tags nothing in an outside cloud, so it needs no cluster ID.
+func (c *Cloud) HasClusterID() bool { return true }
+
+func providerID(nodeName string) string { return ProviderIDPrefix + nodeName }

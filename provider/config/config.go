@@ -1,0 +1,287 @@
+// Package config reads the metalvip cloud-config file (--cloud-config): the process settings
+// of the cloud-controller-manager. It decides what a valid file is and what each setting
+// defaults to; it must not hold cluster objects (IP pools and BGP peers are CRDs).
+//
+// The file is YAML and read strictly: an unknown or misspelt field, a value of the wrong type
+// or a value out of range is an error that names the line, the field and what to write
+// instead. docs/cloud-config.md documents every field.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// APIVersion and Kind name the file format. Both are optional in a file; when given they must
+// match, so that a file written for a later format is refused rather than half understood.
+const (
+	APIVersion = "metalvip.io/v1alpha1"
+	Kind       = "CloudConfig"
+)
+
+// Defaults.
+const (
+	DefaultAgentPort    = 7472
+	DefaultAgentTimeout = 5 * time.Second
+)
+
+// Config is the whole cloud-config file.
+type Config struct {
+	APIVersion string `yaml:"apiVersion"`
+	Kind       string `yaml:"kind"`
+
+	// Agent says how the CCM reaches the metalvip-agent on each node.
+	Agent Agent `yaml:"agent"`
+
+	// Topology maps nodes to zones and regions.
+	Topology Topology `yaml:"topology"`
+
+	// InstanceTypeLabel names a Node label whose value becomes the node's instance type
+	// (node.kubernetes.io/instance-type). Empty: no instance type.
+	InstanceTypeLabel string `yaml:"instanceTypeLabel"`
+}
+
+// Agent holds the settings for the CCM's connection to the node agents.
+type Agent struct {
+	// Port is the TCP port every agent listens on (its --listen-address).
+	Port int `yaml:"port"`
+	// CAFile is the PEM bundle of the CA that signs the agents' certificates.
+	CAFile string `yaml:"caFile"`
+	// CertFile and KeyFile are the CCM's client certificate and key, presented to agents.
+	CertFile string `yaml:"certFile"`
+	KeyFile  string `yaml:"keyFile"`
+	// Insecure turns mutual TLS off. For labs only; the CCM logs a warning at start.
+	Insecure bool `yaml:"insecure"`
+	// Timeout bounds a single call to an agent.
+	Timeout Duration `yaml:"timeout"`
+}
+
+// Topology maps nodes to zone and region. A label wins over a subnet rule; among subnet
+// rules the most specific prefix containing the node's address wins.
+type Topology struct {
+	// ZoneLabel and RegionLabel name Node labels whose values become the zone and region.
+	ZoneLabel   string `yaml:"zoneLabel"`
+	RegionLabel string `yaml:"regionLabel"`
+	// Subnets map a node's primary internal address to a zone and region.
+	Subnets []SubnetRule `yaml:"subnets"`
+}
+
+// SubnetRule places nodes whose primary address is inside CIDR in Zone and Region.
+type SubnetRule struct {
+	CIDR   string `yaml:"cidr"`
+	Zone   string `yaml:"zone"`
+	Region string `yaml:"region"`
+
+	prefix netip.Prefix
+}
+
+// Prefix is the parsed CIDR; valid after Parse.
+func (r SubnetRule) Prefix() netip.Prefix { return r.prefix }
+
+// Duration is a time.Duration written as a Go duration string ("250ms", "5s", "1m").
+type Duration struct{ time.Duration }
+
+// UnmarshalYAML accepts Go duration strings only, so "5" (seconds? milliseconds?) is refused.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil || n.Kind != yaml.ScalarNode {
+		return &FieldError{Line: n.Line, Msg: fmt.Sprintf("%q is not a duration; write a number with a unit, such as \"500ms\" or \"5s\"", n.Value)}
+	}
+	d.Duration = v
+	return nil
+}
+
+// FieldError is a problem at one place in the file.
+type FieldError struct {
+	Line  int    // 1-based; 0 when the field is absent from the file
+	Field string // dotted path, e.g. "topology.subnets[0].cidr"
+	Msg   string
+}
+
+func (e *FieldError) Error() string {
+	var b strings.Builder
+	if e.Line > 0 {
+		fmt.Fprintf(&b, "line %d: ", e.Line)
+	}
+	if e.Field != "" {
+		b.WriteString(e.Field)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// Default returns the configuration used when no file is given.
+func Default() *Config {
+	c := &Config{}
+	c.setDefaults()
+	return c
+}
+
+func (c *Config) setDefaults() {
+	if c.Agent.Port == 0 {
+		c.Agent.Port = DefaultAgentPort
+	}
+	if c.Agent.Timeout.Duration == 0 {
+		c.Agent.Timeout.Duration = DefaultAgentTimeout
+	}
+}
+
+// Read parses a cloud-config. A nil reader or an empty file gives the defaults.
+func Read(r io.Reader) (*Config, error) {
+	if r == nil {
+		return Default(), nil
+	}
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("read cloud-config: %w", err)
+	}
+	return Parse(data)
+}
+
+// Parse parses and validates a cloud-config. Every error it returns names the line and field.
+func Parse(data []byte) (*Config, error) {
+	c := &Config{}
+	if len(bytes.TrimSpace(data)) > 0 {
+		var doc yaml.Node
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("cloud-config: %w", cleanYAMLError(err))
+		}
+		var extra yaml.Node
+		if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+			return nil, errors.New("cloud-config: the file holds more than one YAML document; write a single document")
+		}
+		if len(doc.Content) > 0 {
+			root := doc.Content[0]
+			if err := checkFields(root, c, ""); err != nil {
+				return nil, fmt.Errorf("cloud-config: %w", err)
+			}
+			if err := root.Decode(c); err != nil {
+				return nil, fmt.Errorf("cloud-config: %w", cleanYAMLError(err))
+			}
+			if err := c.validate(root); err != nil {
+				return nil, fmt.Errorf("cloud-config: %w", err)
+			}
+		}
+	}
+	c.setDefaults()
+	return c, nil
+}
+
+// cleanYAMLError turns the yaml package's multi-line type errors into one line each.
+func cleanYAMLError(err error) error {
+	var fe *FieldError
+	if errors.As(err, &fe) {
+		return fe
+	}
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		msgs := make([]string, 0, len(te.Errors))
+		for _, m := range te.Errors {
+			msgs = append(msgs, strings.Replace(m, "cannot unmarshal !!", "a value of type !!", 1))
+		}
+		return errors.New(strings.Join(msgs, "; "))
+	}
+	return errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
+}
+
+func (c *Config) validate(root *yaml.Node) error {
+	var errs []error
+	add := func(path, msg string) {
+		errs = append(errs, &FieldError{Line: lineOf(root, path), Field: path, Msg: msg})
+	}
+
+	if c.APIVersion != "" && c.APIVersion != APIVersion {
+		add("apiVersion", fmt.Sprintf("%q is not a format this version reads; write %q or leave it out", c.APIVersion, APIVersion))
+	}
+	if c.Kind != "" && c.Kind != Kind {
+		add("kind", fmt.Sprintf("%q is not a cloud-config kind; write %q or leave it out", c.Kind, Kind))
+	}
+
+	a := c.Agent
+	if a.Port < 0 || a.Port > 65535 {
+		add("agent.port", fmt.Sprintf("%d is not a TCP port; write a number from 1 to 65535 (default %d)", a.Port, DefaultAgentPort))
+	}
+	if a.Timeout.Duration < 0 {
+		add("agent.timeout", fmt.Sprintf("%s is negative; write a positive duration such as \"5s\"", a.Timeout.Duration))
+	}
+	if a.Insecure && (a.CAFile != "" || a.CertFile != "" || a.KeyFile != "") {
+		add("agent.insecure", "insecure: true turns TLS off, so caFile, certFile and keyFile would be ignored; remove either insecure or the files")
+	}
+	if !a.Insecure {
+		switch {
+		case a.CAFile == "" && a.CertFile == "" && a.KeyFile == "":
+			// Unset: the agent connection is configured later (by the planner) or not used.
+		case a.CAFile == "" || a.CertFile == "" || a.KeyFile == "":
+			add("agent", "caFile, certFile and keyFile go together; give all three (see docs/cloud-config.md)")
+		}
+	}
+
+	for _, l := range []struct{ path, value string }{
+		{"topology.zoneLabel", c.Topology.ZoneLabel},
+		{"topology.regionLabel", c.Topology.RegionLabel},
+		{"instanceTypeLabel", c.InstanceTypeLabel},
+	} {
+		if l.value != "" && !validLabelKey(l.value) {
+			add(l.path, fmt.Sprintf("%q is not a label key; write a key such as \"example.com/rack\"", l.value))
+		}
+	}
+
+	seen := map[netip.Prefix]int{}
+	for i := range c.Topology.Subnets {
+		r := &c.Topology.Subnets[i]
+		path := fmt.Sprintf("topology.subnets[%d]", i)
+		p, err := netip.ParsePrefix(r.CIDR)
+		switch {
+		case r.CIDR == "":
+			add(path+".cidr", "missing; write the subnet in CIDR form, such as \"198.51.100.0/26\"")
+		case err != nil:
+			add(path+".cidr", fmt.Sprintf("%q is not a CIDR; write an address and prefix length, such as \"198.51.100.0/26\"", r.CIDR))
+		case p.Masked() != p:
+			add(path+".cidr", fmt.Sprintf("%q has host bits set; write %q", r.CIDR, p.Masked().String()))
+		default:
+			if j, dup := seen[p]; dup {
+				add(path+".cidr", fmt.Sprintf("%s is already mapped by topology.subnets[%d]; merge the two rules", p, j))
+			}
+			seen[p] = i
+			r.prefix = p
+		}
+		if r.Zone == "" && r.Region == "" {
+			add(path, "a subnet rule needs a zone, a region or both")
+		}
+		for _, v := range []struct{ field, value string }{{"zone", r.Zone}, {"region", r.Region}} {
+			if v.value != "" && !validLabelValue(v.value) {
+				add(path+"."+v.field, fmt.Sprintf("%q cannot be a label value (63 characters at most: letters, digits, '-', '_', '.', starting and ending with a letter or digit)", v.value))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Locate returns the zone and region of a node with the given labels and primary address.
+// A configured label wins; otherwise the most specific subnet rule containing addr.
+func (t *Topology) Locate(labels map[string]string, addr netip.Addr) (zone, region string) {
+	if addr.IsValid() {
+		bits := -1
+		for _, r := range t.Subnets {
+			if r.prefix.IsValid() && r.prefix.Contains(addr) && r.prefix.Bits() > bits {
+				zone, region, bits = r.Zone, r.Region, r.prefix.Bits()
+			}
+		}
+	}
+	if v, ok := labels[t.ZoneLabel]; ok && t.ZoneLabel != "" {
+		zone = v
+	}
+	if v, ok := labels[t.RegionLabel]; ok && t.RegionLabel != "" {
+		region = v
+	}
+	return zone, region
+}

@@ -1,0 +1,106 @@
+// Package testenv holds what every metalvip test harness shares: the rule for skipping when a
+// test's prerequisites are missing, the repository's root, and a process starter whose children
+// die with the test binary.
+package testenv
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"syscall"
+	"testing"
+)
+
+// RequireEnv names the variable that turns every would-be skip into a failure. CI sets it, so a
+// missing prerequisite can never pass as a skipped test.
+const RequireEnv = "METALVIP_REQUIRE_LAB"
+
+// Required reports whether skipping is forbidden.
+func Required() bool { return os.Getenv(RequireEnv) == "1" }
+
+// Skip skips t with the reason, or fails it when METALVIP_REQUIRE_LAB=1.
+func Skip(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if Required() {
+		t.Fatalf("%s (%s=1 forbids skipping)", msg, RequireEnv)
+	}
+	t.Skip(msg)
+}
+
+// RequireRoot skips (or fails, see Skip) a test that needs root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Skip(t, "needs root for network namespaces; run `sudo make test`")
+	}
+}
+
+// RepoRoot returns the repository's top folder: the nearest parent holding go.mod.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// Start starts cmd so that it is killed when the test binary dies, however it dies. Linux sends
+// the parent-death signal when the thread that forked the child exits, not the process, so all
+// children are forked from one goroutine locked to a thread that lives as long as the process.
+func Start(cmd *exec.Cmd) error {
+	spawnerOnce.Do(func() { go spawner() })
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	done := make(chan error, 1)
+	spawn <- spawnRequest{cmd, done}
+	return <-done
+}
+
+type spawnRequest struct {
+	cmd  *exec.Cmd
+	done chan<- error
+}
+
+var (
+	spawnerOnce sync.Once
+	spawn       = make(chan spawnRequest)
+)
+
+func spawner() {
+	runtime.LockOSThread() // never unlocked: this thread must not exit before the process
+	for r := range spawn {
+		r.done <- r.cmd.Start()
+	}
+}
+
+// GoBuild builds the main package pkg (such as "./cmd/metalvip-agent", relative to the
+// repository's root) into dir and returns the binary's path.
+func GoBuild(dir, pkg string) (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
+	}
+	return out, nil
+}
