@@ -2,6 +2,7 @@ package config
 
 import (
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -140,4 +141,14 @@ func FuzzParse(f *testing.F) {
 			t.Errorf("accepted port %d", c.Agent.Port)
 		}
 	})
+}
+
+func TestDocumentedExampleParses(t *testing.T) {
+	data, err := os.ReadFile("../../docs/examples/cloud-config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Parse(data); err != nil {
+		t.Errorf("docs/examples/cloud-config.yaml: %v", err)
+	}
 }

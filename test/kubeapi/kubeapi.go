@@ -95,6 +95,9 @@ func Main(m *testing.M) {
 // skips the test (fails it under METALVIP_REQUIRE_LAB=1).
 func Get(t testing.TB) *Server {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("needs a kube-apiserver; not run with -short")
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	if shared == nil && initErr == nil {

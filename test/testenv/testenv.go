@@ -35,6 +35,9 @@ func Skip(t testing.TB, format string, args ...any) {
 // RequireRoot skips (or fails, see Skip) a test that needs root.
 func RequireRoot(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("needs root and network namespaces; not run with -short")
+	}
 	if os.Geteuid() != 0 {
 		Skip(t, "needs root for network namespaces; run `sudo make test`")
 	}

@@ -1,0 +1,52 @@
+# metalvip. `make help` lists the targets.
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+GO        ?= go
+TOOL      := $(GO) tool -modfile=hack/tools/go.mod
+VERSION   ?= $(shell git describe --tags --match 'v*' --dirty 2>/dev/null || echo v0.0.0-$$(git rev-parse --short HEAD 2>/dev/null || echo unknown))
+LDFLAGS   := -X k8s.io/component-base/version.gitVersion=$(VERSION)
+BINARIES  := metalvip-cloud-controller-manager
+# Whole packages run in parallel; the e2e and lab packages bound their own times.
+TEST_FLAGS ?= -count=1 -timeout 40m
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build the binaries into bin/.
+	@mkdir -p bin
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINARIES))
+
+.PHONY: deps
+deps: ## Install what the tests need: Debian packages and the kube-apiserver build (idempotent).
+	hack/install-deps.sh
+	hack/kube-apiserver.sh
+
+.PHONY: test
+test: deps ## Run unit, integration and lab tests (lab tests need root).
+	$(GO) test $(TEST_FLAGS) ./...
+
+.PHONY: test-unit
+test-unit: ## Run only the tests that need neither root nor an API server.
+	$(GO) test -count=1 -short ./...
+
+.PHONY: lint
+lint: ## gofmt, go vet and staticcheck.
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(TOOL) staticcheck ./...
+
+.PHONY: generate
+generate: ## Regenerate generated code (nothing to generate yet).
+	@echo "generate: nothing to generate yet"
+
+.PHONY: verify-generate
+verify-generate: generate ## Fail if generated files are stale.
+	@git diff --exit-code -- . ':!go.sum' || { echo "generated files are stale: run make generate and commit"; exit 1; }
+
+.PHONY: clean
+clean: ## Remove build output (keeps the kube-apiserver cache in .cache/).
+	rm -rf bin

@@ -1,0 +1,517 @@
+// Package lab builds a network lab in Linux network namespaces for tests: N nodes, an on-link
+// client and a router on one L2 segment (a bridge in a switch namespace of its own), and a
+// remote client behind the router. The router runs FRR (zebra, bgpd, bfdd) and accepts BGP
+// sessions from the nodes with ECMP on. Nothing touches the host's own namespace.
+//
+//	segment 198.51.100.0/25, 2001:db8:1::/64
+//	  router   .1    ::1       node i   .(10+i)  ::(10+i)      client .100 ::100
+//	remote link 198.51.100.128/25, 2001:db8:2::/64
+//	  router   .129  ::1       remote   .130     ::2
+//	VIPs 203.0.113.0/24 and 2001:db8:100::/64 (on-link for the client, routed for the remote)
+//
+// Everything is removed when the test ends, and also when the test binary dies without
+// cleaning up (a panic, a timeout, SIGKILL): a reaper process holds the lab's inventory and
+// deletes it when its pipe from the test binary closes.
+package lab
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/metalvip/metalvip/test/testenv"
+)
+
+// Addresses of the lab.
+var (
+	SegmentV4  = netip.MustParsePrefix("198.51.100.0/25")
+	SegmentV6  = netip.MustParsePrefix("2001:db8:1::/64")
+	RemoteV4   = netip.MustParsePrefix("198.51.100.128/25")
+	RemoteV6   = netip.MustParsePrefix("2001:db8:2::/64")
+	VIPRangeV4 = netip.MustParsePrefix("203.0.113.0/24")
+	VIPRangeV6 = netip.MustParsePrefix("2001:db8:100::/64")
+)
+
+// Options shape a lab. The zero value gives 3 nodes with the documentation ASNs.
+type Options struct {
+	Nodes     int    // default 3, at most 40
+	RouterASN uint32 // default 64496
+	NodeASN   uint32 // default 64497: the nodes' side of the eBGP sessions
+	// ClientAddrs adds this many extra IPv4 addresses to the on-link client (from .101 up),
+	// for tests that need many clients on the segment. At most 26.
+	ClientAddrs int
+	// BFDIntervalMS is the router's BFD transmit and receive interval (default 100 ms,
+	// detect multiplier 3).
+	BFDIntervalMS int
+}
+
+// Lab is a running lab.
+type Lab struct {
+	ID     string // short random id that prefixes every namespace
+	Dir    string // configuration, sockets and logs
+	Nodes  []*Host
+	Router *Host
+	Client *Host // on the segment
+	Remote *Host // behind the router
+	Switch *Host // holds the bridge; no addresses
+
+	opts   Options
+	t      testing.TB
+	reaper *exec.Cmd
+	pipe   io.WriteCloser
+	procs  []*testenv.Proc
+}
+
+// Host is one network namespace.
+type Host struct {
+	Name string // role: node1, router, client, remote, switch
+	NS   string // namespace name
+	IPv4 netip.Addr
+	IPv6 netip.Addr
+	lab  *Lab
+}
+
+// NamespacePrefix starts the name of every namespace a lab creates.
+const NamespacePrefix = "mvlab-"
+
+// New builds a lab; it is removed when the test ends. It skips the test when not root (fails
+// it under METALVIP_REQUIRE_LAB=1) and fails it when FRR or iproute2 are missing.
+func New(t testing.TB, opts Options) *Lab {
+	t.Helper()
+	testenv.RequireRoot(t)
+	for _, bin := range []string{"ip", "/usr/lib/frr/zebra", "/usr/lib/frr/bgpd", "/usr/lib/frr/bfdd", "vtysh"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			testenv.Skip(t, "%s not found; run hack/install-deps.sh (make test does)", bin)
+		}
+	}
+	if opts.Nodes == 0 {
+		opts.Nodes = 3
+	}
+	if opts.Nodes < 1 || opts.Nodes > 40 {
+		t.Fatalf("lab: %d nodes; give 1 to 40", opts.Nodes)
+	}
+	if opts.ClientAddrs < 0 || opts.ClientAddrs > 26 {
+		t.Fatalf("lab: %d extra client addresses; give 0 to 26", opts.ClientAddrs)
+	}
+	if opts.RouterASN == 0 {
+		opts.RouterASN = 64496
+	}
+	if opts.NodeASN == 0 {
+		opts.NodeASN = 64497
+	}
+	if opts.BFDIntervalMS == 0 {
+		opts.BFDIntervalMS = 100
+	}
+
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	l := &Lab{ID: hex.EncodeToString(b), opts: opts, t: t}
+	var err error
+	if l.Dir, err = os.MkdirTemp("", "metalvip-lab-"+l.ID+"-"); err != nil {
+		t.Fatal(err)
+	}
+	l.Switch = l.host("switch", netip.Addr{}, netip.Addr{})
+	l.Router = l.host("router", netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("2001:db8:1::1"))
+	for i := 1; i <= opts.Nodes; i++ {
+		l.Nodes = append(l.Nodes, l.host(fmt.Sprintf("node%d", i),
+			netip.AddrFrom4([4]byte{198, 51, 100, byte(10 + i)}),
+			netip.MustParseAddr(fmt.Sprintf("2001:db8:1::%d", 10+i))))
+	}
+	l.Client = l.host("client", netip.MustParseAddr("198.51.100.100"), netip.MustParseAddr("2001:db8:1::100"))
+	l.Remote = l.host("remote", netip.MustParseAddr("198.51.100.130"), netip.MustParseAddr("2001:db8:2::2"))
+
+	// The reaper comes first, so that whatever happens next is undone.
+	if err := l.startReaper(); err != nil {
+		os.RemoveAll(l.Dir)
+		t.Fatalf("lab: %v", err)
+	}
+	t.Cleanup(l.close)
+	if err := l.build(); err != nil {
+		t.Fatalf("lab %s: %v", l.ID, err)
+	}
+	return l
+}
+
+func (l *Lab) host(name string, v4, v6 netip.Addr) *Host {
+	return &Host{Name: name, NS: NamespacePrefix + l.ID + "-" + name, IPv4: v4, IPv6: v6, lab: l}
+}
+
+// Hosts returns every namespace of the lab.
+func (l *Lab) Hosts() []*Host {
+	hs := []*Host{l.Switch, l.Router, l.Client, l.Remote}
+	return append(hs, l.Nodes...)
+}
+
+// Namespaces returns the names of every namespace of the lab.
+func (l *Lab) Namespaces() []string {
+	var out []string
+	for _, h := range l.Hosts() {
+		out = append(out, h.NS)
+	}
+	return out
+}
+
+// startReaper starts a process, in a session of its own so that a terminal's Ctrl-C does not
+// reach it, that waits for its stdin to close and then kills every process left in the lab's
+// namespaces and deletes them and the lab's folder. The test binary holds the other end of
+// stdin: when it exits, however it exits, the kernel closes it.
+func (l *Lab) startReaper() error {
+	script := `read -r _ || true
+for ns in "$@"; do
+  for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
+done
+for ns in "$@"; do ip netns delete "$ns" 2>/dev/null; done
+rm -rf "$LAB_DIR" "/var/run/frr/$LAB_FRR"
+echo reaped`
+	args := append([]string{"-c", script, "reaper"}, l.Namespaces()...)
+	cmd := exec.Command("/bin/sh", args...)
+	cmd.Env = append(os.Environ(), "LAB_DIR="+l.Dir, "LAB_FRR="+l.frrName())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	var err error
+	if l.pipe, err = cmd.StdinPipe(); err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start reaper: %w", err)
+	}
+	l.reaper = cmd
+	return nil
+}
+
+func (l *Lab) frrName() string { return "mvlab-" + l.ID }
+
+// close stops the lab's processes gracefully, then lets the reaper remove the rest.
+func (l *Lab) close() {
+	for i := len(l.procs) - 1; i >= 0; i-- {
+		l.procs[i].Stop(3 * time.Second)
+	}
+	if l.t.Failed() {
+		if out, err := l.Vtysh("show bgp summary"); err == nil {
+			l.t.Logf("lab %s router at teardown:\n%s", l.ID, out)
+		}
+	}
+	l.pipe.Close()
+	done := make(chan error, 1)
+	go func() { done <- l.reaper.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		l.t.Errorf("lab %s: reaper did not finish within 30s", l.ID)
+	}
+}
+
+func (l *Lab) build() error {
+	for _, h := range l.Hosts() {
+		if err := ip("netns", "add", h.NS); err != nil {
+			return err
+		}
+		// No duplicate address detection on lab links: it delays IPv6 by seconds.
+		if err := h.sysctls(map[string]string{
+			"net.ipv6.conf.all.accept_dad":     "0",
+			"net.ipv6.conf.default.accept_dad": "0",
+		}); err != nil {
+			return err
+		}
+		if err := ip("-n", h.NS, "link", "set", "lo", "up"); err != nil {
+			return err
+		}
+	}
+	if err := ip("-n", l.Switch.NS, "link", "add", "br0", "type", "bridge", "stp_state", "0", "forward_delay", "0"); err != nil {
+		return err
+	}
+	if err := ip("-n", l.Switch.NS, "link", "set", "br0", "up"); err != nil {
+		return err
+	}
+	segment := append([]*Host{l.Router, l.Client}, l.Nodes...)
+	for _, h := range segment {
+		port := "p-" + h.Name
+		if err := ip("-n", l.Switch.NS, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", h.NS); err != nil {
+			return err
+		}
+		if err := ip("-n", l.Switch.NS, "link", "set", port, "master", "br0", "up"); err != nil {
+			return err
+		}
+		if err := h.addrs("eth0", netip.PrefixFrom(h.IPv4, SegmentV4.Bits()), netip.PrefixFrom(h.IPv6, SegmentV6.Bits())); err != nil {
+			return err
+		}
+	}
+	// A node's kernel must not answer ARP for addresses it holds on other interfaces (VIPs
+	// on lo): only the agent decides who answers for a VIP.
+	for _, h := range l.Nodes {
+		if err := h.sysctls(map[string]string{
+			"net.ipv4.conf.all.arp_ignore":   "1",
+			"net.ipv4.conf.all.arp_announce": "2",
+		}); err != nil {
+			return err
+		}
+	}
+	// Router to remote: a direct link.
+	if err := ip("-n", l.Router.NS, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", l.Remote.NS); err != nil {
+		return err
+	}
+	if err := l.Router.addrs("eth1", netip.MustParsePrefix("198.51.100.129/25"), netip.MustParsePrefix("2001:db8:2::1/64")); err != nil {
+		return err
+	}
+	if err := l.Remote.addrs("eth0", netip.PrefixFrom(l.Remote.IPv4, RemoteV4.Bits()), netip.PrefixFrom(l.Remote.IPv6, RemoteV6.Bits())); err != nil {
+		return err
+	}
+	for i := range l.opts.ClientAddrs {
+		a := netip.AddrFrom4([4]byte{198, 51, 100, byte(101 + i)})
+		if err := ip("-n", l.Client.NS, "addr", "add", netip.PrefixFrom(a, SegmentV4.Bits()).String(), "dev", "eth0"); err != nil {
+			return err
+		}
+	}
+
+	// Routes. Nodes and the client reach the rest through the router; the client reaches VIPs
+	// on-link (it ARPs for them), the remote client only through the router.
+	for _, h := range append([]*Host{l.Client}, l.Nodes...) {
+		if err := h.defaultRoutes("198.51.100.1", "2001:db8:1::1"); err != nil {
+			return err
+		}
+	}
+	if err := l.Remote.defaultRoutes("198.51.100.129", "2001:db8:2::1"); err != nil {
+		return err
+	}
+	for _, h := range []*Host{l.Client, l.Router} {
+		// The router keeps this on-link route for L2 VIPs; BGP's /32s and /128s are more
+		// specific and win for BGP VIPs.
+		if err := ip("-n", h.NS, "route", "add", VIPRangeV4.String(), "dev", "eth0"); err != nil {
+			return err
+		}
+		if err := ip("-n", h.NS, "-6", "route", "add", VIPRangeV6.String(), "dev", "eth0"); err != nil {
+			return err
+		}
+	}
+	if err := l.Router.sysctls(map[string]string{
+		"net.ipv4.ip_forward":                  "1",
+		"net.ipv6.conf.all.forwarding":         "1",
+		"net.ipv4.fib_multipath_hash_policy":   "1", // ECMP by L4 flow, so flows spread
+		"net.ipv6.fib_multipath_hash_policy":   "1",
+		"net.ipv4.conf.all.rp_filter":          "0",
+		"net.ipv4.conf.default.rp_filter":      "0",
+		"net.ipv4.conf.all.accept_redirects":   "0",
+		"net.ipv4.conf.all.send_redirects":     "0",
+		"net.ipv4.conf.default.send_redirects": "0",
+	}); err != nil {
+		return err
+	}
+	return l.startFRR()
+}
+
+// FRRConfig returns the router's FRR configuration, one file per daemon (FRR daemons refuse
+// each other's commands).
+func (l *Lab) FRRConfig() map[string]string {
+	o := l.opts
+	header := fmt.Sprintf("frr defaults traditional\nhostname router\nlog file %s/frr.log informational\n!\n", l.Dir)
+	return map[string]string{
+		"zebra": header + "ip forwarding\nipv6 forwarding\n!\n",
+		"bfdd": header + fmt.Sprintf(`bfd
+ profile lab
+  transmit-interval %d
+  receive-interval %d
+  detect-multiplier 3
+!
+`, o.BFDIntervalMS, o.BFDIntervalMS),
+		"bgpd": header + fmt.Sprintf(`router bgp %d
+ bgp router-id 198.51.100.1
+ no bgp ebgp-requires-policy
+ no bgp default ipv4-unicast
+ bgp bestpath as-path multipath-relax
+ neighbor NODES peer-group
+ neighbor NODES remote-as %d
+ neighbor NODES bfd profile lab
+ neighbor NODES timers 3 9
+ neighbor NODES timers connect 1
+ neighbor NODES6 peer-group
+ neighbor NODES6 remote-as %d
+ neighbor NODES6 bfd profile lab
+ neighbor NODES6 timers 3 9
+ neighbor NODES6 timers connect 1
+ bgp listen range %s peer-group NODES
+ bgp listen range %s peer-group NODES6
+ !
+ address-family ipv4 unicast
+  neighbor NODES activate
+  maximum-paths 8
+ exit-address-family
+ !
+ address-family ipv6 unicast
+  neighbor NODES6 activate
+  maximum-paths 8
+ exit-address-family
+!
+`, o.RouterASN, o.NodeASN, o.NodeASN, SegmentV4, SegmentV6),
+	}
+}
+
+func (l *Lab) startFRR() error {
+	if err := chownFRR(l.Dir); err != nil {
+		return err
+	}
+	confs := l.FRRConfig()
+	for _, d := range []string{"zebra", "bfdd", "bgpd"} {
+		conf := filepath.Join(l.Dir, d+".conf")
+		if err := os.WriteFile(conf, []byte(confs[d]), 0o640); err != nil {
+			return err
+		}
+		if err := chownFRR(conf); err != nil {
+			return err
+		}
+		args := []string{"-N", l.frrName(), "-f", conf, "-i", filepath.Join(l.Dir, d+".pid"), "--vty_socket", l.Dir}
+		p := l.Router.Start(l.t, d, "/usr/lib/frr/"+d, args...)
+		// Each daemon opens its vty socket once it has read its configuration.
+		if err := waitFor(15*time.Second, func() bool {
+			_, err := os.Stat(filepath.Join(l.Dir, d+".vty"))
+			return err == nil
+		}, p); err != nil {
+			return fmt.Errorf("FRR %s did not start: %v\n%s", d, err, p.Tail(20))
+		}
+	}
+	// The daemons read their configuration just after they open their sockets.
+	want := fmt.Sprintf("router bgp %d", l.opts.RouterASN)
+	var last string
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		out, err := l.Vtysh("show running-config")
+		if err == nil && strings.Contains(out, want) && strings.Contains(out, "profile lab") {
+			// A line FRR did not understand is a bug in FRRConfig, not something to run with.
+			log, _ := os.ReadFile(filepath.Join(l.Dir, "frr.log"))
+			if bytes.Contains(log, []byte("No such command")) || bytes.Contains(log, []byte("Unknown command")) {
+				return fmt.Errorf("FRR refused part of its configuration:\n%s", log)
+			}
+			return nil
+		}
+		last = out
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(l.Dir, "frr.log"))
+			return fmt.Errorf("FRR did not load its configuration within 15s; running config:\n%s\nfrr.log:\n%s", last, log)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Vtysh runs one vtysh command against the router's FRR.
+func (l *Lab) Vtysh(command string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "vtysh", "--vty_socket", l.Dir, "-c", command).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("vtysh -c %q: %v: %s", command, err, out)
+	}
+	return string(out), nil
+}
+
+// Run runs a command in the host's namespace and returns its combined output.
+func (h *Host) Run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	cmd := h.Command(ctx, name, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if err != nil {
+		return out.Bytes(), fmt.Errorf("%s: %s %s: %v: %s", h.Name, name, strings.Join(args, " "), err, bytes.TrimSpace(out.Bytes()))
+	}
+	return out.Bytes(), nil
+}
+
+// Command returns a command that runs in the host's namespace.
+func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.NS, name}, args...)...)
+}
+
+// Start starts a long-running process in the host's namespace. It is stopped (SIGTERM, then
+// SIGKILL) when the test ends or the lab is torn down, whichever comes first.
+func (h *Host) Start(t testing.TB, name, bin string, args ...string) *testenv.Proc {
+	t.Helper()
+	p := testenv.StartProc(t, h.Name+"-"+name, h.Command(context.Background(), bin, args...))
+	h.lab.procs = append(h.lab.procs, p)
+	return p
+}
+
+// Ping sends count pings to addr and reports whether any came back.
+func (h *Host) Ping(ctx context.Context, addr netip.Addr, count int) error {
+	_, err := h.Run(ctx, "ping", "-n", "-q", "-c", strconv.Itoa(count), "-i", "0.2", "-W", "1", addr.String())
+	return err
+}
+
+func (h *Host) addrs(dev string, prefixes ...netip.Prefix) error {
+	for _, p := range prefixes {
+		args := []string{"-n", h.NS, "addr", "add", p.String(), "dev", dev}
+		if p.Addr().Is6() {
+			args = append(args, "nodad")
+		}
+		if err := ip(args...); err != nil {
+			return err
+		}
+	}
+	return ip("-n", h.NS, "link", "set", dev, "up")
+}
+
+func (h *Host) defaultRoutes(v4, v6 string) error {
+	if err := ip("-n", h.NS, "route", "add", "default", "via", v4); err != nil {
+		return err
+	}
+	return ip("-n", h.NS, "-6", "route", "add", "default", "via", v6)
+}
+
+func (h *Host) sysctls(kv map[string]string) error {
+	args := []string{"netns", "exec", h.NS, "sysctl", "-q", "-w"}
+	for k, v := range kv {
+		args = append(args, k+"="+v)
+	}
+	return ip(args...)
+}
+
+func ip(args ...string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+func chownFRR(paths ...string) error {
+	u, err := user.Lookup("frr")
+	if err != nil {
+		return fmt.Errorf("user frr: %w (is the frr package installed?)", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	for _, p := range paths {
+		if err := os.Chown(p, uid, gid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitFor polls cond every 50 ms until it holds, the timeout passes, or p exits.
+func waitFor(timeout time.Duration, cond func() bool, p *testenv.Proc) error {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s", timeout)
+		}
+		select {
+		case <-p.Done():
+			return fmt.Errorf("exited: %v", p.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
+}
