@@ -40,8 +40,9 @@ lint: ## gofmt, go vet and staticcheck.
 	$(TOOL) staticcheck ./...
 
 .PHONY: generate
-generate: ## Regenerate generated code (nothing to generate yet).
-	@echo "generate: nothing to generate yet"
+generate: ## Regenerate deepcopy code and CRD manifests.
+	$(TOOL) controller-gen object paths=./api/...
+	$(TOOL) controller-gen crd:crdVersions=v1 paths=./api/... output:crd:artifacts:config=manifests/crds
 
 .PHONY: verify-generate
 verify-generate: generate ## Fail if generated files are stale.

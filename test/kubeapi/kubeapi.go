@@ -58,6 +58,9 @@ type Server struct {
 
 	etcd, apiserver *process
 	saKey           *rsa.PrivateKey
+
+	crdOnce sync.Once
+	crdErr  error
 }
 
 type process struct {
@@ -211,7 +214,7 @@ func (s *Server) start(apiserverBin, etcdBin string) error {
 		"--service-account-signing-key-file", filepath.Join(s.Dir, "sa.key"),
 		"--token-auth-file", filepath.Join(s.Dir, "tokens.csv"),
 		"--authorization-mode", "RBAC",
-		"--service-cluster-ip-range", "10.96.0.0/16",
+		"--service-cluster-ip-range", "10.96.0.0/16,fd00:10:96::/112", // dual-stack, so Services may ask for both families
 		"--allow-privileged",
 		"--endpoint-reconciler-type", "none",
 		"--v", "1",

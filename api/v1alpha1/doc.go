@@ -1,0 +1,8 @@
+// Package v1alpha1 holds metalvip's configuration objects, group metalvip.io, version
+// v1alpha1: IPPool (the addresses Services get and how they are announced). The API server
+// validates them with OpenAPI schemas and CEL rules generated from the markers here; there is
+// no admission webhook.
+//
+// +kubebuilder:object:generate=true
+// +groupName=metalvip.io
+package v1alpha1

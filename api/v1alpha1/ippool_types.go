@@ -1,0 +1,222 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// IPPool is a set of addresses that Services of type LoadBalancer get their IPs from, and how
+// nodes announce those IPs. Cluster-scoped.
+//
+// +genclient
+// +genclient:nonNamespaced
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,categories=metalvip
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.announce.mode`
+// +kubebuilder:printcolumn:name="Auto",type=boolean,JSONPath=`.spec.autoAssign`
+// +kubebuilder:printcolumn:name="IPv4 used",type=integer,JSONPath=`.status.allocatedIPv4`
+// +kubebuilder:printcolumn:name="IPv4 free",type=integer,JSONPath=`.status.availableIPv4`
+// +kubebuilder:printcolumn:name="IPv6 used",type=integer,JSONPath=`.status.allocatedIPv6`
+// +kubebuilder:printcolumn:name="IPv6 free",type=integer,JSONPath=`.status.availableIPv6`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type IPPool struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   IPPoolSpec   `json:"spec"`
+	Status IPPoolStatus `json:"status,omitempty"`
+}
+
+// IPPoolList is a list of IPPools.
+//
+// +kubebuilder:object:root=true
+type IPPoolList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []IPPool `json:"items"`
+}
+
+// IPPoolSpec is what an operator writes.
+type IPPoolSpec struct {
+	// Addresses are the pool's addresses: CIDRs and first-last ranges, IPv4 and IPv6 in one
+	// pool allowed.
+	//
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	Addresses []AddressRange `json:"addresses"`
+
+	// AutoAssign: when false, the pool gives addresses only to Services that ask for it by name
+	// (annotation metalvip.io/pool) or ask for one of its addresses. Default true.
+	//
+	// +kubebuilder:default=true
+	// +optional
+	AutoAssign *bool `json:"autoAssign,omitempty"`
+
+	// AvoidBuggyIPs skips IPv4 addresses ending in .0 or .255, which some old client stacks
+	// treat as broadcast addresses.
+	//
+	// +optional
+	AvoidBuggyIPs bool `json:"avoidBuggyIPs,omitempty"`
+
+	// Priority orders the pools a Service may get an address from when it names none: lower
+	// first, pools without a priority after every pool with one, ties by name.
+	//
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Priority *int32 `json:"priority,omitempty"`
+
+	// ServiceAllocation limits which Services may get addresses from this pool. All the given
+	// limits must hold. Unset: every Service.
+	//
+	// +optional
+	ServiceAllocation *ServiceAllocation `json:"serviceAllocation,omitempty"`
+
+	// Announce says how the pool's addresses are announced. Default: mode L2 from every
+	// eligible node.
+	//
+	// +kubebuilder:default={mode: L2}
+	// +optional
+	Announce Announce `json:"announce,omitempty"`
+}
+
+// AddressRange is a CIDR ("203.0.113.0/24", "2001:db8:100::/120") or an inclusive range of
+// two addresses of one family ("203.0.113.10-203.0.113.20").
+//
+// +kubebuilder:validation:MinLength=3
+// +kubebuilder:validation:MaxLength=79
+// +kubebuilder:validation:XValidation:rule=`self.contains('-') ? (isIP(self.substring(0, self.indexOf('-'))) && isIP(self.substring(self.indexOf('-') + 1))) : isCIDR(self)`,message="must be a CIDR such as 203.0.113.0/24 or a range first-last such as 203.0.113.10-203.0.113.20, without spaces"
+// +kubebuilder:validation:XValidation:rule=`self.contains('-') || !isCIDR(self) || cidr(self).ip() == cidr(self).masked().ip()`,message="a CIDR must not have bits set after its prefix length: write 203.0.113.0/24, not 203.0.113.7/24"
+// +kubebuilder:validation:XValidation:rule=`!(self.contains('-') && isIP(self.substring(0, self.indexOf('-'))) && isIP(self.substring(self.indexOf('-') + 1))) || ip(self.substring(0, self.indexOf('-'))).family() == ip(self.substring(self.indexOf('-') + 1)).family()`,message="the two ends of a range must be of one family, both IPv4 or both IPv6"
+// +kubebuilder:validation:XValidation:rule=`!(self.contains('-') && isIP(self.substring(0, self.indexOf('-'))) && isIP(self.substring(self.indexOf('-') + 1))) || ip(self.substring(0, self.indexOf('-'))).family() != ip(self.substring(self.indexOf('-') + 1)).family() || ip(self.substring(0, self.indexOf('-'))) == ip(self.substring(self.indexOf('-') + 1)) || (ip(self.substring(0, self.indexOf('-'))).family() == 4 ? [0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31] : [0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,60,61,62,63,64,65,66,67,68,69,70,71,72,73,74,75,76,77,78,79,80,81,82,83,84,85,86,87,88,89,90,91,92,93,94,95,96,97,98,99,100,101,102,103,104,105,106,107,108,109,110,111,112,113,114,115,116,117,118,119,120,121,122,123,124,125,126,127]).exists(i, cidr(self.substring(0, self.indexOf('-')) + ['/0','/1','/2','/3','/4','/5','/6','/7','/8','/9','/10','/11','/12','/13','/14','/15','/16','/17','/18','/19','/20','/21','/22','/23','/24','/25','/26','/27','/28','/29','/30','/31','/32','/33','/34','/35','/36','/37','/38','/39','/40','/41','/42','/43','/44','/45','/46','/47','/48','/49','/50','/51','/52','/53','/54','/55','/56','/57','/58','/59','/60','/61','/62','/63','/64','/65','/66','/67','/68','/69','/70','/71','/72','/73','/74','/75','/76','/77','/78','/79','/80','/81','/82','/83','/84','/85','/86','/87','/88','/89','/90','/91','/92','/93','/94','/95','/96','/97','/98','/99','/100','/101','/102','/103','/104','/105','/106','/107','/108','/109','/110','/111','/112','/113','/114','/115','/116','/117','/118','/119','/120','/121','/122','/123','/124','/125','/126','/127','/128'][i]).containsIP(self.substring(self.indexOf('-') + 1)) && !cidr(self.substring(0, self.indexOf('-')) + ['/0','/1','/2','/3','/4','/5','/6','/7','/8','/9','/10','/11','/12','/13','/14','/15','/16','/17','/18','/19','/20','/21','/22','/23','/24','/25','/26','/27','/28','/29','/30','/31','/32','/33','/34','/35','/36','/37','/38','/39','/40','/41','/42','/43','/44','/45','/46','/47','/48','/49','/50','/51','/52','/53','/54','/55','/56','/57','/58','/59','/60','/61','/62','/63','/64','/65','/66','/67','/68','/69','/70','/71','/72','/73','/74','/75','/76','/77','/78','/79','/80','/81','/82','/83','/84','/85','/86','/87','/88','/89','/90','/91','/92','/93','/94','/95','/96','/97','/98','/99','/100','/101','/102','/103','/104','/105','/106','/107','/108','/109','/110','/111','/112','/113','/114','/115','/116','/117','/118','/119','/120','/121','/122','/123','/124','/125','/126','/127','/128'][i + 1]).containsIP(self.substring(self.indexOf('-') + 1)) && cidr(self.substring(0, self.indexOf('-')) + ['/0','/1','/2','/3','/4','/5','/6','/7','/8','/9','/10','/11','/12','/13','/14','/15','/16','/17','/18','/19','/20','/21','/22','/23','/24','/25','/26','/27','/28','/29','/30','/31','/32','/33','/34','/35','/36','/37','/38','/39','/40','/41','/42','/43','/44','/45','/46','/47','/48','/49','/50','/51','/52','/53','/54','/55','/56','/57','/58','/59','/60','/61','/62','/63','/64','/65','/66','/67','/68','/69','/70','/71','/72','/73','/74','/75','/76','/77','/78','/79','/80','/81','/82','/83','/84','/85','/86','/87','/88','/89','/90','/91','/92','/93','/94','/95','/96','/97','/98','/99','/100','/101','/102','/103','/104','/105','/106','/107','/108','/109','/110','/111','/112','/113','/114','/115','/116','/117','/118','/119','/120','/121','/122','/123','/124','/125','/126','/127','/128'][i + 1]).containsIP(cidr(self.substring(0, self.indexOf('-')) + ['/0','/1','/2','/3','/4','/5','/6','/7','/8','/9','/10','/11','/12','/13','/14','/15','/16','/17','/18','/19','/20','/21','/22','/23','/24','/25','/26','/27','/28','/29','/30','/31','/32','/33','/34','/35','/36','/37','/38','/39','/40','/41','/42','/43','/44','/45','/46','/47','/48','/49','/50','/51','/52','/53','/54','/55','/56','/57','/58','/59','/60','/61','/62','/63','/64','/65','/66','/67','/68','/69','/70','/71','/72','/73','/74','/75','/76','/77','/78','/79','/80','/81','/82','/83','/84','/85','/86','/87','/88','/89','/90','/91','/92','/93','/94','/95','/96','/97','/98','/99','/100','/101','/102','/103','/104','/105','/106','/107','/108','/109','/110','/111','/112','/113','/114','/115','/116','/117','/118','/119','/120','/121','/122','/123','/124','/125','/126','/127','/128'][i]).masked().ip()))`,message="the range is reversed: write the lower address first, as in 203.0.113.10-203.0.113.20"
+type AddressRange string
+
+// ServiceAllocation limits the Services a pool serves.
+type ServiceAllocation struct {
+	// Namespaces the Service must be in. Empty: any.
+	//
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +listType=set
+	// +optional
+	Namespaces []string `json:"namespaces,omitempty"`
+
+	// NamespaceSelector the Service's namespace must match.
+	//
+	// +optional
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+
+	// ServiceSelector the Service must match.
+	//
+	// +optional
+	ServiceSelector *metav1.LabelSelector `json:"serviceSelector,omitempty"`
+}
+
+// AnnounceMode is how a pool's addresses reach the network.
+//
+// +kubebuilder:validation:Enum=L2;BGP
+type AnnounceMode string
+
+const (
+	// AnnounceL2 answers ARP (IPv4) and NDP (IPv6) for the address on the nodes' segment.
+	AnnounceL2 AnnounceMode = "L2"
+	// AnnounceBGP advertises the address as a /32 or /128 to BGP peers.
+	AnnounceBGP AnnounceMode = "BGP"
+)
+
+// Announce says how and from which nodes a pool's addresses are announced.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.l2) || self.mode == 'L2'",message="l2 options apply only to mode L2; remove l2 or set mode: L2"
+// +kubebuilder:validation:XValidation:rule="!has(self.bgp) || self.mode == 'BGP'",message="bgp options apply only to mode BGP; remove bgp or set mode: BGP"
+type Announce struct {
+	// Mode is L2 (ARP/NDP on the segment) or BGP. Default L2.
+	//
+	// +kubebuilder:default=L2
+	// +optional
+	Mode AnnounceMode `json:"mode,omitempty"`
+
+	// NodeSelector picks the nodes that may announce the pool's addresses. Unset: every node.
+	//
+	// +optional
+	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+
+	// L2 options; only with mode L2.
+	//
+	// +optional
+	L2 *L2Announce `json:"l2,omitempty"`
+
+	// BGP options; only with mode BGP.
+	//
+	// +optional
+	BGP *BGPAnnounce `json:"bgp,omitempty"`
+}
+
+// L2Announce holds the options of mode L2.
+type L2Announce struct {
+	// Interfaces the agents answer ARP and NDP on. Empty: the interface that holds the node's
+	// address on the segment.
+	//
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=15
+	// +kubebuilder:validation:items:Pattern=`^[^/\s:]+$`
+	// +listType=set
+	// +optional
+	Interfaces []string `json:"interfaces,omitempty"`
+}
+
+// BGPAnnounce holds the options of mode BGP.
+type BGPAnnounce struct {
+	// Communities attached to the pool's routes, each "ASN:value" (two 16-bit numbers).
+	//
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:Pattern=`^[0-9]{1,5}:[0-9]{1,5}$`
+	// +listType=set
+	// +optional
+	Communities []string `json:"communities,omitempty"`
+
+	// LocalPref attached to the pool's routes (iBGP peers only).
+	//
+	// +optional
+	LocalPref *int64 `json:"localPref,omitempty"`
+}
+
+// IPPoolStatus is what the controller reports.
+type IPPoolStatus struct {
+	// ObservedGeneration is the spec generation the status describes.
+	//
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// AllocatedIPv4 and AllocatedIPv6 count the pool's addresses held by Services.
+	//
+	// +optional
+	AllocatedIPv4 int64 `json:"allocatedIPv4"`
+	// +optional
+	AllocatedIPv6 int64 `json:"allocatedIPv6"`
+
+	// AvailableIPv4 and AvailableIPv6 count the pool's free addresses (after avoidBuggyIPs).
+	// Counts above 2^63-1 (large IPv6 ranges) are reported as 2^63-1.
+	//
+	// +optional
+	AvailableIPv4 int64 `json:"availableIPv4"`
+	// +optional
+	AvailableIPv6 int64 `json:"availableIPv6"`
+
+	// Conditions: Ready (the pool gives out addresses), Overlaps (it shares addresses with
+	// another pool), AddressesInUseRemoved (addresses removed from the spec are still held by
+	// Services, which keep them).
+	//
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Condition types of IPPool.
+const (
+	PoolReady                 = "Ready"
+	PoolOverlaps              = "Overlaps"
+	PoolAddressesInUseRemoved = "AddressesInUseRemoved"
+)
