@@ -3,6 +3,7 @@ module github.com/metalvip/metalvip
 go 1.26.0
 
 require (
+	github.com/google/btree v1.1.3
 	github.com/spf13/cobra v1.10.2
 	go.yaml.in/yaml/v3 v3.0.6
 	k8s.io/api v0.37.2
@@ -12,6 +13,7 @@ require (
 	k8s.io/component-base v0.37.2
 	k8s.io/component-helpers v0.37.2
 	k8s.io/klog/v2 v2.140.0
+	pgregory.net/rapid v1.3.0
 	sigs.k8s.io/yaml v1.6.0
 )
 

@@ -1,0 +1,938 @@
+// Package ipam decides which addresses Services of type LoadBalancer get from the IP pools.
+//
+// It is pure: values in, values out, no clients, no clocks, no goroutines, and not safe for
+// concurrent use (the caller serialises calls). The Services themselves are the source of
+// truth: a caller rebuilds an Allocator after a restart by Restoring every Service's recorded
+// addresses before it Assigns anything, so a restart never moves or duplicates an address.
+//
+// Rules:
+//   - A Service keeps its addresses as long as its own request (pool annotation, requested
+//     addresses, families, sharing) still holds: changes to pools never take an address away.
+//   - Pool choice: the pool the Service names; else the pool holding the address it requests;
+//     else every pool with autoAssign that admits it, lowest priority value first, pools
+//     without a priority last, ties by name. The lowest free address is given.
+//   - Of two overlapping pools, the older (lower Order) is used and the younger is not, until
+//     the overlap is removed.
+//   - Services with the same sharing key share an address when their ports do not collide
+//     and their externalTrafficPolicy is the same.
+//
+// Cost: finding, taking and giving back an address is O(log n) in the number of free
+// intervals of the pool (at most one more than its allocated addresses), whatever its size.
+package ipam
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"math/big"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// Pool is an IP pool as the allocator sees it.
+type Pool struct {
+	Name          string
+	Ranges        []Range
+	AutoAssign    bool
+	AvoidBuggyIPs bool
+	// Priority orders pools for Services that name none; nil sorts after every value.
+	Priority *int32
+	// Namespaces, NamespaceSelector and ServiceSelector limit the Services served; empty or
+	// nil limits nothing.
+	Namespaces        []string
+	NamespaceSelector labels.Selector
+	ServiceSelector   labels.Selector
+	// Order is the pool's age rank (creation time): of two overlapping pools the lower Order
+	// is used.
+	Order int64
+}
+
+// FamilyPolicy is a Service's spec.ipFamilyPolicy.
+type FamilyPolicy uint8
+
+// The policies.
+const (
+	SingleStack FamilyPolicy = iota
+	PreferDualStack
+	RequireDualStack
+)
+
+// Port is one port of a Service, for the sharing rules.
+type Port struct {
+	Protocol string
+	Port     int32
+}
+
+func (p Port) String() string { return fmt.Sprintf("%s/%d", p.Protocol, p.Port) }
+
+// Service is what the allocator needs of a Service.
+type Service struct {
+	Key             string // namespace/name
+	Namespace       string
+	Labels          map[string]string
+	NamespaceLabels map[string]string
+	Families        []Family // spec.ipFamilies; empty means IPv4
+	Policy          FamilyPolicy
+	Pool            string       // requested pool (metalvip.io/pool)
+	IPs             []netip.Addr // requested addresses (metalvip.io/ips or spec.loadBalancerIP)
+	SharingKey      string
+	Ports           []Port
+	LocalTraffic    bool // externalTrafficPolicy: Local
+}
+
+// Allocation is what a Service holds.
+type Allocation struct {
+	Pool string
+	IPs  []netip.Addr // in the order of the Service's families
+}
+
+// Error kinds, checked with errors.Is.
+var (
+	ErrNoPool       = errors.New("no pool")
+	ErrPoolUnusable = errors.New("pool unusable")
+	ErrNotAdmitted  = errors.New("not admitted")
+	ErrExhausted    = errors.New("pool exhausted")
+	ErrInUse        = errors.New("address in use")
+	ErrSharing      = errors.New("sharing conflict")
+	ErrRequest      = errors.New("invalid request")
+	ErrConflict     = errors.New("conflicting records")
+)
+
+// Error is an allocation failure: a kind and a message for the Service's owner that says why
+// and what to do.
+type Error struct {
+	Kind   error
+	Msg    string
+	Holder string // the Service holding a contested address, if any
+}
+
+func (e *Error) Error() string { return e.Msg }
+func (e *Error) Unwrap() error { return e.Kind }
+
+func errorf(kind error, format string, args ...any) *Error {
+	return &Error{Kind: kind, Msg: fmt.Sprintf(format, args...)}
+}
+
+type pool struct {
+	Pool
+	free       map[Family]*freeSet // nil for a pool that is not used
+	capacity   map[Family]*big.Int
+	shadowedBy string   // an older pool this one overlaps: this one is not used
+	overlaps   []string // every pool this one overlaps
+}
+
+func (p *pool) usable() bool { return p.shadowedBy == "" }
+
+func (p *pool) contains(a netip.Addr) bool {
+	for _, r := range p.Ranges {
+		if r.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *pool) hasFamily(f Family) bool {
+	for _, r := range p.Ranges {
+		if r.Family() == f {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *pool) admits(s *Service) bool {
+	if len(p.Namespaces) > 0 && !slices.Contains(p.Namespaces, s.Namespace) {
+		return false
+	}
+	if p.NamespaceSelector != nil && !p.NamespaceSelector.Matches(labels.Set(s.NamespaceLabels)) {
+		return false
+	}
+	if p.ServiceSelector != nil && !p.ServiceSelector.Matches(labels.Set(s.Labels)) {
+		return false
+	}
+	return true
+}
+
+type holder struct {
+	ip    netip.Addr
+	pool  string // the pool the address was given from, or restored with
+	key   string // sharing key; "" is not shareable
+	local bool
+	users map[string][]Port // Service key to its ports
+}
+
+type record struct {
+	alloc Allocation
+}
+
+// Allocator holds every pool and every address held by a Service.
+type Allocator struct {
+	pools    map[string]*pool
+	index    []indexEntry // ranges of usable pools, sorted, disjoint
+	held     map[netip.Addr]*holder
+	services map[string]*record
+	byKey    map[string]map[netip.Addr]*holder
+}
+
+type indexEntry struct {
+	r    Range
+	pool *pool
+}
+
+// New returns an empty allocator.
+func New() *Allocator {
+	return &Allocator{
+		pools:    map[string]*pool{},
+		held:     map[netip.Addr]*holder{},
+		services: map[string]*record{},
+		byKey:    map[string]map[netip.Addr]*holder{},
+	}
+}
+
+// Get returns a Service's allocation.
+func (a *Allocator) Get(key string) (Allocation, bool) {
+	r, ok := a.services[key]
+	if !ok {
+		return Allocation{}, false
+	}
+	return cloneAlloc(r.alloc), true
+}
+
+// Holders returns the keys of the Services holding addr, sorted.
+func (a *Allocator) Holders(addr netip.Addr) []string {
+	h, ok := a.held[addr]
+	if !ok {
+		return nil
+	}
+	return sortedUsers(h)
+}
+
+// Len is the number of Services holding addresses.
+func (a *Allocator) Len() int { return len(a.services) }
+
+func cloneAlloc(al Allocation) Allocation {
+	return Allocation{Pool: al.Pool, IPs: slices.Clone(al.IPs)}
+}
+
+func sortedUsers(h *holder) []string {
+	out := make([]string, 0, len(h.users))
+	for k := range h.users {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// poolOf returns the usable pool whose ranges hold addr.
+func (a *Allocator) poolOf(addr netip.Addr) *pool {
+	i, found := slices.BinarySearchFunc(a.index, addr, func(e indexEntry, t netip.Addr) int {
+		if e.r.Contains(t) {
+			return 0
+		}
+		if e.r.BitLen() != t.BitLen() {
+			return cmp.Compare(e.r.BitLen(), t.BitLen())
+		}
+		return e.r.First.Compare(t)
+	})
+	if !found {
+		return nil
+	}
+	return a.index[i].pool
+}
+
+// BitLen is 32 or 128.
+func (r Range) BitLen() int { return r.First.BitLen() }
+
+// wantedFamilies returns the families the Service should get an address of, in order.
+func wantedFamilies(s *Service) ([]Family, error) {
+	fams := s.Families
+	if len(fams) == 0 {
+		fams = []Family{IPv4}
+	}
+	if s.Policy == SingleStack {
+		fams = fams[:1]
+	}
+	if len(s.IPs) == 0 {
+		return fams, nil
+	}
+	var out []Family
+	for _, ip := range s.IPs {
+		f := FamilyOf(ip)
+		if !slices.Contains(fams, f) {
+			return nil, errorf(ErrRequest, "the Service requests the %s address %s but its ipFamilies allow only %s", f, ip, familyList(fams))
+		}
+		if slices.Contains(out, f) {
+			return nil, errorf(ErrRequest, "the Service requests two %s addresses; request at most one address per family", f)
+		}
+		out = append(out, f)
+	}
+	if s.Policy == RequireDualStack && len(out) < 2 {
+		return nil, errorf(ErrRequest, "ipFamilyPolicy RequireDualStack needs one requested address per family; %d given", len(out))
+	}
+	slices.SortStableFunc(out, func(x, y Family) int { return slices.Index(fams, x) - slices.Index(fams, y) })
+	return out, nil
+}
+
+func familyList(fs []Family) string {
+	parts := make([]string, len(fs))
+	for i, f := range fs {
+		parts[i] = f.String()
+	}
+	return strings.Join(parts, " and ")
+}
+
+func requested(s *Service, f Family) netip.Addr {
+	for _, ip := range s.IPs {
+		if FamilyOf(ip) == f {
+			return ip
+		}
+	}
+	return netip.Addr{}
+}
+
+func ofFamily(ips []netip.Addr, f Family) netip.Addr {
+	for _, ip := range ips {
+		if FamilyOf(ip) == f {
+			return ip
+		}
+	}
+	return netip.Addr{}
+}
+
+// Assign gives a Service its addresses, or returns those it holds when they still fit its
+// request. On failure the Service keeps what it held (returned beside the error).
+func (a *Allocator) Assign(s Service) (Allocation, error) {
+	fams, err := wantedFamilies(&s)
+	var cur Allocation
+	rec := a.services[s.Key]
+	if rec != nil {
+		cur = rec.alloc
+	}
+	if err != nil {
+		return cloneAlloc(cur), err
+	}
+	if rec != nil && a.fits(&s, cur, fams, true) {
+		if err := a.checkShares(&s, cur); err != nil {
+			return cloneAlloc(cur), err
+		}
+		a.commit(&s, cur, cur)
+		return cloneAlloc(cur), nil
+	}
+	if rec != nil && a.fits(&s, cur, fams, false) {
+		// The request still holds but a preferred family is missing: top up in the same pool
+		// if that works, and keep what is held whatever happens.
+		if err := a.checkShares(&s, cur); err != nil {
+			return cloneAlloc(cur), err
+		}
+		if p := a.pools[cur.Pool]; p != nil && p.usable() && p.admits(&s) {
+			if next, err := a.tryPool(&s, fams, p, cur); err == nil {
+				a.commit(&s, cur, next)
+				return cloneAlloc(next), nil
+			}
+		}
+		a.commit(&s, cur, cur)
+		return cloneAlloc(cur), nil
+	}
+
+	pools, err := a.candidates(&s, cur)
+	if err != nil {
+		return cloneAlloc(cur), err
+	}
+	var first error
+	for _, p := range pools {
+		next, err := a.tryPool(&s, fams, p, cur)
+		if err == nil {
+			a.commit(&s, cur, next)
+			return cloneAlloc(next), nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return cloneAlloc(cur), first
+}
+
+// fits reports whether the held allocation still answers the Service's request. With
+// strict, every wanted family must be held; without, a PreferDualStack Service may lack one.
+func (a *Allocator) fits(s *Service, cur Allocation, fams []Family, strict bool) bool {
+	if len(cur.IPs) == 0 {
+		return false
+	}
+	if s.Pool != "" && cur.Pool != s.Pool {
+		return false
+	}
+	if len(s.IPs) > 0 {
+		if len(s.IPs) != len(cur.IPs) {
+			return false
+		}
+		for _, ip := range s.IPs {
+			if !slices.Contains(cur.IPs, ip) {
+				return false
+			}
+		}
+	}
+	for _, ip := range cur.IPs {
+		if !slices.Contains(fams, FamilyOf(ip)) {
+			return false
+		}
+	}
+	if len(cur.IPs) == len(fams) {
+		return true
+	}
+	return !strict && s.Policy == PreferDualStack
+}
+
+// checkShares checks that a Service keeping its addresses is still compatible with the other
+// Services sharing them.
+func (a *Allocator) checkShares(s *Service, cur Allocation) error {
+	for _, ip := range cur.IPs {
+		h := a.held[ip]
+		if h == nil || len(h.users) == 1 {
+			continue
+		}
+		if err := compatible(h, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// compatible reports why s may not share h's address, or nil.
+func compatible(h *holder, s *Service) error {
+	others := make([]string, 0, len(h.users))
+	for k := range h.users {
+		if k != s.Key {
+			others = append(others, k)
+		}
+	}
+	if len(others) == 0 {
+		return nil
+	}
+	slices.Sort(others)
+	if h.key == "" || s.SharingKey != h.key {
+		e := errorf(ErrInUse, "address %s is held by %s, which does not share it under this Service's sharing key; choose another address or give both Services the same metalvip.io/sharing-key", h.ip, others[0])
+		if s.SharingKey == "" {
+			e.Msg = fmt.Sprintf("address %s is held by %s; choose another address, or give both Services the same metalvip.io/sharing-key if they should share it", h.ip, others[0])
+		}
+		e.Holder = others[0]
+		return e
+	}
+	if h.local != s.LocalTraffic {
+		e := errorf(ErrSharing, "address %s is shared by %s with externalTrafficPolicy %s; Services sharing an address must have the same externalTrafficPolicy", h.ip, others[0], etp(h.local))
+		e.Holder = others[0]
+		return e
+	}
+	for _, o := range others {
+		for _, p := range h.users[o] {
+			if slices.Contains(s.Ports, p) {
+				e := errorf(ErrSharing, "port %s on address %s is already used by %s, which shares it; use another port or another sharing key", p, h.ip, o)
+				e.Holder = o
+				return e
+			}
+		}
+	}
+	return nil
+}
+
+func etp(local bool) string {
+	if local {
+		return "Local"
+	}
+	return "Cluster"
+}
+
+// candidates returns the pools a Service may get addresses from, in order of preference.
+func (a *Allocator) candidates(s *Service, cur Allocation) ([]*pool, error) {
+	if s.Pool != "" {
+		p, ok := a.pools[s.Pool]
+		if !ok {
+			return nil, errorf(ErrNoPool, "IP pool %q named by metalvip.io/pool does not exist; create it or name another pool", s.Pool)
+		}
+		if !p.usable() {
+			return nil, errorf(ErrPoolUnusable, "IP pool %q overlaps the older pool %q and is not used until the overlap is removed", p.Name, p.shadowedBy)
+		}
+		if !p.admits(s) {
+			return nil, errorf(ErrNotAdmitted, "IP pool %q does not admit this Service (see its spec.serviceAllocation)", p.Name)
+		}
+		return []*pool{p}, nil
+	}
+	if len(s.IPs) > 0 {
+		var p *pool
+		for _, ip := range s.IPs {
+			q := a.poolOf(ip)
+			if q == nil {
+				return nil, errorf(ErrNoPool, "requested address %s is not in any IP pool; request an address from a pool, or add it to one", ip)
+			}
+			if p != nil && q != p {
+				return nil, errorf(ErrRequest, "requested addresses are in two pools, %q and %q; a Service takes all its addresses from one pool", p.Name, q.Name)
+			}
+			p = q
+		}
+		if !p.admits(s) {
+			return nil, errorf(ErrNotAdmitted, "requested address %s is in IP pool %q, which does not admit this Service (see its spec.serviceAllocation)", s.IPs[0], p.Name)
+		}
+		return []*pool{p}, nil
+	}
+	var out []*pool
+	for _, p := range a.pools {
+		if p.usable() && p.AutoAssign && p.admits(s) {
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(x, y *pool) int {
+		switch {
+		case x.Priority != nil && y.Priority == nil:
+			return -1
+		case x.Priority == nil && y.Priority != nil:
+			return 1
+		case x.Priority != nil && *x.Priority != *y.Priority:
+			return cmp.Compare(*x.Priority, *y.Priority)
+		}
+		return strings.Compare(x.Name, y.Name)
+	})
+	if c := a.pools[cur.Pool]; c != nil && c.usable() && c.admits(s) {
+		out = slices.DeleteFunc(out, func(p *pool) bool { return p == c })
+		out = append([]*pool{c}, out...)
+	}
+	if len(out) == 0 {
+		return nil, errorf(ErrNoPool, "no IP pool with autoAssign admits this Service; create one, widen a pool's serviceAllocation, or name a pool with metalvip.io/pool")
+	}
+	return out, nil
+}
+
+// tryPool works out the Service's addresses in p without changing anything.
+func (a *Allocator) tryPool(s *Service, fams []Family, p *pool, cur Allocation) (Allocation, error) {
+	next := Allocation{Pool: p.Name}
+	var skipped error
+	for _, f := range fams {
+		ip, err := a.pick(s, f, p, cur)
+		if err != nil {
+			if s.Policy == PreferDualStack && len(s.IPs) == 0 && len(fams) > 1 {
+				skipped = err
+				continue
+			}
+			return Allocation{}, err
+		}
+		next.IPs = append(next.IPs, ip)
+	}
+	if len(next.IPs) == 0 {
+		return Allocation{}, skipped
+	}
+	return next, nil
+}
+
+// pick chooses the Service's address of family f in p.
+func (a *Allocator) pick(s *Service, f Family, p *pool, cur Allocation) (netip.Addr, error) {
+	want := requested(s, f)
+	if c := ofFamily(cur.IPs, f); c.IsValid() && cur.Pool == p.Name && (!want.IsValid() || want == c) {
+		if h := a.held[c]; h == nil || compatible(h, s) == nil {
+			return c, nil
+		}
+	}
+	if want.IsValid() {
+		if !p.contains(want) {
+			return netip.Addr{}, errorf(ErrRequest, "requested address %s is not in IP pool %q", want, p.Name)
+		}
+		if h := a.held[want]; h != nil {
+			if _, mine := h.users[s.Key]; mine && len(h.users) == 1 {
+				return want, nil
+			}
+			if err := compatible(h, s); err != nil {
+				return netip.Addr{}, err
+			}
+			return want, nil
+		}
+		if fs := p.free[f]; fs == nil || !fs.has(want) {
+			return netip.Addr{}, errorf(ErrRequest, "requested address %s is skipped by IP pool %q (avoidBuggyIPs: addresses ending in .0 or .255)", want, p.Name)
+		}
+		return want, nil
+	}
+	if s.SharingKey != "" {
+		var best *holder
+		for ip, h := range a.byKey[s.SharingKey] {
+			if FamilyOf(ip) != f || !p.contains(ip) || (p.AvoidBuggyIPs && buggy(ip)) || compatible(h, s) != nil {
+				continue
+			}
+			if best == nil || ip.Less(best.ip) {
+				best = h
+			}
+		}
+		if best != nil {
+			return best.ip, nil
+		}
+	}
+	if !p.hasFamily(f) {
+		return netip.Addr{}, errorf(ErrExhausted, "IP pool %q has no %s addresses; the Service's ipFamilies need one", p.Name, f)
+	}
+	fs := p.free[f]
+	if fs != nil {
+		if r, ok := fs.t.Min(); ok {
+			return r.First, nil
+		}
+	}
+	return netip.Addr{}, errorf(ErrExhausted, "IP pool %q has no free %s address; the Service stays pending until one is freed or the pool grows", p.Name, f)
+}
+
+// commit moves the Service from cur to next.
+func (a *Allocator) commit(s *Service, cur, next Allocation) {
+	for _, ip := range cur.IPs {
+		if !slices.Contains(next.IPs, ip) {
+			a.drop(s.Key, ip)
+		}
+	}
+	for _, ip := range next.IPs {
+		a.hold(s, ip, next.Pool)
+	}
+	a.services[s.Key] = &record{alloc: cloneAlloc(next)}
+}
+
+// hold makes s a holder of ip.
+func (a *Allocator) hold(s *Service, ip netip.Addr, poolName string) {
+	h := a.held[ip]
+	if h == nil {
+		if q := a.poolOf(ip); q != nil {
+			q.free[FamilyOf(ip)].take(ip)
+		}
+		h = &holder{ip: ip, pool: poolName, users: map[string][]Port{}}
+		a.held[ip] = h
+	}
+	if len(h.users) == 0 || (len(h.users) == 1 && hasUser(h, s.Key)) {
+		// The only holder decides how the address may be shared.
+		if h.key != s.SharingKey {
+			a.unindexKey(h)
+			h.key = s.SharingKey
+		}
+		h.local = s.LocalTraffic
+	}
+	h.users[s.Key] = slices.Clone(s.Ports)
+	if h.key != "" {
+		m := a.byKey[h.key]
+		if m == nil {
+			m = map[netip.Addr]*holder{}
+			a.byKey[h.key] = m
+		}
+		m[ip] = h
+	}
+}
+
+func hasUser(h *holder, key string) bool {
+	_, ok := h.users[key]
+	return ok
+}
+
+func (a *Allocator) unindexKey(h *holder) {
+	if h.key == "" {
+		return
+	}
+	if m := a.byKey[h.key]; m != nil {
+		delete(m, h.ip)
+		if len(m) == 0 {
+			delete(a.byKey, h.key)
+		}
+	}
+}
+
+// drop removes key from ip's holders, freeing ip when none is left.
+func (a *Allocator) drop(key string, ip netip.Addr) {
+	h := a.held[ip]
+	if h == nil {
+		return
+	}
+	delete(h.users, key)
+	if len(h.users) > 0 {
+		return
+	}
+	a.unindexKey(h)
+	delete(a.held, ip)
+	if p := a.poolOf(ip); p != nil && !(p.AvoidBuggyIPs && buggy(ip)) {
+		p.free[FamilyOf(ip)].add(Range{ip, ip})
+	}
+}
+
+// Release frees everything a Service holds.
+func (a *Allocator) Release(key string) {
+	rec, ok := a.services[key]
+	if !ok {
+		return
+	}
+	for _, ip := range rec.alloc.IPs {
+		a.drop(key, ip)
+	}
+	delete(a.services, key)
+}
+
+// Restore records what a Service holds according to its status, before anything is
+// assigned. It refuses an address another Service holds and may not share with it (the
+// caller restores Services oldest first, so the older keeps the address).
+func (a *Allocator) Restore(s Service, al Allocation) error {
+	for _, ip := range al.IPs {
+		if h := a.held[ip]; h != nil {
+			if err := compatible(h, &s); err != nil {
+				return &Error{Kind: ErrConflict, Msg: fmt.Sprintf("address %s in this Service's status is also held by %s: %v", ip, strings.Join(sortedUsers(h), ", "), err), Holder: sortedUsers(h)[0]}
+			}
+		}
+	}
+	if al.Pool == "" && len(al.IPs) > 0 {
+		if p := a.poolOf(al.IPs[0]); p != nil {
+			al.Pool = p.Name
+		}
+	}
+	cur := Allocation{}
+	if rec := a.services[s.Key]; rec != nil {
+		cur = rec.alloc
+	}
+	a.commit(&s, cur, al)
+	return nil
+}
+
+// SetPools replaces the set of pools. Held addresses are never taken away, also when their
+// pool shrank or went: the report lists them.
+func (a *Allocator) SetPools(in []Pool) Report {
+	ps := make([]*pool, 0, len(in))
+	for _, p := range in {
+		ranges := mergeRanges(p.Ranges)
+		p.Ranges = ranges
+		ps = append(ps, &pool{Pool: p})
+	}
+	slices.SortFunc(ps, func(x, y *pool) int {
+		if c := cmp.Compare(x.Order, y.Order); c != 0 {
+			return c
+		}
+		return strings.Compare(x.Name, y.Name)
+	})
+	a.pools = make(map[string]*pool, len(ps))
+	a.index = a.index[:0]
+	for i, p := range ps {
+		a.pools[p.Name] = p
+		for _, q := range ps[:i] {
+			if rangesOverlap(p.Ranges, q.Ranges) {
+				p.overlaps = append(p.overlaps, q.Name)
+				q.overlaps = append(q.overlaps, p.Name)
+				if p.shadowedBy == "" && q.usable() {
+					p.shadowedBy = q.Name
+				}
+			}
+		}
+		if p.usable() {
+			for _, r := range p.Ranges {
+				a.index = append(a.index, indexEntry{r, p})
+			}
+		}
+	}
+	slices.SortFunc(a.index, func(x, y indexEntry) int {
+		if c := cmp.Compare(x.r.BitLen(), y.r.BitLen()); c != 0 {
+			return c
+		}
+		return x.r.First.Compare(y.r.First)
+	})
+
+	// Free sets: the usable pools' ranges minus held and avoided addresses.
+	heldSorted := make([]netip.Addr, 0, len(a.held))
+	for ip := range a.held {
+		heldSorted = append(heldSorted, ip)
+	}
+	slices.SortFunc(heldSorted, func(x, y netip.Addr) int { return x.Compare(y) })
+	for _, p := range ps {
+		p.capacity = map[Family]*big.Int{IPv4: new(big.Int), IPv6: new(big.Int)}
+		for _, r := range p.Ranges {
+			p.capacity[r.Family()].Add(p.capacity[r.Family()], usableSize(r, p.AvoidBuggyIPs))
+		}
+		if !p.usable() {
+			continue
+		}
+		p.free = map[Family]*freeSet{IPv4: newFreeSet(), IPv6: newFreeSet()}
+		for _, r := range p.Ranges {
+			fillFree(p.free[r.Family()], r, heldSorted, p.AvoidBuggyIPs)
+		}
+	}
+	for _, h := range a.held {
+		if h.pool == "" {
+			if p := a.poolOf(h.ip); p != nil {
+				h.pool = p.Name
+			}
+		}
+	}
+	return a.report()
+}
+
+// usableSize is the number of addresses of r that may be given out.
+func usableSize(r Range, avoidBuggy bool) *big.Int {
+	n := r.Size()
+	if avoidBuggy && r.Family() == IPv4 {
+		n.Sub(n, big.NewInt(int64(countBuggy(r))))
+	}
+	return n
+}
+
+func countBuggy(r Range) int {
+	f, l := u32(r.First), u32(r.Last)
+	// Addresses x in [f, l] with x%256 == 0, then with x%256 == 255.
+	zeros := l/256 - f/256
+	if f%256 == 0 {
+		zeros++
+	}
+	ones := (l+1)/256 - f/256
+	return int(zeros + ones)
+}
+
+func u32(a netip.Addr) uint64 {
+	b := a.As4()
+	return uint64(b[0])<<24 | uint64(b[1])<<16 | uint64(b[2])<<8 | uint64(b[3])
+}
+
+// fillFree adds r minus the held addresses (and the buggy ones) to fs.
+func fillFree(fs *freeSet, r Range, held []netip.Addr, avoidBuggy bool) {
+	i, _ := slices.BinarySearchFunc(held, r.First, func(x, t netip.Addr) int { return x.Compare(t) })
+	start := r.First
+	emit := func(end netip.Addr) { // adds [start, end] minus buggy addresses
+		for start.IsValid() && start.Compare(end) <= 0 {
+			if !avoidBuggy || !start.Is4() {
+				fs.add(Range{start, end})
+				return
+			}
+			if buggy(start) {
+				start = start.Next()
+				continue
+			}
+			b := start.As4()
+			stop := netip.AddrFrom4([4]byte{b[0], b[1], b[2], 254})
+			if stop.Compare(end) > 0 {
+				stop = end
+			}
+			fs.add(Range{start, stop})
+			start = stop.Next()
+		}
+	}
+	for ; i < len(held) && r.Contains(held[i]); i++ {
+		if held[i] != start {
+			emit(held[i].Prev())
+		}
+		start = held[i].Next()
+		if !start.IsValid() || held[i] == r.Last {
+			return
+		}
+	}
+	emit(r.Last)
+}
+
+func mergeRanges(rs []Range) []Range {
+	out := slices.Clone(rs)
+	slices.SortFunc(out, func(x, y Range) int {
+		if c := cmp.Compare(x.BitLen(), y.BitLen()); c != 0 {
+			return c
+		}
+		return x.First.Compare(y.First)
+	})
+	merged := out[:0]
+	for _, r := range out {
+		if n := len(merged); n > 0 {
+			last := &merged[n-1]
+			if last.BitLen() == r.BitLen() && (last.Overlaps(r) || last.Last.Next() == r.First) {
+				if r.Last.Compare(last.Last) > 0 {
+					last.Last = r.Last
+				}
+				continue
+			}
+		}
+		merged = append(merged, r)
+	}
+	return merged
+}
+
+func rangesOverlap(a, b []Range) bool {
+	for _, x := range a {
+		for _, y := range b {
+			if x.Overlaps(y) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Report describes the pools after SetPools.
+type Report struct {
+	// Orphans are addresses held by Services that are no longer in the pool they came from.
+	Orphans []Orphan
+}
+
+// Orphan is a held address outside the pool it was given from.
+type Orphan struct {
+	IP          netip.Addr
+	Pool        string
+	PoolDeleted bool
+	Services    []string
+}
+
+func (a *Allocator) report() Report {
+	var r Report
+	for _, h := range a.held {
+		if h.pool == "" {
+			continue
+		}
+		p, ok := a.pools[h.pool]
+		if ok && p.contains(h.ip) {
+			continue
+		}
+		r.Orphans = append(r.Orphans, Orphan{IP: h.ip, Pool: h.pool, PoolDeleted: !ok, Services: sortedUsers(h)})
+	}
+	slices.SortFunc(r.Orphans, func(x, y Orphan) int { return x.IP.Compare(y.IP) })
+	return r
+}
+
+// Orphans returns the addresses held outside the pool they came from.
+func (a *Allocator) Orphans() []Orphan { return a.report().Orphans }
+
+// Stats is what a pool's status reports.
+type Stats struct {
+	Allocated map[Family]int64
+	Available map[Family]int64 // saturated at math.MaxInt64
+	Usable    bool
+	// ShadowedBy names the older pool this one overlaps (then it is not used); Overlaps
+	// names every pool it overlaps.
+	ShadowedBy string
+	Overlaps   []string
+	// Orphans are addresses given from this pool, still held, no longer in its ranges.
+	Orphans []Orphan
+}
+
+// PoolStats computes a pool's figures; it costs O(held addresses).
+func (a *Allocator) PoolStats(name string) (Stats, bool) {
+	p, ok := a.pools[name]
+	if !ok {
+		return Stats{}, false
+	}
+	st := Stats{
+		Allocated:  map[Family]int64{IPv4: 0, IPv6: 0},
+		Available:  map[Family]int64{},
+		Usable:     p.usable(),
+		ShadowedBy: p.shadowedBy,
+		Overlaps:   slices.Sorted(slices.Values(p.overlaps)),
+	}
+	for ip, h := range a.held {
+		if p.contains(ip) && !(p.AvoidBuggyIPs && buggy(ip)) {
+			st.Allocated[FamilyOf(ip)]++
+		}
+		if h.pool == name && !p.contains(ip) {
+			st.Orphans = append(st.Orphans, Orphan{IP: ip, Pool: name, Services: sortedUsers(h)})
+		}
+	}
+	slices.SortFunc(st.Orphans, func(x, y Orphan) int { return x.IP.Compare(y.IP) })
+	for _, f := range []Family{IPv4, IPv6} {
+		free := new(big.Int).Sub(p.capacity[f], big.NewInt(st.Allocated[f]))
+		if free.Sign() < 0 {
+			free.SetInt64(0)
+		}
+		if free.IsInt64() {
+			st.Available[f] = free.Int64()
+		} else {
+			st.Available[f] = math.MaxInt64
+		}
+	}
+	return st, true
+}

@@ -1,0 +1,259 @@
+package ipam
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+// The property tests drive an allocator with random pools, Services, releases, pool changes
+// and restarts, and check after every step what must always hold.
+
+var (
+	propKeys    = []string{"ns1/a", "ns1/b", "ns1/c", "ns1/d", "ns2/e", "ns2/f", "ns2/g", "ns2/h", "ns3/i", "ns3/j"}
+	propSharing = []string{"", "", "web", "dns"}
+	propPorts   = []Port{{"TCP", 80}, {"TCP", 443}, {"UDP", 53}, {"TCP", 53}}
+	// Small ranges, partly overlapping, so that exhaustion, sharing and overlaps all happen.
+	propRanges = []string{
+		"203.0.113.0/30", "203.0.113.2-203.0.113.5", "203.0.113.8/31", "203.0.113.255-203.0.114.1",
+		"2001:db8:100::/126", "2001:db8:100::2-2001:db8:100::4", "2001:db8:100::ff/128",
+	}
+)
+
+func genPools(t *rapid.T) []Pool {
+	n := rapid.IntRange(0, 3).Draw(t, "pools")
+	var out []Pool
+	for i := range n {
+		rs := rapid.SliceOfNDistinct(rapid.SampledFrom(propRanges), 1, 3, rapid.ID).Draw(t, fmt.Sprintf("ranges%d", i))
+		var ranges []Range
+		for _, s := range rs {
+			r, _ := ParseRange(s)
+			ranges = append(ranges, r)
+		}
+		p := Pool{
+			Name:          fmt.Sprintf("pool%d", i),
+			Ranges:        ranges,
+			AutoAssign:    rapid.Bool().Draw(t, "auto"),
+			AvoidBuggyIPs: rapid.Bool().Draw(t, "buggy"),
+			Order:         int64(rapid.IntRange(0, 5).Draw(t, "order")),
+		}
+		if rapid.Bool().Draw(t, "hasPriority") {
+			v := int32(rapid.IntRange(0, 3).Draw(t, "priority"))
+			p.Priority = &v
+		}
+		if rapid.IntRange(0, 3).Draw(t, "ns-limited") == 0 {
+			p.Namespaces = []string{"ns1"}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func genService(t *rapid.T, key string) Service {
+	s := svc(key)
+	switch rapid.IntRange(0, 4).Draw(t, "families") {
+	case 0:
+		s.Families, s.Policy = []Family{IPv6}, SingleStack
+	case 1:
+		s.Families, s.Policy = []Family{IPv4, IPv6}, PreferDualStack
+	case 2:
+		s.Families, s.Policy = []Family{IPv6, IPv4}, RequireDualStack
+	}
+	s.SharingKey = rapid.SampledFrom(propSharing).Draw(t, "key")
+	s.Ports = rapid.SliceOfNDistinct(rapid.SampledFrom(propPorts), 1, 2, func(p Port) string { return p.String() }).Draw(t, "ports")
+	s.LocalTraffic = rapid.IntRange(0, 4).Draw(t, "local") == 0
+	if rapid.IntRange(0, 4).Draw(t, "request") == 0 {
+		r, _ := ParseRange(rapid.SampledFrom(propRanges).Draw(t, "reqRange"))
+		s.IPs = []netip.Addr{r.First}
+	}
+	if rapid.IntRange(0, 5).Draw(t, "named") == 0 {
+		s.Pool = fmt.Sprintf("pool%d", rapid.IntRange(0, 3).Draw(t, "poolname"))
+	}
+	return s
+}
+
+type propModel struct {
+	a     *Allocator
+	pools []Pool
+	specs map[string]Service    // the last spec assigned per key
+	held  map[string]Allocation // what each Service holds, per the results
+}
+
+func (m *propModel) check(t *rapid.T) {
+	// The allocator agrees with what it returned.
+	for key, want := range m.held {
+		got, ok := m.a.Get(key)
+		if !ok || !slices.Equal(got.IPs, want.IPs) {
+			t.Fatalf("%s: allocator says %v, results said %v", key, got, want)
+		}
+	}
+	if m.a.Len() != len(m.held) {
+		t.Fatalf("allocator holds %d Services, results %d", m.a.Len(), len(m.held))
+	}
+	// No address is held by two Services unless the sharing rules allow it.
+	users := map[netip.Addr][]string{}
+	for key, al := range m.held {
+		fams := map[Family]bool{}
+		for _, ip := range al.IPs {
+			if fams[FamilyOf(ip)] {
+				t.Fatalf("%s holds two %s addresses: %v", key, FamilyOf(ip), al.IPs)
+			}
+			fams[FamilyOf(ip)] = true
+			users[ip] = append(users[ip], key)
+		}
+		s := m.specs[key]
+		wanted, err := wantedFamilies(&s)
+		if err != nil {
+			t.Fatalf("%s holds %v under an invalid spec", key, al)
+		}
+		for f := range fams {
+			if !slices.Contains(wanted, f) {
+				t.Fatalf("%s holds a %s address; it wants %v", key, f, wanted)
+			}
+		}
+		switch {
+		case s.Policy == SingleStack && len(al.IPs) != 1:
+			t.Fatalf("SingleStack %s holds %v", key, al.IPs)
+		case s.Policy == RequireDualStack && len(al.IPs) != 2:
+			t.Fatalf("RequireDualStack %s holds %v", key, al.IPs)
+		}
+	}
+	for ip, keys := range users {
+		if len(keys) < 2 {
+			continue
+		}
+		slices.Sort(keys)
+		ports := map[Port]string{}
+		first := m.specs[keys[0]]
+		for _, k := range keys {
+			s := m.specs[k]
+			if s.SharingKey == "" || s.SharingKey != first.SharingKey || s.LocalTraffic != first.LocalTraffic {
+				t.Fatalf("%s shared by %v against the rules (keys %q/%q, local %v/%v)", ip, keys, first.SharingKey, s.SharingKey, first.LocalTraffic, s.LocalTraffic)
+			}
+			for _, p := range s.Ports {
+				if o, dup := ports[p]; dup {
+					t.Fatalf("%s: port %s used by both %s and %s", ip, p, o, k)
+				}
+				ports[p] = k
+			}
+		}
+	}
+	// Held addresses are never free, and every pool's figures add up.
+	for _, p := range m.a.pools {
+		for f, fs := range p.free {
+			fs.t.Ascend(func(r Range) bool {
+				if r.Family() != f {
+					t.Fatalf("pool %s: %s interval %v in the %s set", p.Name, r.Family(), r, f)
+				}
+				for ip := range users {
+					if r.Contains(ip) {
+						t.Fatalf("pool %s: held %s is in free interval %v", p.Name, ip, r)
+					}
+				}
+				return true
+			})
+		}
+	}
+}
+
+func TestAllocatorProperties(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		m := &propModel{a: New(), specs: map[string]Service{}, held: map[string]Allocation{}}
+		m.pools = genPools(t)
+		m.a.SetPools(m.pools)
+		t.Repeat(map[string]func(*rapid.T){
+			"assign": func(t *rapid.T) {
+				key := rapid.SampledFrom(propKeys).Draw(t, "svc")
+				s := genService(t, key)
+				before, had := m.held[key]
+				got, err := m.a.Assign(s)
+				if err != nil {
+					var e *Error
+					if !errors.As(err, &e) {
+						t.Fatalf("error of an unknown kind: %v", err)
+					}
+					// Failure leaves the Service with what it had.
+					if had && !slices.Equal(got.IPs, before.IPs) {
+						t.Fatalf("failed assign of %s changed %v to %v", key, before, got)
+					}
+					return
+				}
+				if len(got.IPs) == 0 {
+					t.Fatalf("assign of %s succeeded with no address", key)
+				}
+				// A new address comes from a usable pool that holds it.
+				p := m.a.pools[got.Pool]
+				for _, ip := range got.IPs {
+					if had && slices.Contains(before.IPs, ip) {
+						continue
+					}
+					if p == nil || !p.usable() || !p.contains(ip) {
+						t.Fatalf("%s got %s from pool %q, which cannot give it", key, ip, got.Pool)
+					}
+					if p.AvoidBuggyIPs && buggy(ip) && !slices.Contains(s.IPs, ip) {
+						t.Fatalf("%s got avoided address %s", key, ip)
+					}
+				}
+				if len(s.IPs) > 0 && !slices.Equal(sortedAddrs(got.IPs), sortedAddrs(s.IPs)) {
+					t.Fatalf("%s requested %v, got %v", key, s.IPs, got.IPs)
+				}
+				m.specs[key] = s
+				m.held[key] = got
+			},
+			"release": func(t *rapid.T) {
+				key := rapid.SampledFrom(propKeys).Draw(t, "svc")
+				m.a.Release(key)
+				delete(m.held, key)
+				delete(m.specs, key)
+			},
+			"change pools": func(t *rapid.T) {
+				m.pools = genPools(t)
+				m.a.SetPools(m.pools)
+			},
+			"restart": func(t *rapid.T) {
+				// A new allocator rebuilt from the records, in any order, holds the same
+				// addresses, and assigning every Service again moves nothing.
+				b := New()
+				b.SetPools(m.pools)
+				keys := make([]string, 0, len(m.held))
+				for k := range m.held {
+					keys = append(keys, k)
+				}
+				keys = rapid.Permutation(keys).Draw(t, "order")
+				for _, k := range keys {
+					if err := b.Restore(m.specs[k], m.held[k]); err != nil {
+						t.Fatalf("restore of %s: %v", k, err)
+					}
+				}
+				for _, k := range keys {
+					got, err := b.Assign(m.specs[k])
+					if err != nil {
+						t.Fatalf("after restart %s: %v; it held %v", k, err, m.held[k])
+					}
+					for _, ip := range m.held[k].IPs {
+						if !slices.Contains(got.IPs, ip) {
+							t.Fatalf("after restart %s got %v; it held %v", k, got, m.held[k])
+						}
+					}
+					// Only a PreferDualStack Service may gain its missing family.
+					if len(got.IPs) != len(m.held[k].IPs) && m.specs[k].Policy != PreferDualStack {
+						t.Fatalf("after restart %s got %v; it held %v", k, got, m.held[k])
+					}
+					m.held[k] = got
+				}
+				m.a = b
+			},
+			"": m.check,
+		})
+	})
+}
+
+func sortedAddrs(a []netip.Addr) []netip.Addr {
+	out := slices.Clone(a)
+	slices.SortFunc(out, func(x, y netip.Addr) int { return x.Compare(y) })
+	return out
+}

@@ -1,0 +1,232 @@
+package ipam
+
+import (
+	"fmt"
+	"math/big"
+	"net/netip"
+	"strings"
+
+	"github.com/google/btree"
+)
+
+// Family is an IP family.
+type Family uint8
+
+// The families.
+const (
+	IPv4 Family = 4
+	IPv6 Family = 6
+)
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// FamilyOf returns the family of a.
+func FamilyOf(a netip.Addr) Family {
+	if a.Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+// Range is an inclusive range of addresses of one family.
+type Range struct {
+	First, Last netip.Addr
+}
+
+// Contains reports whether a lies in r.
+func (r Range) Contains(a netip.Addr) bool {
+	return a.BitLen() == r.First.BitLen() && r.First.Compare(a) <= 0 && a.Compare(r.Last) <= 0
+}
+
+// Family is the range's family.
+func (r Range) Family() Family { return FamilyOf(r.First) }
+
+func (r Range) String() string {
+	if r.First == r.Last {
+		return r.First.String()
+	}
+	return r.First.String() + "-" + r.Last.String()
+}
+
+// Overlaps reports whether r and o share an address.
+func (r Range) Overlaps(o Range) bool {
+	return r.First.BitLen() == o.First.BitLen() && r.First.Compare(o.Last) <= 0 && o.First.Compare(r.Last) <= 0
+}
+
+// Size is the number of addresses in r.
+func (r Range) Size() *big.Int {
+	n := new(big.Int).Sub(addrInt(r.Last), addrInt(r.First))
+	return n.Add(n, big.NewInt(1))
+}
+
+func addrInt(a netip.Addr) *big.Int {
+	b := a.As16()
+	return new(big.Int).SetBytes(b[:])
+}
+
+// ParseRange parses what IPPool.spec.addresses holds: a CIDR without host bits or a range
+// "first-last" of one family, first not after last. The rules are the CRD's CEL rules, so an
+// address the API server accepted parses here.
+func ParseRange(s string) (Range, error) {
+	if first, last, ok := strings.Cut(s, "-"); ok {
+		a, err := parseAddr(first)
+		if err != nil {
+			return Range{}, fmt.Errorf("range %q: %w", s, err)
+		}
+		b, err := parseAddr(last)
+		if err != nil {
+			return Range{}, fmt.Errorf("range %q: %w", s, err)
+		}
+		if a.BitLen() != b.BitLen() {
+			return Range{}, fmt.Errorf("range %q: the two ends are of different families", s)
+		}
+		if a.Compare(b) > 0 {
+			return Range{}, fmt.Errorf("range %q is reversed", s)
+		}
+		return Range{a, b}, nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return Range{}, fmt.Errorf("%q is neither a CIDR nor a range first-last", s)
+	}
+	if p.Addr().Is4In6() || p.Addr().Zone() != "" {
+		return Range{}, fmt.Errorf("%q: IPv4-mapped and zoned addresses are not allowed", s)
+	}
+	if p.Masked() != p {
+		return Range{}, fmt.Errorf("CIDR %q has bits set after its prefix length; write %s", s, p.Masked())
+	}
+	return Range{p.Addr(), lastOf(p)}, nil
+}
+
+func parseAddr(s string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("%q is not an IP address", s)
+	}
+	if a.Is4In6() || a.Zone() != "" {
+		return netip.Addr{}, fmt.Errorf("%q: IPv4-mapped and zoned addresses are not allowed", s)
+	}
+	return a, nil
+}
+
+func lastOf(p netip.Prefix) netip.Addr {
+	b := p.Addr().As16()
+	bits := p.Bits()
+	if p.Addr().Is4() {
+		bits += 96
+	}
+	for i := bits; i < 128; i++ {
+		b[i/8] |= 1 << (7 - i%8)
+	}
+	a := netip.AddrFrom16(b)
+	if p.Addr().Is4() {
+		return a.Unmap()
+	}
+	return a
+}
+
+// buggy reports whether a is an IPv4 address ending in .0 or .255.
+func buggy(a netip.Addr) bool {
+	if !a.Is4() {
+		return false
+	}
+	last := a.As4()[3]
+	return last == 0 || last == 255
+}
+
+// freeSet is the set of free addresses of one family of one pool, kept as disjoint
+// intervals ordered by their first address: taking the lowest free address, taking a given
+// address and giving one back all cost O(log n) in the number of intervals, however large the
+// pool.
+type freeSet struct {
+	t *btree.BTreeG[Range]
+}
+
+func newFreeSet() *freeSet {
+	return &freeSet{t: btree.NewG(16, func(a, b Range) bool { return a.First.Less(b.First) })}
+}
+
+// add adds r, which must not overlap any interval of the set, merging neighbours.
+func (s *freeSet) add(r Range) {
+	if prev, ok := s.before(r.First); ok && prev.Last.Next() == r.First {
+		s.t.Delete(prev)
+		r.First = prev.First
+	}
+	if n := r.Last.Next(); n.IsValid() {
+		if next, ok := s.t.Get(Range{First: n}); ok {
+			s.t.Delete(next)
+			r.Last = next.Last
+		}
+	}
+	s.t.ReplaceOrInsert(r)
+}
+
+// before returns the interval starting strictly before a, if any.
+func (s *freeSet) before(a netip.Addr) (Range, bool) {
+	var out Range
+	var found bool
+	s.t.DescendLessOrEqual(Range{First: a}, func(r Range) bool {
+		if r.First == a {
+			return true
+		}
+		out, found = r, true
+		return false
+	})
+	return out, found
+}
+
+// containing returns the interval holding a, if any.
+func (s *freeSet) containing(a netip.Addr) (Range, bool) {
+	var out Range
+	var found bool
+	s.t.DescendLessOrEqual(Range{First: a}, func(r Range) bool {
+		out, found = r, r.Contains(a)
+		return false
+	})
+	return out, found
+}
+
+// takeLowest removes and returns the lowest free address.
+func (s *freeSet) takeLowest() (netip.Addr, bool) {
+	r, ok := s.t.Min()
+	if !ok {
+		return netip.Addr{}, false
+	}
+	s.cut(r, r.First)
+	return r.First, true
+}
+
+// take removes a; it reports false when a is not free.
+func (s *freeSet) take(a netip.Addr) bool {
+	r, ok := s.containing(a)
+	if !ok {
+		return false
+	}
+	s.cut(r, a)
+	return true
+}
+
+// cut removes a from r, an interval of the set that holds it.
+func (s *freeSet) cut(r Range, a netip.Addr) {
+	s.t.Delete(r)
+	if r.First != a {
+		s.t.ReplaceOrInsert(Range{r.First, a.Prev()})
+	}
+	if r.Last != a {
+		s.t.ReplaceOrInsert(Range{a.Next(), r.Last})
+	}
+}
+
+// has reports whether a is free.
+func (s *freeSet) has(a netip.Addr) bool {
+	_, ok := s.containing(a)
+	return ok
+}
+
+// intervals is the number of intervals (for tests and benchmarks).
+func (s *freeSet) intervals() int { return s.t.Len() }
