@@ -107,4 +107,3 @@ func BenchmarkSetPools10000Held(b *testing.B) {
 		a.SetPools([]Pool{p})
 	}
 }
-
