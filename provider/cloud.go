@@ -5,15 +5,19 @@
 package provider
 
 import (
+	"context"
 	"io"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 	cloudprovider "k8s.io/cloud-provider"
 	"k8s.io/klog/v2"
 
+	"github.com/metalvip/metalvip/loadbalancer"
 	"github.com/metalvip/metalvip/provider/config"
 )
 
@@ -37,9 +41,14 @@ func init() {
 type Cloud struct {
 	cfg       *config.Config
 	instances *instances
+	lb        *loadBalancer
+	ctx       context.Context // ends when the framework's stop channel closes
 }
 
-var _ cloudprovider.Interface = (*Cloud)(nil)
+var (
+	_ cloudprovider.Interface    = (*Cloud)(nil)
+	_ cloudprovider.InformerUser = (*Cloud)(nil)
+)
 
 // New returns the provider for a parsed cloud-config.
 func New(cfg *config.Config) *Cloud {
@@ -56,17 +65,40 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 	broadcaster := record.NewBroadcaster()
 	broadcaster.StartStructuredLogging(2)
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
-	c.instances.recorder = broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "metalvip-cloud-controller-manager"})
+	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "metalvip-cloud-controller-manager"})
+	c.instances.recorder = recorder
+	ctx, cancel := context.WithCancel(context.Background())
+	c.ctx = ctx
 	go func() {
 		<-stop
+		cancel()
 		broadcaster.Shutdown()
 	}()
+	c.lb = &loadBalancer{allocs: loadbalancer.New(loadbalancer.Config{
+		Client:         client,
+		Dynamic:        dynamic.NewForConfigOrDie(clientBuilder.ConfigOrDie("metalvip-cloud-provider")),
+		Recorder:       recorder,
+		PendingRetry:   c.cfg.Allocation.PendingRetry.Duration,
+		StatusInterval: c.cfg.Allocation.PoolStatusInterval.Duration,
+	})}
 	klog.InfoS("metalvip provider initialised", "agentPort", c.cfg.Agent.Port, "subnetRules", len(c.cfg.Topology.Subnets))
 }
 
-// LoadBalancer is not offered yet: without IP pools there is nothing to allocate from, and a
-// provider that claimed support would leave Services pending with no reason given.
-func (c *Cloud) LoadBalancer() (cloudprovider.LoadBalancer, bool) { return nil, false }
+// SetInformers starts the allocator on the framework's shared informers; the framework
+// starts them after its controllers are set up.
+func (c *Cloud) SetInformers(factory informers.SharedInformerFactory) {
+	if c.lb != nil {
+		c.lb.allocs.Start(c.ctx, factory)
+	}
+}
+
+// LoadBalancer gives Services of type LoadBalancer addresses from the IP pools.
+func (c *Cloud) LoadBalancer() (cloudprovider.LoadBalancer, bool) {
+	if c.lb == nil {
+		return nil, false // not initialised: the framework calls Initialize first
+	}
+	return c.lb, true
+}
 
 // Instances is the legacy interface; InstancesV2 replaces it.
 func (c *Cloud) Instances() (cloudprovider.Instances, bool) { return nil, false }

@@ -82,6 +82,10 @@ type Service struct {
 	SharingKey      string
 	Ports           []Port
 	LocalTraffic    bool // externalTrafficPolicy: Local
+	// Published are the addresses in the Service's status now. An address the Service gives
+	// up stays held until its status no longer shows it (see Published), so that it is
+	// never handed to another Service while clients may still be sent to it.
+	Published []netip.Addr
 }
 
 // Allocation is what a Service holds.
@@ -168,6 +172,8 @@ type holder struct {
 
 type record struct {
 	alloc Allocation
+	// lingering are addresses the Service gave up that its status still shows.
+	lingering []netip.Addr
 }
 
 // Allocator holds every pool and every address held by a Service.
@@ -197,7 +203,7 @@ func New() *Allocator {
 // Get returns a Service's allocation.
 func (a *Allocator) Get(key string) (Allocation, bool) {
 	r, ok := a.services[key]
-	if !ok {
+	if !ok || len(r.alloc.IPs) == 0 {
 		return Allocation{}, false
 	}
 	return cloneAlloc(r.alloc), true
@@ -213,7 +219,15 @@ func (a *Allocator) Holders(addr netip.Addr) []string {
 }
 
 // Len is the number of Services holding addresses.
-func (a *Allocator) Len() int { return len(a.services) }
+func (a *Allocator) Len() int {
+	n := 0
+	for _, r := range a.services {
+		if len(r.alloc.IPs) > 0 {
+			n++
+		}
+	}
+	return n
+}
 
 func cloneAlloc(al Allocation) Allocation {
 	return Allocation{Pool: al.Pool, IPs: slices.Clone(al.IPs)}
@@ -316,19 +330,16 @@ func (a *Allocator) Assign(s Service) (Allocation, error) {
 	if err != nil {
 		return cloneAlloc(cur), err
 	}
-	if rec != nil && a.fits(&s, cur, fams, true) {
-		if err := a.checkShares(&s, cur); err != nil {
-			return cloneAlloc(cur), err
-		}
+	// A Service that can no longer share its addresses (it changed its sharing key, ports or
+	// traffic policy) is the one that moves; the others keep theirs.
+	sharesOK := rec == nil || a.checkShares(&s, cur) == nil
+	if rec != nil && sharesOK && a.fits(&s, cur, fams, true) {
 		a.commit(&s, cur, cur)
 		return cloneAlloc(cur), nil
 	}
-	if rec != nil && a.fits(&s, cur, fams, false) {
+	if rec != nil && sharesOK && a.fits(&s, cur, fams, false) {
 		// The request still holds but a preferred family is missing: top up in the same pool
 		// if that works, and keep what is held whatever happens.
-		if err := a.checkShares(&s, cur); err != nil {
-			return cloneAlloc(cur), err
-		}
 		if p := a.pools[cur.Pool]; p != nil && p.usable() && p.admits(&s) {
 			if next, err := a.tryPool(&s, fams, p, cur); err == nil {
 				a.commit(&s, cur, next)
@@ -580,15 +591,80 @@ func (a *Allocator) pick(s *Service, f Family, p *pool, cur Allocation) (netip.A
 
 // commit moves the Service from cur to next.
 func (a *Allocator) commit(s *Service, cur, next Allocation) {
+	var lingering []netip.Addr
+	if rec := a.services[s.Key]; rec != nil {
+		lingering = rec.lingering
+	}
 	for _, ip := range cur.IPs {
-		if !slices.Contains(next.IPs, ip) {
+		if !slices.Contains(next.IPs, ip) && !slices.Contains(lingering, ip) {
+			lingering = append(lingering, ip)
+		}
+	}
+	var keep []netip.Addr
+	for _, ip := range lingering {
+		switch {
+		case slices.Contains(next.IPs, ip):
+			// Taken back: held again below.
+		case slices.Contains(s.Published, ip):
+			keep = append(keep, ip)
+		default:
 			a.drop(s.Key, ip)
 		}
 	}
 	for _, ip := range next.IPs {
 		a.hold(s, ip, next.Pool)
 	}
-	a.services[s.Key] = &record{alloc: cloneAlloc(next)}
+	a.services[s.Key] = &record{alloc: cloneAlloc(next), lingering: keep}
+}
+
+// Withdraw gives up everything a Service holds, as when it stops being a LoadBalancer or is
+// being deleted. Addresses its status still shows (published) stay held until Published or
+// Release says they are gone from it.
+func (a *Allocator) Withdraw(key string, published []netip.Addr) {
+	rec := a.services[key]
+	if rec == nil {
+		return
+	}
+	a.commit(&Service{Key: key, Published: published}, rec.alloc, Allocation{})
+	if rec := a.services[key]; len(rec.lingering) == 0 {
+		delete(a.services, key)
+	}
+}
+
+// Known reports whether the allocator holds anything for a Service, lingering addresses
+// included.
+func (a *Allocator) Known(key string) bool {
+	_, ok := a.services[key]
+	return ok
+}
+
+// Published tells the allocator which addresses a Service's status shows now; addresses it
+// gave up and no longer shows are freed.
+func (a *Allocator) Published(key string, ips []netip.Addr) {
+	rec := a.services[key]
+	if rec == nil || len(rec.lingering) == 0 {
+		return
+	}
+	var keep []netip.Addr
+	for _, ip := range rec.lingering {
+		if slices.Contains(ips, ip) {
+			keep = append(keep, ip)
+		} else {
+			a.drop(key, ip)
+		}
+	}
+	rec.lingering = keep
+	if len(keep) == 0 && len(rec.alloc.IPs) == 0 {
+		delete(a.services, key)
+	}
+}
+
+// Lingering returns the addresses a Service gave up that its status still shows.
+func (a *Allocator) Lingering(key string) []netip.Addr {
+	if rec := a.services[key]; rec != nil {
+		return slices.Clone(rec.lingering)
+	}
+	return nil
 }
 
 // hold makes s a holder of ip.
@@ -663,6 +739,9 @@ func (a *Allocator) Release(key string) {
 	for _, ip := range rec.alloc.IPs {
 		a.drop(key, ip)
 	}
+	for _, ip := range rec.lingering {
+		a.drop(key, ip)
+	}
 	delete(a.services, key)
 }
 
@@ -688,6 +767,53 @@ func (a *Allocator) Restore(s Service, al Allocation) error {
 	}
 	a.commit(&s, cur, al)
 	return nil
+}
+
+// Record is a Service and the allocation its status shows.
+type Record struct {
+	Service    Service
+	Allocation Allocation
+	// Moving says the Service was given other addresses than its status shows (its
+	// allocation annotation differs): the controller stopped before the status was written.
+	Moving bool
+}
+
+// Rebuild restores records after a restart: first those whose addresses still answer their
+// Service's current request and were not moving, then the others; within each, Services with a
+// sharing key before those without (two statuses showing one address are evidence of agreed
+// sharing, and a Service without a key that shows a shared address is the one that changed),
+// then in the order given (the caller gives oldest first). It returns why each record it could
+// not restore was refused; those Services get new addresses when next assigned.
+func (a *Allocator) Rebuild(recs []Record) map[string]error {
+	rank := func(r Record) int {
+		n := 0
+		if r.Moving || !a.Fits(r.Service, r.Allocation) {
+			n += 2
+		}
+		if r.Service.SharingKey == "" {
+			n++
+		}
+		return n
+	}
+	ordered := slices.Clone(recs)
+	slices.SortStableFunc(ordered, func(x, y Record) int { return cmp.Compare(rank(x), rank(y)) })
+	errs := map[string]error{}
+	for _, r := range ordered {
+		if len(r.Allocation.IPs) == 0 {
+			continue
+		}
+		if err := a.Restore(r.Service, r.Allocation); err != nil {
+			errs[r.Service.Key] = err
+		}
+	}
+	return errs
+}
+
+// Fits reports whether an allocation answers a Service's request (pool, requested addresses,
+// families), so that assigning the Service would keep it.
+func (a *Allocator) Fits(s Service, al Allocation) bool {
+	fams, err := wantedFamilies(&s)
+	return err == nil && a.fits(&s, al, fams, false)
 }
 
 // SetPools replaces the set of pools. Held addresses are never taken away, also when their

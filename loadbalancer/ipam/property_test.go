@@ -79,8 +79,32 @@ func genService(t *rapid.T, key string) Service {
 type propModel struct {
 	a     *Allocator
 	pools []Pool
-	specs map[string]Service    // the last spec assigned per key
-	held  map[string]Allocation // what each Service holds, per the results
+	specs map[string]Service // the last spec assigned per key
+	// current is each Service's spec now, whether or not assigning it succeeded.
+	current map[string]Service
+	// stale marks Services that kept a restored allocation their spec no longer wants
+	// because assigning them failed: they keep it (never yanked), whatever their families.
+	stale map[string]bool
+	// failed marks Services whose last assign failed (they keep what they had, possibly at
+	// odds with their spec).
+	failed map[string]bool
+	held   map[string]Allocation // what each Service holds, per the results
+	// published is what each Service's status shows: the last result once "written".
+	published map[string][]netip.Addr
+	pubSpecs  map[string]Service // the spec under which published was obtained
+	pubPools  map[string]string  // the pool recorded beside the status (metalvip.io/allocated-pool)
+	// heldUnder is, per Service and address, the spec of the last successful assign that
+	// gave the Service the address: the terms it holds it on while it lingers.
+	heldUnder map[string]map[netip.Addr]Service
+}
+
+// publish records that key's status now shows its allocation.
+func (m *propModel) publish(key string) {
+	al := m.held[key]
+	m.published[key] = slices.Clone(al.IPs)
+	m.pubSpecs[key] = m.specs[key]
+	m.pubPools[key] = al.Pool
+	m.a.Published(key, al.IPs)
 }
 
 func (m *propModel) check(t *rapid.T) {
@@ -94,8 +118,30 @@ func (m *propModel) check(t *rapid.T) {
 	if m.a.Len() != len(m.held) {
 		t.Fatalf("allocator holds %d Services, results %d", m.a.Len(), len(m.held))
 	}
+	// Whatever a status shows stays held by that Service until the status changes.
+	for key, pub := range m.published {
+		for _, ip := range pub {
+			if !slices.Contains(m.a.Holders(ip), key) {
+				t.Fatalf("%s's status shows %s, but the allocator lets it go (holders %v)", key, ip, m.a.Holders(ip))
+			}
+		}
+	}
 	// No address is held by two Services unless the sharing rules allow it.
+	// A Service that gave an address up but whose status still shows it keeps it under the
+	// spec it had then.
 	users := map[netip.Addr][]string{}
+	specOf := map[netip.Addr]map[string]Service{}
+	for key, pub := range m.published {
+		for _, ip := range pub {
+			if !slices.Contains(m.held[key].IPs, ip) {
+				users[ip] = append(users[ip], key)
+				if specOf[ip] == nil {
+					specOf[ip] = map[string]Service{}
+				}
+				specOf[ip][key] = m.heldUnder[key][ip]
+			}
+		}
+	}
 	for key, al := range m.held {
 		fams := map[Family]bool{}
 		for _, ip := range al.IPs {
@@ -106,6 +152,9 @@ func (m *propModel) check(t *rapid.T) {
 			users[ip] = append(users[ip], key)
 		}
 		s := m.specs[key]
+		if m.stale[key] {
+			continue
+		}
 		wanted, err := wantedFamilies(&s)
 		if err != nil {
 			t.Fatalf("%s holds %v under an invalid spec", key, al)
@@ -128,9 +177,15 @@ func (m *propModel) check(t *rapid.T) {
 		}
 		slices.Sort(keys)
 		ports := map[Port]string{}
-		first := m.specs[keys[0]]
+		spec := func(k string) Service {
+			if s, ok := specOf[ip][k]; ok {
+				return s
+			}
+			return m.specs[k]
+		}
+		first := spec(keys[0])
 		for _, k := range keys {
-			s := m.specs[k]
+			s := spec(k)
 			if s.SharingKey == "" || s.SharingKey != first.SharingKey || s.LocalTraffic != first.LocalTraffic {
 				t.Fatalf("%s shared by %v against the rules (keys %q/%q, local %v/%v)", ip, keys, first.SharingKey, s.SharingKey, first.LocalTraffic, s.LocalTraffic)
 			}
@@ -162,13 +217,15 @@ func (m *propModel) check(t *rapid.T) {
 
 func TestAllocatorProperties(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		m := &propModel{a: New(), specs: map[string]Service{}, held: map[string]Allocation{}}
+		m := &propModel{a: New(), specs: map[string]Service{}, held: map[string]Allocation{}, published: map[string][]netip.Addr{}, pubSpecs: map[string]Service{}, pubPools: map[string]string{}, current: map[string]Service{}, heldUnder: map[string]map[netip.Addr]Service{}, stale: map[string]bool{}, failed: map[string]bool{}}
 		m.pools = genPools(t)
 		m.a.SetPools(m.pools)
 		t.Repeat(map[string]func(*rapid.T){
 			"assign": func(t *rapid.T) {
 				key := rapid.SampledFrom(propKeys).Draw(t, "svc")
 				s := genService(t, key)
+				s.Published = m.published[key]
+				m.current[key] = s
 				before, had := m.held[key]
 				got, err := m.a.Assign(s)
 				if err != nil {
@@ -176,6 +233,7 @@ func TestAllocatorProperties(t *testing.T) {
 					if !errors.As(err, &e) {
 						t.Fatalf("error of an unknown kind: %v", err)
 					}
+					m.failed[key] = true
 					// Failure leaves the Service with what it had.
 					if had && !slices.Equal(got.IPs, before.IPs) {
 						t.Fatalf("failed assign of %s changed %v to %v", key, before, got)
@@ -203,49 +261,142 @@ func TestAllocatorProperties(t *testing.T) {
 				}
 				m.specs[key] = s
 				m.held[key] = got
+				if m.heldUnder[key] == nil {
+					m.heldUnder[key] = map[netip.Addr]Service{}
+				}
+				for _, ip := range got.IPs {
+					m.heldUnder[key][ip] = s
+				}
+				delete(m.stale, key)
+				delete(m.failed, key)
+				if rapid.Bool().Draw(t, "status written") {
+					m.publish(key)
+				}
+			},
+			"withdraw": func(t *rapid.T) {
+				// The Service stops being a LoadBalancer; its status is cleared later.
+				key := rapid.SampledFrom(propKeys).Draw(t, "svc")
+				m.a.Withdraw(key, m.published[key])
+				delete(m.held, key)
+				delete(m.specs, key)
+				delete(m.current, key)
+				delete(m.stale, key)
+				delete(m.failed, key)
+				if rapid.Bool().Draw(t, "status cleared") {
+					m.a.Published(key, nil)
+					delete(m.published, key)
+					delete(m.pubSpecs, key)
+					delete(m.pubPools, key)
+				}
+			},
+			"status written": func(t *rapid.T) {
+				key := rapid.SampledFrom(propKeys).Draw(t, "svc")
+				if _, ok := m.held[key]; ok {
+					m.publish(key)
+				} else if _, ok := m.published[key]; ok {
+					m.a.Published(key, nil)
+					delete(m.published, key)
+					delete(m.pubSpecs, key)
+					delete(m.pubPools, key)
+				}
 			},
 			"release": func(t *rapid.T) {
 				key := rapid.SampledFrom(propKeys).Draw(t, "svc")
 				m.a.Release(key)
 				delete(m.held, key)
 				delete(m.specs, key)
+				delete(m.current, key)
+				delete(m.stale, key)
+				delete(m.failed, key)
+				delete(m.published, key)
+				delete(m.pubSpecs, key)
+				delete(m.pubPools, key)
 			},
 			"change pools": func(t *rapid.T) {
 				m.pools = genPools(t)
 				m.a.SetPools(m.pools)
 			},
 			"restart": func(t *rapid.T) {
-				// A new allocator rebuilt from the records, in any order, holds the same
-				// addresses, and assigning every Service again moves nothing.
+				// After a restart the Services (their current specs) and their statuses are
+				// all there is. A new allocator rebuilt from them holds the same addresses,
+				// and assigning every Service again moves none whose status still answers its
+				// request. Only a Service caught mid-change may lose a contested address.
 				b := New()
 				b.SetPools(m.pools)
-				keys := make([]string, 0, len(m.held))
-				for k := range m.held {
-					keys = append(keys, k)
+				keys := make([]string, 0, len(m.published))
+				for k, pub := range m.published {
+					// A withdrawn Service is no LoadBalancer any more: not restored.
+					if _, ours := m.current[k]; len(pub) > 0 && ours {
+						keys = append(keys, k)
+					}
 				}
+				slices.Sort(keys)
 				keys = rapid.Permutation(keys).Draw(t, "order")
+				var recs []Record
 				for _, k := range keys {
-					if err := b.Restore(m.specs[k], m.held[k]); err != nil {
-						t.Fatalf("restore of %s: %v", k, err)
+					s := m.current[k]
+					s.Published = m.published[k]
+					moving := !slices.Equal(m.published[k], m.held[k].IPs)
+					recs = append(recs, Record{s, Allocation{Pool: m.pubPools[k], IPs: m.published[k]}, moving})
+				}
+				errs := b.Rebuild(recs)
+				// A Service that could not move off a shared address it may no longer share
+				// (its last assign failed) leaves a conflict that only age can settle.
+				contested := map[string]bool{}
+				// So can a Service whose status was not yet written when the controller stopped.
+				for k, pub := range m.published {
+					if !slices.Equal(pub, m.held[k].IPs) {
+						contested[k] = true
 					}
 				}
-				for _, k := range keys {
-					got, err := b.Assign(m.specs[k])
-					if err != nil {
-						t.Fatalf("after restart %s: %v; it held %v", k, err, m.held[k])
-					}
-					for _, ip := range m.held[k].IPs {
-						if !slices.Contains(got.IPs, ip) {
-							t.Fatalf("after restart %s got %v; it held %v", k, got, m.held[k])
+				for f := range m.failed {
+					for k, pub := range m.published {
+						if k != f && slices.ContainsFunc(pub, func(ip netip.Addr) bool { return slices.Contains(m.published[f], ip) }) {
+							contested[k] = true
 						}
 					}
-					// Only a PreferDualStack Service may gain its missing family.
-					if len(got.IPs) != len(m.held[k].IPs) && m.specs[k].Policy != PreferDualStack {
-						t.Fatalf("after restart %s got %v; it held %v", k, got, m.held[k])
+				}
+				m.held, m.specs, m.stale = map[string]Allocation{}, map[string]Service{}, map[string]bool{}
+				var assigned []string
+				for _, r := range recs {
+					k, s := r.Service.Key, r.Service
+					fits := b.Fits(s, r.Allocation)
+					if err := errs[k]; err != nil {
+						if fits && !m.failed[k] && !contested[k] {
+							t.Fatalf("rebuild refused %s, whose status %v answers its request: %v", k, r.Allocation, err)
+						}
+						continue
 					}
-					m.held[k] = got
+					got, err := b.Assign(s)
+					if err != nil {
+						if fits && !m.failed[k] && !contested[k] {
+							t.Fatalf("after restart %s: %v; its status shows %v", k, err, r.Allocation)
+						}
+						got, _ = b.Get(k)
+						m.stale[k] = true
+					}
+					if fits && !m.failed[k] && !contested[k] {
+						for _, ip := range r.Allocation.IPs {
+							if !slices.Contains(got.IPs, ip) {
+								t.Fatalf("after restart %s got %v; its status shows %v", k, got, r.Allocation)
+							}
+						}
+					}
+					if len(got.IPs) > 0 {
+						m.held[k], m.specs[k] = got, s
+						assigned = append(assigned, k)
+					}
 				}
 				m.a = b
+				m.published, m.pubSpecs, m.pubPools = map[string][]netip.Addr{}, map[string]Service{}, map[string]string{}
+				for _, k := range assigned {
+					m.publish(k)
+				}
+				for k := range m.current {
+					if _, ok := m.held[k]; !ok {
+						delete(m.current, k)
+					}
+				}
 			},
 			"": m.check,
 		})

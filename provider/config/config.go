@@ -28,8 +28,10 @@ const (
 
 // Defaults.
 const (
-	DefaultAgentPort    = 7472
-	DefaultAgentTimeout = 5 * time.Second
+	DefaultAgentPort          = 7472
+	DefaultAgentTimeout       = 5 * time.Second
+	DefaultPendingRetry       = 10 * time.Second
+	DefaultPoolStatusInterval = time.Second
 )
 
 // Config is the whole cloud-config file.
@@ -42,6 +44,9 @@ type Config struct {
 
 	// Topology maps nodes to zones and regions.
 	Topology Topology `yaml:"topology"`
+
+	// Allocation holds the timers of address allocation.
+	Allocation Allocation `yaml:"allocation"`
 
 	// InstanceTypeLabel names a Node label whose value becomes the node's instance type
 	// (node.kubernetes.io/instance-type). Empty: no instance type.
@@ -61,6 +66,15 @@ type Agent struct {
 	Insecure bool `yaml:"insecure"`
 	// Timeout bounds a single call to an agent.
 	Timeout Duration `yaml:"timeout"`
+}
+
+// Allocation holds the timers of address allocation.
+type Allocation struct {
+	// PendingRetry is how often a Service waiting for an address (pool exhausted, requested
+	// address taken, no pool) is tried again.
+	PendingRetry Duration `yaml:"pendingRetry"`
+	// PoolStatusInterval bounds how often IPPool status is written: changes are batched.
+	PoolStatusInterval Duration `yaml:"poolStatusInterval"`
 }
 
 // Topology maps nodes to zone and region. A label wins over a subnet rule; among subnet
@@ -131,6 +145,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.Agent.Timeout.Duration == 0 {
 		c.Agent.Timeout.Duration = DefaultAgentTimeout
+	}
+	if c.Allocation.PendingRetry.Duration == 0 {
+		c.Allocation.PendingRetry.Duration = DefaultPendingRetry
+	}
+	if c.Allocation.PoolStatusInterval.Duration == 0 {
+		c.Allocation.PoolStatusInterval.Duration = DefaultPoolStatusInterval
 	}
 }
 
@@ -212,6 +232,18 @@ func (c *Config) validate(root *yaml.Node) error {
 	}
 	if a.Timeout.Duration < 0 {
 		add("agent.timeout", fmt.Sprintf("%s is negative; write a positive duration such as \"5s\"", a.Timeout.Duration))
+	}
+	for _, d := range []struct {
+		path string
+		v    time.Duration
+		min  time.Duration
+	}{
+		{"allocation.pendingRetry", c.Allocation.PendingRetry.Duration, time.Second},
+		{"allocation.poolStatusInterval", c.Allocation.PoolStatusInterval.Duration, 100 * time.Millisecond},
+	} {
+		if d.v != 0 && d.v < d.min {
+			add(d.path, fmt.Sprintf("%s is too short; write at least %s", d.v, d.min))
+		}
 	}
 	if a.Insecure && (a.CAFile != "" || a.CertFile != "" || a.KeyFile != "") {
 		add("agent.insecure", "insecure: true turns TLS off, so caFile, certFile and keyFile would be ignored; remove either insecure or the files")

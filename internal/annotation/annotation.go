@@ -1,0 +1,152 @@
+// Package annotation names every metalvip Service annotation and parses them, in one place,
+// so that no second spelling can exist.
+package annotation
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Name is a Service annotation of metalvip.
+type Name string
+
+// Annotations a user sets.
+const (
+	// Pool names the IPPool a Service takes its addresses from.
+	Pool Name = "metalvip.io/pool"
+	// IPs requests addresses, comma-separated, at most one per family.
+	IPs Name = "metalvip.io/ips"
+	// SharingKey lets Services with the same key share an address when their ports differ.
+	SharingKey Name = "metalvip.io/sharing-key"
+)
+
+// Annotations the controller writes: the record of an allocation beside the Service's status.
+const (
+	// AllocatedPool names the pool the Service's addresses were given from.
+	AllocatedPool Name = "metalvip.io/allocated-pool"
+	// AllocatedIPs lists the addresses given, written before the status; when the two differ
+	// after a restart, the Service was being moved.
+	AllocatedIPs Name = "metalvip.io/allocated-ips"
+)
+
+// Value returns the annotation on svc.
+func (n Name) Value(svc *v1.Service) (string, bool) {
+	v, ok := svc.Annotations[string(n)]
+	return v, ok
+}
+
+// PoolFromService returns the requested pool, or "".
+func PoolFromService(svc *v1.Service) (string, error) {
+	v, ok := Pool.Value(svc)
+	if !ok {
+		return "", nil
+	}
+	v = strings.TrimSpace(v)
+	if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
+		return "", fmt.Errorf("annotation %s=%q is not an IPPool name: %s", Pool, v, strings.Join(errs, "; "))
+	}
+	return v, nil
+}
+
+// IPsFromService returns the requested addresses: the metalvip.io/ips annotation, else
+// spec.loadBalancerIP. Both set and different is an error.
+func IPsFromService(svc *v1.Service) ([]netip.Addr, error) {
+	var out []netip.Addr
+	v, ok := IPs.Value(svc)
+	if ok {
+		var err error
+		if out, err = ParseIPs(v); err != nil {
+			return nil, fmt.Errorf("annotation %s: %w", IPs, err)
+		}
+	}
+	if lb := strings.TrimSpace(svc.Spec.LoadBalancerIP); lb != "" {
+		a, err := parseAddr(lb)
+		if err != nil {
+			return nil, fmt.Errorf("spec.loadBalancerIP: %w", err)
+		}
+		if ok && !containsAddr(out, a) {
+			return nil, fmt.Errorf("spec.loadBalancerIP %s is not among annotation %s=%q; set one of the two", a, IPs, v)
+		}
+		if !ok {
+			out = []netip.Addr{a}
+		}
+	}
+	return out, nil
+}
+
+// ParseIPs parses a comma-separated list of addresses, at most one per family.
+func ParseIPs(v string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for part := range strings.SplitSeq(v, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		a, err := parseAddr(part)
+		if err != nil {
+			return nil, err
+		}
+		for _, o := range out {
+			if o.Is4() == a.Is4() {
+				return nil, fmt.Errorf("%q lists two %s addresses; give at most one per family", v, family(a))
+			}
+		}
+		out = append(out, a)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%q lists no address; write e.g. \"203.0.113.10\" or \"203.0.113.10,2001:db8::10\"", v)
+	}
+	return out, nil
+}
+
+func parseAddr(s string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" {
+		return netip.Addr{}, fmt.Errorf("%q is not an IP address", s)
+	}
+	if a.Is4In6() {
+		return netip.Addr{}, fmt.Errorf("%q is an IPv4-mapped IPv6 address; write the IPv4 address", s)
+	}
+	return a, nil
+}
+
+func containsAddr(as []netip.Addr, a netip.Addr) bool {
+	for _, x := range as {
+		if x == a {
+			return true
+		}
+	}
+	return false
+}
+
+func family(a netip.Addr) string {
+	if a.Is4() {
+		return "IPv4"
+	}
+	return "IPv6"
+}
+
+// SharingKeyFromService returns the sharing key, or "".
+func SharingKeyFromService(svc *v1.Service) (string, error) {
+	v, ok := SharingKey.Value(svc)
+	if !ok {
+		return "", nil
+	}
+	if errs := validation.IsValidLabelValue(v); len(errs) > 0 || v == "" {
+		return "", fmt.Errorf("annotation %s=%q: a sharing key is 1 to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit", SharingKey, v)
+	}
+	return v, nil
+}
+
+// FormatIPs writes addresses as AllocatedIPs holds them.
+func FormatIPs(ips []netip.Addr) string {
+	parts := make([]string, len(ips))
+	for i, a := range ips {
+		parts[i] = a.String()
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,453 @@
+// Package loadbalancer decides, for Services of type LoadBalancer, which addresses they get
+// (through the pure ipam package) and keeps that decision in step with the cluster: it rebuilds
+// the allocator from every Service before answering anything, watches IP pools, reports on
+// Services with Events and on pools with status. It knows nothing of the cloud-provider
+// framework (provider/ adapts to it) and never touches the wire (nodeagent/ does).
+package loadbalancer
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	cloudproviderapi "k8s.io/cloud-provider/api"
+	"k8s.io/klog/v2"
+
+	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/internal/annotation"
+	"github.com/metalvip/metalvip/loadbalancer/ipam"
+)
+
+// Event reasons on Services.
+const (
+	ReasonIPAllocated       = "IPAllocated"
+	ReasonPoolExhausted     = "PoolExhausted"
+	ReasonIPInUse           = "IPInUse"
+	ReasonNoPool            = "NoPool"
+	ReasonSharingConflict   = "SharingConflict"
+	ReasonInvalidRequest    = "InvalidRequest"
+	ReasonInvalidAnnotation = "InvalidAnnotation"
+	ReasonIPConflict        = "IPConflict"
+	ReasonPoolShrunk        = "PoolShrunk"
+	ReasonPoolDeleted       = "PoolDeleted"
+)
+
+// Config configures Allocations.
+type Config struct {
+	Client   kubernetes.Interface
+	Dynamic  dynamic.Interface
+	Recorder record.EventRecorder
+	// PendingRetry is how often a Service waiting for an address is tried again (a pool may
+	// have grown or an address been freed meanwhile).
+	PendingRetry time.Duration
+	// StatusInterval bounds how often IPPool status is written.
+	StatusInterval time.Duration
+}
+
+// Allocations gives Services their addresses and keeps the record of it.
+type Allocations struct {
+	cfg Config
+
+	mu    sync.Mutex // guards ipam, warned, orphaned, dirty
+	ipam  *ipam.Allocator
+	dirty bool // pool figures changed since the last status write
+	// warned holds the last warning given per Service, so a retry does not repeat it.
+	warned map[types.UID]string
+	// orphaned holds the orphan warnings given, per Service and address.
+	orphaned map[string]bool
+
+	ready        chan struct{} // closed once the allocator is rebuilt
+	poolsChanged chan struct{}
+
+	services   corelisters.ServiceLister
+	namespaces corelisters.NamespaceLister
+	pools      cache.GenericLister
+
+	synced []cache.InformerSynced
+}
+
+// New returns Allocations; Start makes it work.
+func New(cfg Config) *Allocations {
+	if cfg.PendingRetry <= 0 {
+		cfg.PendingRetry = 10 * time.Second
+	}
+	if cfg.StatusInterval <= 0 {
+		cfg.StatusInterval = time.Second
+	}
+	return &Allocations{
+		cfg:          cfg,
+		ipam:         ipam.New(),
+		warned:       map[types.UID]string{},
+		orphaned:     map[string]bool{},
+		ready:        make(chan struct{}),
+		poolsChanged: make(chan struct{}, 1),
+	}
+}
+
+// Start registers the informers it needs with factory (which the caller starts) and runs
+// until ctx ends: it waits for the caches, rebuilds the allocator from every Service, and
+// then follows pool changes and writes pool status.
+func (a *Allocations) Start(ctx context.Context, factory informers.SharedInformerFactory) {
+	svcInformer := factory.Core().V1().Services()
+	nsInformer := factory.Core().V1().Namespaces()
+	a.services = svcInformer.Lister()
+	a.namespaces = nsInformer.Lister()
+	_, _ = svcInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(old, cur any) { a.serviceUpdated(old, cur) },
+		DeleteFunc: a.serviceDeleted,
+	})
+
+	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(a.cfg.Dynamic, 0)
+	poolInformer := dynFactory.ForResource(v1alpha1.IPPoolResource)
+	a.pools = poolInformer.Lister()
+	notify := func(any) {
+		select {
+		case a.poolsChanged <- struct{}{}:
+		default:
+		}
+	}
+	_, _ = poolInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    notify,
+		UpdateFunc: func(_, cur any) { notify(cur) },
+		DeleteFunc: notify,
+	})
+	a.synced = []cache.InformerSynced{svcInformer.Informer().HasSynced, nsInformer.Informer().HasSynced, poolInformer.Informer().HasSynced}
+	dynFactory.Start(ctx.Done())
+	go a.run(ctx)
+}
+
+func (a *Allocations) run(ctx context.Context) {
+	if !cache.WaitForCacheSync(ctx.Done(), a.synced...) {
+		return
+	}
+	a.rebuild()
+	close(a.ready)
+	klog.InfoS("Address allocator rebuilt from Services", "services", a.ipam.Len())
+
+	tick := time.NewTicker(a.cfg.StatusInterval)
+	defer tick.Stop()
+	a.writePoolStatus(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.poolsChanged:
+			a.syncPools()
+		case <-tick.C:
+			a.writePoolStatus(ctx)
+		}
+	}
+}
+
+// Ready is closed once the allocator has been rebuilt from the cluster.
+func (a *Allocations) Ready() <-chan struct{} { return a.ready }
+
+// ours reports whether metalvip serves a Service: type LoadBalancer without a
+// loadBalancerClass (the framework skips those too).
+func ours(svc *v1.Service) bool {
+	return svc.Spec.Type == v1.ServiceTypeLoadBalancer && svc.Spec.LoadBalancerClass == nil
+}
+
+func serviceKey(svc *v1.Service) string { return svc.Namespace + "/" + svc.Name }
+
+// rebuild restores every Service's recorded addresses, before anything is assigned.
+func (a *Allocations) rebuild() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.applyPoolsLocked()
+	svcs, err := a.services.List(everything)
+	if err != nil {
+		klog.ErrorS(err, "List Services for the rebuild")
+	}
+	slices.SortFunc(svcs, func(x, y *v1.Service) int {
+		if c := x.CreationTimestamp.Compare(y.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return cmp.Compare(serviceKey(x), serviceKey(y))
+	})
+	var recs []ipam.Record
+	byKey := map[string]*v1.Service{}
+	for _, svc := range svcs {
+		published := statusIPs(svc)
+		if !ours(svc) || len(published) == 0 {
+			continue
+		}
+		req, _ := a.request(svc) // a bad annotation must not lose the address: restore regardless
+		pool, _ := annotation.AllocatedPool.Value(svc)
+		moving := false
+		if v, ok := annotation.AllocatedIPs.Value(svc); ok {
+			moving = v != annotation.FormatIPs(published)
+		}
+		recs = append(recs, ipam.Record{Service: req, Allocation: ipam.Allocation{Pool: pool, IPs: published}, Moving: moving})
+		byKey[req.Key] = svc
+	}
+	for key, err := range a.ipam.Rebuild(recs) {
+		klog.ErrorS(err, "Address in a Service's status is contested; the Service gets a new address", "service", key)
+		a.cfg.Recorder.Eventf(byKey[key], v1.EventTypeWarning, ReasonIPConflict, "%v; this Service gets a new address", err)
+	}
+	a.dirty = true
+}
+
+// request turns a Service into what the allocator needs.
+func (a *Allocations) request(svc *v1.Service) (ipam.Service, error) {
+	s := ipam.Service{
+		Key:          serviceKey(svc),
+		Namespace:    svc.Namespace,
+		Labels:       svc.Labels,
+		LocalTraffic: svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
+		Published:    statusIPs(svc),
+	}
+	if ns, err := a.namespaces.Get(svc.Namespace); err == nil {
+		s.NamespaceLabels = ns.Labels
+	}
+	for _, f := range svc.Spec.IPFamilies {
+		if f == v1.IPv6Protocol {
+			s.Families = append(s.Families, ipam.IPv6)
+		} else {
+			s.Families = append(s.Families, ipam.IPv4)
+		}
+	}
+	if p := svc.Spec.IPFamilyPolicy; p != nil {
+		switch *p {
+		case v1.IPFamilyPolicyPreferDualStack:
+			s.Policy = ipam.PreferDualStack
+		case v1.IPFamilyPolicyRequireDualStack:
+			s.Policy = ipam.RequireDualStack
+		}
+	}
+	for _, p := range svc.Spec.Ports {
+		s.Ports = append(s.Ports, ipam.Port{Protocol: string(p.Protocol), Port: p.Port})
+	}
+	var errs []error
+	var err error
+	if s.Pool, err = annotation.PoolFromService(svc); err != nil {
+		errs = append(errs, err)
+	}
+	if s.IPs, err = annotation.IPsFromService(svc); err != nil {
+		errs = append(errs, err)
+	}
+	if s.SharingKey, err = annotation.SharingKeyFromService(svc); err != nil {
+		errs = append(errs, err)
+	}
+	return s, errors.Join(errs...)
+}
+
+// statusIPs returns the addresses in a Service's status.
+func statusIPs(svc *v1.Service) []netip.Addr {
+	var out []netip.Addr
+	for _, ing := range svc.Status.LoadBalancer.Ingress {
+		if a, err := netip.ParseAddr(ing.IP); err == nil {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}
+
+// Ensure gives a Service its addresses, or says why it cannot.
+func (a *Allocations) Ensure(ctx context.Context, svc *v1.Service) (*v1.LoadBalancerStatus, error) {
+	select {
+	case <-a.ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	req, err := a.request(svc)
+	if err != nil {
+		a.warnOnce(svc, ReasonInvalidAnnotation, err.Error()+"; fix the annotation")
+		return nil, err
+	}
+	a.mu.Lock()
+	prev, _ := a.ipam.Get(req.Key)
+	al, err := a.ipam.Assign(req)
+	if err == nil {
+		a.dirty = true
+	}
+	a.mu.Unlock()
+	if err != nil {
+		reason, retry := classify(err)
+		a.warnOnce(svc, reason, err.Error())
+		if retry {
+			return nil, cloudproviderapi.NewRetryError(err.Error(), a.cfg.PendingRetry)
+		}
+		return nil, err
+	}
+	a.clearWarning(svc)
+	if err := a.record(ctx, svc, al); err != nil {
+		return nil, err
+	}
+	if !slices.Equal(prev.IPs, al.IPs) {
+		a.cfg.Recorder.Eventf(svc, v1.EventTypeNormal, ReasonIPAllocated, "Allocated %s from IP pool %s", annotation.FormatIPs(al.IPs), al.Pool)
+	}
+	return status(al), nil
+}
+
+func status(al ipam.Allocation) *v1.LoadBalancerStatus {
+	st := &v1.LoadBalancerStatus{}
+	vip := v1.LoadBalancerIPModeVIP
+	for _, ip := range al.IPs {
+		st.Ingress = append(st.Ingress, v1.LoadBalancerIngress{IP: ip.String(), IPMode: &vip})
+	}
+	return st
+}
+
+// classify maps an allocation failure to an Event reason, and whether waiting can fix it
+// (pools change, addresses are freed) or only the Service's owner can.
+func classify(err error) (reason string, retry bool) {
+	switch {
+	case errors.Is(err, ipam.ErrExhausted):
+		return ReasonPoolExhausted, true
+	case errors.Is(err, ipam.ErrInUse):
+		return ReasonIPInUse, true
+	case errors.Is(err, ipam.ErrSharing):
+		return ReasonSharingConflict, true
+	case errors.Is(err, ipam.ErrNoPool), errors.Is(err, ipam.ErrNotAdmitted), errors.Is(err, ipam.ErrPoolUnusable):
+		return ReasonNoPool, true
+	default:
+		return ReasonInvalidRequest, false
+	}
+}
+
+// record writes the allocation annotations when they differ. They are written before the
+// status (which the framework writes after Ensure returns), so that after a restart a
+// difference between the two shows the Service was being moved.
+func (a *Allocations) record(ctx context.Context, svc *v1.Service, al ipam.Allocation) error {
+	pool, _ := annotation.AllocatedPool.Value(svc)
+	ips, _ := annotation.AllocatedIPs.Value(svc)
+	if pool == al.Pool && ips == annotation.FormatIPs(al.IPs) {
+		return nil
+	}
+	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q,%q:%q}}}`,
+		annotation.AllocatedPool, al.Pool, annotation.AllocatedIPs, annotation.FormatIPs(al.IPs))
+	if _, err := a.cfg.Client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("record allocation on %s: %w", serviceKey(svc), err)
+	}
+	return nil
+}
+
+// Delete gives up a Service's addresses. Those its status still shows stay reserved until the
+// status is cleared, so they are never given to another Service while in use.
+func (a *Allocations) Delete(ctx context.Context, svc *v1.Service) error {
+	select {
+	case <-a.ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	a.mu.Lock()
+	a.ipam.Withdraw(serviceKey(svc), statusIPs(svc))
+	a.dirty = true
+	delete(a.warned, svc.UID)
+	a.mu.Unlock()
+	_, hasPool := annotation.AllocatedPool.Value(svc)
+	_, hasIPs := annotation.AllocatedIPs.Value(svc)
+	if svc.DeletionTimestamp == nil && (hasPool || hasIPs) {
+		patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:null,%q:null}}}`, annotation.AllocatedPool, annotation.AllocatedIPs)
+		_, err := a.cfg.Client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("remove allocation record from %s: %w", serviceKey(svc), err)
+		}
+	}
+	return nil
+}
+
+// Get returns a Service's status and whether anything is held for it.
+func (a *Allocations) Get(svc *v1.Service) (*v1.LoadBalancerStatus, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	key := serviceKey(svc)
+	al, ok := a.ipam.Get(key)
+	_, recorded := annotation.AllocatedIPs.Value(svc)
+	exists := ok || a.ipam.Known(key) || recorded || len(statusIPs(svc)) > 0
+	if !ok {
+		return &v1.LoadBalancerStatus{}, exists
+	}
+	return status(al), exists
+}
+
+func (a *Allocations) serviceUpdated(oldObj, curObj any) {
+	old, ok1 := oldObj.(*v1.Service)
+	cur, ok2 := curObj.(*v1.Service)
+	if !ok1 || !ok2 {
+		return
+	}
+	select {
+	case <-a.ready:
+	default:
+		return // the rebuild reads everything
+	}
+	published := statusIPs(cur)
+	if slices.Equal(statusIPs(old), published) {
+		return
+	}
+	key := serviceKey(cur)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ipam.Known(key) {
+		a.ipam.Published(key, published)
+		a.dirty = true
+		return
+	}
+	// A status this controller does not know of: written by a previous leader just before it
+	// stopped. Hold its addresses so they are not given twice.
+	if ours(cur) && len(published) > 0 {
+		req, _ := a.request(cur)
+		pool, _ := annotation.AllocatedPool.Value(cur)
+		if err := a.ipam.Restore(req, ipam.Allocation{Pool: pool, IPs: published}); err != nil {
+			klog.ErrorS(err, "Status shows an address held by another Service", "service", key)
+			a.cfg.Recorder.Eventf(cur, v1.EventTypeWarning, ReasonIPConflict, "%v", err)
+		}
+		a.dirty = true
+	}
+}
+
+func (a *Allocations) serviceDeleted(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	svc, ok := obj.(*v1.Service)
+	if !ok {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.ipam.Release(serviceKey(svc))
+	delete(a.warned, svc.UID)
+	for k := range a.orphaned {
+		if strings.HasPrefix(k, serviceKey(svc)+"|") {
+			delete(a.orphaned, k)
+		}
+	}
+	a.dirty = true
+}
+
+// warnOnce emits a Warning Event unless the same one was the last given to the Service.
+func (a *Allocations) warnOnce(svc *v1.Service, reason, msg string) {
+	a.mu.Lock()
+	last := a.warned[svc.UID]
+	a.warned[svc.UID] = reason + "|" + msg
+	a.mu.Unlock()
+	if last != reason+"|"+msg {
+		a.cfg.Recorder.Event(svc, v1.EventTypeWarning, reason, msg)
+	}
+}
+
+func (a *Allocations) clearWarning(svc *v1.Service) {
+	a.mu.Lock()
+	delete(a.warned, svc.UID)
+	a.mu.Unlock()
+}
