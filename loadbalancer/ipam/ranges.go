@@ -227,6 +227,3 @@ func (s *freeSet) has(a netip.Addr) bool {
 	_, ok := s.containing(a)
 	return ok
 }
-
-// intervals is the number of intervals (for tests and benchmarks).
-func (s *freeSet) intervals() int { return s.t.Len() }
