@@ -580,10 +580,9 @@ func (a *Allocator) pick(s *Service, f Family, p *pool, cur Allocation) (netip.A
 	if !p.hasFamily(f) {
 		return netip.Addr{}, errorf(ErrExhausted, "IP pool %q has no %s addresses; the Service's ipFamilies need one", p.Name, f)
 	}
-	fs := p.free[f]
-	if fs != nil {
-		if r, ok := fs.t.Min(); ok {
-			return r.First, nil
+	if fs := p.free[f]; fs != nil {
+		if a, ok := fs.lowest(); ok {
+			return a, nil
 		}
 	}
 	return netip.Addr{}, errorf(ErrExhausted, "IP pool %q has no free %s address; the Service stays pending until one is freed or the pool grows", p.Name, f)

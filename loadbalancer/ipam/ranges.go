@@ -191,14 +191,10 @@ func (s *freeSet) containing(a netip.Addr) (Range, bool) {
 	return out, found
 }
 
-// takeLowest removes and returns the lowest free address.
-func (s *freeSet) takeLowest() (netip.Addr, bool) {
+// lowest returns the lowest free address.
+func (s *freeSet) lowest() (netip.Addr, bool) {
 	r, ok := s.t.Min()
-	if !ok {
-		return netip.Addr{}, false
-	}
-	s.cut(r, r.First)
-	return r.First, true
+	return r.First, ok
 }
 
 // take removes a; it reports false when a is not free.
