@@ -542,6 +542,32 @@ func TestPoolChangesNeverTakeAnAddress(t *testing.T) {
 	}
 }
 
+func TestDualStackServices(t *testing.T) {
+	e := newEnv(t)
+	e.pool("dual-pool", `{addresses: ["10.60.0.0/30", "fd00:60::/126"], serviceAllocation: {namespaces: [dual]}}`)
+	e.pool("v4-pool", `{addresses: ["10.61.0.0/30"], serviceAllocation: {namespaces: [dual]}, autoAssign: false}`)
+	startCCM(t, e.srv, fastConfig)
+	ns := e.namespace("dual")
+	policy := func(p corev1.IPFamilyPolicy, fams ...corev1.IPFamily) svcOpt {
+		return func(s *corev1.Service) { s.Spec.IPFamilyPolicy = &p; s.Spec.IPFamilies = fams }
+	}
+	e.service(ns, "require", policy(corev1.IPFamilyPolicyRequireDualStack, corev1.IPv6Protocol, corev1.IPv4Protocol))
+	got := e.waitIPs(ns, "require", 2, 30*time.Second)
+	if !got[0].Is6() || !got[1].Is4() {
+		t.Errorf("RequireDualStack [IPv6, IPv4] got %v; want IPv6 first", got)
+	}
+	e.service(ns, "single-v6", policy(corev1.IPFamilyPolicySingleStack, corev1.IPv6Protocol))
+	if got := e.waitIPs(ns, "single-v6", 1, 30*time.Second); !got[0].Is6() {
+		t.Errorf("SingleStack IPv6 got %v", got)
+	}
+	e.service(ns, "prefer-in-v4-pool", annotate(annotation.Pool, "v4-pool"), policy(corev1.IPFamilyPolicyPreferDualStack, corev1.IPv4Protocol, corev1.IPv6Protocol))
+	if got := e.waitIPs(ns, "prefer-in-v4-pool", 1, 30*time.Second); !got[0].Is4() {
+		t.Errorf("PreferDualStack from an IPv4-only pool got %v", got)
+	}
+	e.service(ns, "require-in-v4-pool", annotate(annotation.Pool, "v4-pool"), policy(corev1.IPFamilyPolicyRequireDualStack, corev1.IPv4Protocol, corev1.IPv6Protocol))
+	e.waitEvent(ns, "require-in-v4-pool", "PoolExhausted", 30*time.Second, "v4-pool", "no IPv6 addresses")
+}
+
 func findCondition(p *v1alpha1.IPPool, typ string) *metav1.Condition {
 	for i := range p.Status.Conditions {
 		if p.Status.Conditions[i].Type == typ {

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -129,5 +130,30 @@ func TestIPPoolDefaults(t *testing.T) {
 	mode, _, _ := unstructured.NestedString(got.Object, "spec", "announce", "mode")
 	if !auto || mode != "L2" {
 		t.Errorf("defaults: autoAssign %v mode %q; want true and L2", auto, mode)
+	}
+}
+
+func TestDocumentedPoolExampleIsAccepted(t *testing.T) {
+	srv := kubeapi.Get(t)
+	srv.InstallCRDs(t)
+	dyn, err := dynamic.NewForConfig(srv.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile("../../docs/examples/ippool.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		obj := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte(doc), &obj.Object); err != nil {
+			t.Fatal(err)
+		}
+		obj.SetName("example-" + obj.GetName())
+		if _, err := dyn.Resource(v1alpha1.IPPoolResource).Create(context.Background(), obj, metav1.CreateOptions{}); err != nil {
+			t.Errorf("docs/examples/ippool.yaml: %s refused: %v", obj.GetName(), err)
+			continue
+		}
+		_ = dyn.Resource(v1alpha1.IPPoolResource).Delete(context.Background(), obj.GetName(), metav1.DeleteOptions{})
 	}
 }
