@@ -187,7 +187,8 @@ func (m *propModel) check(t *rapid.T) {
 		for _, k := range keys {
 			s := spec(k)
 			if s.SharingKey == "" || s.SharingKey != first.SharingKey || s.LocalTraffic != first.LocalTraffic {
-				t.Fatalf("%s shared by %v against the rules (keys %q/%q, local %v/%v)", ip, keys, first.SharingKey, s.SharingKey, first.LocalTraffic, s.LocalTraffic)
+				t.Fatalf("%s shared by %v against the rules (keys %q/%q, local %v/%v); held %v / %v, published %v / %v, lingering %v / %v", ip, keys, first.SharingKey, s.SharingKey, first.LocalTraffic, s.LocalTraffic,
+					m.held[keys[0]], m.held[k], m.published[keys[0]], m.published[k], m.a.Lingering(keys[0]), m.a.Lingering(k))
 			}
 			for _, p := range s.Ports {
 				if o, dup := ports[p]; dup {
@@ -384,6 +385,10 @@ func TestAllocatorProperties(t *testing.T) {
 					}
 					if len(got.IPs) > 0 {
 						m.held[k], m.specs[k] = got, s
+						m.heldUnder[k] = map[netip.Addr]Service{}
+						for _, ip := range got.IPs {
+							m.heldUnder[k][ip] = s
+						}
 						assigned = append(assigned, k)
 					}
 				}

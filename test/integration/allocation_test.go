@@ -476,6 +476,21 @@ func TestRequestsConflictsAndExhaustion(t *testing.T) {
 	}
 	got := e.waitIPs(tiny, "three", 1, 30*time.Second)
 	t.Logf("pending Service got %s after an address was freed", got[0])
+
+	// The pool is full again; growing it lets a fourth in, without a restart.
+	e.service(tiny, "four")
+	e.waitEvent(tiny, "four", "PoolExhausted", 30*time.Second, "tiny-pool")
+	u, err := e.dyn.Resource(v1alpha1.IPPoolResource).Get(e.ctx, "tiny-pool", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = unstructured.SetNestedStringSlice(u.Object, []string{"10.31.0.1-10.31.0.3"}, "spec", "addresses")
+	if _, err := e.dyn.Resource(v1alpha1.IPPoolResource).Update(e.ctx, u, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.waitIPs(tiny, "four", 1, 30*time.Second); got[0] != netip.MustParseAddr("10.31.0.3") {
+		t.Errorf("after the pool grew the pending Service got %s, want 10.31.0.3", got[0])
+	}
 }
 
 func assertEventCount(t *testing.T, e *env, ns, name, reason string, want int32) {
