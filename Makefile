@@ -40,9 +40,11 @@ lint: ## gofmt, go vet and staticcheck.
 	$(TOOL) staticcheck ./...
 
 .PHONY: generate
-generate: ## Regenerate deepcopy code and CRD manifests.
+generate: ## Regenerate deepcopy code, CRD manifests and the agent's protobuf code (lints the proto first).
 	$(TOOL) controller-gen object paths=./api/...
 	$(TOOL) controller-gen crd:crdVersions=v1 paths=./api/... output:crd:artifacts:config=manifests/crds
+	cd proto && $(GO) tool -modfile=../hack/tools/go.mod buf lint
+	cd proto && $(GO) tool -modfile=../hack/tools/go.mod buf generate
 
 .PHONY: verify-generate
 verify-generate: generate ## Fail if generated files are stale.

@@ -19,6 +19,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -26,11 +27,14 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -249,13 +253,21 @@ func (l *Lab) build() error {
 			return err
 		}
 	}
-	// A node's kernel must not answer ARP for addresses it holds on other interfaces (VIPs
-	// on lo): only the agent decides who answers for a VIP.
+	// Nodes accept traffic for every VIP (as kube-proxy makes a real node do), but their
+	// kernels must not answer ARP for VIPs: only the agent decides who answers for a VIP.
+	// (Linux answers NDP only for addresses on the receiving interface, so the local routes
+	// give no NDP answers; they do let a node receive unicast Neighbor Solicitations.)
 	for _, h := range l.Nodes {
 		if err := h.sysctls(map[string]string{
 			"net.ipv4.conf.all.arp_ignore":   "1",
 			"net.ipv4.conf.all.arp_announce": "2",
 		}); err != nil {
+			return err
+		}
+		if err := ip("-n", h.NS, "route", "add", "local", VIPRangeV4.String(), "dev", "lo"); err != nil {
+			return err
+		}
+		if err := ip("-n", h.NS, "-6", "route", "add", "local", VIPRangeV6.String(), "dev", "lo"); err != nil {
 			return err
 		}
 	}
@@ -430,6 +442,43 @@ func (h *Host) Run(ctx context.Context, name string, args ...string) ([]byte, er
 // Command returns a command that runs in the host's namespace.
 func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.NS, name}, args...)...)
+}
+
+// Do runs fn on an OS thread switched into the host's namespace. Sockets fn opens belong to
+// the namespace for their whole life, so a test can open them in Do and use them anywhere.
+func (h *Host) Do(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			errc <- err
+			runtime.UnlockOSThread()
+			return
+		}
+		defer orig.Close()
+		target, err := os.Open(filepath.Join("/run/netns", h.NS))
+		if err != nil {
+			errc <- err
+			runtime.UnlockOSThread()
+			return
+		}
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("enter %s: %w", h.NS, err)
+			runtime.UnlockOSThread()
+			return
+		}
+		err = fn()
+		if rerr := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); rerr != nil {
+			// The thread stays locked and dies with this goroutine: it is in the wrong namespace.
+			errc <- errors.Join(err, fmt.Errorf("leave %s: %w", h.NS, rerr))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- err
+	}()
+	return <-errc
 }
 
 // Start starts a long-running process in the host's namespace. It is stopped (SIGTERM, then

@@ -1,0 +1,297 @@
+package l2
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/mdlayher/arp"
+	"github.com/mdlayher/ndp"
+	"go.uber.org/goleak"
+	"golang.org/x/net/ipv6"
+
+	"github.com/metalvip/metalvip/test/lab"
+)
+
+func TestMain(m *testing.M) {
+	// The test harness's process starter lives as long as the test binary, by design.
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/metalvip/metalvip/test/testenv.spawner"))
+}
+
+var (
+	vip4      = netip.MustParseAddr("203.0.113.10")
+	otherVIP4 = netip.MustParseAddr("203.0.113.11")
+	vip6      = netip.MustParseAddr("2001:db8:100::10")
+	otherVIP6 = netip.MustParseAddr("2001:db8:100::11")
+)
+
+// speakerOn starts a speaker inside a node's namespace; Set must run there too, since it opens
+// the sockets.
+func speakerOn(t *testing.T, h *lab.Host) (*Speaker, func(...VIP)) {
+	t.Helper()
+	s := New(Options{Refresh: time.Hour, BurstInterval: 20 * time.Millisecond})
+	t.Cleanup(func() { s.Close() })
+	return s, func(vips ...VIP) {
+		t.Helper()
+		if err := h.Do(func() error { return s.Set(vips) }); err != nil {
+			t.Fatalf("Set(%v): %v", vips, err)
+		}
+	}
+}
+
+func macOf(t *testing.T, h *lab.Host) net.HardwareAddr {
+	t.Helper()
+	var mac net.HardwareAddr
+	if err := h.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err == nil {
+			mac = ifi.HardwareAddr
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return mac
+}
+
+// arpClient opens an ARP socket on the host's eth0.
+func arpClient(t *testing.T, h *lab.Host) *arp.Client {
+	t.Helper()
+	var c *arp.Client
+	if err := h.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		c, err = arp.Dial(ifi)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// readARP returns the first ARP packet matching keep within timeout, or nil.
+func readARP(t *testing.T, c *arp.Client, timeout time.Duration, keep func(*arp.Packet) bool) *arp.Packet {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		_ = c.SetReadDeadline(deadline)
+		p, _, err := c.Read()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return nil
+			}
+			continue
+		}
+		if keep(p) {
+			return p
+		}
+	}
+	return nil
+}
+
+func TestARPAnswersOnlyOwnedVIPs(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 2})
+	node, client := l.Nodes[0], l.Client
+	s, set := speakerOn(t, node)
+	set(VIP{Addr: vip4, Interfaces: []string{"eth0"}})
+	mac := macOf(t, node)
+	c := arpClient(t, client)
+
+	ask := func(target netip.Addr) *arp.Packet {
+		if err := c.Request(target); err != nil {
+			t.Fatal(err)
+		}
+		return readARP(t, c, time.Second, func(p *arp.Packet) bool {
+			return p.Operation == arp.OperationReply && p.SenderIP == target
+		})
+	}
+	reply := ask(vip4)
+	if reply == nil {
+		t.Fatalf("no ARP reply for owned %s", vip4)
+	}
+	if reply.SenderHardwareAddr.String() != mac.String() {
+		t.Errorf("reply for %s names %s, want the node's %s", vip4, reply.SenderHardwareAddr, mac)
+	}
+	if r := ask(otherVIP4); r != nil {
+		t.Errorf("a reply for %s, which no node owns: %+v", otherVIP4, r)
+	}
+	// The node's own kernel must not answer for VIPs either (arp_ignore): the other node has
+	// every VIP as a local route and no speaker.
+	if got := s.Counters(); got.ARPReplies < 1 || got.ARPRequests < 2 {
+		t.Errorf("counters %+v; want at least 2 requests seen and 1 reply", got)
+	}
+
+	// Released: no more answers.
+	set()
+	if r := ask(vip4); r != nil {
+		t.Errorf("a reply for %s after it was released: %+v", vip4, r)
+	}
+}
+
+func TestTakeoverSendsGratuitousARP(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 1})
+	node := l.Nodes[0]
+	s, set := speakerOn(t, node)
+	mac := macOf(t, node)
+	listener := arpClient(t, l.Client)
+
+	start := time.Now()
+	set(VIP{Addr: vip4, Interfaces: []string{"eth0"}})
+	p := readARP(t, listener, 2*time.Second, func(p *arp.Packet) bool {
+		return p.SenderIP == vip4 && p.TargetIP == vip4
+	})
+	if p == nil {
+		t.Fatal("no gratuitous ARP for the VIP taken over")
+	}
+	if p.SenderHardwareAddr.String() != mac.String() {
+		t.Errorf("gratuitous ARP names %s, want %s", p.SenderHardwareAddr, mac)
+	}
+	t.Logf("gratuitous ARP seen %s after the takeover", time.Since(start).Round(time.Microsecond))
+	// The burst (3 times request and reply) completes.
+	deadline := time.Now().Add(2 * time.Second)
+	for s.Counters().GratuitousARPs < 6 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := s.Counters().GratuitousARPs; got != 6 {
+		t.Errorf("%d gratuitous ARPs sent, want a burst of 6", got)
+	}
+}
+
+func TestRefreshAnnouncesAgain(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 1})
+	node := l.Nodes[0]
+	s := New(Options{Refresh: 200 * time.Millisecond, Burst: 1})
+	t.Cleanup(func() { s.Close() })
+	if err := node.Do(func() error { return s.Set([]VIP{{Addr: vip4, Interfaces: []string{"eth0"}}}) }); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Counters().GratuitousARPs < 6 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := s.Counters().GratuitousARPs; got < 6 {
+		t.Errorf("%d gratuitous ARPs after refreshes; want the takeover's and at least two refreshes' (6)", got)
+	}
+}
+
+// clientNDP opens an NDP socket on the host's eth0 that sees advertisements.
+func clientNDP(t *testing.T, h *lab.Host) *ndpConn {
+	t.Helper()
+	var c *ndpConn
+	if err := h.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		c, err = listenNDP(ifi, ipv6.ICMPTypeNeighborAdvertisement)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func readNA(t *testing.T, c *ndpConn, timeout time.Duration, target netip.Addr) *ndp.NeighborAdvertisement {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		_ = c.pc.SetReadDeadline(deadline)
+		m, _, err := c.read()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return nil
+			}
+			continue
+		}
+		if na, ok := m.(*ndp.NeighborAdvertisement); ok && na.TargetAddress == target {
+			return na
+		}
+	}
+	return nil
+}
+
+func targetMAC(na *ndp.NeighborAdvertisement) string {
+	for _, o := range na.Options {
+		if lla, ok := o.(*ndp.LinkLayerAddress); ok && lla.Direction == ndp.Target {
+			return lla.Addr.String()
+		}
+	}
+	return ""
+}
+
+func TestNDPAnswersOnlyOwnedVIPsAndAdvertisesTakeover(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 1})
+	node := l.Nodes[0]
+	s, set := speakerOn(t, node)
+	mac := macOf(t, node)
+	c := clientNDP(t, l.Client)
+	clientMAC := macOf(t, l.Client)
+
+	set(VIP{Addr: vip6, Interfaces: []string{"eth0"}})
+	na := readNA(t, c, 2*time.Second, vip6)
+	if na == nil || na.Solicited || !na.Override || targetMAC(na) != mac.String() {
+		t.Fatalf("unsolicited advertisement on takeover = %+v; want override, not solicited, naming %s", na, mac)
+	}
+
+	solicit := func(target netip.Addr) *ndp.NeighborAdvertisement {
+		snm, err := ndp.SolicitedNodeMulticast(target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns := &ndp.NeighborSolicitation{TargetAddress: target, Options: []ndp.Option{
+			&ndp.LinkLayerAddress{Direction: ndp.Source, Addr: clientMAC},
+		}}
+		if err := c.write(ns, snm); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			na := readNA(t, c, time.Second, target)
+			if na == nil || na.Solicited {
+				return na
+			}
+			// An unsolicited one left from the takeover burst: keep reading.
+		}
+	}
+	na = solicit(vip6)
+	if na == nil {
+		t.Fatalf("no advertisement for owned %s", vip6)
+	}
+	if targetMAC(na) != mac.String() || !na.Solicited {
+		t.Errorf("advertisement %+v; want solicited, naming %s", na, mac)
+	}
+	if na := solicit(otherVIP6); na != nil {
+		t.Errorf("an advertisement for %s, which no node owns: %+v", otherVIP6, na)
+	}
+	if got := s.Counters(); got.NeighborAdvertisements < 1 || got.UnsolicitedAdvertisements < 1 {
+		t.Errorf("counters %+v", got)
+	}
+}
+
+// TestSetRefusesMissingInterfaces checks that bad input is refused with a clear error and
+// disturbs nothing else.
+func TestSetRefusesMissingInterfaces(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("opening raw sockets needs root")
+	}
+	l := lab.New(t, lab.Options{Nodes: 1})
+	s, set := speakerOn(t, l.Nodes[0])
+	set(VIP{Addr: vip4, Interfaces: []string{"eth0"}})
+	err := l.Nodes[0].Do(func() error {
+		return s.Set([]VIP{{Addr: vip4, Interfaces: []string{"eth0"}}, {Addr: otherVIP4, Interfaces: []string{"nosuch0"}}, {Addr: vip6}})
+	})
+	if err == nil {
+		t.Fatal("Set accepted a missing interface and a VIP without interfaces")
+	}
+	if owned := s.Owned(); len(owned[vip4]) != 1 || len(owned) != 1 {
+		t.Errorf("owned after a partly bad Set = %v; the good VIP must stay", owned)
+	}
+}
