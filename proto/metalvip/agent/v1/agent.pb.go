@@ -815,7 +815,10 @@ type ApplyResponse struct {
 	Term       uint64                 `protobuf:"varint,1,opt,name=term,proto3" json:"term,omitempty"`
 	Generation uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
 	// changed says the state differed from the one applied before.
-	Changed       bool `protobuf:"varint,3,opt,name=changed,proto3" json:"changed,omitempty"`
+	Changed bool `protobuf:"varint,3,opt,name=changed,proto3" json:"changed,omitempty"`
+	// problems lists what the agent could not do yet (an interface missing, a socket refused);
+	// the state is accepted and the agent keeps trying.
+	Problems      []string `protobuf:"bytes,4,rep,name=problems,proto3" json:"problems,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -871,6 +874,13 @@ func (x *ApplyResponse) GetChanged() bool {
 	return false
 }
 
+func (x *ApplyResponse) GetProblems() []string {
+	if x != nil {
+		return x.Problems
+	}
+	return nil
+}
+
 type GetStateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -917,7 +927,9 @@ type GetStateResponse struct {
 	Peers     []*PeerStatus   `protobuf:"bytes,5,rep,name=peers,proto3" json:"peers,omitempty"`
 	L2        *L2Counters     `protobuf:"bytes,6,opt,name=l2,proto3" json:"l2,omitempty"`
 	// restored says the state was read from disk at start and no Apply has arrived since.
-	Restored      bool `protobuf:"varint,7,opt,name=restored,proto3" json:"restored,omitempty"`
+	Restored bool `protobuf:"varint,7,opt,name=restored,proto3" json:"restored,omitempty"`
+	// problems lists what the agent could not do yet.
+	Problems      []string `protobuf:"bytes,8,rep,name=problems,proto3" json:"problems,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -999,6 +1011,13 @@ func (x *GetStateResponse) GetRestored() bool {
 		return x.Restored
 	}
 	return false
+}
+
+func (x *GetStateResponse) GetProblems() []string {
+	if x != nil {
+		return x.Problems
+	}
+	return nil
 }
 
 // AnnouncedVIP is one VIP as this node handles it now.
@@ -1468,14 +1487,15 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x03asn\x18\x01 \x01(\rR\x03asn\x12\x1b\n" +
 	"\trouter_id\x18\x02 \x01(\tR\brouterId\"E\n" +
 	"\fApplyRequest\x125\n" +
-	"\x05state\x18\x01 \x01(\v2\x1f.metalvip.agent.v1.DesiredStateR\x05state\"]\n" +
+	"\x05state\x18\x01 \x01(\v2\x1f.metalvip.agent.v1.DesiredStateR\x05state\"y\n" +
 	"\rApplyResponse\x12\x12\n" +
 	"\x04term\x18\x01 \x01(\x04R\x04term\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12\x18\n" +
-	"\achanged\x18\x03 \x01(\bR\achanged\"\x11\n" +
-	"\x0fGetStateRequest\"\x99\x02\n" +
+	"\achanged\x18\x03 \x01(\bR\achanged\x12\x1a\n" +
+	"\bproblems\x18\x04 \x03(\tR\bproblems\"\x11\n" +
+	"\x0fGetStateRequest\"\xb5\x02\n" +
 	"\x10GetStateResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x1e\n" +
@@ -1485,7 +1505,8 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\tannounced\x18\x04 \x03(\v2\x1f.metalvip.agent.v1.AnnouncedVIPR\tannounced\x123\n" +
 	"\x05peers\x18\x05 \x03(\v2\x1d.metalvip.agent.v1.PeerStatusR\x05peers\x12-\n" +
 	"\x02l2\x18\x06 \x01(\v2\x1d.metalvip.agent.v1.L2CountersR\x02l2\x12\x1a\n" +
-	"\brestored\x18\a \x01(\bR\brestored\"\x9d\x01\n" +
+	"\brestored\x18\a \x01(\bR\brestored\x12\x1a\n" +
+	"\bproblems\x18\b \x03(\tR\bproblems\"\x9d\x01\n" +
 	"\fAnnouncedVIP\x12\x10\n" +
 	"\x03vip\x18\x01 \x01(\tR\x03vip\x12+\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x17.metalvip.agent.v1.ModeR\x04mode\x12\x16\n" +

@@ -1,0 +1,414 @@
+// Package nodeagent is metalvip-agent: it takes the desired state of its node from the CCM
+// (the gRPC contract in proto/metalvip/agent/v1), keeps it on disk, and drives the speakers
+// that put it on the wire (l2 for ARP/NDP, bgp for BGP). It decides which of the L2 VIPs it
+// answers for from the ranked candidates it is given; it holds no Kubernetes credentials and
+// decides nothing about which VIPs exist.
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/klog/v2"
+
+	"github.com/metalvip/metalvip/nodeagent/bgp"
+	"github.com/metalvip/metalvip/nodeagent/l2"
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+)
+
+// L2 is the seam to the ARP/NDP speaker.
+type L2 interface {
+	Set([]l2.VIP) error
+	Counters() l2.Counters
+	Close() error
+}
+
+// BGP is the seam to the BGP speaker.
+type BGP interface {
+	SetPeers(context.Context, []bgp.Peer) error
+	SetRoutes(context.Context, []bgp.Route) error
+	Sessions() []bgp.SessionState
+	OnSessionChange(func(bgp.SessionState))
+	Shutdown(context.Context) error
+}
+
+// Options configure an Agent.
+type Options struct {
+	// Node is this node's name; states for other nodes are refused.
+	Node string
+	// StateDir holds the last applied state, so that a restart resumes announcing.
+	StateDir string
+	// Interfaces are where L2 VIPs are answered when an announcement names none.
+	Interfaces []string
+	// RouterID is the BGP router ID when the state gives none (the node's IPv4 address).
+	RouterID netip.Addr
+	// L2 is the ARP/NDP speaker.
+	L2 L2
+	// NewBGP starts a BGP speaker; called when BGP is first needed or its global settings
+	// change.
+	NewBGP func(context.Context, bgp.Config) (BGP, error)
+	// RetryInterval is how often a state that could not be fully applied is tried again.
+	RetryInterval time.Duration
+}
+
+// Agent applies desired states. It implements agentv1.AgentServiceServer.
+type Agent struct {
+	agentv1.UnimplementedAgentServiceServer
+	opts Options
+
+	mu       sync.Mutex
+	state    *agentv1.DesiredState // the last accepted state; nil before the first
+	restored bool
+	problems []string
+	views    map[netip.Addr]*agentv1.AnnouncedVIP // what each VIP is to this node now
+	bgp      BGP
+	bgpCfg   bgp.Config
+
+	watchMu  sync.Mutex
+	watchers map[chan *agentv1.Event]struct{}
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+var _ agentv1.AgentServiceServer = (*Agent)(nil)
+
+// New returns an agent, resuming the state in StateDir if there is one.
+func New(ctx context.Context, opts Options) (*Agent, error) {
+	if opts.Node == "" {
+		return nil, errors.New("a node name is required")
+	}
+	if opts.RetryInterval <= 0 {
+		opts.RetryInterval = 10 * time.Second
+	}
+	a := &Agent{
+		opts:     opts,
+		views:    map[netip.Addr]*agentv1.AnnouncedVIP{},
+		watchers: map[chan *agentv1.Event]struct{}{},
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	st, err := loadState(opts.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	if st != nil {
+		if err := validate(st, opts.Node); err != nil {
+			klog.ErrorS(err, "Ignoring the saved state: it does not validate", "dir", opts.StateDir)
+		} else {
+			a.mu.Lock()
+			a.state, a.restored = st, true
+			a.applyLocked(ctx)
+			a.mu.Unlock()
+			klog.InfoS("Resumed the saved state", "term", st.GetTerm(), "generation", st.GetGeneration(), "announcements", len(st.GetAnnouncements()))
+			a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_APPLIED, Generation: st.GetGeneration(), Detail: "restored from disk"})
+		}
+	}
+	go a.retryLoop()
+	return a, nil
+}
+
+// Apply accepts a desired state; see the contract in agent.proto.
+func (a *Agent) Apply(ctx context.Context, req *agentv1.ApplyRequest) (*agentv1.ApplyResponse, error) {
+	st := req.GetState()
+	if st == nil {
+		return nil, status.Error(codes.InvalidArgument, "state: missing")
+	}
+	if err := validate(st, a.opts.Node); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cur := a.state
+	if cur != nil {
+		if st.GetTerm() < cur.GetTerm() {
+			return nil, status.Errorf(codes.FailedPrecondition,
+				"term %d is older than the accepted term %d: another leader is in charge", st.GetTerm(), cur.GetTerm())
+		}
+		if st.GetTerm() == cur.GetTerm() && st.GetGeneration() <= cur.GetGeneration() {
+			// Idempotent: the generation (or a newer one) is applied already.
+			return &agentv1.ApplyResponse{Term: cur.GetTerm(), Generation: cur.GetGeneration(), Problems: slices.Clone(a.problems)}, nil
+		}
+	}
+	if err := saveState(a.opts.StateDir, st); err != nil {
+		return nil, status.Errorf(codes.Internal, "persist the state: %v", err)
+	}
+	changed := cur == nil || !sameContent(cur, st)
+	a.state, a.restored = proto.Clone(st).(*agentv1.DesiredState), false
+	if changed {
+		a.applyLocked(ctx)
+	}
+	klog.V(2).InfoS("Applied state", "term", st.GetTerm(), "generation", st.GetGeneration(), "changed", changed, "problems", len(a.problems))
+	a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_APPLIED, Generation: st.GetGeneration()})
+	return &agentv1.ApplyResponse{Term: st.GetTerm(), Generation: st.GetGeneration(), Changed: changed, Problems: slices.Clone(a.problems)}, nil
+}
+
+// sameContent compares two states without their term and generation.
+func sameContent(x, y *agentv1.DesiredState) bool {
+	x, y = proto.Clone(x).(*agentv1.DesiredState), proto.Clone(y).(*agentv1.DesiredState)
+	x.Term, x.Generation, y.Term, y.Generation = 0, 0, 0, 0
+	return proto.Equal(x, y)
+}
+
+// applyLocked drives the speakers to a.state. The caller holds mu.
+func (a *Agent) applyLocked(ctx context.Context) {
+	st := a.state
+	var problems []string
+	views := map[netip.Addr]*agentv1.AnnouncedVIP{}
+
+	var vips []l2.VIP
+	var routes []bgp.Route
+	for _, an := range st.GetAnnouncements() {
+		vip, _ := netip.ParseAddr(an.GetVip())
+		view := &agentv1.AnnouncedVIP{Vip: vip.String(), Mode: an.GetMode()}
+		views[vip] = view
+		switch an.GetMode() {
+		case agentv1.Mode_MODE_L2:
+			ifaces := an.GetL2().GetInterfaces()
+			if len(ifaces) == 0 {
+				ifaces = a.opts.Interfaces
+			}
+			view.Interfaces = ifaces
+			first := an.GetL2().GetCandidates()[0].GetNode()
+			if first == a.opts.Node {
+				view.Active, view.Reason = true, "first candidate"
+				vips = append(vips, l2.VIP{Addr: vip, Interfaces: ifaces})
+			} else {
+				view.Reason = "standby for " + first
+			}
+		case agentv1.Mode_MODE_BGP:
+			view.Active, view.Reason = true, "advertised to BGP peers"
+			routes = append(routes, bgp.Route{
+				Prefix:      netip.PrefixFrom(vip, vip.BitLen()),
+				Communities: an.GetBgp().GetCommunities(),
+				LocalPref:   an.GetBgp().GetLocalPref(),
+			})
+		}
+	}
+	if a.opts.L2 != nil {
+		if err := a.opts.L2.Set(vips); err != nil {
+			problems = append(problems, "L2: "+err.Error())
+		}
+	}
+	if err := a.applyBGPLocked(ctx, st, routes); err != nil {
+		problems = append(problems, "BGP: "+err.Error())
+	}
+
+	// Events for what changed hands on this node.
+	for vip, v := range views {
+		old := a.views[vip]
+		if v.Active && (old == nil || !old.Active) {
+			a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_TOOK_OVER, Vip: vip.String(), Detail: v.Reason})
+		}
+		if !v.Active && old != nil && old.Active {
+			a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_RELEASED, Vip: vip.String(), Detail: v.Reason})
+		}
+	}
+	for vip, old := range a.views {
+		if _, still := views[vip]; !still && old.Active {
+			a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_RELEASED, Vip: vip.String(), Detail: "no longer announced"})
+		}
+	}
+	a.views, a.problems = views, problems
+	for _, p := range problems {
+		klog.ErrorS(nil, "Could not apply all of the state; retrying", "problem", p)
+	}
+}
+
+func (a *Agent) applyBGPLocked(ctx context.Context, st *agentv1.DesiredState, routes []bgp.Route) error {
+	peers, err := bgpPeers(st)
+	if err != nil {
+		return err
+	}
+	if len(peers) == 0 && len(routes) == 0 && a.bgp == nil {
+		return nil
+	}
+	cfg := bgp.Config{ASN: st.GetBgp().GetAsn(), RouterID: a.opts.RouterID, ListenPort: -1}
+	if id := st.GetBgp().GetRouterId(); id != "" {
+		cfg.RouterID, _ = netip.ParseAddr(id)
+	}
+	if a.bgp != nil && (a.bgpCfg.ASN != cfg.ASN || a.bgpCfg.RouterID != cfg.RouterID) {
+		// Global settings cannot change under a running server: restart it.
+		_ = a.bgp.Shutdown(ctx)
+		a.bgp = nil
+	}
+	if a.bgp == nil {
+		if a.opts.NewBGP == nil {
+			return errors.New("this agent has no BGP speaker")
+		}
+		if cfg.ASN == 0 {
+			return errors.New("bgp.asn is not set")
+		}
+		s, err := a.opts.NewBGP(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("start the BGP speaker: %w", err)
+		}
+		s.OnSessionChange(a.sessionChanged)
+		a.bgp, a.bgpCfg = s, cfg
+	}
+	if err := a.bgp.SetPeers(ctx, peers); err != nil {
+		return err
+	}
+	return a.bgp.SetRoutes(ctx, routes)
+}
+
+func bgpPeers(st *agentv1.DesiredState) ([]bgp.Peer, error) {
+	var out []bgp.Peer
+	for _, p := range st.GetBgpPeers() {
+		addr, err := netip.ParseAddr(p.GetAddress())
+		if err != nil {
+			return nil, fmt.Errorf("peer %q: not an IP address", p.GetAddress())
+		}
+		out = append(out, bgp.Peer{
+			Address:         addr,
+			Port:            uint16(p.GetPort()),
+			PeerASN:         p.GetPeerAsn(),
+			LocalASN:        p.GetLocalAsn(),
+			HoldTime:        time.Duration(p.GetHoldTimeSeconds()) * time.Second,
+			Keepalive:       time.Duration(p.GetKeepaliveSeconds()) * time.Second,
+			Password:        p.GetPassword(),
+			MultihopTTL:     uint8(p.GetEbgpMultihopTtl()),
+			GracefulRestart: p.GetGracefulRestart(),
+			BFD: bgp.BFD{
+				Enabled:    p.GetBfd().GetEnabled(),
+				MinRx:      time.Duration(p.GetBfd().GetMinRxMs()) * time.Millisecond,
+				MinTx:      time.Duration(p.GetBfd().GetMinTxMs()) * time.Millisecond,
+				Multiplier: p.GetBfd().GetMultiplier(),
+			},
+		})
+	}
+	return out, nil
+}
+
+func (a *Agent) sessionChanged(s bgp.SessionState) {
+	kind := agentv1.Event_KIND_SESSION_DOWN
+	if s.Established() {
+		kind = agentv1.Event_KIND_SESSION_UP
+	}
+	a.emit(&agentv1.Event{Kind: kind, Peer: s.Peer.String(), Detail: strings.TrimSpace(s.State + " " + s.LastError)})
+}
+
+// GetState reports what the agent applied and does now.
+func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.GetStateResponse, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	resp := &agentv1.GetStateResponse{
+		Node:     a.opts.Node,
+		Term:       a.state.GetTerm(),
+		Generation: a.state.GetGeneration(),
+		Restored:   a.restored,
+		Problems:   slices.Clone(a.problems),
+	}
+	for _, v := range a.views {
+		resp.Announced = append(resp.Announced, proto.Clone(v).(*agentv1.AnnouncedVIP))
+	}
+	slices.SortFunc(resp.Announced, func(x, y *agentv1.AnnouncedVIP) int { return strings.Compare(x.GetVip(), y.GetVip()) })
+	if a.bgp != nil {
+		for _, s := range a.bgp.Sessions() {
+			resp.Peers = append(resp.Peers, &agentv1.PeerStatus{
+				Address: s.Peer.String(), State: s.State, BfdState: s.BFDState, LastError: s.LastError, SinceUnix: s.Since.Unix(),
+			})
+		}
+	}
+	if a.opts.L2 != nil {
+		c := a.opts.L2.Counters()
+		resp.L2 = &agentv1.L2Counters{
+			ArpRequests: c.ARPRequests, ArpReplies: c.ARPReplies, GratuitousArps: c.GratuitousARPs,
+			NeighborSolicitations: c.NeighborSolicitations, NeighborAdvertisements: c.NeighborAdvertisements,
+			UnsolicitedAdvertisements: c.UnsolicitedAdvertisements,
+		}
+	}
+	return resp, nil
+}
+
+// Watch streams events until the client goes away or the agent closes.
+func (a *Agent) Watch(_ *agentv1.WatchRequest, stream agentv1.AgentService_WatchServer) error {
+	ch := make(chan *agentv1.Event, 256)
+	a.watchMu.Lock()
+	a.watchers[ch] = struct{}{}
+	a.watchMu.Unlock()
+	defer func() {
+		a.watchMu.Lock()
+		delete(a.watchers, ch)
+		a.watchMu.Unlock()
+	}()
+	for {
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-a.stop:
+			return status.Error(codes.Unavailable, "agent shutting down")
+		case ev := <-ch:
+			if err := stream.Send(&agentv1.WatchResponse{Event: ev}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// emit sends an event to every watcher; a watcher too slow to keep up loses it.
+func (a *Agent) emit(ev *agentv1.Event) {
+	ev.UnixNano = time.Now().UnixNano()
+	a.watchMu.Lock()
+	defer a.watchMu.Unlock()
+	for ch := range a.watchers {
+		select {
+		case ch <- ev:
+		default:
+			klog.V(2).InfoS("Watcher too slow: event dropped", "kind", ev.GetKind())
+		}
+	}
+}
+
+func (a *Agent) retryLoop() {
+	defer close(a.done)
+	t := time.NewTicker(a.opts.RetryInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.stop:
+			return
+		case <-t.C:
+			a.mu.Lock()
+			if a.state != nil && len(a.problems) > 0 {
+				ctx, cancel := context.WithTimeout(context.Background(), a.opts.RetryInterval)
+				a.applyLocked(ctx)
+				cancel()
+			}
+			a.mu.Unlock()
+		}
+	}
+}
+
+// Close withdraws every BGP route and closes the sessions (peers see the withdraws before the
+// sessions end), then stops answering ARP and NDP. The saved state stays, so a restarted
+// agent resumes.
+func (a *Agent) Close(ctx context.Context) error {
+	select {
+	case <-a.stop:
+		return nil
+	default:
+	}
+	close(a.stop)
+	<-a.done
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var errs []error
+	if a.bgp != nil {
+		errs = append(errs, a.bgp.Shutdown(ctx))
+		a.bgp = nil
+	}
+	if a.opts.L2 != nil {
+		errs = append(errs, a.opts.L2.Close())
+	}
+	return errors.Join(errs...)
+}

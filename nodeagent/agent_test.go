@@ -1,0 +1,490 @@
+package nodeagent
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/metalvip/metalvip/internal/certs"
+	"github.com/metalvip/metalvip/nodeagent/bgp"
+	"github.com/metalvip/metalvip/nodeagent/l2"
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/metalvip/metalvip/test/testenv.spawner"))
+}
+
+// The speakers are fakes here: the contract is about what the agent accepts and reports. The
+// real speakers are tested on the wire in their packages and in the agent's lab test.
+type fakeL2 struct {
+	mu   sync.Mutex
+	sets [][]l2.VIP
+}
+
+func (f *fakeL2) Set(v []l2.VIP) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sets = append(f.sets, slices.Clone(v))
+	return nil
+}
+func (f *fakeL2) Counters() l2.Counters { return l2.Counters{ARPReplies: 7} }
+func (f *fakeL2) Close() error          { return nil }
+func (f *fakeL2) last() []l2.VIP {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.sets) == 0 {
+		return nil
+	}
+	return f.sets[len(f.sets)-1]
+}
+func (f *fakeL2) calls() int { f.mu.Lock(); defer f.mu.Unlock(); return len(f.sets) }
+
+type fakeBGP struct {
+	mu       sync.Mutex
+	peers    []bgp.Peer
+	routes   []bgp.Route
+	onChange func(bgp.SessionState)
+	shutdown bool
+}
+
+func (f *fakeBGP) SetPeers(_ context.Context, p []bgp.Peer) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.peers = p
+	return nil
+}
+func (f *fakeBGP) SetRoutes(_ context.Context, r []bgp.Route) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.routes = r
+	return nil
+}
+func (f *fakeBGP) Sessions() []bgp.SessionState {
+	return []bgp.SessionState{{Peer: netip.MustParseAddr("198.51.100.1"), State: "Established"}}
+}
+func (f *fakeBGP) OnSessionChange(fn func(bgp.SessionState)) { f.onChange = fn }
+func (f *fakeBGP) Shutdown(context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.shutdown = true
+	return nil
+}
+
+// pki writes a CA, the CCM's client certificate, agent certificates for node-a and node-b,
+// and a second CA with a client certificate of its own.
+type pki struct {
+	dir string
+}
+
+func newPKI(t *testing.T) pki {
+	t.Helper()
+	dir := t.TempDir()
+	write := func(name string, p certs.Pair) {
+		if err := os.WriteFile(filepath.Join(dir, name+".crt"), p.Cert, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name+".key"), p.Key, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ca, err := certs.NewCA("metalvip-ca", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("ca", ca)
+	for name, usage := range map[string]certs.Usage{certs.CCMName: certs.Client, "node-a": certs.Server, "node-b": certs.Server} {
+		p, err := certs.Issue(ca, name, usage, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(name, p)
+	}
+	// An agent certificate that may also act as a client: right CA, wrong identity.
+	nb, err := certs.Issue(ca, "node-b", certs.Client, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("node-b-as-client", nb)
+	rogue, err := certs.NewCA("rogue-ca", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("rogue-ca", rogue)
+	rc, err := certs.Issue(rogue, certs.CCMName, certs.Client, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("rogue-ccm", rc)
+	return pki{dir}
+}
+
+func (p pki) files(name, ca string) certs.Files {
+	return certs.Files{CA: filepath.Join(p.dir, ca+".crt"), Cert: filepath.Join(p.dir, name+".crt"), Key: filepath.Join(p.dir, name+".key")}
+}
+
+type harness struct {
+	agent *Agent
+	l2    *fakeL2
+	bgp   *fakeBGP
+	addr  string
+	pki   pki
+	dir   string
+}
+
+// serve starts an agent for node-a behind real mutual TLS on loopback.
+func serve(t *testing.T, stateDir string) *harness {
+	t.Helper()
+	h := &harness{l2: &fakeL2{}, bgp: &fakeBGP{}, pki: newPKI(t), dir: stateDir}
+	var err error
+	h.agent, err = New(context.Background(), Options{
+		Node: "node-a", StateDir: stateDir, Interfaces: []string{"eth0"},
+		RouterID: netip.MustParseAddr("198.51.100.11"), L2: h.l2,
+		NewBGP: func(context.Context, bgp.Config) (BGP, error) { return h.bgp, nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsCfg, err := certs.ServerConfig(h.pki.files("node-a", "ca"), certs.CCMName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)))
+	agentv1.RegisterAgentServiceServer(srv, h.agent)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.addr = lis.Addr().String()
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(func() {
+		srv.Stop()
+		_ = h.agent.Close(context.Background())
+	})
+	return h
+}
+
+// client dials the agent as the holder of certificate name (CA ca), expecting the agent to be
+// node.
+func (h *harness) client(t *testing.T, name, ca, node string) agentv1.AgentServiceClient {
+	t.Helper()
+	cfg, err := certs.ClientConfig(h.pki.files(name, ca), node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return agentv1.NewAgentServiceClient(conn)
+}
+
+func (h *harness) ccm(t *testing.T) agentv1.AgentServiceClient {
+	return h.client(t, certs.CCMName, "ca", "node-a")
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func state(term, gen uint64, anns ...*agentv1.Announcement) *agentv1.DesiredState {
+	return &agentv1.DesiredState{
+		Term: term, Generation: gen, Node: "node-a", Announcements: anns,
+		Bgp: &agentv1.BGPOptions{Asn: 64497},
+		BgpPeers: []*agentv1.BGPPeer{{Address: "198.51.100.1", PeerAsn: 64496,
+			Bfd: &agentv1.BFD{Enabled: true, MinRxMs: 100, MinTxMs: 100, Multiplier: 3}}},
+	}
+}
+
+func l2VIP(vip string, candidates ...string) *agentv1.Announcement {
+	an := &agentv1.Announcement{Vip: vip, Mode: agentv1.Mode_MODE_L2, L2: &agentv1.L2Announcement{}}
+	for _, c := range candidates {
+		an.L2.Candidates = append(an.L2.Candidates, &agentv1.Candidate{Node: c})
+	}
+	return an
+}
+
+func bgpVIP(vip string) *agentv1.Announcement {
+	return &agentv1.Announcement{Vip: vip, Mode: agentv1.Mode_MODE_BGP, Bgp: &agentv1.BGPAnnouncement{Communities: []string{"64496:100"}, LocalPref: 200}}
+}
+
+func TestApplyAndGetState(t *testing.T) {
+	h := serve(t, t.TempDir())
+	c := h.ccm(t)
+	resp, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(1, 1,
+		l2VIP("203.0.113.10", "node-a", "node-b"),
+		l2VIP("203.0.113.11", "node-b", "node-a"),
+		bgpVIP("203.0.113.20"),
+	)})
+	if err != nil || !resp.GetChanged() || resp.GetGeneration() != 1 || len(resp.GetProblems()) != 0 {
+		t.Fatalf("Apply = %v, %v", resp, err)
+	}
+	if got := h.l2.last(); len(got) != 1 || got[0].Addr != netip.MustParseAddr("203.0.113.10") || !slices.Equal(got[0].Interfaces, []string{"eth0"}) {
+		t.Errorf("L2 speaker told %v; want only 203.0.113.10 on eth0 (first candidate)", got)
+	}
+	h.bgp.mu.Lock()
+	routes, peers := h.bgp.routes, h.bgp.peers
+	h.bgp.mu.Unlock()
+	if len(routes) != 1 || routes[0].Prefix != netip.MustParsePrefix("203.0.113.20/32") || routes[0].LocalPref != 200 {
+		t.Errorf("BGP routes %v", routes)
+	}
+	if len(peers) != 1 || peers[0].PeerASN != 64496 || !peers[0].BFD.Enabled || peers[0].BFD.MinRx != 100*time.Millisecond {
+		t.Errorf("BGP peers %+v", peers)
+	}
+
+	st, err := c.GetState(ctx(t), &agentv1.GetStateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GetNode() != "node-a" || st.GetTerm() != 1 || st.GetGeneration() != 1 || st.GetRestored() {
+		t.Errorf("GetState header %v", st)
+	}
+	reasons := map[string]string{}
+	for _, v := range st.GetAnnounced() {
+		reasons[v.GetVip()] = map[bool]string{true: "active: ", false: "idle: "}[v.GetActive()] + v.GetReason()
+	}
+	want := map[string]string{
+		"203.0.113.10": "active: first candidate",
+		"203.0.113.11": "idle: standby for node-b",
+		"203.0.113.20": "active: advertised to BGP peers",
+	}
+	for vip, w := range want {
+		if reasons[vip] != w {
+			t.Errorf("GetState says %s is %q, want %q", vip, reasons[vip], w)
+		}
+	}
+	if len(st.GetPeers()) != 1 || st.GetPeers()[0].GetState() != "Established" || st.GetL2().GetArpReplies() != 7 {
+		t.Errorf("GetState peers %v, L2 %v", st.GetPeers(), st.GetL2())
+	}
+}
+
+func TestApplyIsIdempotentAndFencedByTerm(t *testing.T) {
+	h := serve(t, t.TempDir())
+	c := h.ccm(t)
+	s := state(5, 3, l2VIP("203.0.113.10", "node-a"))
+	if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: s}); err != nil {
+		t.Fatal(err)
+	}
+	calls := h.l2.calls()
+	// The same generation again, even with other content: a no-op.
+	again, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(5, 3, l2VIP("203.0.113.99", "node-a"))})
+	if err != nil || again.GetChanged() || again.GetGeneration() != 3 || h.l2.calls() != calls {
+		t.Errorf("re-Apply of generation 3 = %v, %v, speaker calls %d -> %d; want a no-op", again, err, calls, h.l2.calls())
+	}
+	// An older generation: a no-op too.
+	if r, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(5, 2)}); err != nil || r.GetGeneration() != 3 {
+		t.Errorf("older generation = %v, %v", r, err)
+	}
+	// A newer generation with the same content: accepted, nothing re-applied.
+	if r, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(5, 4, l2VIP("203.0.113.10", "node-a"))}); err != nil || r.GetChanged() || h.l2.calls() != calls {
+		t.Errorf("same content, newer generation = %v, %v", r, err)
+	}
+	// A deposed leader (older term) is refused and changes nothing.
+	_, err = c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(4, 100)})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "older than the accepted term 5") {
+		t.Errorf("older term: %v; want FailedPrecondition", err)
+	}
+	if got := h.l2.last(); len(got) != 1 {
+		t.Errorf("after the fenced Apply the speaker has %v", got)
+	}
+	// A new term starts its own generations.
+	if r, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(6, 1)}); err != nil || !r.GetChanged() || len(h.l2.last()) != 0 {
+		t.Errorf("new term, generation 1 = %v, %v; speaker %v", r, err, h.l2.last())
+	}
+}
+
+func TestApplyRefusesBadStatesNamingTheField(t *testing.T) {
+	h := serve(t, t.TempDir())
+	c := h.ccm(t)
+	if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(1, 1, l2VIP("203.0.113.10", "node-a"))}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		st   *agentv1.DesiredState
+		want string
+	}{
+		{"a bad address", state(1, 2, l2VIP("203.0.113.300", "node-a")), `announcements[0].vip: "203.0.113.300" is not an IP address`},
+		{"an L2 VIP without candidates", state(1, 2, l2VIP("203.0.113.10")), "announcements[0].l2.candidates"},
+		{"a VIP twice", state(1, 2, l2VIP("203.0.113.10", "node-a"), bgpVIP("203.0.113.10")), "announcements[1].vip: 203.0.113.10 is also announcements[0]"},
+		{"no mode", state(1, 2, &agentv1.Announcement{Vip: "203.0.113.12"}), "announcements[0].mode"},
+		{"a bad community", state(1, 2, &agentv1.Announcement{Vip: "203.0.113.12", Mode: agentv1.Mode_MODE_BGP, Bgp: &agentv1.BGPAnnouncement{Communities: []string{"no-export"}}}), "communities"},
+		{"another node's state", func() *agentv1.DesiredState { s := state(1, 2); s.Node = "node-b"; return s }(), `the state is for "node-b"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: tc.st})
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Apply = %v; want InvalidArgument with %q", err, tc.want)
+			}
+			if st, _ := c.GetState(ctx(t), &agentv1.GetStateRequest{}); st.GetGeneration() != 1 {
+				t.Errorf("a refused state changed the generation to %d", st.GetGeneration())
+			}
+		})
+	}
+}
+
+func TestWatchStreamsEvents(t *testing.T) {
+	h := serve(t, t.TempDir())
+	c := h.ccm(t)
+	wctx, cancel := context.WithCancel(ctx(t))
+	defer cancel()
+	w, err := c.Watch(wctx, &agentv1.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stream is registered once the first event arrives; keep applying until it does.
+	events := make(chan *agentv1.Event, 100)
+	go func() {
+		for {
+			r, err := w.Recv()
+			if err != nil {
+				close(events)
+				return
+			}
+			events <- r.GetEvent()
+		}
+	}()
+	expect := func(kind agentv1.Event_Kind, vip string) {
+		t.Helper()
+		deadline := time.After(5 * time.Second)
+		for {
+			select {
+			case ev, ok := <-events:
+				if !ok {
+					t.Fatalf("stream ended waiting for %v %s", kind, vip)
+				}
+				if ev.GetKind() == kind && ev.GetVip() == vip {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("no %v %s within 5s", kind, vip)
+			}
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // let the server register the stream
+	if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(1, 1, l2VIP("203.0.113.10", "node-a", "node-b"))}); err != nil {
+		t.Fatal(err)
+	}
+	expect(agentv1.Event_KIND_TOOK_OVER, "203.0.113.10")
+	expect(agentv1.Event_KIND_APPLIED, "")
+	if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(1, 2, l2VIP("203.0.113.10", "node-b", "node-a"))}); err != nil {
+		t.Fatal(err)
+	}
+	expect(agentv1.Event_KIND_RELEASED, "203.0.113.10")
+	h.bgp.onChange(bgp.SessionState{Peer: netip.MustParseAddr("198.51.100.1"), State: "Established"})
+	expect(agentv1.Event_KIND_SESSION_UP, "")
+}
+
+func TestRestartResumesFromDisk(t *testing.T) {
+	dir := t.TempDir()
+	h := serve(t, dir)
+	if _, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: state(2, 7, l2VIP("203.0.113.10", "node-a"), bgpVIP("203.0.113.20"))}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := os.Stat(filepath.Join(dir, "state.json"))
+	if err != nil || info.Mode().Perm() != 0o600 {
+		t.Fatalf("saved state: %v, %v; want a file readable by its owner only", info, err)
+	}
+	// A second agent on the same folder, with no CCM around.
+	h2 := serve(t, dir)
+	if got := h2.l2.last(); len(got) != 1 || got[0].Addr != netip.MustParseAddr("203.0.113.10") {
+		t.Errorf("restarted agent's L2 speaker got %v", got)
+	}
+	h2.bgp.mu.Lock()
+	routes := h2.bgp.routes
+	h2.bgp.mu.Unlock()
+	if len(routes) != 1 {
+		t.Errorf("restarted agent's BGP routes %v", routes)
+	}
+	st, err := h2.ccm(t).GetState(ctx(t), &agentv1.GetStateRequest{})
+	if err != nil || !st.GetRestored() || st.GetTerm() != 2 || st.GetGeneration() != 7 {
+		t.Errorf("restarted agent's state %v, %v", st, err)
+	}
+	// The old term stays fenced after the restart.
+	if _, err := h2.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: state(1, 9)}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("an older term after a restart: %v", err)
+	}
+}
+
+func TestCloseWithdrawsBGPFirst(t *testing.T) {
+	h := serve(t, t.TempDir())
+	if _, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: state(1, 1, bgpVIP("203.0.113.20"))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.agent.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.bgp.mu.Lock()
+	defer h.bgp.mu.Unlock()
+	if !h.bgp.shutdown {
+		t.Error("Close did not shut the BGP speaker down")
+	}
+}
+
+func TestMutualTLSRefusesStrangers(t *testing.T) {
+	h := serve(t, t.TempDir())
+	call := func(c agentv1.AgentServiceClient) error {
+		_, err := c.GetState(ctx(t), &agentv1.GetStateRequest{})
+		return err
+	}
+	if err := call(h.ccm(t)); err != nil {
+		t.Fatalf("the CCM is refused: %v", err)
+	}
+	for _, tc := range []struct {
+		name   string
+		client agentv1.AgentServiceClient
+	}{
+		{"a client certificate from another CA", h.client(t, "rogue-ccm", "ca", "node-a")},
+		{"an agent's certificate used as a client", h.client(t, "node-b-as-client", "ca", "node-a")},
+		{"a CCM expecting another node", h.client(t, certs.CCMName, "ca", "node-b")},
+		{"a CCM trusting another CA", h.client(t, certs.CCMName, "rogue-ca", "node-a")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := call(tc.client); status.Code(err) != codes.Unavailable {
+				t.Errorf("GetState = %v; want the connection refused (Unavailable)", err)
+			}
+		})
+	}
+	t.Run("no client certificate", func(t *testing.T) {
+		cfg, err := certs.ClientConfig(h.pki.files(certs.CCMName, "ca"), "node-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.GetClientCertificate = nil
+		conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if err := call(agentv1.NewAgentServiceClient(conn)); status.Code(err) != codes.Unavailable {
+			t.Errorf("GetState without a client certificate = %v", err)
+		}
+	})
+	t.Run("plaintext", func(t *testing.T) {
+		conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if err := call(agentv1.NewAgentServiceClient(conn)); status.Code(err) != codes.Unavailable {
+			t.Errorf("plaintext GetState = %v", err)
+		}
+	})
+}
