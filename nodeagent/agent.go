@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/klog/v2"
@@ -341,6 +342,10 @@ func (a *Agent) Watch(_ *agentv1.WatchRequest, stream agentv1.AgentService_Watch
 		delete(a.watchers, ch)
 		a.watchMu.Unlock()
 	}()
+	// Headers tell the client the stream is registered: events from now on reach it.
+	if err := stream.SendHeader(metadata.MD{}); err != nil {
+		return err
+	}
 	for {
 		select {
 		case <-stream.Context().Done():

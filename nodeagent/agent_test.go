@@ -349,7 +349,6 @@ func TestWatchStreamsEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The stream is registered once the first event arrives; keep applying until it does.
 	events := make(chan *agentv1.Event, 100)
 	go func() {
 		for {
@@ -378,7 +377,9 @@ func TestWatchStreamsEvents(t *testing.T) {
 			}
 		}
 	}
-	time.Sleep(100 * time.Millisecond) // let the server register the stream
+	if _, err := w.Header(); err != nil { // the stream is registered once headers arrive
+		t.Fatal(err)
+	}
 	if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(1, 1, l2VIP("203.0.113.10", "node-a", "node-b"))}); err != nil {
 		t.Fatal(err)
 	}

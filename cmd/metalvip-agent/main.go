@@ -1,0 +1,204 @@
+// Command metalvip-agent runs on every node (a DaemonSet with hostNetwork). It takes its node's
+// desired state from metalvip-cloud-controller-manager over mutually authenticated gRPC and
+// announces VIPs by ARP/NDP and BGP. It holds no Kubernetes credentials.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/klog/v2"
+
+	"github.com/metalvip/metalvip/internal/certs"
+	"github.com/metalvip/metalvip/nodeagent"
+	"github.com/metalvip/metalvip/nodeagent/bgp"
+	"github.com/metalvip/metalvip/nodeagent/l2"
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+)
+
+type flags struct {
+	node, listen, stateDir    string
+	caFile, certFile, keyFile string
+	insecure                  bool
+	interfaces                string
+	routerID                  string
+	refresh, shutdownTimeout  time.Duration
+}
+
+func parseFlags(args []string) (*flags, error) {
+	f := &flags{}
+	fs := flag.NewFlagSet("metalvip-agent", flag.ContinueOnError)
+	fs.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name, as the Node object has it (default $NODE_NAME)")
+	fs.StringVar(&f.listen, "listen-address", ":7472", "address and port the gRPC service listens on")
+	fs.StringVar(&f.stateDir, "state-dir", "/var/lib/metalvip-agent", "folder for the last applied state, so that a restart resumes announcing")
+	fs.StringVar(&f.caFile, "tls-ca", "", "PEM file of the CA that signs the CCM's certificate")
+	fs.StringVar(&f.certFile, "tls-cert", "", "PEM file of this agent's certificate (naming the node)")
+	fs.StringVar(&f.keyFile, "tls-key", "", "PEM file of this agent's key")
+	fs.BoolVar(&f.insecure, "insecure", false, "serve plaintext without authenticating the CCM: for labs only")
+	fs.StringVar(&f.interfaces, "interfaces", "", "comma-separated interfaces to answer ARP/NDP on when an announcement names none (default: the interface of the default route)")
+	fs.StringVar(&f.routerID, "router-id", "", "BGP router ID when the CCM gives none (default: the first IPv4 address of the first interface)")
+	fs.DurationVar(&f.refresh, "gratuitous-refresh", 30*time.Second, "how often owned L2 VIPs are announced again (keep under the switches' FDB ageing)")
+	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 5*time.Second, "how long a SIGTERM may take to withdraw routes and close sessions")
+	klog.InitFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if f.node == "" {
+		return nil, errors.New("--node-name (or $NODE_NAME) is required")
+	}
+	tlsGiven := f.caFile != "" || f.certFile != "" || f.keyFile != ""
+	switch {
+	case f.insecure && tlsGiven:
+		return nil, errors.New("--insecure turns TLS off; remove it or the --tls-* flags")
+	case !f.insecure && (f.caFile == "" || f.certFile == "" || f.keyFile == ""):
+		return nil, errors.New("--tls-ca, --tls-cert and --tls-key are required (see docs/agent-tls.md), or --insecure for a lab")
+	}
+	if f.refresh < time.Second {
+		return nil, fmt.Errorf("--gratuitous-refresh=%s is too short; give at least 1s", f.refresh)
+	}
+	if f.routerID != "" {
+		if a, err := netip.ParseAddr(f.routerID); err != nil || !a.Is4() {
+			return nil, fmt.Errorf("--router-id=%q is not an IPv4 address", f.routerID)
+		}
+	}
+	if _, _, err := net.SplitHostPort(f.listen); err != nil {
+		return nil, fmt.Errorf("--listen-address=%q: %v", f.listen, err)
+	}
+	return f, nil
+}
+
+func main() {
+	f, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "metalvip-agent: %v\n", err)
+		os.Exit(2)
+	}
+	if err := run(f); err != nil {
+		klog.ErrorS(err, "metalvip-agent stopped")
+		klog.Flush()
+		os.Exit(1)
+	}
+	klog.Flush()
+}
+
+func run(f *flags) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	ifaces, err := interfaces(f.interfaces)
+	if err != nil {
+		return err
+	}
+	routerID, err := routerID(f.routerID, ifaces)
+	if err != nil {
+		return err
+	}
+	speaker := l2.New(l2.Options{Refresh: f.refresh})
+	agent, err := nodeagent.New(ctx, nodeagent.Options{
+		Node: f.node, StateDir: f.stateDir, Interfaces: ifaces, RouterID: routerID, L2: speaker,
+		NewBGP: func(ctx context.Context, cfg bgp.Config) (nodeagent.BGP, error) { return bgp.New(ctx, cfg) },
+	})
+	if err != nil {
+		speaker.Close()
+		return err
+	}
+
+	var creds credentials.TransportCredentials
+	if f.insecure {
+		klog.InfoS("WARNING: serving plaintext with no client authentication (--insecure); anyone who reaches this port can make this node announce addresses")
+		creds = insecure.NewCredentials()
+	} else {
+		cfg, err := certs.ServerConfig(certs.Files{CA: f.caFile, Cert: f.certFile, Key: f.keyFile}, certs.CCMName)
+		if err != nil {
+			return fmt.Errorf("TLS: %w", err)
+		}
+		creds = credentials.NewTLS(cfg)
+	}
+	srv := grpc.NewServer(grpc.Creds(creds))
+	agentv1.RegisterAgentServiceServer(srv, agent)
+	lis, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		_ = agent.Close(context.Background())
+		return err
+	}
+	klog.InfoS("metalvip-agent serving", "node", f.node, "address", lis.Addr().String(), "interfaces", ifaces, "routerID", routerID, "tls", !f.insecure)
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(lis) }()
+
+	select {
+	case <-ctx.Done():
+		klog.InfoS("Shutting down: withdrawing routes and closing sessions")
+	case err := <-serveErr:
+		_ = agent.Close(context.Background())
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
+	defer cancel()
+	err = agent.Close(sctx)
+	done := make(chan struct{})
+	go func() { srv.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-sctx.Done():
+		srv.Stop()
+	}
+	return err
+}
+
+// interfaces returns the named interfaces, or the one holding the default route.
+func interfaces(list string) ([]string, error) {
+	if list != "" {
+		var out []string
+		for n := range strings.SplitSeq(list, ",") {
+			n = strings.TrimSpace(n)
+			if _, err := net.InterfaceByName(n); err != nil {
+				return nil, fmt.Errorf("--interfaces: %s: %w", n, err)
+			}
+			out = append(out, n)
+		}
+		return out, nil
+	}
+	name, err := defaultRouteInterface()
+	if err != nil {
+		return nil, fmt.Errorf("no --interfaces given and %w", err)
+	}
+	return []string{name}, nil
+}
+
+func routerID(flag string, ifaces []string) (netip.Addr, error) {
+	if flag != "" {
+		return netip.MustParseAddr(flag), nil
+	}
+	ifi, err := net.InterfaceByName(ifaces[0])
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	addrs, err := ifi.Addrs()
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() {
+			return p.Addr(), nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("interface %s has no IPv4 address for a BGP router ID; give --router-id", ifaces[0])
+}

@@ -1,0 +1,31 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseFlags(t *testing.T) {
+	if f, err := parseFlags([]string{"--node-name", "n1", "--insecure", "--listen-address", "127.0.0.1:9000"}); err != nil || f.node != "n1" || !f.insecure {
+		t.Errorf("valid flags: %+v, %v", f, err)
+	}
+	if _, err := parseFlags([]string{"--node-name", "n1", "--tls-ca", "a", "--tls-cert", "b", "--tls-key", "c"}); err != nil {
+		t.Errorf("TLS flags: %v", err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--insecure"}, "--node-name"},
+		{[]string{"--node-name", "n1"}, "--tls-ca, --tls-cert and --tls-key are required"},
+		{[]string{"--node-name", "n1", "--insecure", "--tls-ca", "x"}, "--insecure turns TLS off"},
+		{[]string{"--node-name", "n1", "--insecure", "--router-id", "2001:db8::1"}, "not an IPv4 address"},
+		{[]string{"--node-name", "n1", "--insecure", "--gratuitous-refresh", "10ms"}, "too short"},
+		{[]string{"--node-name", "n1", "--insecure", "--listen-address", "7472"}, "--listen-address"},
+		{[]string{"--node-name", "n1", "--insecure", "extra"}, "unexpected arguments"},
+	} {
+		if _, err := parseFlags(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parseFlags(%v) = %v; want an error with %q", tc.args, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/metalvip/metalvip/internal/certs"
+)
+
+func certsCommand() *cobra.Command {
+	var (
+		nodes     []string
+		out       string
+		caCert    string
+		caKey     string
+		validity  time.Duration
+		namespace string
+		manifests bool
+	)
+	cmd := &cobra.Command{
+		Use:   "certs --nodes NODE[,NODE...] [--out DIR | --manifests]",
+		Short: "Create the CA and the certificates for the CCM and the agents",
+		Long: `certs creates (or reuses, with --ca-cert and --ca-key) the CA of metalvip's mutual TLS, the
+CCM's client certificate (named metalvip-cloud-controller-manager) and one server certificate
+per node (named after the node). With --out it writes PEM files; with --manifests it prints two
+Secrets to apply: metalvip-ccm-tls for the CCM and metalvip-agent-tls for the agents. Run it
+again with the same CA when nodes join. See docs/agent-tls.md.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(nodes) == 0 {
+				return errors.New("--nodes is required: the names of the nodes, as their Node objects have them")
+			}
+			for _, n := range nodes {
+				if errs := validation.IsDNS1123Subdomain(n); len(errs) > 0 {
+					return fmt.Errorf("--nodes: %q is not a node name: %s", n, strings.Join(errs, "; "))
+				}
+			}
+			if out == "" && !manifests {
+				return errors.New("give --out DIR, --manifests, or both")
+			}
+			if (caCert == "") != (caKey == "") {
+				return errors.New("--ca-cert and --ca-key go together")
+			}
+			if manifests && out == "" && caKey == "" {
+				return errors.New("a new CA's key is not part of the Secrets: give --out DIR too, to keep ca.key for adding nodes later, or sign with an existing CA (--ca-cert, --ca-key)")
+			}
+			set, err := issueAll(nodes, caCert, caKey, validity)
+			if err != nil {
+				return err
+			}
+			if out != "" {
+				if err := writeFiles(out, set); err != nil {
+					return err
+				}
+			}
+			if manifests {
+				return writeManifests(cmd.OutOrStdout(), set, namespace)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringSliceVar(&nodes, "nodes", nil, "names of the nodes to create agent certificates for")
+	cmd.Flags().StringVar(&out, "out", "", "folder to write PEM files to")
+	cmd.Flags().BoolVar(&manifests, "manifests", false, "print Kubernetes Secrets instead of writing files")
+	cmd.Flags().StringVar(&caCert, "ca-cert", "", "an existing CA certificate to sign with (PEM)")
+	cmd.Flags().StringVar(&caKey, "ca-key", "", "the existing CA's key (PEM)")
+	cmd.Flags().DurationVar(&validity, "validity", 365*24*time.Hour, "how long the new certificates are valid")
+	cmd.Flags().StringVar(&namespace, "namespace", "kube-system", "namespace of the Secrets (with --manifests)")
+	return cmd
+}
+
+type certSet struct {
+	ca     certs.Pair
+	ccm    certs.Pair
+	agents map[string]certs.Pair
+}
+
+func issueAll(nodes []string, caCert, caKey string, validity time.Duration) (*certSet, error) {
+	set := &certSet{agents: map[string]certs.Pair{}}
+	var err error
+	if caCert != "" {
+		if set.ca.Cert, err = os.ReadFile(caCert); err != nil {
+			return nil, err
+		}
+		if set.ca.Key, err = os.ReadFile(caKey); err != nil {
+			return nil, err
+		}
+	} else if set.ca, err = certs.NewCA("metalvip-ca", 10*validity); err != nil {
+		return nil, err
+	}
+	if set.ccm, err = certs.Issue(set.ca, certs.CCMName, certs.Client, validity); err != nil {
+		return nil, fmt.Errorf("CCM certificate: %w", err)
+	}
+	for _, n := range nodes {
+		if set.agents[n], err = certs.Issue(set.ca, n, certs.Server, validity); err != nil {
+			return nil, fmt.Errorf("certificate of %s: %w", n, err)
+		}
+	}
+	return set, nil
+}
+
+func writeFiles(dir string, set *certSet) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	files := map[string][]byte{
+		"ca.crt": set.ca.Cert, "ca.key": set.ca.Key,
+		"ccm.crt": set.ccm.Cert, "ccm.key": set.ccm.Key,
+	}
+	for n, p := range set.agents {
+		files[n+".crt"], files[n+".key"] = p.Cert, p.Key
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeManifests prints the two Secrets. The CA's key is in neither: keep ca.key safe (write
+// it with --out) to add nodes later.
+func writeManifests(w io.Writer, set *certSet, namespace string) error {
+	b64 := base64.StdEncoding.EncodeToString
+	fmt.Fprintf(w, `apiVersion: v1
+kind: Secret
+metadata:
+  name: metalvip-ccm-tls
+  namespace: %s
+type: Opaque
+data:
+  ca.crt: %s
+  tls.crt: %s
+  tls.key: %s
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: metalvip-agent-tls
+  namespace: %s
+type: Opaque
+data:
+  ca.crt: %s
+`, namespace, b64(set.ca.Cert), b64(set.ccm.Cert), b64(set.ccm.Key), namespace, b64(set.ca.Cert))
+	names := make([]string, 0, len(set.agents))
+	for n := range set.agents {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %s.crt: %s\n  %s.key: %s\n", n, b64(set.agents[n].Cert), n, b64(set.agents[n].Key))
+	}
+	return nil
+}

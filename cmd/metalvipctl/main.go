@@ -1,0 +1,24 @@
+// Command metalvipctl is metalvip's command-line tool: it creates the TLS material of the
+// CCM and the agents (certs).
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	root := &cobra.Command{
+		Use:           "metalvipctl",
+		Short:         "metalvip's command-line tool",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(certsCommand())
+	if err := root.Execute(); err != nil {
+		fmt.Fprintf(os.Stderr, "metalvipctl: %v\n", err)
+		os.Exit(1)
+	}
+}
