@@ -1,0 +1,246 @@
+package planner
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+type labelIs struct{ key, value string }
+
+func (l labelIs) Matches(m map[string]string) bool { return m[l.key] == l.value }
+
+func nodesN(n int) []Node {
+	out := make([]Node, n)
+	for i := range out {
+		out[i] = Node{Name: fmt.Sprintf("node-%02d", i), AgentReachable: true, Labels: map[string]string{}}
+	}
+	return out
+}
+
+func vipsN(n int, mode Mode) []VIP {
+	out := make([]VIP, n)
+	for i := range out {
+		out[i] = VIP{Addr: netip.AddrFrom4([4]byte{203, 0, 113, byte(i)}), Mode: mode}
+		if i >= 256 {
+			out[i].Addr = netip.AddrFrom4([4]byte{10, 0, byte(i / 256), byte(i % 256)})
+		}
+	}
+	return out
+}
+
+func loads(p Plan) map[string]int {
+	m := map[string]int{}
+	for _, e := range p {
+		if pr := e.Primary(); pr != "" {
+			m[pr]++
+		}
+	}
+	return m
+}
+
+func TestSixVIPsOverThreeNodesTwoEach(t *testing.T) {
+	p := Compute(nil, vipsN(6, L2), nodesN(3), Options{})
+	for n, c := range loads(p) {
+		if c != 2 {
+			t.Errorf("%s has %d primaries, want 2 (plan %v)", n, c, p)
+		}
+	}
+	for vip, e := range p {
+		if len(e.Nodes) != 3 || e.Nodes[0] == e.Nodes[1] {
+			t.Errorf("%s: candidates %v; want the three nodes, primary first", vip, e.Nodes)
+		}
+	}
+}
+
+func TestEligibility(t *testing.T) {
+	nodes := nodesN(5)
+	nodes[0].Excluded = true
+	nodes[1].AgentReachable = false
+	nodes[2].Labels["edge"] = "yes"
+	nodes[3].Labels["edge"] = "yes"
+	vips := []VIP{
+		{Addr: netip.MustParseAddr("203.0.113.1"), Mode: L2, NodeSelector: labelIs{"edge", "yes"}},
+		{Addr: netip.MustParseAddr("203.0.113.2"), Mode: BGP},
+		{Addr: netip.MustParseAddr("203.0.113.3"), Mode: BGP, Local: true, EndpointNodes: []string{"node-00", "node-04"}},
+		{Addr: netip.MustParseAddr("203.0.113.4"), Mode: L2, Local: true, EndpointNodes: []string{"node-03"}},
+		{Addr: netip.MustParseAddr("203.0.113.5"), Mode: L2, Local: true},
+	}
+	p := Compute(nil, vips, nodes, Options{})
+	want := map[string][]string{
+		"203.0.113.1": {"node-02", "node-03"}, // selector: order checked below
+		"203.0.113.2": {"node-02", "node-03", "node-04"},
+		"203.0.113.3": {"node-04"}, // node-00 is excluded
+		"203.0.113.4": {"node-03"},
+		"203.0.113.5": nil, // Local without endpoints: nobody
+	}
+	for vip, w := range want {
+		got := slices.Sorted(slices.Values(p[netip.MustParseAddr(vip)].Nodes))
+		if !slices.Equal(got, w) {
+			t.Errorf("%s: nodes %v, want %v", vip, got, w)
+		}
+	}
+}
+
+func TestPreferredNodesWinTies(t *testing.T) {
+	nodes := nodesN(4)
+	nodes[3].Labels["fast"] = "yes"
+	vips := vipsN(1, L2)
+	vips[0].Preferred = labelIs{"fast", "yes"}
+	if got := Compute(nil, vips, nodes, Options{})[vips[0].Addr].Primary(); got != "node-03" {
+		t.Errorf("primary %s, want the preferred node-03", got)
+	}
+}
+
+// genScenario draws nodes (some with a label) and VIPs (some limited to that label, some Local).
+func genScenario(t *rapid.T) ([]VIP, []Node) {
+	nodes := nodesN(rapid.IntRange(1, 8).Draw(t, "nodes"))
+	for i := range nodes {
+		if rapid.IntRange(0, 2).Draw(t, "labelled") == 0 {
+			nodes[i].Labels["zone"] = "a"
+		}
+		nodes[i].Excluded = rapid.IntRange(0, 9).Draw(t, "excluded") == 0
+		nodes[i].AgentReachable = rapid.IntRange(0, 9).Draw(t, "unreachable") != 0
+	}
+	vips := vipsN(rapid.IntRange(0, 40).Draw(t, "vips"), L2)
+	for i := range vips {
+		if rapid.IntRange(0, 4).Draw(t, "bgp") == 0 {
+			vips[i].Mode = BGP
+		}
+		if rapid.IntRange(0, 3).Draw(t, "selector") == 0 {
+			vips[i].NodeSelector = labelIs{"zone", "a"}
+		}
+		if rapid.IntRange(0, 5).Draw(t, "local") == 0 {
+			vips[i].Local = true
+			for _, n := range nodes {
+				if rapid.Bool().Draw(t, "endpoint") {
+					vips[i].EndpointNodes = append(vips[i].EndpointNodes, n.Name)
+				}
+			}
+		}
+	}
+	return vips, nodes
+}
+
+func checkPlan(t *rapid.T, p Plan, vips []VIP, nodes []Node) {
+	load := loads(p)
+	for _, v := range vips {
+		e, ok := p[v.Addr]
+		if !ok || e.Mode != v.Mode {
+			t.Fatalf("%s missing or wrong mode: %+v", v.Addr, e)
+		}
+		elig := eligibleNodes(v, nodes)
+		seen := map[string]bool{}
+		for _, n := range e.Nodes {
+			if !slices.Contains(elig, n) {
+				t.Fatalf("%s: %s is not eligible (eligible %v)", v.Addr, n, elig)
+			}
+			if seen[n] {
+				t.Fatalf("%s: %s twice in %v", v.Addr, n, e.Nodes)
+			}
+			seen[n] = true
+		}
+		switch v.Mode {
+		case BGP:
+			if !slices.Equal(e.Nodes, elig) {
+				t.Fatalf("BGP %s advertised by %v, want every eligible node %v", v.Addr, e.Nodes, elig)
+			}
+		case L2:
+			if len(elig) > 0 && (len(e.Nodes) == 0 || len(e.Nodes) > 4) {
+				t.Fatalf("L2 %s: candidates %v with %d eligible", v.Addr, e.Nodes, len(elig))
+			}
+			// Balance: no eligible node carries two fewer primaries than this VIP's primary.
+			if p := e.Primary(); p != "" {
+				for _, q := range elig {
+					if load[q]+1 < load[p] {
+						t.Fatalf("%s on %s (load %d) while eligible %s has load %d", v.Addr, p, load[p], q, load[q])
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestPlanProperties(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		vips, nodes := genScenario(t)
+		p := Compute(nil, vips, nodes, Options{})
+		checkPlan(t, p, vips, nodes)
+		// Planning again from the plan changes nothing.
+		if again := Compute(p, vips, nodes, Options{}); len(Diff(p, again)) != 0 {
+			t.Fatalf("replanning moved %v", Diff(p, again))
+		}
+		// Any change to nodes: the new plan is valid too.
+		vips2, nodes2 := genScenario(t)
+		_ = vips2
+		checkPlan(t, Compute(p, vips, nodes2, Options{}), vips, nodes2)
+	})
+}
+
+// TestAddingANodeMovesFewVIPs: over K nodes all eligible, a balanced plan of N VIPs moves at
+// most ceil(N/(K+1)) primaries when a node joins.
+func TestAddingANodeMovesFewVIPs(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		k := rapid.IntRange(1, 10).Draw(t, "k")
+		n := rapid.IntRange(0, 300).Draw(t, "n")
+		vips := vipsN(n, L2)
+		before := Compute(nil, vips, nodesN(k), Options{})
+		after := Compute(before, vips, nodesN(k+1), Options{})
+		moved := 0
+		for _, v := range vips {
+			if before[v.Addr].Primary() != after[v.Addr].Primary() {
+				moved++
+			}
+		}
+		if bound := (n + k) / (k + 1); moved > bound {
+			t.Fatalf("%d of %d VIPs moved when node %d of %d joined; bound %d", moved, n, k+1, k+1, bound)
+		}
+		l := loads(after)
+		lo, hi := n, 0
+		for i := range k + 1 {
+			c := l[fmt.Sprintf("node-%02d", i)]
+			lo, hi = min(lo, c), max(hi, c)
+		}
+		if n > 0 && hi-lo > 1 {
+			t.Fatalf("after the join loads range %d..%d", lo, hi)
+		}
+	})
+}
+
+// A node that dies loses its primaries to the others; when it returns it takes back only what
+// balance needs.
+func TestReturningNodeTakesOnlyWhatBalanceNeeds(t *testing.T) {
+	vips := vipsN(30, L2)
+	nodes := nodesN(3)
+	p1 := Compute(nil, vips, nodes, Options{})
+	nodes[1].AgentReachable = false
+	p2 := Compute(p1, vips, nodes, Options{})
+	if loads(p2)["node-01"] != 0 {
+		t.Fatalf("unreachable node kept primaries: %v", loads(p2))
+	}
+	// Only node-01's VIPs moved.
+	for _, v := range vips {
+		if p1[v.Addr].Primary() != "node-01" && p1[v.Addr].Primary() != p2[v.Addr].Primary() {
+			t.Errorf("%s moved from %s though its node stayed", v.Addr, p1[v.Addr].Primary())
+		}
+	}
+	nodes[1].AgentReachable = true
+	p3 := Compute(p2, vips, nodes, Options{})
+	moved := len(Diff(p2, p3))
+	if loads(p3)["node-01"] != 10 {
+		t.Errorf("returning node got %d primaries, want 10", loads(p3)["node-01"])
+	}
+	_ = moved
+}
+
+func BenchmarkCompute10000VIPs100Nodes(b *testing.B) {
+	vips := vipsN(10000, L2)
+	nodes := nodesN(100)
+	prev := Compute(nil, vips, nodes, Options{})
+	for b.Loop() {
+		Compute(prev, vips, nodes, Options{})
+	}
+}
