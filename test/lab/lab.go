@@ -204,8 +204,10 @@ func (l *Lab) close() {
 		l.procs[i].Stop(3 * time.Second)
 	}
 	if l.t.Failed() {
-		if out, err := l.Vtysh("show bgp summary"); err == nil {
-			l.t.Logf("lab %s router at teardown:\n%s", l.ID, out)
+		for _, c := range []string{"show bgp summary", "show bfd peers brief"} {
+			if out, err := l.Vtysh(c); err == nil {
+				l.t.Logf("lab %s router at teardown, %s:\n%s", l.ID, c, out)
+			}
 		}
 	}
 	l.pipe.Close()

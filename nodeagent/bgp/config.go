@@ -1,0 +1,301 @@
+package bgp
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config describes the local side of every session of a Speaker.
+type Config struct {
+	// RouterID is the BGP identifier: the node's IPv4 address.
+	RouterID netip.Addr
+	// ASN is the local AS number for peers that do not set Peer.LocalASN.
+	ASN uint32
+	// ListenPort is the TCP port the speaker accepts sessions on. -1 (and 0, the zero value)
+	// means it does not listen and only dials its peers.
+	ListenPort int32
+	// ListenAddresses limits listening to these addresses; empty means every address. Only
+	// used when ListenPort > 0.
+	ListenAddresses []netip.Addr
+	// Logger receives gobgp's log; nil sends it to klog.
+	Logger *slog.Logger
+}
+
+// BFD configures Bidirectional Forwarding Detection (RFC 5880, single hop, RFC 5881) for a
+// peer, with gobgp's own BFD. When BFD fails, gobgp resets the BGP session at once, and the
+// peer, running BFD too, drops it on its side after its detection time (its multiplier
+// times the negotiated interval), without waiting for the hold timer. BFD starts shortly
+// after each BGP session is established and stops when it drops (see bfdSettle); while
+// any peer runs it, gobgp listens on UDP port 3784 on every address.
+type BFD struct {
+	Enabled bool
+	// MinRx is the shortest interval between BFD packets this side accepts to receive,
+	// MinTx the interval at which it would like to send them; 0 = 300 ms. Whole
+	// microseconds. Each side sends at the slower of its MinTx and the other's MinRx.
+	MinRx, MinTx time.Duration
+	// Multiplier is how many missed packets declare the session down; 0 = 3.
+	Multiplier uint32
+}
+
+// Peer is one BGP neighbor.
+type Peer struct {
+	Address netip.Addr
+	// Port is the peer's TCP port; 0 = 179.
+	Port uint16
+	// PeerASN is the peer's AS number; LocalASN overrides Config.ASN for this session (0 =
+	// Config.ASN). Equal numbers make an iBGP session.
+	PeerASN, LocalASN uint32
+	// HoldTime and Keepalive are proposed in OPEN; 0 = defaults (90 s and a third of the hold
+	// time). Whole seconds; the hold time is 0 or at least 3 s.
+	HoldTime, Keepalive time.Duration
+	// Password turns on TCP MD5 signatures (RFC 2385).
+	Password string
+	// MultihopTTL allows an eBGP peer that many hops away; 0 = directly connected (TTL 1).
+	MultihopTTL uint8
+	// BFD turns on fast failure detection. Single hop only: not with MultihopTTL.
+	BFD BFD
+	// GracefulRestart advertises the graceful restart capability (RFC 4724), so that the peer
+	// keeps this speaker's routes for a while when the agent dies without a goodbye. Shutdown
+	// still withdraws everything first.
+	GracefulRestart bool
+	// Passive waits for the peer to connect instead of dialing it (needs Config.ListenPort).
+	Passive bool
+}
+
+// Route is one VIP to announce, with this speaker as the next hop.
+type Route struct {
+	// Prefix is a /32 or a /128.
+	Prefix netip.Prefix
+	// Communities are standard communities, "ASN:value" with both halves at most 65535.
+	Communities []string
+	// LocalPref is sent to iBGP peers only (RFC 4271 keeps it inside an AS); 0 = unset.
+	LocalPref uint32
+}
+
+// Defaults that apply when a field is left zero.
+const (
+	defaultHoldTime      = 90 * time.Second // gobgp's and RFC 4271's suggestion
+	defaultBFDInterval   = 300 * time.Millisecond
+	defaultBFDMultiplier = 3
+	// connectRetry is how often a speaker redials a peer it cannot reach. gobgp's default
+	// (120 s) would keep a VIP unannounced for minutes after a router restarts.
+	connectRetry = 5 * time.Second
+	// idleHoldAfterReset is how long a speaker waits before redialing a peer whose session it
+	// reset (BFD down, for one): some damping for a flapping link, but not gobgp's 30 s.
+	idleHoldAfterReset = 5 * time.Second
+	// gracefulRestartTime is how long a peer keeps our routes after we vanish (GR only).
+	gracefulRestartTime = 120 * time.Second
+)
+
+// ErrShutdown is returned by every method called after Shutdown.
+var ErrShutdown = errors.New("bgp speaker is shut down")
+
+func (c Config) validate() error {
+	if !c.RouterID.Is4() {
+		return fmt.Errorf("router ID %q: want an IPv4 address", c.RouterID)
+	}
+	if c.ASN == 0 {
+		return errors.New("local ASN is 0")
+	}
+	if c.ListenPort < -1 || c.ListenPort > 65535 {
+		return fmt.Errorf("listen port %d: want -1 (no listening) or 1 to 65535", c.ListenPort)
+	}
+	for _, a := range c.ListenAddresses {
+		if !a.IsValid() {
+			return errors.New("invalid listen address")
+		}
+	}
+	return nil
+}
+
+// peerKey is a peer's identity: one session per address.
+type peerKey = netip.Addr
+
+// normalizePeers validates peers and returns them keyed by address, with defaults filled in
+// so that comparing two values tells whether the session's configuration changed.
+func normalizePeers(cfg Config, peers []Peer) (map[peerKey]Peer, error) {
+	out := make(map[peerKey]Peer, len(peers))
+	var errs []error
+	for _, p := range peers {
+		n, err := normalizePeer(cfg, p)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("peer %s: %w", p.Address, err))
+			continue
+		}
+		if _, dup := out[n.Address]; dup {
+			errs = append(errs, fmt.Errorf("peer %s: listed twice", n.Address))
+			continue
+		}
+		out[n.Address] = n
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func normalizePeer(cfg Config, p Peer) (Peer, error) {
+	if !p.Address.IsValid() {
+		return p, errors.New("no address")
+	}
+	if p.Address.Zone() != "" {
+		return p, errors.New("zoned (link-local) addresses are not supported")
+	}
+	p.Address = p.Address.Unmap()
+	if p.Address.IsUnspecified() || p.Address.IsMulticast() {
+		return p, errors.New("not a unicast address")
+	}
+	if p.PeerASN == 0 {
+		return p, errors.New("peer ASN is 0")
+	}
+	if p.LocalASN == 0 {
+		p.LocalASN = cfg.ASN
+	}
+	if p.Address.IsLinkLocalUnicast() {
+		return p, errors.New("link-local peers are not supported")
+	}
+	if p.HoldTime < 0 || p.HoldTime%time.Second != 0 || p.HoldTime > 65535*time.Second {
+		return p, fmt.Errorf("hold time %s: want whole seconds, at most 65535s", p.HoldTime)
+	}
+	if p.HoldTime != 0 && p.HoldTime < 3*time.Second {
+		return p, fmt.Errorf("hold time %s: want 0 (default) or at least 3s (RFC 4271)", p.HoldTime)
+	}
+	if p.Keepalive < 0 || p.Keepalive%time.Second != 0 {
+		return p, fmt.Errorf("keepalive %s: want whole seconds", p.Keepalive)
+	}
+	hold := p.HoldTime
+	if hold == 0 {
+		hold = defaultHoldTime
+	}
+	if p.Keepalive >= hold {
+		return p, fmt.Errorf("keepalive %s: must be shorter than the hold time %s", p.Keepalive, hold)
+	}
+	if p.Passive && cfg.ListenPort <= 0 {
+		return p, errors.New("passive, but the speaker does not listen (Config.ListenPort)")
+	}
+	if !p.BFD.Enabled {
+		p.BFD = BFD{}
+		return p, nil
+	}
+	if p.MultihopTTL > 0 {
+		return p, errors.New("BFD is single hop only (RFC 5881): not with a multihop TTL")
+	}
+	if p.BFD.MinRx == 0 {
+		p.BFD.MinRx = defaultBFDInterval
+	}
+	if p.BFD.MinTx == 0 {
+		p.BFD.MinTx = defaultBFDInterval
+	}
+	for _, iv := range []struct {
+		name string
+		d    time.Duration
+	}{{"BFD MinRx", p.BFD.MinRx}, {"BFD MinTx", p.BFD.MinTx}} {
+		if iv.d < time.Millisecond || iv.d > time.Minute || iv.d%time.Microsecond != 0 {
+			return p, fmt.Errorf("%s %s: want whole microseconds from 1ms to 1m", iv.name, iv.d)
+		}
+	}
+	if p.BFD.Multiplier == 0 {
+		p.BFD.Multiplier = defaultBFDMultiplier
+	}
+	if p.BFD.Multiplier > 255 {
+		return p, fmt.Errorf("BFD multiplier %d: at most 255", p.BFD.Multiplier)
+	}
+	return p, nil
+}
+
+// route is a validated Route: communities parsed, sorted and without duplicates, so that
+// two routes compare equal when they announce the same thing.
+type route struct {
+	prefix      netip.Prefix
+	communities string // the sorted values joined, comparable
+	values      []uint32
+	localPref   uint32
+}
+
+func (r route) equal(o route) bool {
+	return r.prefix == o.prefix && r.communities == o.communities && r.localPref == o.localPref
+}
+
+func normalizeRoutes(routes []Route) (map[netip.Prefix]route, error) {
+	out := make(map[netip.Prefix]route, len(routes))
+	var errs []error
+	for _, r := range routes {
+		n, err := normalizeRoute(r)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("route %s: %w", r.Prefix, err))
+			continue
+		}
+		if _, dup := out[n.prefix]; dup {
+			errs = append(errs, fmt.Errorf("route %s: listed twice", n.prefix))
+			continue
+		}
+		out[n.prefix] = n
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func normalizeRoute(r Route) (route, error) {
+	p := r.Prefix
+	if !p.IsValid() {
+		return route{}, errors.New("invalid prefix")
+	}
+	if p.Addr().Is4In6() {
+		return route{}, errors.New("IPv4-mapped IPv6 prefix: give the IPv4 form")
+	}
+	if p.Addr().Zone() != "" {
+		return route{}, errors.New("zoned prefix")
+	}
+	if !p.IsSingleIP() {
+		return route{}, fmt.Errorf("want a single address (/%d)", p.Addr().BitLen())
+	}
+	if p.Addr().IsUnspecified() || p.Addr().IsMulticast() || p.Addr().IsLoopback() || p.Addr().IsLinkLocalUnicast() {
+		return route{}, errors.New("not a usable unicast address")
+	}
+	values := make([]uint32, 0, len(r.Communities))
+	for _, c := range r.Communities {
+		v, err := ParseCommunity(c)
+		if err != nil {
+			return route{}, err
+		}
+		values = append(values, v)
+	}
+	slices.Sort(values)
+	values = slices.Compact(values)
+	parts := make([]string, len(values))
+	for i, v := range values {
+		parts[i] = strconv.FormatUint(uint64(v), 10)
+	}
+	return route{prefix: p, values: values, communities: strings.Join(parts, ","), localPref: r.LocalPref}, nil
+}
+
+// ParseCommunity parses a standard BGP community written "ASN:value" (RFC 1997), both
+// halves decimal and at most 65535, into its 32-bit value.
+func ParseCommunity(s string) (uint32, error) {
+	hi, lo, ok := strings.Cut(s, ":")
+	if !ok {
+		return 0, fmt.Errorf("community %q: want ASN:value", s)
+	}
+	a, err := strconv.ParseUint(hi, 10, 16)
+	if err != nil {
+		return 0, fmt.Errorf("community %q: ASN part must be 0 to 65535", s)
+	}
+	v, err := strconv.ParseUint(lo, 10, 16)
+	if err != nil {
+		return 0, fmt.Errorf("community %q: value part must be 0 to 65535", s)
+	}
+	return uint32(a)<<16 | uint32(v), nil
+}
+
+// FormatCommunity is the inverse of ParseCommunity.
+func FormatCommunity(v uint32) string {
+	return strconv.FormatUint(uint64(v>>16), 10) + ":" + strconv.FormatUint(uint64(v&0xffff), 10)
+}

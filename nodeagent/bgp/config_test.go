@@ -1,0 +1,164 @@
+package bgp
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+)
+
+var testConfig = Config{RouterID: netip.MustParseAddr("198.51.100.11"), ASN: 64497, ListenPort: -1}
+
+func TestPeerValidation(t *testing.T) {
+	router := netip.MustParseAddr("198.51.100.1")
+	ok := Peer{Address: router, PeerASN: 64496}
+	tests := []struct {
+		name    string
+		cfg     Config
+		peer    func(p *Peer)
+		wantErr string
+	}{
+		{"a peer with an address and an ASN is valid", testConfig, func(*Peer) {}, ""},
+		{"a peer without an address is refused", testConfig, func(p *Peer) { p.Address = netip.Addr{} }, "no address"},
+		{"a peer without an ASN is refused", testConfig, func(p *Peer) { p.PeerASN = 0 }, "peer ASN is 0"},
+		{"a link-local peer is refused", testConfig, func(p *Peer) { p.Address = netip.MustParseAddr("fe80::1") }, "link-local"},
+		{"a zoned peer is refused", testConfig, func(p *Peer) { p.Address = netip.MustParseAddr("fe80::1%eth0") }, "zoned"},
+		{"a multicast peer is refused", testConfig, func(p *Peer) { p.Address = netip.MustParseAddr("224.0.0.5") }, "unicast"},
+		{"a fractional hold time is refused", testConfig, func(p *Peer) { p.HoldTime = 1500 * time.Millisecond }, "whole seconds"},
+		{"a hold time under 3s is refused", testConfig, func(p *Peer) { p.HoldTime = 2 * time.Second }, "at least 3s"},
+		{"a keepalive as long as the hold time is refused", testConfig, func(p *Peer) { p.HoldTime, p.Keepalive = 9*time.Second, 9*time.Second }, "shorter than the hold time"},
+		{"a keepalive as long as the default hold time is refused", testConfig, func(p *Peer) { p.Keepalive = 90 * time.Second }, "shorter than the hold time 1m30s"},
+		{"a passive peer needs a listening speaker", testConfig, func(p *Peer) { p.Passive = true }, "does not listen"},
+		{"BFD with multihop is refused", testConfig, func(p *Peer) { p.MultihopTTL = 2; p.BFD.Enabled = true }, "single hop"},
+		{"a BFD interval under 1ms is refused", testConfig, func(p *Peer) { p.BFD = BFD{Enabled: true, MinRx: 500 * time.Microsecond} }, "BFD MinRx"},
+		{"a BFD multiplier over 255 is refused", testConfig, func(p *Peer) { p.BFD = BFD{Enabled: true, Multiplier: 256} }, "at most 255"},
+		{"disabled BFD settings are ignored", testConfig, func(p *Peer) { p.BFD = BFD{MinRx: time.Nanosecond} }, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := ok
+			tt.peer(&p)
+			_, err := normalizePeers(tt.cfg, []Peer{p})
+			checkErr(t, err, tt.wantErr)
+		})
+	}
+}
+
+func TestPeerDefaults(t *testing.T) {
+	got, err := normalizePeers(testConfig, []Peer{{
+		Address: netip.MustParseAddr("::ffff:198.51.100.1"), PeerASN: 64496, BFD: BFD{Enabled: true},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, ok := got[netip.MustParseAddr("198.51.100.1")]
+	if !ok {
+		t.Fatalf("an IPv4-mapped address is not keyed by its IPv4 form: %v", got)
+	}
+	if p.LocalASN != testConfig.ASN {
+		t.Errorf("LocalASN = %d, want the speaker's %d", p.LocalASN, testConfig.ASN)
+	}
+	if want := (BFD{Enabled: true, MinRx: 300 * time.Millisecond, MinTx: 300 * time.Millisecond, Multiplier: 3}); p.BFD != want {
+		t.Errorf("BFD = %+v, want %+v", p.BFD, want)
+	}
+}
+
+func TestTheSamePeerTwiceIsRefused(t *testing.T) {
+	a := Peer{Address: netip.MustParseAddr("198.51.100.1"), PeerASN: 64496}
+	b := a
+	b.Address = netip.MustParseAddr("::ffff:198.51.100.1")
+	_, err := normalizePeers(testConfig, []Peer{a, b})
+	checkErr(t, err, "listed twice")
+}
+
+func TestRouteValidation(t *testing.T) {
+	tests := []struct {
+		name    string
+		route   Route
+		wantErr string
+	}{
+		{"an IPv4 /32 is valid", Route{Prefix: netip.MustParsePrefix("203.0.113.10/32")}, ""},
+		{"an IPv6 /128 is valid", Route{Prefix: netip.MustParsePrefix("2001:db8:100::10/128")}, ""},
+		{"communities and local preference are valid", Route{Prefix: netip.MustParsePrefix("203.0.113.10/32"), Communities: []string{"64497:100", "0:65535"}, LocalPref: 200}, ""},
+		{"a /24 is refused", Route{Prefix: netip.MustParsePrefix("203.0.113.0/24")}, "single address"},
+		{"a /64 is refused", Route{Prefix: netip.MustParsePrefix("2001:db8:100::/64")}, "single address"},
+		{"no prefix is refused", Route{}, "invalid prefix"},
+		{"an IPv4-mapped prefix is refused", Route{Prefix: netip.MustParsePrefix("::ffff:203.0.113.10/128")}, "IPv4-mapped"},
+		{"a loopback VIP is refused", Route{Prefix: netip.MustParsePrefix("127.0.0.1/32")}, "unicast"},
+		{"a community without a colon is refused", Route{Prefix: netip.MustParsePrefix("203.0.113.10/32"), Communities: []string{"64497"}}, `community "64497": want ASN:value`},
+		{"a community ASN over 65535 is refused", Route{Prefix: netip.MustParsePrefix("203.0.113.10/32"), Communities: []string{"65536:1"}}, "ASN part"},
+		{"a community value over 65535 is refused", Route{Prefix: netip.MustParsePrefix("203.0.113.10/32"), Communities: []string{"1:65536"}}, "value part"},
+		{"a negative community is refused", Route{Prefix: netip.MustParsePrefix("203.0.113.10/32"), Communities: []string{"-1:1"}}, "ASN part"},
+		{"a large community is refused", Route{Prefix: netip.MustParsePrefix("203.0.113.10/32"), Communities: []string{"1:2:3"}}, "value part"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := normalizeRoutes([]Route{tt.route})
+			checkErr(t, err, tt.wantErr)
+		})
+	}
+}
+
+func TestRoutesCompareByWhatTheyAnnounce(t *testing.T) {
+	p := netip.MustParsePrefix("203.0.113.10/32")
+	a, err := normalizeRoute(Route{Prefix: p, Communities: []string{"1:2", "3:4", "1:2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := normalizeRoute(Route{Prefix: p, Communities: []string{"3:4", "1:2"}})
+	if !a.equal(b) {
+		t.Errorf("community order or repetition changed the route: %+v vs %+v", a, b)
+	}
+	c, _ := normalizeRoute(Route{Prefix: p, Communities: []string{"3:4", "1:2"}, LocalPref: 50})
+	if a.equal(c) {
+		t.Error("a new local preference did not change the route")
+	}
+	if _, err := normalizeRoutes([]Route{{Prefix: p}, {Prefix: p, LocalPref: 1}}); err == nil || !strings.Contains(err.Error(), "listed twice") {
+		t.Errorf("the same prefix twice: err = %v, want listed twice", err)
+	}
+}
+
+func TestCommunityRoundTrip(t *testing.T) {
+	for _, s := range []string{"0:0", "64497:100", "65535:65535"} {
+		v, err := ParseCommunity(s)
+		if err != nil {
+			t.Fatalf("ParseCommunity(%q): %v", s, err)
+		}
+		if got := FormatCommunity(v); got != s {
+			t.Errorf("FormatCommunity(ParseCommunity(%q)) = %q", s, got)
+		}
+	}
+	if v, _ := ParseCommunity("64497:100"); v != 64497<<16|100 {
+		t.Errorf("ParseCommunity(64497:100) = %#x", v)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	tests := []struct {
+		name    string
+		cfg     Config
+		wantErr string
+	}{
+		{"an IPv4 router ID and an ASN are enough", Config{RouterID: netip.MustParseAddr("198.51.100.11"), ASN: 1}, ""},
+		{"an IPv6 router ID is refused", Config{RouterID: netip.MustParseAddr("2001:db8::1"), ASN: 1}, "IPv4"},
+		{"ASN 0 is refused", Config{RouterID: netip.MustParseAddr("198.51.100.11")}, "ASN is 0"},
+		{"a listen port over 65535 is refused", Config{RouterID: netip.MustParseAddr("198.51.100.11"), ASN: 1, ListenPort: 70000}, "listen port"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			checkErr(t, tt.cfg.validate(), tt.wantErr)
+		})
+	}
+}
+
+func checkErr(t *testing.T, err error, want string) {
+	t.Helper()
+	switch {
+	case want == "" && err != nil:
+		t.Errorf("unexpected error: %v", err)
+	case want != "" && err == nil:
+		t.Errorf("no error, want one containing %q", want)
+	case want != "" && !strings.Contains(err.Error(), want):
+		t.Errorf("error %q does not contain %q", err, want)
+	}
+}

@@ -1,0 +1,491 @@
+package bgp
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/metalvip/metalvip/test/lab"
+	"github.com/metalvip/metalvip/test/testenv"
+)
+
+// The lab tests run one speaker per node namespace, each in a process of its own (this
+// test binary again, running TestHelperSpeakerProcess), because a gobgp server dials from
+// whatever namespace its threads happen to be in. The router runs FRR with ECMP; the tests
+// read its kernel's routing table.
+
+var (
+	labVIP4 = netip.MustParsePrefix("203.0.113.10/32")
+	labVIP6 = netip.MustParsePrefix("2001:db8:100::10/128")
+)
+
+// speakerSpec is what a helper process runs: written as JSON to a file, re-read on SIGHUP.
+type speakerSpec struct {
+	Generation int
+	RouterID   netip.Addr
+	ASN        uint32
+	Peers      []Peer
+	Routes     []Route
+}
+
+const speakerSpecEnv = "METALVIP_BGP_SPEAKER_SPEC"
+
+// TestHelperSpeakerProcess is not a test: the lab tests start it in a node namespace. It runs
+// a Speaker as its spec says, applies the spec again on SIGHUP and shuts the speaker down
+// gracefully on SIGTERM.
+func TestHelperSpeakerProcess(t *testing.T) {
+	path := os.Getenv(speakerSpecEnv)
+	if path == "" {
+		return
+	}
+	// First, so that a signal never finds the default action (exit) in place.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	ctx := context.Background()
+	spec := readSpec(t, path)
+	s, err := New(ctx, Config{RouterID: spec.RouterID, ASN: spec.ASN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.OnSessionChange(func(st SessionState) {
+		fmt.Printf("SESSION %s %s bfd=%q since=%s err=%q\n", st.Peer, st.State, st.BFDState, st.Since.Format(time.RFC3339Nano), st.LastError)
+	})
+	apply := func(spec speakerSpec) {
+		if err := s.SetPeers(ctx, spec.Peers); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SetRoutes(ctx, spec.Routes); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("APPLIED generation=%d routes=%d\n", spec.Generation, len(spec.Routes))
+	}
+	apply(spec)
+	fmt.Println("READY")
+	for sig := range sigs {
+		if sig == syscall.SIGHUP {
+			apply(readSpec(t, path))
+			continue
+		}
+		start := time.Now()
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := s.Shutdown(sctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+		fmt.Printf("SHUTDOWN took=%s\n", time.Since(start))
+		return
+	}
+}
+
+func readSpec(t *testing.T, path string) speakerSpec {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec speakerSpec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		t.Fatalf("spec %s: %v", path, err)
+	}
+	return spec
+}
+
+// labSpeaker is a speaker process in a node namespace.
+type labSpeaker struct {
+	node *lab.Host
+	spec speakerSpec
+	path string
+	proc *testenv.Proc
+}
+
+// routerPeers are the router's IPv4 and IPv6 addresses as seen from a node.
+func routerPeers(l *lab.Lab, bfd bool) []Peer {
+	var out []Peer
+	for _, a := range []netip.Addr{l.Router.IPv4, l.Router.IPv6} {
+		p := Peer{Address: a, PeerASN: 64496}
+		if bfd {
+			p.BFD = BFD{Enabled: true, MinRx: 100 * time.Millisecond, MinTx: 100 * time.Millisecond, Multiplier: 3}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func startSpeaker(t *testing.T, node *lab.Host, peers []Peer, routes []Route) *labSpeaker {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := &labSpeaker{
+		node: node,
+		spec: speakerSpec{RouterID: node.IPv4, ASN: 64497, Peers: peers, Routes: routes},
+		path: filepath.Join(t.TempDir(), node.Name+"-speaker.json"),
+	}
+	sp.write(t)
+	sp.proc = node.Start(t, "speaker", "/usr/bin/env", speakerSpecEnv+"="+sp.path,
+		exe, "-test.run=^TestHelperSpeakerProcess$", "-test.v", "-test.timeout=30m")
+	sp.waitLog(t, "READY", 30*time.Second)
+	return sp
+}
+
+func (sp *labSpeaker) write(t *testing.T) {
+	t.Helper()
+	b, err := json.MarshalIndent(sp.spec, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := sp.path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, sp.path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// setRoutes makes the speaker announce routes (SIGHUP) and waits until it has applied them.
+func (sp *labSpeaker) setRoutes(t *testing.T, routes []Route) {
+	t.Helper()
+	sp.spec.Generation++
+	sp.spec.Routes = routes
+	sp.write(t)
+	if err := sp.proc.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	sp.waitLog(t, fmt.Sprintf("APPLIED generation=%d ", sp.spec.Generation), 10*time.Second)
+}
+
+func (sp *labSpeaker) waitLog(t *testing.T, line string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(sp.proc.Output(), line) {
+		select {
+		case <-sp.proc.Done():
+			t.Fatalf("%s's speaker exited (%v) before logging %q:\n%s", sp.node.Name, sp.proc.Err(), line, sp.proc.Tail(30))
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's speaker did not log %q within %s:\n%s", sp.node.Name, line, timeout, sp.proc.Tail(30))
+		}
+	}
+}
+
+// routerFIB reads the router namespace's kernel routing table.
+type routerFIB struct {
+	h *netlink.Handle
+}
+
+func openRouterFIB(t *testing.T, l *lab.Lab) *routerFIB {
+	t.Helper()
+	ns, err := netns.GetFromName(l.Router.NS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	return &routerFIB{h: h}
+}
+
+// nextHops returns the sorted gateways of the router's route for exactly p (none if there
+// is no such route).
+func (f *routerFIB) nextHops(p netip.Prefix) ([]netip.Addr, error) {
+	family := netlink.FAMILY_V4
+	if p.Addr().Is6() {
+		family = netlink.FAMILY_V6
+	}
+	dst := &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+	routes, err := f.h.RouteListFiltered(family, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
+	if err != nil {
+		return nil, fmt.Errorf("list routes for %s: %w", p, err)
+	}
+	var out []netip.Addr
+	add := func(ip net.IP) {
+		if a, ok := netip.AddrFromSlice(ip); ok {
+			out = append(out, a.Unmap())
+		}
+	}
+	for _, r := range routes {
+		if len(r.MultiPath) == 0 {
+			add(r.Gw)
+		}
+		for _, nh := range r.MultiPath {
+			add(nh.Gw)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out), nil
+}
+
+// waitNextHops waits until the router's route for p goes exactly through want (no route if
+// want is empty), polling every 10 ms, and returns how long that took.
+func (f *routerFIB) waitNextHops(t *testing.T, p netip.Prefix, want []netip.Addr, timeout time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	slices.SortFunc(want, netip.Addr.Compare)
+	var got []netip.Addr
+	var err error
+	for {
+		got, err = f.nextHops(p)
+		if err == nil && slices.Equal(got, want) {
+			return time.Since(start)
+		}
+		if time.Since(start) > timeout {
+			t.Fatalf("router's route for %s after %s: next hops %v (%v), want %v", p, timeout, got, err, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func nodeAddrs(nodes []*lab.Host, v6 bool) []netip.Addr {
+	var out []netip.Addr
+	for _, n := range nodes {
+		if v6 {
+			out = append(out, n.IPv6)
+		} else {
+			out = append(out, n.IPv4)
+		}
+	}
+	return out
+}
+
+func TestLabThreeSpeakersGiveTheRouterThreeNextHopsAndWithdrawIndividually(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 3})
+	fib := openRouterFIB(t, l)
+	routes := []Route{{Prefix: labVIP4}, {Prefix: labVIP6}}
+	var speakers []*labSpeaker
+	for _, n := range l.Nodes {
+		speakers = append(speakers, startSpeaker(t, n, routerPeers(l, false), routes))
+	}
+
+	t.Log("every node announces the VIPs: one route each, through all three nodes")
+	fib.waitNextHops(t, labVIP4, nodeAddrs(l.Nodes, false), 30*time.Second)
+	fib.waitNextHops(t, labVIP6, nodeAddrs(l.Nodes, true), 30*time.Second)
+	if out, err := l.Router.Run(context.Background(), "ip", "route", "show", labVIP4.String()); err == nil {
+		t.Logf("router: ip route show %s\n%s", labVIP4, out)
+	}
+	if out, err := l.Router.Run(context.Background(), "ip", "-6", "route", "show", labVIP6.String()); err == nil {
+		t.Logf("router: ip -6 route show %s\n%s", labVIP6, out)
+	}
+
+	t.Log("node1 stops announcing: two next hops remain")
+	speakers[0].setRoutes(t, nil)
+	fib.waitNextHops(t, labVIP4, nodeAddrs(l.Nodes[1:], false), 10*time.Second)
+	fib.waitNextHops(t, labVIP6, nodeAddrs(l.Nodes[1:], true), 10*time.Second)
+
+	t.Log("node1 announces the IPv4 VIP again, the others stop: only node1 is left for IPv4, nobody for IPv6")
+	speakers[0].setRoutes(t, []Route{{Prefix: labVIP4}})
+	for _, sp := range speakers[1:] {
+		sp.setRoutes(t, nil)
+	}
+	fib.waitNextHops(t, labVIP4, nodeAddrs(l.Nodes[:1], false), 10*time.Second)
+	fib.waitNextHops(t, labVIP6, nil, 10*time.Second)
+
+	t.Log("removed everywhere: no route")
+	speakers[0].setRoutes(t, nil)
+	fib.waitNextHops(t, labVIP4, nil, 10*time.Second)
+	// The sessions stay up throughout: the routes left by UPDATE, not by a session reset.
+	out, err := l.Vtysh("show bgp summary json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range l.Nodes {
+		for _, a := range []netip.Addr{n.IPv4, n.IPv6} {
+			if !established(out, a) {
+				t.Errorf("router's session with %s is not established:\n%s", a, out)
+			}
+		}
+	}
+}
+
+func TestLabSIGTERMWithdrawsTheNodesNextHop(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 3})
+	fib := openRouterFIB(t, l)
+	routes := []Route{{Prefix: labVIP4}, {Prefix: labVIP6}}
+	for _, n := range l.Nodes[1:] {
+		startSpeaker(t, n, routerPeers(l, true), routes)
+	}
+	const rounds = 3
+	var v4, v6 []time.Duration
+	for round := 1; round <= rounds; round++ {
+		sp := startSpeaker(t, l.Nodes[0], routerPeers(l, true), routes)
+		fib.waitNextHops(t, labVIP4, nodeAddrs(l.Nodes, false), 30*time.Second)
+		fib.waitNextHops(t, labVIP6, nodeAddrs(l.Nodes, true), 30*time.Second)
+
+		start := time.Now()
+		if err := sp.proc.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		d4, d6 := waitBoth(t, fib, nodeAddrs(l.Nodes[1:], false), nodeAddrs(l.Nodes[1:], true), start, 10*time.Second)
+		v4, v6 = append(v4, d4), append(v6, d6)
+		select {
+		case <-sp.proc.Done():
+		case <-time.After(15 * time.Second):
+			t.Fatalf("node1's speaker did not exit after SIGTERM:\n%s", sp.proc.Tail(30))
+		}
+		if err := sp.proc.Err(); err != nil || !strings.Contains(sp.proc.Output(), "SHUTDOWN took=") {
+			t.Fatalf("node1's speaker did not shut down cleanly (%v):\n%s", err, sp.proc.Tail(30))
+		}
+		t.Logf("round %d: SIGTERM to node1's next hop gone: IPv4 %s, IPv6 %s (%s)", round, d4, d6, lastLine(sp.proc.Output(), "SHUTDOWN"))
+	}
+	t.Logf("SIGTERM withdraw, median of %d: IPv4 %s, IPv6 %s", rounds, median(v4), median(v6))
+	// Generous for a loaded 2-core machine; the figures above are what matters.
+	for _, d := range append(v4, v6...) {
+		if d > 5*time.Second {
+			t.Errorf("a withdrawal on SIGTERM took %s", d)
+		}
+	}
+}
+
+func TestLabBFDRemovesANodeWhoseLinkFails(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 3})
+	fib := openRouterFIB(t, l)
+	routes := []Route{{Prefix: labVIP4}, {Prefix: labVIP6}}
+	for _, n := range l.Nodes {
+		startSpeaker(t, n, routerPeers(l, true), routes)
+	}
+	fib.waitNextHops(t, labVIP4, nodeAddrs(l.Nodes, false), 30*time.Second)
+	fib.waitNextHops(t, labVIP6, nodeAddrs(l.Nodes, true), 30*time.Second)
+	// BFD must be up on the router's side for every session, or the link test below would
+	// only measure the hold timer.
+	var peers []netip.Addr
+	for _, n := range l.Nodes {
+		peers = append(peers, n.IPv4, n.IPv6)
+	}
+	waitBFDUp(t, l, peers, 30*time.Second)
+
+	// Each round cuts one more node's switch port, so no round waits for a session to come
+	// back. With FRR's hold time of 9 s only BFD (3 x 100 ms) can remove a next hop in
+	// under 6 s.
+	var v4, v6 []time.Duration
+	for i, n := range l.Nodes {
+		left := l.Nodes[i+1:]
+		start := time.Now()
+		if _, err := l.Switch.Run(context.Background(), "ip", "link", "set", "p-"+n.Name, "down"); err != nil {
+			t.Fatal(err)
+		}
+		d4, d6 := waitBoth(t, fib, nodeAddrs(left, false), nodeAddrs(left, true), start, 15*time.Second)
+		v4, v6 = append(v4, d4), append(v6, d6)
+		t.Logf("%s's link down to its next hop gone: IPv4 %s, IPv6 %s", n.Name, d4, d6)
+	}
+	t.Logf("BFD link-down removal, median of %d: IPv4 %s, IPv6 %s", len(l.Nodes), median(v4), median(v6))
+	for _, d := range append(v4, v6...) {
+		if d > 5*time.Second {
+			t.Errorf("removing a node whose link failed took %s: BFD did not act", d)
+		}
+	}
+}
+
+// waitBoth polls the router's routes for the IPv4 and the IPv6 VIP every 10 ms until each
+// goes exactly through its wanted next hops, and returns how long each took from start.
+func waitBoth(t *testing.T, fib *routerFIB, want4, want6 []netip.Addr, start time.Time, timeout time.Duration) (d4, d6 time.Duration) {
+	t.Helper()
+	for d4 == 0 || d6 == 0 {
+		if d4 == 0 {
+			if got, err := fib.nextHops(labVIP4); err == nil && slices.Equal(got, want4) {
+				d4 = time.Since(start)
+			}
+		}
+		if d6 == 0 {
+			if got, err := fib.nextHops(labVIP6); err == nil && slices.Equal(got, want6) {
+				d6 = time.Since(start)
+			}
+		}
+		if time.Since(start) > timeout {
+			got4, _ := fib.nextHops(labVIP4)
+			got6, _ := fib.nextHops(labVIP6)
+			t.Fatalf("after %s the router's next hops are %v and %v, want %v and %v", timeout, got4, got6, want4, want6)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return d4, d6
+}
+
+// waitBFDUp waits until FRR reports an up BFD session with each peer.
+func waitBFDUp(t *testing.T, l *lab.Lab, peers []netip.Addr, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		out, err := l.Vtysh("show bfd peers json")
+		var sessions []struct {
+			Peer   string `json:"peer"`
+			Status string `json:"status"`
+		}
+		if err == nil {
+			err = json.Unmarshal([]byte(out), &sessions)
+		}
+		up := map[netip.Addr]bool{}
+		for _, s := range sessions {
+			if a, err := netip.ParseAddr(s.Peer); err == nil && s.Status == "up" {
+				up[a] = true
+			}
+		}
+		missing := slices.DeleteFunc(slices.Clone(peers), func(a netip.Addr) bool { return up[a] })
+		if err == nil && len(missing) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("FRR's BFD sessions with %v are not up after %s (%v):\n%s", missing, timeout, err, out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// established reports whether FRR's "show bgp summary json" has an established session
+// with peer.
+func established(summaryJSON string, peer netip.Addr) bool {
+	var summary map[string]struct {
+		Peers map[string]struct {
+			State string `json:"state"`
+		} `json:"peers"`
+	}
+	if err := json.Unmarshal([]byte(summaryJSON), &summary); err != nil {
+		return false
+	}
+	for _, af := range summary {
+		if p, ok := af.Peers[peer.String()]; ok && p.State == "Established" {
+			return true
+		}
+	}
+	return false
+}
+
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+func lastLine(out, prefix string) string {
+	lines := strings.Split(out, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.HasPrefix(lines[i], prefix) {
+			return lines[i]
+		}
+	}
+	return ""
+}

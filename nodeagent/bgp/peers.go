@@ -1,0 +1,133 @@
+package bgp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	api "github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
+)
+
+// SetPeers makes the speaker's sessions exactly peers: it adds new peers, restarts the
+// session of a peer whose configuration changed, and closes (Cease) the sessions of peers
+// no longer listed. Invalid input changes nothing. If gobgp refuses some changes the others
+// still apply, the error lists the refused ones and the next call retries them.
+func (s *Speaker) SetPeers(ctx context.Context, peers []Peer) error {
+	want, err := normalizePeers(s.cfg, peers)
+	if err != nil {
+		return fmt.Errorf("set bgp peers: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrShutdown
+	}
+	var errs []error
+	for _, addr := range sortedKeys(s.peers) {
+		if w, keep := want[addr]; keep && w == s.peers[addr] {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return errors.Join(append(errs, fmt.Errorf("set bgp peers: %w", err))...)
+		}
+		if err := s.server.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr.String()}); err != nil {
+			errs = append(errs, fmt.Errorf("delete bgp peer %s: %w", addr, err))
+			continue
+		}
+		delete(s.peers, addr)
+		delete(s.bfdArmed, addr)
+		s.stateMu.Lock()
+		delete(s.sessions, addr)
+		s.stateMu.Unlock()
+	}
+	for _, addr := range sortedKeys(want) {
+		if _, ok := s.peers[addr]; ok {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return errors.Join(append(errs, fmt.Errorf("set bgp peers: %w", err))...)
+		}
+		p := want[addr]
+		// Track the session before gobgp can report on it.
+		s.stateMu.Lock()
+		s.sessions[addr] = &session{SessionState: SessionState{Peer: addr, State: "Idle", Since: time.Now()}, bfd: p.BFD.Enabled}
+		s.stateMu.Unlock()
+		// BFD is armed once the session is up (see bfdLoop).
+		if err := s.server.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(p, false)}); err != nil {
+			s.stateMu.Lock()
+			delete(s.sessions, addr)
+			s.stateMu.Unlock()
+			errs = append(errs, fmt.Errorf("add bgp peer %s (AS %d): %w", addr, p.PeerASN, err))
+			continue
+		}
+		s.peers[addr] = p
+	}
+	return errors.Join(errs...)
+}
+
+// apiPeer translates a normalized Peer into gobgp's configuration, with BFD running if
+// p asks for it and bfd is true.
+func apiPeer(p Peer, bfd bool) *api.Peer {
+	family := &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}
+	if p.Address.Is6() {
+		family.Afi = api.Family_AFI_IP6
+	}
+	afiSafi := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: family, Enabled: true}}
+	out := &api.Peer{
+		Conf: &api.PeerConf{
+			NeighborAddress: p.Address.String(),
+			PeerAsn:         p.PeerASN,
+			LocalAsn:        p.LocalASN,
+			AuthPassword:    p.Password,
+		},
+		Timers: &api.Timers{Config: &api.TimersConfig{
+			ConnectRetry:           uint64(connectRetry / time.Second),
+			IdleHoldTimeAfterReset: uint64(idleHoldAfterReset / time.Second),
+			HoldTime:               uint64(p.HoldTime / time.Second),
+			KeepaliveInterval:      uint64(p.Keepalive / time.Second),
+		}},
+		Transport: &api.Transport{
+			RemotePort:  uint32(p.Port),
+			PassiveMode: p.Passive,
+		},
+		AfiSafis: []*api.AfiSafi{afiSafi},
+	}
+	if p.MultihopTTL > 0 {
+		out.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: uint32(p.MultihopTTL)}
+	}
+	if p.BFD.Enabled && bfd {
+		// gobgp v4's native BFD (RFC 5880/5881): intervals in microseconds.
+		out.Bfd = &api.BfdPeerConfig{
+			Enabled:                  true,
+			DesiredMinimumTxInterval: uint32(p.BFD.MinTx / time.Microsecond),
+			RequiredMinimumReceive:   uint32(p.BFD.MinRx / time.Microsecond),
+			DetectionMultiplier:      p.BFD.Multiplier,
+		}
+	}
+	if p.GracefulRestart {
+		out.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: uint32(gracefulRestartTime / time.Second)}
+		afiSafi.MpGracefulRestart = &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}}
+	}
+	return out
+}
+
+// familyOf returns the address family that carries a route to or a session with a.
+func familyOf(a netip.Addr) bgp.Family {
+	if a.Is4() {
+		return bgp.RF_IPv4_UC
+	}
+	return bgp.RF_IPv6_UC
+}
+
+func sortedKeys[V any](m map[netip.Addr]V) []netip.Addr {
+	keys := make([]netip.Addr, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, netip.Addr.Compare)
+	return keys
+}

@@ -1,0 +1,348 @@
+// Package agentlab runs the real metalvip-agent binary in the lab's node namespaces, drives it
+// over its gRPC contract with mutual TLS as the CCM would, and checks the wire: ARP answers
+// at the client, BGP routes in the router's kernel.
+package agentlab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mdlayher/arp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/metalvip/metalvip/internal/certs"
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/lab"
+	"github.com/metalvip/metalvip/test/testenv"
+)
+
+var agentBinary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "metalvip-agentlab-")
+	if err != nil {
+		panic(err)
+	}
+	agentBinary, err = testenv.GoBuild(dir, "./cmd/metalvip-agent")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// agent is one running metalvip-agent and a client for it.
+type agent struct {
+	t      *testing.T
+	host   *lab.Host
+	proc   *testenv.Proc
+	client agentv1.AgentServiceClient
+	state  string
+	tls    string
+}
+
+// pki writes a CA, the CCM's certificate and one per node into dir.
+func pki(t *testing.T, nodes []*lab.Host) string {
+	t.Helper()
+	dir := t.TempDir()
+	ca, err := certs.NewCA("metalvip-ca", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(name string, p certs.Pair) {
+		for ext, data := range map[string][]byte{".crt": p.Cert, ".key": p.Key} {
+			if err := os.WriteFile(filepath.Join(dir, name+ext), data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write("ca", ca)
+	ccm, err := certs.Issue(ca, certs.CCMName, certs.Client, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("ccm", ccm)
+	for _, n := range nodes {
+		p, err := certs.Issue(ca, n.Name, certs.Server, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(n.Name, p)
+	}
+	return dir
+}
+
+func startAgent(t *testing.T, h *lab.Host, tlsDir, stateDir string) *agent {
+	t.Helper()
+	a := &agent{t: t, host: h, state: stateDir, tls: tlsDir}
+	a.start()
+	cfg, err := certs.ClientConfig(certs.Files{CA: filepath.Join(tlsDir, "ca.crt"), Cert: filepath.Join(tlsDir, "ccm.crt"), Key: filepath.Join(tlsDir, "ccm.key")}, h.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent listens inside the node's namespace: dial from there.
+	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+		var c net.Conn
+		err := h.Do(func() error {
+			var d net.Dialer
+			var err error
+			c, err = d.DialContext(ctx, "tcp", addr)
+			return err
+		})
+		return c, err
+	}
+	conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(h.IPv4, 7472).String(),
+		grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	a.client = agentv1.NewAgentServiceClient(conn)
+	a.waitServing()
+	return a
+}
+
+func (a *agent) start() {
+	a.proc = a.host.Start(a.t, "agent", agentBinary,
+		"--node-name", a.host.Name, "--listen-address", netip.AddrPortFrom(a.host.IPv4, 7472).String(),
+		"--state-dir", a.state, "--interfaces", "eth0",
+		"--tls-ca", filepath.Join(a.tls, "ca.crt"), "--tls-cert", filepath.Join(a.tls, a.host.Name+".crt"), "--tls-key", filepath.Join(a.tls, a.host.Name+".key"),
+		"--v", "2")
+}
+
+func (a *agent) waitServing() {
+	a.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := a.client.GetState(ctx, &agentv1.GetStateRequest{})
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			a.t.Fatalf("agent on %s not serving after 15s: %v\n%s", a.host.Name, err, a.proc.Tail(20))
+		}
+		select {
+		case <-a.proc.Done():
+			a.t.Fatalf("agent on %s exited: %v\n%s", a.host.Name, a.proc.Err(), a.proc.Tail(20))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (a *agent) apply(st *agentv1.DesiredState) {
+	a.t.Helper()
+	st.Node = a.host.Name
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := a.client.Apply(ctx, &agentv1.ApplyRequest{State: st})
+	if err != nil {
+		a.t.Fatalf("Apply to %s: %v", a.host.Name, err)
+	}
+	if len(resp.GetProblems()) > 0 {
+		a.t.Fatalf("Apply to %s: problems %v", a.host.Name, resp.GetProblems())
+	}
+}
+
+func desired(gen uint64, l *lab.Lab, anns ...*agentv1.Announcement) *agentv1.DesiredState {
+	return &agentv1.DesiredState{
+		Term: 1, Generation: gen, Announcements: anns,
+		Bgp: &agentv1.BGPOptions{Asn: 64497},
+		BgpPeers: []*agentv1.BGPPeer{{Address: l.Router.IPv4.String(), PeerAsn: 64496,
+			Bfd: &agentv1.BFD{Enabled: true, MinRxMs: 100, MinTxMs: 100, Multiplier: 3}}},
+	}
+}
+
+func l2Ann(vip string, candidates ...*lab.Host) *agentv1.Announcement {
+	an := &agentv1.Announcement{Vip: vip, Mode: agentv1.Mode_MODE_L2, L2: &agentv1.L2Announcement{}}
+	for _, c := range candidates {
+		an.L2.Candidates = append(an.L2.Candidates, &agentv1.Candidate{Node: c.Name, Address: c.IPv4.String()})
+	}
+	return an
+}
+
+func bgpAnn(vip string) *agentv1.Announcement {
+	return &agentv1.Announcement{Vip: vip, Mode: agentv1.Mode_MODE_BGP}
+}
+
+// whoAnswers asks for vip by ARP from the client and returns the MAC that answered, or "".
+func whoAnswers(t *testing.T, client *lab.Host, vip netip.Addr) string {
+	t.Helper()
+	var c *arp.Client
+	if err := client.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		c, err = arp.Dial(ifi)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Request(vip); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Second)
+	_ = c.SetReadDeadline(deadline)
+	for time.Now().Before(deadline) {
+		p, _, err := c.Read()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return ""
+			}
+			continue
+		}
+		if p.Operation == arp.OperationReply && p.SenderIP == vip {
+			return p.SenderHardwareAddr.String()
+		}
+	}
+	return ""
+}
+
+func macOf(t *testing.T, h *lab.Host) string {
+	t.Helper()
+	var mac string
+	if err := h.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err == nil {
+			mac = ifi.HardwareAddr.String()
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return mac
+}
+
+// nextHops returns the next hops of the router's kernel route to vip.
+func nextHops(t *testing.T, l *lab.Lab, vip string) []string {
+	t.Helper()
+	out, err := l.Router.Run(context.Background(), "ip", "-j", "route", "show", vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var routes []struct {
+		Gateway  string `json:"gateway"`
+		Nexthops []struct {
+			Gateway string `json:"gateway"`
+		} `json:"nexthops"`
+	}
+	if err := json.Unmarshal(out, &routes); err != nil {
+		t.Fatalf("ip -j route: %v: %s", err, out)
+	}
+	var hops []string
+	for _, r := range routes {
+		if r.Gateway != "" {
+			hops = append(hops, r.Gateway)
+		}
+		for _, n := range r.Nexthops {
+			hops = append(hops, n.Gateway)
+		}
+	}
+	slices.Sort(hops)
+	return hops
+}
+
+// eventually polls cond every 20 ms for up to timeout and returns how long it took.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			t.Fatalf("%s: not within %s", what, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 3})
+	tlsDir := pki(t, l.Nodes)
+	var agents []*agent
+	for _, n := range l.Nodes {
+		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
+	}
+	const l2VIP, bgpVIP = "203.0.113.10", "203.0.113.20"
+	for i, a := range agents {
+		a.apply(desired(1, l, l2Ann(l2VIP, l.Nodes[0], l.Nodes[1]), bgpAnn(bgpVIP)))
+		_ = i
+	}
+
+	// L2: only the first candidate answers.
+	node1MAC := macOf(t, l.Nodes[0])
+	if got := whoAnswers(t, l.Client, netip.MustParseAddr(l2VIP)); got != node1MAC {
+		t.Errorf("ARP for %s answered by %q, want node1's %s", l2VIP, got, node1MAC)
+	}
+	if got := whoAnswers(t, l.Client, netip.MustParseAddr("203.0.113.99")); got != "" {
+		t.Errorf("ARP for an unannounced VIP answered by %s", got)
+	}
+	// BGP: one route, three next hops.
+	all := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
+	eventually(t, 30*time.Second, "three next hops for the BGP VIP", func() bool {
+		return slices.Equal(nextHops(t, l, bgpVIP), all)
+	})
+	// The client reaches the BGP VIP through the router... and the remote client too.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := l.Remote.Ping(ctx, netip.MustParseAddr(bgpVIP), 2); err != nil {
+		t.Errorf("remote client cannot reach the BGP VIP: %v", err)
+	}
+	// GetState reports it.
+	st, err := agents[0].client.GetState(ctx, &agentv1.GetStateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.GetPeers()) != 1 || st.GetPeers()[0].GetState() != "Established" || st.GetL2().GetArpReplies() == 0 {
+		t.Errorf("node1 GetState: peers %v, L2 %v", st.GetPeers(), st.GetL2())
+	}
+
+	// Kill node1's agent outright (no goodbye), with no CCM anywhere, and start it again on
+	// the same state: it resumes answering and advertising on its own.
+	agents[0].proc.Kill()
+	eventually(t, 30*time.Second, "the router drops the dead agent's next hop (BFD)", func() bool {
+		return !slices.Contains(nextHops(t, l, bgpVIP), "198.51.100.11")
+	})
+	if got := whoAnswers(t, l.Client, netip.MustParseAddr(l2VIP)); got != "" {
+		t.Errorf("ARP for %s answered by %s while its only answering agent is dead", l2VIP, got)
+	}
+	restart := time.Now()
+	agents[0].start()
+	took := eventually(t, 30*time.Second, "the restarted agent answers ARP again", func() bool {
+		return whoAnswers(t, l.Client, netip.MustParseAddr(l2VIP)) == node1MAC
+	})
+	eventually(t, 30*time.Second, "the restarted agent advertises again", func() bool {
+		return slices.Equal(nextHops(t, l, bgpVIP), all)
+	})
+	t.Logf("restarted agent answered ARP %s after start (%s total)", took.Round(time.Millisecond), time.Since(restart).Round(time.Millisecond))
+	agents[0].waitServing()
+	st, err = agents[0].client.GetState(ctx, &agentv1.GetStateRequest{})
+	if err != nil || !st.GetRestored() || st.GetGeneration() != 1 {
+		t.Errorf("restarted agent state: %v, %v; want restored generation 1", st, err)
+	}
+
+	// Withdraw: the BGP VIP removed from node2 leaves two next hops.
+	agents[1].apply(desired(2, l, l2Ann(l2VIP, l.Nodes[0], l.Nodes[1])))
+	eventually(t, 10*time.Second, "node2's next hop withdrawn", func() bool {
+		return slices.Equal(nextHops(t, l, bgpVIP), []string{"198.51.100.11", "198.51.100.13"})
+	})
+	if !strings.Contains(agents[1].proc.Output(), "serving") {
+		t.Error("agent log does not say it serves")
+	}
+}
