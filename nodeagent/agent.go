@@ -303,7 +303,7 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	resp := &agentv1.GetStateResponse{
-		Node:     a.opts.Node,
+		Node:       a.opts.Node,
 		Term:       a.state.GetTerm(),
 		Generation: a.state.GetGeneration(),
 		Restored:   a.restored,
