@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -344,5 +345,25 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	})
 	if !strings.Contains(agents[1].proc.Output(), "serving") {
 		t.Error("agent log does not say it serves")
+	}
+
+	// SIGTERM: node3's agent withdraws before it exits.
+	if err := agents[2].proc.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	took = eventually(t, 5*time.Second, "node3's next hop withdrawn on SIGTERM", func() bool {
+		return slices.Equal(nextHops(t, l, bgpVIP), []string{"198.51.100.11"})
+	})
+	t.Logf("SIGTERM to next hop gone at the router: %s", took.Round(time.Millisecond))
+	select {
+	case <-agents[2].proc.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("agent did not exit within 10s of SIGTERM")
+	}
+	if err := agents[2].proc.Err(); err != nil {
+		t.Errorf("agent exit after SIGTERM: %v", err)
+	}
+	if !strings.Contains(agents[2].proc.Output(), "withdrawing routes") {
+		t.Error("agent did not log its graceful shutdown")
 	}
 }
