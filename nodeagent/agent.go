@@ -22,6 +22,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/nodeagent/bgp"
+	"github.com/metalvip/metalvip/nodeagent/failover"
 	"github.com/metalvip/metalvip/nodeagent/l2"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
@@ -59,6 +60,17 @@ type Options struct {
 	NewBGP func(context.Context, bgp.Config) (BGP, error)
 	// RetryInterval is how often a state that could not be fully applied is tried again.
 	RetryInterval time.Duration
+	// NewLiveness starts the heartbeat exchange among L2 candidates; nil means failover.New.
+	NewLiveness func(failover.Config) (Liveness, error)
+}
+
+// Liveness is the seam to the heartbeat exchange.
+type Liveness interface {
+	SetKeys([][]byte)
+	SetPeers([]failover.Peer)
+	Alive(node string) bool
+	Sees(node string) bool
+	Close() error
 }
 
 // Agent applies desired states. It implements agentv1.AgentServiceServer.
@@ -73,6 +85,8 @@ type Agent struct {
 	views    map[netip.Addr]*agentv1.AnnouncedVIP // what each VIP is to this node now
 	bgp      BGP
 	bgpCfg   bgp.Config
+	live     Liveness
+	liveCfg  failover.Config
 
 	watchMu  sync.Mutex
 	watchers map[chan *agentv1.Event]struct{}
@@ -90,6 +104,9 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 	}
 	if opts.RetryInterval <= 0 {
 		opts.RetryInterval = 10 * time.Second
+	}
+	if opts.NewLiveness == nil {
+		opts.NewLiveness = func(c failover.Config) (Liveness, error) { return failover.New(c) }
 	}
 	a := &Agent{
 		opts:     opts,
@@ -165,6 +182,9 @@ func (a *Agent) applyLocked(ctx context.Context) {
 	st := a.state
 	var problems []string
 	views := map[netip.Addr]*agentv1.AnnouncedVIP{}
+	if err := a.applyLivenessLocked(st); err != nil {
+		problems = append(problems, "failover: "+err.Error())
+	}
 
 	var vips []l2.VIP
 	var routes []bgp.Route
@@ -179,12 +199,9 @@ func (a *Agent) applyLocked(ctx context.Context) {
 				ifaces = a.opts.Interfaces
 			}
 			view.Interfaces = ifaces
-			first := an.GetL2().GetCandidates()[0].GetNode()
-			if first == a.opts.Node {
-				view.Active, view.Reason = true, "first candidate"
+			view.Active, view.Reason = a.owns(an.GetL2().GetCandidates())
+			if view.Active {
 				vips = append(vips, l2.VIP{Addr: vip, Interfaces: ifaces})
-			} else {
-				view.Reason = "standby for " + first
 			}
 		case agentv1.Mode_MODE_BGP:
 			view.Active, view.Reason = true, "advertised to BGP peers"
@@ -204,7 +221,15 @@ func (a *Agent) applyLocked(ctx context.Context) {
 		problems = append(problems, "BGP: "+err.Error())
 	}
 
-	// Events for what changed hands on this node.
+	a.emitChanges(views)
+	a.views, a.problems = views, problems
+	for _, p := range problems {
+		klog.ErrorS(nil, "Could not apply all of the state; retrying", "problem", p)
+	}
+}
+
+// emitChanges emits events for what changed hands on this node. The caller holds mu.
+func (a *Agent) emitChanges(views map[netip.Addr]*agentv1.AnnouncedVIP) {
 	for vip, v := range views {
 		old := a.views[vip]
 		if v.Active && (old == nil || !old.Active) {
@@ -219,10 +244,144 @@ func (a *Agent) applyLocked(ctx context.Context) {
 			a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_RELEASED, Vip: vip.String(), Detail: "no longer announced"})
 		}
 	}
-	a.views, a.problems = views, problems
-	for _, p := range problems {
-		klog.ErrorS(nil, "Could not apply all of the state; retrying", "problem", p)
+}
+
+// owns decides whether this node answers for an L2 VIP with the given ranked candidates:
+//   - a live candidate ranked higher than this node answers, not this one;
+//   - otherwise this node answers, once every live lower-ranked candidate shows (in its
+//     heartbeats) that it sees this node: such a candidate stops answering as soon as it sees
+//     a higher one, before its heartbeats show it, so two nodes never answer at once beyond
+//     the time a heartbeat takes;
+//   - without heartbeats (no keys), the first candidate answers.
+//
+// The caller holds mu.
+func (a *Agent) owns(cands []*agentv1.Candidate) (bool, string) {
+	me := slices.IndexFunc(cands, func(c *agentv1.Candidate) bool { return c.GetNode() == a.opts.Node })
+	if a.live == nil {
+		if me == 0 {
+			return true, "first candidate"
+		}
+		return false, "standby for " + cands[0].GetNode()
 	}
+	for _, c := range cands[:max(me, 0)] {
+		if a.live.Alive(c.GetNode()) {
+			return false, "standby: " + c.GetNode() + " is alive and ranks higher"
+		}
+	}
+	if me < 0 {
+		return false, "not a candidate"
+	}
+	for _, c := range cands[me+1:] {
+		if a.live.Alive(c.GetNode()) && !a.live.Sees(c.GetNode()) {
+			return false, "taking over: waiting for " + c.GetNode() + " to release"
+		}
+	}
+	if me == 0 {
+		return true, "first candidate"
+	}
+	return true, "first live candidate: higher-ranked candidates are down"
+}
+
+// livenessChanged re-decides every L2 VIP when the set of live candidates changes. It runs
+// before this node's heartbeats show the change (see failover.Config.OnChange).
+func (a *Agent) livenessChanged() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.state == nil {
+		return
+	}
+	views := map[netip.Addr]*agentv1.AnnouncedVIP{}
+	var vips []l2.VIP
+	for vip, v := range a.views {
+		views[vip] = proto.Clone(v).(*agentv1.AnnouncedVIP)
+	}
+	for _, an := range a.state.GetAnnouncements() {
+		if an.GetMode() != agentv1.Mode_MODE_L2 {
+			continue
+		}
+		vip, _ := netip.ParseAddr(an.GetVip())
+		v := views[vip]
+		if v == nil {
+			continue
+		}
+		v.Active, v.Reason = a.owns(an.GetL2().GetCandidates())
+		if v.Active {
+			vips = append(vips, l2.VIP{Addr: vip, Interfaces: v.Interfaces})
+		}
+	}
+	if a.opts.L2 != nil {
+		if err := a.opts.L2.Set(vips); err != nil {
+			klog.ErrorS(err, "L2 after a liveness change")
+		}
+	}
+	a.emitChanges(views)
+	a.views = views
+}
+
+// applyLivenessLocked configures the heartbeat exchange for the state: the peers are every
+// other candidate of this node's L2 VIPs, at the addresses the state gives. The caller holds
+// mu.
+func (a *Agent) applyLivenessLocked(st *agentv1.DesiredState) error {
+	opts := st.GetL2()
+	keys := opts.GetHeartbeatKeys()
+	var self netip.Addr
+	peers := map[string]netip.Addr{}
+	for _, an := range st.GetAnnouncements() {
+		if an.GetMode() != agentv1.Mode_MODE_L2 {
+			continue
+		}
+		cands := an.GetL2().GetCandidates()
+		if !slices.ContainsFunc(cands, func(c *agentv1.Candidate) bool { return c.GetNode() == a.opts.Node }) {
+			continue
+		}
+		for _, c := range cands {
+			addr, _ := netip.ParseAddr(c.GetAddress())
+			if c.GetNode() == a.opts.Node {
+				self = addr
+			} else if addr.IsValid() {
+				peers[c.GetNode()] = addr
+			}
+		}
+	}
+	if len(keys) == 0 || len(peers) == 0 {
+		if a.live != nil {
+			_ = a.live.Close() // no one to watch: the first candidate rule applies
+			a.live = nil
+		}
+		return nil
+	}
+	if !self.IsValid() {
+		return errors.New("no data-plane address for this node among the candidates")
+	}
+	port := uint16(opts.GetHeartbeatPort())
+	if port == 0 {
+		port = 7473
+	}
+	cfg := failover.Config{
+		Node:     a.opts.Node,
+		Listen:   netip.AddrPortFrom(self, port),
+		Interval: time.Duration(opts.GetHeartbeatIntervalMs()) * time.Millisecond,
+		Misses:   int(opts.GetHeartbeatMisses()),
+		OnChange: a.livenessChanged,
+	}
+	if a.live != nil && (a.liveCfg.Listen != cfg.Listen || a.liveCfg.Interval != cfg.Interval || a.liveCfg.Misses != cfg.Misses) {
+		_ = a.live.Close()
+		a.live = nil
+	}
+	if a.live == nil {
+		l, err := a.opts.NewLiveness(cfg)
+		if err != nil {
+			return err
+		}
+		a.live, a.liveCfg = l, cfg
+	}
+	a.live.SetKeys(keys)
+	list := make([]failover.Peer, 0, len(peers))
+	for n, addr := range peers {
+		list = append(list, failover.Peer{Node: n, Addr: addr})
+	}
+	a.live.SetPeers(list)
+	return nil
 }
 
 func (a *Agent) applyBGPLocked(ctx context.Context, st *agentv1.DesiredState, routes []bgp.Route) error {
@@ -405,9 +564,17 @@ func (a *Agent) Close(ctx context.Context) error {
 	}
 	close(a.stop)
 	<-a.done
+	// The monitor's callback takes mu: stop it before taking mu.
+	a.mu.Lock()
+	live := a.live
+	a.live = nil
+	a.mu.Unlock()
+	var errs []error
+	if live != nil {
+		errs = append(errs, live.Close())
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var errs []error
 	if a.bgp != nil {
 		errs = append(errs, a.bgp.Shutdown(ctx))
 		a.bgp = nil

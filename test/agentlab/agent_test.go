@@ -216,6 +216,43 @@ func whoAnswers(t *testing.T, client *lab.Host, vip netip.Addr) string {
 	return ""
 }
 
+// answerers asks for vip once and returns every MAC that answered within 100 ms.
+func answerers(t *testing.T, client *lab.Host, vip netip.Addr) []string {
+	t.Helper()
+	var c *arp.Client
+	if err := client.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		c, err = arp.Dial(ifi)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Request(vip); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(100 * time.Millisecond)
+	_ = c.SetReadDeadline(deadline)
+	seen := map[string]bool{}
+	for time.Now().Before(deadline) {
+		p, _, err := c.Read()
+		if err != nil {
+			break
+		}
+		if p.Operation == arp.OperationReply && p.SenderIP == vip && p.TargetIP != vip {
+			seen[p.SenderHardwareAddr.String()] = true
+		}
+	}
+	var out []string
+	for m := range seen {
+		out = append(out, m)
+	}
+	return out
+}
+
 func macOf(t *testing.T, h *lab.Host) string {
 	t.Helper()
 	var mac string

@@ -664,14 +664,24 @@ func (x *BFD) GetMultiplier() uint32 {
 	return 0
 }
 
-// L2Options are the node's settings for L2 announcing.
+// L2Options are the node's settings for L2 announcing and failover.
 type L2Options struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// gratuitous_refresh_seconds is how often an owned VIP is announced again (switch FDB
 	// ageing); 0 for the agent's default.
 	GratuitousRefreshSeconds uint32 `protobuf:"varint,1,opt,name=gratuitous_refresh_seconds,json=gratuitousRefreshSeconds,proto3" json:"gratuitous_refresh_seconds,omitempty"`
-	unknownFields            protoimpl.UnknownFields
-	sizeCache                protoimpl.SizeCache
+	// heartbeat_keys authenticate the heartbeats candidates exchange (HMAC-SHA256): the first
+	// signs, any verifies, so keys can be rotated. Without keys there are no heartbeats and the
+	// first candidate of each VIP answers for it.
+	HeartbeatKeys [][]byte `protobuf:"bytes,2,rep,name=heartbeat_keys,json=heartbeatKeys,proto3" json:"heartbeat_keys,omitempty"`
+	// heartbeat_interval_ms between heartbeats; 0 for 50.
+	HeartbeatIntervalMs uint32 `protobuf:"varint,3,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
+	// heartbeat_misses: intervals without a heartbeat before a node counts as dead; 0 for 3.
+	HeartbeatMisses uint32 `protobuf:"varint,4,opt,name=heartbeat_misses,json=heartbeatMisses,proto3" json:"heartbeat_misses,omitempty"`
+	// heartbeat_port, UDP, the same on every node; 0 for 7473.
+	HeartbeatPort uint32 `protobuf:"varint,5,opt,name=heartbeat_port,json=heartbeatPort,proto3" json:"heartbeat_port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *L2Options) Reset() {
@@ -707,6 +717,34 @@ func (*L2Options) Descriptor() ([]byte, []int) {
 func (x *L2Options) GetGratuitousRefreshSeconds() uint32 {
 	if x != nil {
 		return x.GratuitousRefreshSeconds
+	}
+	return 0
+}
+
+func (x *L2Options) GetHeartbeatKeys() [][]byte {
+	if x != nil {
+		return x.HeartbeatKeys
+	}
+	return nil
+}
+
+func (x *L2Options) GetHeartbeatIntervalMs() uint32 {
+	if x != nil {
+		return x.HeartbeatIntervalMs
+	}
+	return 0
+}
+
+func (x *L2Options) GetHeartbeatMisses() uint32 {
+	if x != nil {
+		return x.HeartbeatMisses
+	}
+	return 0
+}
+
+func (x *L2Options) GetHeartbeatPort() uint32 {
+	if x != nil {
+		return x.HeartbeatPort
 	}
 	return 0
 }
@@ -1479,9 +1517,13 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\tmin_tx_ms\x18\x03 \x01(\rR\aminTxMs\x12\x1e\n" +
 	"\n" +
 	"multiplier\x18\x04 \x01(\rR\n" +
-	"multiplier\"I\n" +
+	"multiplier\"\xf6\x01\n" +
 	"\tL2Options\x12<\n" +
-	"\x1agratuitous_refresh_seconds\x18\x01 \x01(\rR\x18gratuitousRefreshSeconds\";\n" +
+	"\x1agratuitous_refresh_seconds\x18\x01 \x01(\rR\x18gratuitousRefreshSeconds\x12%\n" +
+	"\x0eheartbeat_keys\x18\x02 \x03(\fR\rheartbeatKeys\x122\n" +
+	"\x15heartbeat_interval_ms\x18\x03 \x01(\rR\x13heartbeatIntervalMs\x12)\n" +
+	"\x10heartbeat_misses\x18\x04 \x01(\rR\x0fheartbeatMisses\x12%\n" +
+	"\x0eheartbeat_port\x18\x05 \x01(\rR\rheartbeatPort\";\n" +
 	"\n" +
 	"BGPOptions\x12\x10\n" +
 	"\x03asn\x18\x01 \x01(\rR\x03asn\x12\x1b\n" +
