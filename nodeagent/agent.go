@@ -30,6 +30,7 @@ import (
 // L2 is the seam to the ARP/NDP speaker.
 type L2 interface {
 	Set([]l2.VIP) error
+	SetRefresh(time.Duration)
 	Counters() l2.Counters
 	Close() error
 }
@@ -213,6 +214,7 @@ func (a *Agent) applyLocked(ctx context.Context) {
 		}
 	}
 	if a.opts.L2 != nil {
+		a.opts.L2.SetRefresh(time.Duration(st.GetL2().GetGratuitousRefreshSeconds()) * time.Second)
 		if err := a.opts.L2.Set(vips); err != nil {
 			problems = append(problems, "L2: "+err.Error())
 		}

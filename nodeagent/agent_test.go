@@ -42,8 +42,9 @@ func (f *fakeL2) Set(v []l2.VIP) error {
 	f.sets = append(f.sets, slices.Clone(v))
 	return nil
 }
-func (f *fakeL2) Counters() l2.Counters { return l2.Counters{ARPReplies: 7} }
-func (f *fakeL2) Close() error          { return nil }
+func (f *fakeL2) Counters() l2.Counters    { return l2.Counters{ARPReplies: 7} }
+func (f *fakeL2) SetRefresh(time.Duration) {}
+func (f *fakeL2) Close() error             { return nil }
 func (f *fakeL2) last() []l2.VIP {
 	f.mu.Lock()
 	defer f.mu.Unlock()

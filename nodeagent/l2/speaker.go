@@ -57,6 +57,8 @@ type Speaker struct {
 	arpRequests, arpReplies, gratuitous atomic.Uint64
 	nsReceived, naSent, unsolicited     atomic.Uint64
 
+	refresh chan time.Duration // new refresh periods for refreshLoop
+
 	stop chan struct{}
 	wg   sync.WaitGroup
 }
@@ -84,7 +86,7 @@ func New(opts Options) *Speaker {
 	if opts.BurstInterval <= 0 {
 		opts.BurstInterval = 100 * time.Millisecond
 	}
-	s := &Speaker{opts: opts, ifaces: map[string]*iface{}, owned: map[netip.Addr][]string{}, stop: make(chan struct{})}
+	s := &Speaker{opts: opts, ifaces: map[string]*iface{}, owned: map[netip.Addr][]string{}, refresh: make(chan time.Duration, 1), stop: make(chan struct{})}
 	s.wg.Add(1)
 	go s.refreshLoop()
 	return s
@@ -395,14 +397,33 @@ func (s *Speaker) burst(vip netip.Addr, names []string) {
 	}
 }
 
+// SetRefresh changes how often owned VIPs are announced again; d <= 0 restores the default
+// given at New.
+func (s *Speaker) SetRefresh(d time.Duration) {
+	if d <= 0 {
+		d = s.opts.Refresh
+	}
+	select {
+	case <-s.refresh:
+	default:
+	}
+	s.refresh <- d
+}
+
 func (s *Speaker) refreshLoop() {
 	defer s.wg.Done()
-	t := time.NewTicker(s.opts.Refresh)
+	period := s.opts.Refresh
+	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		select {
 		case <-s.stop:
 			return
+		case d := <-s.refresh:
+			if d != period {
+				period = d
+				t.Reset(d)
+			}
 		case <-t.C:
 			for vip, names := range s.Owned() {
 				s.announce(vip, names)

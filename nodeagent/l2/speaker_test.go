@@ -167,7 +167,8 @@ func TestTakeoverSendsGratuitousARP(t *testing.T) {
 func TestRefreshAnnouncesAgain(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 1})
 	node := l.Nodes[0]
-	s := New(Options{Refresh: 200 * time.Millisecond, Burst: 1})
+	s := New(Options{Refresh: time.Hour, Burst: 1})
+	s.SetRefresh(200 * time.Millisecond) // as an Apply with gratuitous_refresh_seconds does
 	t.Cleanup(func() { s.Close() })
 	if err := node.Do(func() error { return s.Set([]VIP{{Addr: vip4, Interfaces: []string{"eth0"}}}) }); err != nil {
 		t.Fatal(err)
