@@ -1,5 +1,6 @@
 // Package v1alpha1 holds metalvip's configuration objects, group metalvip.io, version
-// v1alpha1: IPPool (the addresses Services get and how they are announced). The API server
+// v1alpha1: IPPool (the addresses Services get and how they are announced) and BGPPeer (the
+// routers nodes advertise BGP pools to). The API server
 // validates them with OpenAPI schemas and CEL rules generated from the markers here; there is
 // no admission webhook.
 //

@@ -9,8 +9,11 @@ import (
 // GroupVersion is metalvip.io/v1alpha1.
 var GroupVersion = schema.GroupVersion{Group: "metalvip.io", Version: "v1alpha1"}
 
-// IPPoolResource is the resource of IPPool objects.
-var IPPoolResource = GroupVersion.WithResource("ippools")
+// Resources of this package.
+var (
+	IPPoolResource  = GroupVersion.WithResource("ippools")
+	BGPPeerResource = GroupVersion.WithResource("bgppeers")
+)
 
 var (
 	// SchemeBuilder registers the types of this package.
@@ -20,7 +23,7 @@ var (
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &IPPool{}, &IPPoolList{})
+	s.AddKnownTypes(GroupVersion, &IPPool{}, &IPPoolList{}, &BGPPeer{}, &BGPPeerList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

@@ -157,3 +157,52 @@ func TestDocumentedPoolExampleIsAccepted(t *testing.T) {
 		_ = dyn.Resource(v1alpha1.IPPoolResource).Delete(context.Background(), obj.GetName(), metav1.DeleteOptions{})
 	}
 }
+
+func TestBGPPeerValidation(t *testing.T) {
+	srv := kubeapi.Get(t)
+	srv.InstallCRDs(t)
+	dyn, err := dynamic.NewForConfig(srv.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct {
+		name, spec, want string
+	}{
+		{"a plain peer is accepted", `{address: 198.51.100.1, peerASN: 64496, myASN: 64497}`, ""},
+		{"a full peer is accepted", `{address: "2001:db8:1::1", port: 1179, peerASN: 64496, myASN: 64497, holdTimeSeconds: 9, keepaliveSeconds: 3,
+			nodeSelector: {matchLabels: {rack: a}}, bfd: {enabled: true, minRxMilliseconds: 100, minTxMilliseconds: 100, multiplier: 3},
+			passwordSecretRef: {namespace: kube-system, name: bgp, key: password}, gracefulRestart: true}`, ""},
+		{"a bad address is refused", `{address: 198.51.100.300, peerASN: 64496, myASN: 64497}`, "must be an IP address"},
+		{"a missing ASN is refused", `{address: 198.51.100.1, myASN: 64497}`, "peerASN: Required value"},
+		{"an ASN out of range is refused", `{address: 198.51.100.1, peerASN: 4294967296, myASN: 64497}`, "peerASN"},
+		{"a hold time of 2 is refused", `{address: 198.51.100.1, peerASN: 1, myASN: 2, holdTimeSeconds: 2}`, "must be 0 or at least 3"},
+		{"a keepalive over a third of the hold time is refused", `{address: 198.51.100.1, peerASN: 1, myASN: 2, holdTimeSeconds: 9, keepaliveSeconds: 4}`, "at most a third"},
+		{"BFD with multihop is refused", `{address: 198.51.100.1, peerASN: 1, myASN: 2, ebgpMultihop: 3, bfd: {enabled: true}}`, "single-hop"},
+		{"a BFD interval under 10ms is refused", `{address: 198.51.100.1, peerASN: 1, myASN: 2, bfd: {enabled: true, minRxMilliseconds: 1}}`, "minRxMilliseconds"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var spec map[string]any
+			if err := yaml.Unmarshal([]byte(tc.spec), &spec); err != nil {
+				t.Fatal(err)
+			}
+			obj := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": v1alpha1.GroupVersion.String(), "kind": "BGPPeer",
+				"metadata": map[string]any{"name": fmt.Sprintf("peer-%d", i)}, "spec": spec,
+			}}
+			_, err := dyn.Resource(v1alpha1.BGPPeerResource).Create(context.Background(), obj, metav1.CreateOptions{})
+			if err == nil {
+				t.Cleanup(func() {
+					_ = dyn.Resource(v1alpha1.BGPPeerResource).Delete(context.Background(), obj.GetName(), metav1.DeleteOptions{})
+				})
+			}
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("refused a valid peer: %v", err)
+			case tc.want != "" && err == nil:
+				t.Errorf("accepted an invalid peer; want %q", tc.want)
+			case tc.want != "" && !strings.Contains(err.Error(), tc.want):
+				t.Errorf("refusal %q does not contain %q", err, tc.want)
+			}
+		})
+	}
+}
