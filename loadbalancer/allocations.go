@@ -101,10 +101,10 @@ func New(cfg Config) *Allocations {
 	}
 }
 
-// Start registers the informers it needs with factory (which the caller starts) and runs
+// Start registers the informers it needs with the factories (which the caller starts) and runs
 // until ctx ends: it waits for the caches, rebuilds the allocator from every Service, and
 // then follows pool changes and writes pool status.
-func (a *Allocations) Start(ctx context.Context, factory informers.SharedInformerFactory) {
+func (a *Allocations) Start(ctx context.Context, factory informers.SharedInformerFactory, dynFactory dynamicinformer.DynamicSharedInformerFactory) {
 	svcInformer := factory.Core().V1().Services()
 	nsInformer := factory.Core().V1().Namespaces()
 	a.services = svcInformer.Lister()
@@ -114,7 +114,6 @@ func (a *Allocations) Start(ctx context.Context, factory informers.SharedInforme
 		DeleteFunc: a.serviceDeleted,
 	})
 
-	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(a.cfg.Dynamic, 0)
 	poolInformer := dynFactory.ForResource(v1alpha1.IPPoolResource)
 	a.pools = poolInformer.Lister()
 	notify := func(any) {
@@ -129,7 +128,6 @@ func (a *Allocations) Start(ctx context.Context, factory informers.SharedInforme
 		DeleteFunc: notify,
 	})
 	a.synced = []cache.InformerSynced{svcInformer.Informer().HasSynced, nsInformer.Informer().HasSynced, poolInformer.Informer().HasSynced}
-	dynFactory.Start(ctx.Done())
 	go a.run(ctx)
 }
 

@@ -7,16 +7,20 @@ package provider
 import (
 	"context"
 	"io"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 	cloudprovider "k8s.io/cloud-provider"
 	"k8s.io/klog/v2"
 
+	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/loadbalancer"
 	"github.com/metalvip/metalvip/provider/config"
 )
@@ -42,7 +46,10 @@ type Cloud struct {
 	cfg       *config.Config
 	instances *instances
 	lb        *loadBalancer
+	announcer *loadbalancer.Announcer
+	dyn       dynamicinformer.DynamicSharedInformerFactory
 	ctx       context.Context // ends when the framework's stop channel closes
+	started   time.Time
 }
 
 var (
@@ -74,22 +81,65 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 		cancel()
 		broadcaster.Shutdown()
 	}()
+	dyn := dynamic.NewForConfigOrDie(clientBuilder.ConfigOrDie("metalvip-cloud-provider"))
+	c.dyn = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
 	c.lb = &loadBalancer{allocs: loadbalancer.New(loadbalancer.Config{
 		Client:         client,
-		Dynamic:        dynamic.NewForConfigOrDie(clientBuilder.ConfigOrDie("metalvip-cloud-provider")),
+		Dynamic:        dyn,
 		Recorder:       recorder,
 		PendingRetry:   c.cfg.Allocation.PendingRetry.Duration,
 		StatusInterval: c.cfg.Allocation.PoolStatusInterval.Duration,
 	})}
+	c.announcer = c.newAnnouncer(ctx, client, recorder)
 	klog.InfoS("metalvip provider initialised", "agentPort", c.cfg.Agent.Port, "subnetRules", len(c.cfg.Topology.Subnets))
 }
 
 // SetInformers starts the allocator on the framework's shared informers; the framework
 // starts them after its controllers are set up.
 func (c *Cloud) SetInformers(factory informers.SharedInformerFactory) {
-	if c.lb != nil {
-		c.lb.allocs.Start(c.ctx, factory)
+	if c.lb == nil {
+		return
 	}
+	c.lb.allocs.Start(c.ctx, factory, c.dyn)
+	if c.announcer != nil {
+		c.announcer.Start(c.ctx, factory, c.dyn)
+	}
+	c.dyn.Start(c.ctx.Done())
+}
+
+// newAnnouncer sets up the push of plans to the agents; without agent TLS settings (and not
+// insecure) there is nothing to push to, and addresses are only allocated.
+func (c *Cloud) newAnnouncer(ctx context.Context, client kubernetes.Interface, recorder record.EventRecorder) *loadbalancer.Announcer {
+	ac := c.cfg.Agent
+	if !ac.Insecure && ac.CAFile == "" {
+		klog.InfoS("No agent TLS settings in the cloud-config (agent.caFile, certFile, keyFile): addresses are allocated but not announced")
+		return nil
+	}
+	if ac.Insecure {
+		klog.InfoS("WARNING: talking to agents in plaintext without authenticating them (agent.insecure); for labs only")
+	}
+	keys, err := heartbeatKeys(ctx, client, c.cfg.Failover.KeySecret)
+	if err != nil {
+		klog.ErrorS(err, "No failover key: agents fall back to answering for the VIPs they are first candidate of")
+	}
+	t := term(ctx, client, c.started)
+	klog.InfoS("Announcing through the agents", "term", t, "agentPort", ac.Port)
+	f := c.cfg.Failover
+	return loadbalancer.NewAnnouncer(loadbalancer.AnnouncerConfig{
+		Client:   client,
+		Recorder: recorder,
+		Agents: loadbalancer.AgentConfig{
+			Port: ac.Port, Insecure: ac.Insecure, Timeout: ac.Timeout.Duration,
+			TLS: certs.Files{CA: ac.CAFile, Cert: ac.CertFile, Key: ac.KeyFile},
+		},
+		Term:              t,
+		HeartbeatKeys:     keys,
+		HeartbeatInterval: f.Interval.Duration,
+		HeartbeatMisses:   f.Misses,
+		HeartbeatPort:     f.Port,
+		GratuitousRefresh: f.GratuitousRefresh.Duration,
+		MaxCandidates:     f.MaxCandidates,
+	})
 }
 
 // LoadBalancer gives Services of type LoadBalancer addresses from the IP pools.

@@ -69,6 +69,9 @@ Settings of its own are in the --cloud-config file, documented in docs/cloud-con
 		if cp.Name != provider.ProviderName {
 			return fmt.Errorf("--cloud-provider=%q: this binary runs only the %q provider; leave the flag out or set it to %q", cp.Name, provider.ProviderName, provider.ProviderName)
 		}
+		le := opts.Generic.LeaderElection
+		provider.LeaderElection.Enabled = le.LeaderElect
+		provider.LeaderElection.Namespace, provider.LeaderElection.Name = le.ResourceNamespace, le.ResourceName
 		if _, err := initCloud(cp.Name, cp.CloudConfigFile); err != nil {
 			// Plain text, not a log line: this is the operator's file and the message is the fix.
 			fmt.Fprintf(os.Stderr, "metalvip-cloud-controller-manager: %v\n", err)

@@ -2,6 +2,7 @@ package planner
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"testing"
@@ -242,5 +243,69 @@ func BenchmarkCompute10000VIPs100Nodes(b *testing.B) {
 	prev := Compute(nil, vips, nodes, Options{})
 	for b.Loop() {
 		Compute(prev, vips, nodes, Options{})
+	}
+}
+
+// TestIncrementalMatchesRules drives a Planner with random single changes and checks the plan
+// against the same rules as Compute, with balance allowed to drift only by what single
+// placements cause (a node change rebalances).
+func TestIncrementalMatchesRules(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		vips, nodes := genScenario(t)
+		p := New(Options{})
+		p.SetNodes(nodes)
+		current := map[netip.Addr]VIP{}
+		for _, v := range vips {
+			p.SetVIP(v)
+			current[v.Addr] = v
+		}
+		// A change of the nodes rebalances: the full rules hold.
+		_, nodes2 := genScenario(t)
+		p.SetNodes(nodes2)
+		list := make([]VIP, 0, len(current))
+		for _, v := range current {
+			list = append(list, v)
+		}
+		checkPlan(t, p.Plan(), list, nodes2)
+		// Single changes keep every placed node eligible and never touch other VIPs.
+		for i, v := range list {
+			before := maps.Clone(p.Plan())
+			if i%3 == 0 {
+				p.DeleteVIP(v.Addr)
+			} else {
+				v.Local = !v.Local
+				p.SetVIP(v)
+			}
+			for _, d := range Diff(before, p.Plan()) {
+				if d != v.Addr {
+					t.Fatalf("changing %s changed %s too", v.Addr, d)
+				}
+			}
+			if e, ok := p.Entry(v.Addr); ok {
+				elig := eligibleNodes(v, nodes2)
+				for _, n := range e.Nodes {
+					if !slices.Contains(elig, n) {
+						t.Fatalf("%s placed on ineligible %s", v.Addr, n)
+					}
+				}
+			}
+		}
+	})
+}
+
+func BenchmarkSetVIPWith10000Placed(b *testing.B) {
+	vips := vipsN(10000, L2)
+	p := New(Options{})
+	p.SetNodes(nodesN(100))
+	for _, v := range vips {
+		p.SetVIP(v)
+	}
+	i := 0
+	for b.Loop() {
+		v := vips[i%len(vips)]
+		v.Local = i%2 == 0
+		v.EndpointNodes = []string{"node-01", "node-02"}
+		p.SetVIP(v)
+		i++
 	}
 }

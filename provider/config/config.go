@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // APIVersion and Kind name the file format. Both are optional in a file; when given they must
@@ -28,6 +29,12 @@ const (
 
 // Defaults.
 const (
+	DefaultHeartbeatInterval  = 50 * time.Millisecond
+	DefaultHeartbeatMisses    = 3
+	DefaultHeartbeatPort      = 7473
+	DefaultKeySecret          = "kube-system/metalvip-heartbeat"
+	DefaultMaxCandidates      = 4
+	DefaultGratuitousRefresh  = 30 * time.Second
 	DefaultAgentPort          = 7472
 	DefaultAgentTimeout       = 5 * time.Second
 	DefaultPendingRetry       = 10 * time.Second
@@ -48,6 +55,9 @@ type Config struct {
 	// Allocation holds the timers of address allocation.
 	Allocation Allocation `yaml:"allocation"`
 
+	// Failover holds the settings of the agents' heartbeats and of L2 announcing.
+	Failover Failover `yaml:"failover"`
+
 	// InstanceTypeLabel names a Node label whose value becomes the node's instance type
 	// (node.kubernetes.io/instance-type). Empty: no instance type.
 	InstanceTypeLabel string `yaml:"instanceTypeLabel"`
@@ -66,6 +76,23 @@ type Agent struct {
 	Insecure bool `yaml:"insecure"`
 	// Timeout bounds a single call to an agent.
 	Timeout Duration `yaml:"timeout"`
+}
+
+// Failover holds the settings of L2 failover among the agents.
+type Failover struct {
+	// Interval between the heartbeats candidates exchange.
+	Interval Duration `yaml:"interval"`
+	// Misses: intervals without a heartbeat before a node counts as dead.
+	Misses int `yaml:"misses"`
+	// Port: the UDP port of the heartbeats, the same on every node.
+	Port int `yaml:"port"`
+	// KeySecret, "namespace/name": the Secret holding the heartbeats' HMAC key (created when
+	// missing; key "key" signs, key "previous" still verifies during a rotation).
+	KeySecret string `yaml:"keySecret"`
+	// MaxCandidates caps the ranked candidates of an L2 VIP.
+	MaxCandidates int `yaml:"maxCandidates"`
+	// GratuitousRefresh: how often owned L2 VIPs are announced again.
+	GratuitousRefresh Duration `yaml:"gratuitousRefresh"`
 }
 
 // Allocation holds the timers of address allocation.
@@ -151,6 +178,25 @@ func (c *Config) setDefaults() {
 	}
 	if c.Allocation.PoolStatusInterval.Duration == 0 {
 		c.Allocation.PoolStatusInterval.Duration = DefaultPoolStatusInterval
+	}
+	f := &c.Failover
+	if f.Interval.Duration == 0 {
+		f.Interval.Duration = DefaultHeartbeatInterval
+	}
+	if f.Misses == 0 {
+		f.Misses = DefaultHeartbeatMisses
+	}
+	if f.Port == 0 {
+		f.Port = DefaultHeartbeatPort
+	}
+	if f.KeySecret == "" {
+		f.KeySecret = DefaultKeySecret
+	}
+	if f.MaxCandidates == 0 {
+		f.MaxCandidates = DefaultMaxCandidates
+	}
+	if f.GratuitousRefresh.Duration == 0 {
+		f.GratuitousRefresh.Duration = DefaultGratuitousRefresh
 	}
 }
 
@@ -244,6 +290,30 @@ func (c *Config) validate(root *yaml.Node) error {
 		if d.v != 0 && d.v < d.min {
 			add(d.path, fmt.Sprintf("%s is too short; write at least %s", d.v, d.min))
 		}
+	}
+	fo := c.Failover
+	if fo.Interval.Duration != 0 && (fo.Interval.Duration < 10*time.Millisecond || fo.Interval.Duration > 10*time.Second) {
+		add("failover.interval", fmt.Sprintf("%s is out of range; write 10ms to 10s (default %s)", fo.Interval.Duration, DefaultHeartbeatInterval))
+	}
+	if fo.Misses < 0 || fo.Misses > 100 {
+		add("failover.misses", fmt.Sprintf("%d is out of range; write 2 to 100 (default %d)", fo.Misses, DefaultHeartbeatMisses))
+	} else if fo.Misses == 1 {
+		add("failover.misses", "1 would declare a node dead on a single lost packet; write at least 2")
+	}
+	if fo.Port < 0 || fo.Port > 65535 {
+		add("failover.port", fmt.Sprintf("%d is not a UDP port; write 1 to 65535 (default %d)", fo.Port, DefaultHeartbeatPort))
+	}
+	if fo.KeySecret != "" {
+		ns, name, ok := strings.Cut(fo.KeySecret, "/")
+		if !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {
+			add("failover.keySecret", fmt.Sprintf("%q is not namespace/name; write e.g. %q", fo.KeySecret, DefaultKeySecret))
+		}
+	}
+	if fo.MaxCandidates < 0 || fo.MaxCandidates == 1 || fo.MaxCandidates > 16 {
+		add("failover.maxCandidates", fmt.Sprintf("%d: write 2 to 16 (default %d); one candidate has no failover", fo.MaxCandidates, DefaultMaxCandidates))
+	}
+	if fo.GratuitousRefresh.Duration != 0 && fo.GratuitousRefresh.Duration < time.Second {
+		add("failover.gratuitousRefresh", fmt.Sprintf("%s is too short; write at least 1s", fo.GratuitousRefresh.Duration))
 	}
 	if a.Insecure && (a.CAFile != "" || a.CertFile != "" || a.KeyFile != "") {
 		add("agent.insecure", "insecure: true turns TLS off, so caFile, certFile and keyFile would be ignored; remove either insecure or the files")

@@ -1,0 +1,127 @@
+package planner
+
+import (
+	"net/netip"
+	"slices"
+)
+
+// Planner keeps a plan up to date one change at a time: a VIP added, changed or removed is
+// placed alone (O(N log N) for N nodes), without replanning the others; a change to the nodes
+// replans everything (Compute), keeping what balance allows. Not safe for concurrent use.
+type Planner struct {
+	opts   Options
+	nodes  []Node
+	byName map[string]*Node
+	vips   map[netip.Addr]VIP
+	plan   Plan
+	load   map[string]int
+}
+
+// New returns an empty planner.
+func New(opts Options) *Planner {
+	if opts.MaxCandidates <= 0 {
+		opts.MaxCandidates = 4
+	}
+	return &Planner{opts: opts, byName: map[string]*Node{}, vips: map[netip.Addr]VIP{}, plan: Plan{}, load: map[string]int{}}
+}
+
+// Entry returns a VIP's entry.
+func (p *Planner) Entry(a netip.Addr) (Entry, bool) {
+	e, ok := p.plan[a]
+	return e, ok
+}
+
+// Plan returns the whole plan; the caller must not change it.
+func (p *Planner) Plan() Plan { return p.plan }
+
+// SetNodes replaces the nodes and replans every VIP; it returns the VIPs whose entry changed.
+func (p *Planner) SetNodes(nodes []Node) []netip.Addr {
+	p.nodes = slices.Clone(nodes)
+	p.byName = make(map[string]*Node, len(p.nodes))
+	for i := range p.nodes {
+		p.byName[p.nodes[i].Name] = &p.nodes[i]
+	}
+	vips := make([]VIP, 0, len(p.vips))
+	for _, v := range p.vips {
+		vips = append(vips, v)
+	}
+	next := Compute(p.plan, vips, p.nodes, p.opts)
+	changed := Diff(p.plan, next)
+	p.plan = next
+	p.load = map[string]int{}
+	for _, e := range next {
+		if pr := e.Primary(); pr != "" {
+			p.load[pr]++
+		}
+	}
+	return changed
+}
+
+// SetVIP adds or changes one VIP and places it; it reports whether its entry changed.
+func (p *Planner) SetVIP(v VIP) bool {
+	p.vips[v.Addr] = v
+	old, had := p.plan[v.Addr]
+	next := p.place(v, old)
+	if had && old.Mode == next.Mode && slices.Equal(old.Nodes, next.Nodes) {
+		return false
+	}
+	if pr := old.Primary(); pr != "" {
+		p.load[pr]--
+	}
+	if pr := next.Primary(); pr != "" {
+		p.load[pr]++
+	}
+	p.plan[v.Addr] = next
+	return true
+}
+
+// DeleteVIP removes a VIP; it reports whether it was there.
+func (p *Planner) DeleteVIP(a netip.Addr) bool {
+	old, had := p.plan[a]
+	if !had {
+		return false
+	}
+	if pr := old.Primary(); pr != "" {
+		p.load[pr]--
+	}
+	delete(p.plan, a)
+	delete(p.vips, a)
+	return true
+}
+
+func (p *Planner) place(v VIP, old Entry) Entry {
+	names := eligibleNodes(v, p.nodes)
+	if v.Mode == BGP {
+		return Entry{Mode: BGP, Nodes: names}
+	}
+	e := Entry{Mode: L2}
+	if len(names) == 0 {
+		return e
+	}
+	vh := hashAddr(v.Addr)
+	cs := make([]cand, len(names))
+	for i, n := range names {
+		cs[i] = cand{name: n, score: mix(vh, hashString(n)), preferred: preferred(v, p.byName[n])}
+	}
+	primary := old.Primary()
+	if primary == "" || !slices.Contains(names, primary) {
+		// The VIP's own old primary does not count against its node when choosing anew.
+		load := p.load
+		if pr := old.Primary(); pr != "" {
+			load = maps1(p.load, pr)
+		}
+		primary = leastLoaded(cs, load).name
+	}
+	e.Nodes = append([]string{primary}, standbys(cs, primary, p.opts.MaxCandidates-1)...)
+	return e
+}
+
+// maps1 returns a copy of load with one less for node.
+func maps1(load map[string]int, node string) map[string]int {
+	out := make(map[string]int, len(load))
+	for k, v := range load {
+		out[k] = v
+	}
+	out[node]--
+	return out
+}
