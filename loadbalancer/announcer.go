@@ -82,7 +82,7 @@ type Announcer struct {
 	mu          sync.Mutex
 	planner     *planner.Planner
 	dirtyVIPs   map[netip.Addr]bool
-	dirtyAll    bool // nodes, reachability, pools or peers changed
+	dirtyAll    bool                  // nodes, reachability, pools or peers changed
 	announced   map[netip.Addr]string // last announcing summary per VIP, for Events
 	reachable   map[string]bool
 	kick        chan struct{}
