@@ -65,6 +65,7 @@ type agentConn struct {
 	client agentv1.AgentServiceClient
 	cancel context.CancelFunc
 	kick   chan struct{}
+	probe  chan struct{} // a broken Watch asks for a reachability check now
 
 	mu        sync.Mutex
 	desired   *agentv1.DesiredState // without term and generation
@@ -132,7 +133,8 @@ func (a *Agents) dial(node string, addr netip.Addr) (*agentConn, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(a.ctx)
-	c := &agentConn{node: node, addr: addr, conn: conn, client: agentv1.NewAgentServiceClient(conn), cancel: cancel, kick: make(chan struct{}, 1)}
+	c := &agentConn{node: node, addr: addr, conn: conn, client: agentv1.NewAgentServiceClient(conn), cancel: cancel,
+		kick: make(chan struct{}, 1), probe: make(chan struct{}, 1)}
 	go a.run(ctx, c)
 	go a.watch(ctx, c)
 	return c, nil
@@ -184,16 +186,20 @@ func (a *Agents) Applied(node string) (uint64, bool) {
 // run pushes the desired state until it is applied, and probes reachability when idle.
 func (a *Agents) run(ctx context.Context, c *agentConn) {
 	backoff := 200 * time.Millisecond
-	const maxBackoff = 30 * time.Second
+	const maxBackoff = 10 * time.Second
 	probe := time.NewTicker(10 * time.Second)
 	defer probe.Stop()
 	wait := time.Duration(0)
 	for {
 		if wait > 0 {
+			// A new state or a sign of life from the agent (its Watch stream reconnected)
+			// cuts the backoff short.
 			select {
 			case <-ctx.Done():
 				return
 			case <-time.After(wait):
+			case <-c.kick:
+			case <-c.probe:
 			}
 		}
 		c.mu.Lock()
@@ -211,6 +217,8 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 			case <-ctx.Done():
 				return
 			case <-c.kick:
+			case <-c.probe:
+				err = a.probe(ctx, c)
 			case <-probe.C:
 				err = a.probe(ctx, c)
 			}
@@ -299,9 +307,25 @@ func (a *Agents) watch(ctx context.Context, c *agentConn) {
 	for ctx.Err() == nil {
 		stream, err := c.client.Watch(ctx, &agentv1.WatchRequest{})
 		if err == nil {
+			if _, herr := stream.Header(); herr == nil {
+				// The agent answers, perhaps after a restart: push the state again (the same
+				// generation, a no-op if it has it) and check reachability now.
+				c.mu.Lock()
+				c.applied = nil
+				c.mu.Unlock()
+				select {
+				case c.probe <- struct{}{}:
+				default:
+				}
+			}
 			for {
 				resp, rerr := stream.Recv()
 				if rerr != nil {
+					// The agent may be gone: check now rather than at the next probe.
+					select {
+					case c.probe <- struct{}{}:
+					default:
+					}
 					break
 				}
 				backoff = 500 * time.Millisecond

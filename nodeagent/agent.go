@@ -154,7 +154,9 @@ func (a *Agent) Apply(ctx context.Context, req *agentv1.ApplyRequest) (*agentv1.
 				"term %d is older than the accepted term %d: another leader is in charge", st.GetTerm(), cur.GetTerm())
 		}
 		if st.GetTerm() == cur.GetTerm() && st.GetGeneration() <= cur.GetGeneration() {
-			// Idempotent: the generation (or a newer one) is applied already.
+			// Idempotent: the generation (or a newer one) is applied already. The leader is
+			// in touch, so the state is no longer only the one restored from disk.
+			a.restored = false
 			return &agentv1.ApplyResponse{Term: cur.GetTerm(), Generation: cur.GetGeneration(), Problems: slices.Clone(a.problems)}, nil
 		}
 	}

@@ -23,20 +23,24 @@ var LeaderElection struct {
 
 // term returns this leader's term: the acquire time of the leader Lease (a new leader acquires
 // it only after the old one's lease ran out, so terms grow), or, without leader election, the
-// process's start. Both are Unix seconds, so switching between the two keeps terms growing.
+// process's start. Both are Unix microseconds, so switching between the two keeps terms
+// growing, and a restart within the same second still gets a higher term.
 func term(ctx context.Context, client kubernetes.Interface, started time.Time) uint64 {
+	if started.IsZero() {
+		started = time.Now()
+	}
 	if !LeaderElection.Enabled {
-		return uint64(started.Unix())
+		return uint64(started.UnixMicro())
 	}
 	for {
 		lease, err := client.CoordinationV1().Leases(LeaderElection.Namespace).Get(ctx, LeaderElection.Name, metav1.GetOptions{})
 		if err == nil && lease.Spec.AcquireTime != nil {
-			return uint64(lease.Spec.AcquireTime.Unix())
+			return uint64(lease.Spec.AcquireTime.UnixMicro())
 		}
 		klog.ErrorS(err, "Reading the leader Lease for the term; retrying", "lease", LeaderElection.Namespace+"/"+LeaderElection.Name)
 		select {
 		case <-ctx.Done():
-			return uint64(started.Unix())
+			return uint64(started.UnixMicro())
 		case <-time.After(time.Second):
 		}
 	}

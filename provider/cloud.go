@@ -60,7 +60,8 @@ var (
 // New returns the provider for a parsed cloud-config.
 func New(cfg *config.Config) *Cloud {
 	return &Cloud{
-		cfg: cfg,
+		cfg:     cfg,
+		started: time.Now(),
 		// A FakeRecorder without a channel drops events until Initialize gives a real one.
 		instances: &instances{cfg: cfg, recorder: &record.FakeRecorder{}},
 	}

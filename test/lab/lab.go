@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -68,9 +69,10 @@ type Lab struct {
 	Dir    string // configuration, sockets and logs
 	Nodes  []*Host
 	Router *Host
-	Client *Host // on the segment
-	Remote *Host // behind the router
-	Switch *Host // holds the bridge; no addresses
+	Client  *Host // on the segment
+	Remote  *Host // behind the router
+	Control *Host // on the segment, for a control plane (the CCM) that must reach the agents
+	Switch  *Host // holds the bridge; no addresses
 
 	opts   Options
 	t      testing.TB
@@ -135,6 +137,7 @@ func New(t testing.TB, opts Options) *Lab {
 			netip.MustParseAddr(fmt.Sprintf("2001:db8:1::%d", 10+i))))
 	}
 	l.Client = l.host("client", netip.MustParseAddr("198.51.100.100"), netip.MustParseAddr("2001:db8:1::100"))
+	l.Control = l.host("control", netip.MustParseAddr("198.51.100.2"), netip.MustParseAddr("2001:db8:1::2"))
 	l.Remote = l.host("remote", netip.MustParseAddr("198.51.100.130"), netip.MustParseAddr("2001:db8:2::2"))
 
 	// The reaper comes first, so that whatever happens next is undone.
@@ -155,7 +158,7 @@ func (l *Lab) host(name string, v4, v6 netip.Addr) *Host {
 
 // Hosts returns every namespace of the lab.
 func (l *Lab) Hosts() []*Host {
-	hs := []*Host{l.Switch, l.Router, l.Client, l.Remote}
+	hs := []*Host{l.Switch, l.Router, l.Client, l.Remote, l.Control}
 	return append(hs, l.Nodes...)
 }
 
@@ -242,7 +245,7 @@ func (l *Lab) build() error {
 	if err := ip("-n", l.Switch.NS, "link", "set", "br0", "up"); err != nil {
 		return err
 	}
-	segment := append([]*Host{l.Router, l.Client}, l.Nodes...)
+	segment := append([]*Host{l.Router, l.Client, l.Control}, l.Nodes...)
 	for _, h := range segment {
 		port := "p-" + h.Name
 		if err := ip("-n", l.Switch.NS, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", h.NS); err != nil {
@@ -292,7 +295,7 @@ func (l *Lab) build() error {
 
 	// Routes. Nodes and the client reach the rest through the router; the client reaches VIPs
 	// on-link (it ARPs for them), the remote client only through the router.
-	for _, h := range append([]*Host{l.Client}, l.Nodes...) {
+	for _, h := range append([]*Host{l.Client, l.Control}, l.Nodes...) {
 		if err := h.defaultRoutes("198.51.100.1", "2001:db8:1::1"); err != nil {
 			return err
 		}
@@ -481,6 +484,43 @@ func (h *Host) Do(fn func() error) error {
 		errc <- err
 	}()
 	return <-errc
+}
+
+// Forward listens on listen (such as "127.0.0.1:6443") inside the host's namespace and
+// relays every connection to target, dialled from the test binary's own namespace: a process
+// in the lab reaches a server outside it (the test's API server) without any route out of the
+// lab. It stops when the test ends.
+func (h *Host) Forward(t testing.TB, listen, target string) {
+	t.Helper()
+	var lis net.Listener
+	if err := h.Do(func() error {
+		var err error
+		lis, err = net.Listen("tcp", listen)
+		return err
+	}); err != nil {
+		t.Fatalf("forward on %s in %s: %v", listen, h.Name, err)
+	}
+	t.Cleanup(func() { lis.Close() })
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				d, err := net.DialTimeout("tcp", target, 5*time.Second)
+				if err != nil {
+					return
+				}
+				defer d.Close()
+				done := make(chan struct{}, 2)
+				go func() { _, _ = io.Copy(d, c); done <- struct{}{} }()
+				go func() { _, _ = io.Copy(c, d); done <- struct{}{} }()
+				<-done
+			}()
+		}
+	}()
 }
 
 // Start starts a long-running process in the host's namespace. It is stopped (SIGTERM, then
