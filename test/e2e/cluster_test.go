@@ -230,7 +230,9 @@ func (c *cluster) object(res interface{ String() string }, name, spec string) {
 
 type svcOpt func(*corev1.Service)
 
-func local(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal }
+func local(s *corev1.Service) {
+	s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+}
 func inPool(p string) svcOpt {
 	return func(s *corev1.Service) { s.Annotations = map[string]string{string(annotation.Pool): p} }
 }
@@ -402,4 +404,3 @@ func (c *cluster) revive(node string) {
 	_, _ = a.host.Run(c.ctx, "ip", "route", "replace", "default", "via", "198.51.100.1")
 	c.startAgent(a)
 }
-

@@ -65,10 +65,10 @@ type Options struct {
 
 // Lab is a running lab.
 type Lab struct {
-	ID     string // short random id that prefixes every namespace
-	Dir    string // configuration, sockets and logs
-	Nodes  []*Host
-	Router *Host
+	ID      string // short random id that prefixes every namespace
+	Dir     string // configuration, sockets and logs
+	Nodes   []*Host
+	Router  *Host
 	Client  *Host // on the segment
 	Remote  *Host // behind the router
 	Control *Host // on the segment, for a control plane (the CCM) that must reach the agents
