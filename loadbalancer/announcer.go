@@ -84,6 +84,7 @@ type Announcer struct {
 	dirtyVIPs   map[netip.Addr]bool
 	dirtyAll    bool                  // nodes, reachability, pools or peers changed
 	announced   map[netip.Addr]string // last announcing summary per VIP, for Events
+	primaries   map[netip.Addr]string // last primary per L2 VIP, for the why of Events
 	reachable   map[string]bool
 	kick        chan struct{}
 	lastPushed  map[string]*agentv1.DesiredState
@@ -100,6 +101,7 @@ func NewAnnouncer(cfg AnnouncerConfig) *Announcer {
 		planner:     planner.New(planner.Options{MaxCandidates: cfg.MaxCandidates}),
 		dirtyVIPs:   map[netip.Addr]bool{},
 		announced:   map[netip.Addr]string{},
+		primaries:   map[netip.Addr]string{},
 		reachable:   map[string]bool{},
 		kick:        make(chan struct{}, 1),
 		lastPushed:  map[string]*agentv1.DesiredState{},
@@ -397,6 +399,7 @@ func (a *Announcer) announceEvents(changed []netip.Addr, plan planner.Plan, vipS
 		e, ok := plan[ip]
 		if !ok {
 			delete(a.announced, ip)
+			delete(a.primaries, ip)
 			continue
 		}
 		var msg string
@@ -408,6 +411,14 @@ func (a *Announcer) announceEvents(changed []netip.Addr, plan planner.Plan, vipS
 			if len(e.Nodes) > 1 {
 				msg += ", standby " + strings.Join(e.Nodes[1:], ", ")
 			}
+			switch prev := a.primaries[ip]; {
+			case prev == "" || prev == e.Nodes[0]:
+			case !slices.Contains(e.Nodes, prev):
+				msg += fmt.Sprintf(" (was %s, which may no longer announce it: excluded, its agent unreachable, or no local endpoint)", prev)
+			default:
+				msg += fmt.Sprintf(" (was %s; moved to keep the nodes balanced)", prev)
+			}
+			a.primaries[ip] = e.Nodes[0]
 		default:
 			msg = fmt.Sprintf("%s (BGP) is advertised by %s", ip, strings.Join(e.Nodes, ", "))
 		}
@@ -472,6 +483,11 @@ func (a *Announcer) vipsFromServices(pools map[string]*v1alpha1.IPPool) (map[net
 					if sel := pool.Spec.Announce.NodeSelector; sel != nil {
 						if ls, err := metav1.LabelSelectorAsSelector(sel); err == nil {
 							v.NodeSelector = selector{ls}
+						}
+					}
+					if sel := pool.Spec.Announce.PreferredNodeSelector; sel != nil {
+						if ls, err := metav1.LabelSelectorAsSelector(sel); err == nil {
+							v.Preferred = selector{ls}
 						}
 					}
 				}

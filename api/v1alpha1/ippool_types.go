@@ -142,6 +142,12 @@ type Announce struct {
 	// +optional
 	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
 
+	// PreferredNodeSelector picks nodes that win ties when L2 addresses are spread over the
+	// nodes (a pool of nodes for high-traffic Services). Balance still comes first.
+	//
+	// +optional
+	PreferredNodeSelector *metav1.LabelSelector `json:"preferredNodeSelector,omitempty"`
+
 	// L2 options; only with mode L2.
 	//
 	// +optional

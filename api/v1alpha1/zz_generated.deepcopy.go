@@ -17,6 +17,11 @@ func (in *Announce) DeepCopyInto(out *Announce) {
 		*out = new(v1.LabelSelector)
 		(*in).DeepCopyInto(*out)
 	}
+	if in.PreferredNodeSelector != nil {
+		in, out := &in.PreferredNodeSelector, &out.PreferredNodeSelector
+		*out = new(v1.LabelSelector)
+		(*in).DeepCopyInto(*out)
+	}
 	if in.L2 != nil {
 		in, out := &in.L2, &out.L2
 		*out = new(L2Announce)
