@@ -7,7 +7,7 @@ GO        ?= go
 TOOL      := $(GO) tool -modfile=hack/tools/go.mod
 VERSION   ?= $(shell git describe --tags --match 'v*' --dirty 2>/dev/null || echo v0.0.0-$$(git rev-parse --short HEAD 2>/dev/null || echo unknown))
 LDFLAGS   := -X k8s.io/component-base/version.gitVersion=$(VERSION)
-BINARIES  := metalvip-cloud-controller-manager
+BINARIES  := metalvip-cloud-controller-manager metalvip-agent metalvipctl
 # Whole packages run in parallel; the e2e and lab packages bound their own times.
 TEST_FLAGS ?= -count=1 -timeout 40m
 
