@@ -72,7 +72,7 @@ func heartbeatKeys(ctx context.Context, client kubernetes.Interface, ref string)
 			return nil, fmt.Errorf("read Secret %s: %w", ref, err)
 		}
 		if len(s.Data["key"]) < 16 {
-			return nil, fmt.Errorf("Secret %s: key \"key\" must hold at least 16 bytes", ref)
+			return nil, fmt.Errorf("secret %s: key \"key\" must hold at least 16 bytes", ref)
 		}
 		keys := [][]byte{s.Data["key"]}
 		if prev := s.Data["previous"]; len(prev) > 0 {
@@ -80,5 +80,5 @@ func heartbeatKeys(ctx context.Context, client kubernetes.Interface, ref string)
 		}
 		return keys, nil
 	}
-	return nil, fmt.Errorf("Secret %s: could not create or read it", ref)
+	return nil, fmt.Errorf("secret %s: could not create or read it", ref)
 }
