@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,7 +21,7 @@ var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Ver
 
 // InstallCRDs creates the CRDs in the repository's manifests/crds (once per server) and waits
 // until the API server serves them.
-func (s *Server) InstallCRDs(t testing.TB) {
+func (s *Server) InstallCRDs(t testenv.TB) {
 	t.Helper()
 	s.crdOnce.Do(func() { s.crdErr = s.installCRDs() })
 	if s.crdErr != nil {

@@ -96,9 +96,9 @@ func Main(m *testing.M) {
 
 // Get returns the package's shared server, starting it on first use. Without the binaries it
 // skips the test (fails it under METALVIP_REQUIRE_LAB=1).
-func Get(t testing.TB) *Server {
+func Get(t testenv.TB) *Server {
 	t.Helper()
-	if testing.Short() {
+	if testing.Testing() && testing.Short() {
 		t.Skip("needs a kube-apiserver; not run with -short")
 	}
 	mu.Lock()
@@ -323,7 +323,7 @@ func (s *Server) Stop() {
 }
 
 // Namespace creates a namespace for one test and deletes it when the test ends.
-func (s *Server) Namespace(t testing.TB) string {
+func (s *Server) Namespace(t testenv.TB) string {
 	t.Helper()
 	name := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
 	if len(name) > 40 {
@@ -342,7 +342,7 @@ func (s *Server) Namespace(t testing.TB) string {
 
 // Kubeconfig writes a kubeconfig for cfg (the admin configuration when cfg is nil) into a
 // test's temporary folder and returns its path.
-func (s *Server) Kubeconfig(t testing.TB, cfg *rest.Config) string {
+func (s *Server) Kubeconfig(t testenv.TB, cfg *rest.Config) string {
 	t.Helper()
 	if cfg == nil {
 		cfg = s.Config

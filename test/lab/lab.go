@@ -32,7 +32,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -75,7 +74,7 @@ type Lab struct {
 	Switch  *Host // holds the bridge; no addresses
 
 	opts   Options
-	t      testing.TB
+	t      testenv.TB
 	reaper *exec.Cmd
 	pipe   io.WriteCloser
 	procs  []*testenv.Proc
@@ -95,7 +94,7 @@ const NamespacePrefix = "mvlab-"
 
 // New builds a lab; it is removed when the test ends. It skips the test when not root (fails
 // it under METALVIP_REQUIRE_LAB=1) and fails it when FRR or iproute2 are missing.
-func New(t testing.TB, opts Options) *Lab {
+func New(t testenv.TB, opts Options) *Lab {
 	t.Helper()
 	testenv.RequireRoot(t)
 	for _, bin := range []string{"ip", "/usr/lib/frr/zebra", "/usr/lib/frr/bgpd", "/usr/lib/frr/bfdd", "vtysh"} {
@@ -127,7 +126,7 @@ func New(t testing.TB, opts Options) *Lab {
 	l := &Lab{ID: hex.EncodeToString(b), opts: opts, t: t}
 	var err error
 	if l.Dir, err = os.MkdirTemp("", "metalvip-lab-"+l.ID+"-"); err != nil {
-		t.Fatal(err)
+		t.Fatalf("lab: %v", err)
 	}
 	l.Switch = l.host("switch", netip.Addr{}, netip.Addr{})
 	l.Router = l.host("router", netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("2001:db8:1::1"))
@@ -490,7 +489,7 @@ func (h *Host) Do(fn func() error) error {
 // relays every connection to target, dialled from the test binary's own namespace: a process
 // in the lab reaches a server outside it (the test's API server) without any route out of the
 // lab. It stops when the test ends.
-func (h *Host) Forward(t testing.TB, listen, target string) {
+func (h *Host) Forward(t testenv.TB, listen, target string) {
 	t.Helper()
 	var lis net.Listener
 	if err := h.Do(func() error {
@@ -525,7 +524,7 @@ func (h *Host) Forward(t testing.TB, listen, target string) {
 
 // Start starts a long-running process in the host's namespace. It is stopped (SIGTERM, then
 // SIGKILL) when the test ends or the lab is torn down, whichever comes first.
-func (h *Host) Start(t testing.TB, name, bin string, args ...string) *testenv.Proc {
+func (h *Host) Start(t testenv.TB, name, bin string, args ...string) *testenv.Proc {
 	t.Helper()
 	p := testenv.StartProc(t, h.Name+"-"+name, h.Command(context.Background(), bin, args...))
 	h.lab.procs = append(h.lab.procs, p)

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 )
 
@@ -21,7 +20,7 @@ type Proc struct {
 
 // StartProc starts cmd, logging to a file in the test's temporary folder. When the test ends
 // the process is stopped, and if the test failed the end of its log is printed.
-func StartProc(t testing.TB, name string, cmd *exec.Cmd) *Proc {
+func StartProc(t TB, name string, cmd *exec.Cmd) *Proc {
 	t.Helper()
 	p := &Proc{Name: name, Cmd: cmd, Log: filepath.Join(t.TempDir(), name+".log"), done: make(chan struct{})}
 	f, err := os.Create(p.Log)

@@ -12,7 +12,6 @@ import (
 	"runtime"
 	"sync"
 	"syscall"
-	"testing"
 )
 
 // RequireEnv names the variable that turns every would-be skip into a failure. CI sets it, so a
@@ -23,7 +22,7 @@ const RequireEnv = "METALVIP_REQUIRE_LAB"
 func Required() bool { return os.Getenv(RequireEnv) == "1" }
 
 // Skip skips t with the reason, or fails it when METALVIP_REQUIRE_LAB=1.
-func Skip(t testing.TB, format string, args ...any) {
+func Skip(t TB, format string, args ...any) {
 	t.Helper()
 	msg := fmt.Sprintf(format, args...)
 	if Required() {
@@ -33,9 +32,9 @@ func Skip(t testing.TB, format string, args ...any) {
 }
 
 // RequireRoot skips (or fails, see Skip) a test that needs root.
-func RequireRoot(t testing.TB) {
+func RequireRoot(t TB) {
 	t.Helper()
-	if testing.Short() {
+	if short() {
 		t.Skip("needs root and network namespaces; not run with -short")
 	}
 	if os.Geteuid() != 0 {

@@ -1,0 +1,477 @@
+// Package cluster assembles metalvip whole in the lab for end-to-end tests and the demo: a real
+// kube-apiserver, the CCM binary in the lab's control namespace (reaching the API server
+// through a relay), an agent binary in every node namespace with mutual TLS, pools and a BGP
+// peer, and helpers to create Services and watch the wire.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/mdlayher/arp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
+
+	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/internal/annotation"
+	"github.com/metalvip/metalvip/internal/certs"
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/kubeapi"
+	"github.com/metalvip/metalvip/test/lab"
+	"github.com/metalvip/metalvip/test/testenv"
+)
+
+// Options shape a cluster.
+type Options struct {
+	Nodes       int // default 3
+	ClientAddrs int // extra addresses on the client (lab.Options)
+	// CCMBinary and AgentBinary are the built binaries (see Build).
+	CCMBinary, AgentBinary string
+}
+
+// Build builds the CCM and agent binaries into dir.
+func Build(dir string) (ccm, agent string, err error) {
+	if ccm, err = testenv.GoBuild(dir, "./cmd/metalvip-cloud-controller-manager"); err != nil {
+		return "", "", err
+	}
+	agent, err = testenv.GoBuild(dir, "./cmd/metalvip-agent")
+	return ccm, agent, err
+}
+
+// Cluster is a whole metalvip installation in the lab.
+type Cluster struct {
+	// T is the test (or subtest) running now: assertions go to it. Root built the cluster:
+	// processes live as long as it.
+	T      testenv.TB
+	Root   testenv.TB
+	Srv    *kubeapi.Server
+	Dyn    dynamic.Interface
+	Lab    *lab.Lab
+	NS     string // the namespace of the cluster's Services and pools
+	CCM    *testenv.Proc
+	Agents map[string]*Agent
+	MACs   map[string]string // MAC to node name
+	PKI    string            // folder of the CA and certificates
+	opts   Options
+	ccmCfg string
+	kcfg   string
+	ctx    context.Context
+}
+
+type Agent struct {
+	Host   *lab.Host
+	Proc   *testenv.Proc
+	State  string // the agent's --state-dir
+	Client agentv1.AgentServiceClient
+}
+
+// New builds the lab and the API objects: the nodes, an agent on each, the CCM, an L2 pool
+// ("l2-<namespace>", 203.0.113.0/27) and a BGP pool ("bgp-<namespace>", 203.0.113.64/27,
+// only by name) for a fresh namespace, and the router as BGP peer.
+func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
+	t.Helper()
+	if opts.Nodes == 0 {
+		opts.Nodes = 3
+	}
+	srv.InstallCRDs(t)
+	l := lab.New(t, lab.Options{Nodes: opts.Nodes, ClientAddrs: opts.ClientAddrs})
+	dyn, err := dynamic.NewForConfig(srv.Config)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	c := &Cluster{T: t, Root: t, Srv: srv, Dyn: dyn, Lab: l, Agents: map[string]*Agent{}, MACs: map[string]string{}, opts: opts, ctx: context.Background()}
+	c.NS = srv.Namespace(t)
+	c.writePKI()
+	for _, n := range l.Nodes {
+		c.createNode(n)
+		c.MACs[MACOf(t, n)] = n.Name
+		a := &Agent{Host: n, State: filepath.Join(t.TempDir(), "state")}
+		c.Agents[n.Name] = a
+		c.StartAgent(a)
+	}
+	// The CCM runs in the lab's control namespace and reaches the API server through a relay.
+	u := strings.TrimPrefix(srv.URL, "https://")
+	l.Control.Forward(t, "127.0.0.1:16443", u)
+	cfg := rest.CopyConfig(srv.Config)
+	cfg.Host = "https://127.0.0.1:16443"
+	c.kcfg = srv.Kubeconfig(t, cfg)
+	c.ccmCfg = filepath.Join(t.TempDir(), "cloud-config.yaml")
+	if err := os.WriteFile(c.ccmCfg, fmt.Appendf(nil, `
+agent:
+  port: 7472
+  caFile: %[1]s/ca.crt
+  certFile: %[1]s/ccm.crt
+  keyFile: %[1]s/ccm.key
+  timeout: 2s
+failover:
+  interval: 50ms
+  misses: 3
+  keySecret: %[2]s/metalvip-heartbeat
+allocation:
+  pendingRetry: 1s
+  poolStatusInterval: 200ms
+`, c.PKI, c.NS), 0o600); err != nil {
+		t.Fatalf("%v", err)
+	}
+	c.StartCCM()
+	c.Object(v1alpha1.IPPoolResource, "l2-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.0/27"], serviceAllocation: {namespaces: [%s]}}`, c.NS))
+	c.Object(v1alpha1.IPPoolResource, "bgp-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.64/27"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {mode: BGP}}`, c.NS))
+	c.Object(v1alpha1.BGPPeerResource, "router-"+c.NS, `{address: 198.51.100.1, peerASN: 64496, myASN: 64497, bfd: {enabled: true, minRxMilliseconds: 100, minTxMilliseconds: 100, multiplier: 3}}`)
+	return c
+}
+
+func (c *Cluster) writePKI() {
+	c.PKI = c.T.TempDir()
+	ca, err := certs.NewCA("metalvip-ca", time.Hour)
+	if err != nil {
+		c.T.Fatalf("%v", err)
+	}
+	write := func(name string, p certs.Pair) {
+		for ext, data := range map[string][]byte{".crt": p.Cert, ".key": p.Key} {
+			if err := os.WriteFile(filepath.Join(c.PKI, name+ext), data, 0o600); err != nil {
+				c.T.Fatalf("%v", err)
+			}
+		}
+	}
+	write("ca", ca)
+	ccm, _ := certs.Issue(ca, certs.CCMName, certs.Client, time.Hour)
+	write("ccm", ccm)
+	for _, n := range c.Lab.Nodes {
+		p, _ := certs.Issue(ca, n.Name, certs.Server, time.Hour)
+		write(n.Name, p)
+	}
+}
+
+func (c *Cluster) createNode(h *lab.Host) {
+	nodes := c.Srv.Client.CoreV1().Nodes()
+	n, err := nodes.Create(c.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: h.Name}}, metav1.CreateOptions{})
+	if err != nil {
+		c.T.Fatalf("create node %s: %v", h.Name, err)
+	}
+	c.T.Cleanup(func() { _ = nodes.Delete(context.Background(), h.Name, metav1.DeleteOptions{}) })
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: h.IPv4.String()}, {Type: corev1.NodeHostName, Address: h.Name}}
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now()}}
+	if _, err := nodes.UpdateStatus(c.ctx, n, metav1.UpdateOptions{}); err != nil {
+		c.T.Fatalf("%v", err)
+	}
+}
+
+func (c *Cluster) StartAgent(a *Agent) {
+	h := a.Host
+	a.Proc = h.Start(c.Root, "agent", c.opts.AgentBinary,
+		"--node-name", h.Name, "--listen-address", netip.AddrPortFrom(h.IPv4, 7472).String(),
+		"--state-dir", a.State, "--interfaces", "eth0",
+		"--tls-ca", filepath.Join(c.PKI, "ca.crt"), "--tls-cert", filepath.Join(c.PKI, h.Name+".crt"), "--tls-key", filepath.Join(c.PKI, h.Name+".key"),
+		"--v", "2")
+	if a.Client == nil {
+		cfg, err := certs.ClientConfig(certs.Files{CA: filepath.Join(c.PKI, "ca.crt"), Cert: filepath.Join(c.PKI, "ccm.crt"), Key: filepath.Join(c.PKI, "ccm.key")}, h.Name)
+		if err != nil {
+			c.T.Fatalf("%v", err)
+		}
+		dial := func(ctx context.Context, addr string) (net.Conn, error) {
+			var conn net.Conn
+			err := h.Do(func() error {
+				var d net.Dialer
+				var err error
+				conn, err = d.DialContext(ctx, "tcp", addr)
+				return err
+			})
+			return conn, err
+		}
+		conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(h.IPv4, 7472).String(),
+			grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dial))
+		if err != nil {
+			c.T.Fatalf("%v", err)
+		}
+		c.Root.Cleanup(func() { conn.Close() })
+		a.Client = agentv1.NewAgentServiceClient(conn)
+	}
+}
+
+func (c *Cluster) StartCCM() {
+	c.CCM = c.Lab.Control.Start(c.Root, "ccm", c.opts.CCMBinary,
+		"--kubeconfig", c.kcfg, "--cloud-config", c.ccmCfg,
+		"--leader-elect=false", "--secure-port=0", "--controllers=service-lb-controller", "--v=2")
+}
+
+func (c *Cluster) Object(res interface{ String() string }, name, spec string) {
+	c.T.Helper()
+	var s map[string]any
+	if err := yaml.Unmarshal([]byte(spec), &s); err != nil {
+		c.T.Fatalf("%v", err)
+	}
+	gvr := v1alpha1.IPPoolResource
+	kind := "IPPool"
+	if res == v1alpha1.BGPPeerResource {
+		gvr, kind = v1alpha1.BGPPeerResource, "BGPPeer"
+	}
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(), "kind": kind, "metadata": map[string]any{"name": name}, "spec": s,
+	}}
+	if _, err := c.Dyn.Resource(gvr).Create(c.ctx, obj, metav1.CreateOptions{}); err != nil {
+		c.T.Fatalf("create %s %s: %v", kind, name, err)
+	}
+	c.T.Cleanup(func() { _ = c.Dyn.Resource(gvr).Delete(context.Background(), name, metav1.DeleteOptions{}) })
+}
+
+type SvcOpt func(*corev1.Service)
+
+func Local(s *corev1.Service) {
+	s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+}
+func InPool(p string) SvcOpt {
+	return func(s *corev1.Service) { s.Annotations = map[string]string{string(annotation.Pool): p} }
+}
+
+// service creates a LoadBalancer Service and waits for its address.
+func (c *Cluster) Service(name string, opts ...SvcOpt) netip.Addr {
+	c.T.Helper()
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: c.NS, Name: name},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": name},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	if _, err := c.Srv.Client.CoreV1().Services(c.NS).Create(c.ctx, s, metav1.CreateOptions{}); err != nil {
+		c.T.Fatalf("%v", err)
+	}
+	var ip netip.Addr
+	Eventually(c.T, 30*time.Second, name+" gets an address", func() bool {
+		got, err := c.Srv.Client.CoreV1().Services(c.NS).Get(c.ctx, name, metav1.GetOptions{})
+		if err != nil || len(got.Status.LoadBalancer.Ingress) == 0 {
+			return false
+		}
+		ip, err = netip.ParseAddr(got.Status.LoadBalancer.Ingress[0].IP)
+		return err == nil
+	})
+	return ip
+}
+
+// endpoints sets the Service's ready endpoints to one pod on each of nodes.
+func (c *Cluster) Endpoints(svc string, nodes ...string) {
+	c.T.Helper()
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: c.NS, Name: svc + "-slice", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080)), Protocol: ptr(corev1.ProtocolTCP)}},
+	}
+	for i, n := range nodes {
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
+			Addresses: []string{fmt.Sprintf("10.244.%d.%d", i, 10+i)}, NodeName: ptr(n),
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)},
+		})
+	}
+	slices := c.Srv.Client.DiscoveryV1().EndpointSlices(c.NS)
+	old, err := slices.Get(c.ctx, es.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = slices.Create(c.ctx, es, metav1.CreateOptions{})
+	case err == nil:
+		es.ResourceVersion = old.ResourceVersion
+		_, err = slices.Update(c.ctx, es, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		c.T.Fatalf("%v", err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// owner returns the node whose agent answers ARP for vip at the client, or "".
+func (c *Cluster) Owner(vip netip.Addr) string {
+	return c.MACs[WhoAnswers(c.T, c.Lab.Client, vip)]
+}
+
+func (c *Cluster) WaitOwner(vip netip.Addr, want string, timeout time.Duration) {
+	c.T.Helper()
+	Eventually(c.T, timeout, fmt.Sprintf("%s answered by %s", vip, want), func() bool { return c.Owner(vip) == want })
+}
+
+// eventually polls cond every 20 ms for up to timeout and returns how long it took.
+func Eventually(t testenv.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			t.Fatalf("%s: not within %s", what, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func MACOf(t testenv.TB, h *lab.Host) string {
+	t.Helper()
+	var mac string
+	if err := h.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err == nil {
+			mac = ifi.HardwareAddr.String()
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("%v", err)
+	}
+	return mac
+}
+
+// whoAnswers asks for vip by ARP from the client and returns the MAC that answered, or "".
+func WhoAnswers(t testenv.TB, client *lab.Host, vip netip.Addr) string {
+	t.Helper()
+	var c *arp.Client
+	if err := client.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		c, err = arp.Dial(ifi)
+		return err
+	}); err != nil {
+		t.Fatalf("%v", err)
+	}
+	defer c.Close()
+	if err := c.Request(vip); err != nil {
+		t.Fatalf("%v", err)
+	}
+	deadline := time.Now().Add(500 * time.Millisecond)
+	_ = c.SetReadDeadline(deadline)
+	for time.Now().Before(deadline) {
+		p, _, err := c.Read()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return ""
+			}
+			continue
+		}
+		if p.Operation == arp.OperationReply && p.SenderIP == vip {
+			return p.SenderHardwareAddr.String()
+		}
+	}
+	return ""
+}
+
+// nextHops returns the next hops of the router's kernel route to vip, sorted.
+func (c *Cluster) NextHops(vip netip.Addr) []string {
+	out, err := c.Lab.Router.Run(context.Background(), "ip", "route", "show", vip.String())
+	if err != nil {
+		c.T.Fatalf("%v", err)
+	}
+	var hops []string
+	for _, f := range strings.Fields(string(out)) {
+		if a, err := netip.ParseAddr(f); err == nil && a != vip {
+			hops = append(hops, a.String())
+		}
+	}
+	slices.Sort(hops)
+	return slices.Compact(hops)
+}
+
+// kill takes a node off the segment (link down) and kills its agent: a node dying hard.
+func (c *Cluster) Kill(node string) {
+	c.T.Helper()
+	a := c.Agents[node]
+	if _, err := a.Host.Run(c.ctx, "ip", "link", "set", "eth0", "down"); err != nil {
+		c.T.Fatalf("%v", err)
+	}
+	a.Proc.Kill()
+}
+
+// revive brings a killed node back: link up, agent started on its saved state.
+func (c *Cluster) Revive(node string) {
+	c.T.Helper()
+	a := c.Agents[node]
+	if _, err := a.Host.Run(c.ctx, "ip", "link", "set", "eth0", "up"); err != nil {
+		c.T.Fatalf("%v", err)
+	}
+	// Link down removed the default route.
+	_, _ = a.Host.Run(c.ctx, "ip", "route", "replace", "default", "via", "198.51.100.1")
+	c.StartAgent(a)
+}
+
+// Failover kills victim while the client probes vip every 10 ms and returns the outage seen.
+func (c *Cluster) Failover(vip netip.Addr, victim string) time.Duration {
+	c.T.Helper()
+	probe, err := c.Lab.Client.Probe(vip, 10*time.Millisecond, 6000)
+	if err != nil {
+		c.T.Fatalf("%v", err)
+	}
+	Eventually(c.T, 5*time.Second, "the probe is answered before the kill", probe.Answered)
+	killed := time.Now()
+	c.Kill(victim)
+	Eventually(c.T, 5*time.Second, "the client is answered again", func() bool {
+		return time.Since(killed) > 200*time.Millisecond && probe.Answered()
+	})
+	probe.Stop()
+	d, _ := probe.Outage(killed.Add(-20 * time.Millisecond))
+	if d > 5*time.Second {
+		c.T.Errorf("outage %s over the 5s bound", d)
+	}
+	if now := c.Owner(vip); now == victim || now == "" {
+		c.T.Errorf("after %s died, %q answers %s", victim, now, vip)
+	}
+	return d
+}
+
+func (c *Cluster) Owners(vips []netip.Addr) map[netip.Addr]string {
+	out := map[netip.Addr]string{}
+	for _, v := range vips {
+		out[v] = c.Owner(v)
+	}
+	return out
+}
+
+func ValuesOf(m map[netip.Addr]string) []string {
+	var out []string
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
+
+func SameOwners(a, b map[netip.Addr]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// events returns the messages of a Service's Events of reason, one a line.
+func (c *Cluster) Events(name, reason string) string {
+	l, err := c.Srv.Client.CoreV1().Events(c.NS).List(c.ctx, metav1.ListOptions{
+		FieldSelector: fields.Set{"involvedObject.name": name, "reason": reason}.String(),
+	})
+	if err != nil {
+		return ""
+	}
+	var b strings.Builder
+	for _, e := range l.Items {
+		b.WriteString(e.Message + "\n")
+	}
+	return b.String()
+}
