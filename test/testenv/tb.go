@@ -33,7 +33,6 @@ type Main struct {
 	mu       sync.Mutex
 	cleanups []func()
 	failed   bool
-	dirs     []string
 }
 
 // NewMain returns a TB for a program called name.
