@@ -20,6 +20,10 @@ build: ## Build the binaries into bin/.
 	@mkdir -p bin
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINARIES))
 
+.PHONY: demo
+demo: deps ## The lab demonstration (as root): the whole system, a table of who answers what, a failover. KEEP=1 keeps it up.
+	$(GO) run ./test/demo
+
 .PHONY: deps
 deps: ## Install what the tests need: Debian packages and the kube-apiserver build (idempotent).
 	hack/install-deps.sh

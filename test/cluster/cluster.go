@@ -132,7 +132,7 @@ allocation:
 		t.Fatalf("%v", err)
 	}
 	c.StartCCM()
-	c.Object(v1alpha1.IPPoolResource, "l2-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.0/27"], serviceAllocation: {namespaces: [%s]}}`, c.NS))
+	c.Object(v1alpha1.IPPoolResource, "l2-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.0/27"], avoidBuggyIPs: true, serviceAllocation: {namespaces: [%s]}}`, c.NS))
 	c.Object(v1alpha1.IPPoolResource, "bgp-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.64/27"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {mode: BGP}}`, c.NS))
 	c.Object(v1alpha1.BGPPeerResource, "router-"+c.NS, `{address: 198.51.100.1, peerASN: 64496, myASN: 64497, bfd: {enabled: true, minRxMilliseconds: 100, minTxMilliseconds: 100, multiplier: 3}}`)
 	return c

@@ -1,0 +1,205 @@
+// Command demo is `make demo`: it brings metalvip up whole in a network lab on this machine (a
+// real kube-apiserver, the CCM, an agent on each of three node namespaces, FRR as the site's
+// router, a client on the segment and one behind the router, an HTTP server on every node that
+// answers with its name), creates pools and Services, shows who announces what and who
+// answers, kills the owner of an L2 address and shows the outage a client saw, then tears it
+// all down. KEEP=1 leaves it up until Ctrl-C. Run as root.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/kubeapi"
+	"github.com/metalvip/metalvip/test/lab"
+	"github.com/metalvip/metalvip/test/testenv"
+)
+
+var begin = time.Now()
+
+func step(format string, args ...any) {
+	fmt.Printf("[%5.1fs] %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func main() {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "make demo builds network namespaces: run it as root (sudo make demo)")
+		os.Exit(2)
+	}
+	m := testenv.NewMain("metalvip-demo")
+	defer m.Close()
+	// Ctrl-C tears the lab down too.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		fmt.Println("\ninterrupted: tearing down")
+		m.Close()
+		os.Exit(130)
+	}()
+
+	step("building the CCM and the agent")
+	ccm, agent, err := cluster.Build(m.TempDir())
+	if err != nil {
+		m.Fatalf("%v", err)
+	}
+	step("starting etcd and kube-apiserver")
+	srv, err := kubeapi.Start()
+	if err != nil {
+		m.Fatalf("%v", err)
+	}
+	m.Cleanup(srv.Stop)
+	step("building the lab: 3 nodes, FRR router, client, remote client; agents and the CCM")
+	c := cluster.New(m, srv, cluster.Options{CCMBinary: ccm, AgentBinary: agent})
+	for _, n := range c.Lab.Nodes {
+		echo(m, n)
+	}
+
+	step("creating Services in namespace %s", c.NS)
+	type row struct {
+		name, mode, policy string
+		vip                netip.Addr
+	}
+	var rows []row
+	for _, name := range []string{"web-a", "web-b", "web-c"} {
+		rows = append(rows, row{name, "L2", "Cluster", c.Service(name)})
+	}
+	rows = append(rows, row{"bgp-cluster", "BGP", "Cluster", c.Service("bgp-cluster", cluster.InPool("bgp-"+c.NS))})
+	rows = append(rows, row{"bgp-local", "BGP", "Local", c.Service("bgp-local", cluster.Local, cluster.InPool("bgp-"+c.NS))})
+	c.Endpoints("bgp-local", "node2")
+
+	step("waiting until every address is announced")
+	for _, r := range rows {
+		if r.mode == "L2" {
+			cluster.Eventually(m, 30*time.Second, r.name+" answered", func() bool { return c.Owner(r.vip) != "" })
+		} else {
+			want := 3
+			if r.policy == "Local" {
+				want = 1
+			}
+			cluster.Eventually(m, 60*time.Second, r.name+" advertised", func() bool { return len(c.NextHops(r.vip)) == want })
+		}
+	}
+
+	fmt.Println()
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "SERVICE\tVIP\tMODE\tTRAFFIC POLICY\tANNOUNCED BY\tANSWERED (HTTP)")
+	for _, r := range rows {
+		var announced, answered string
+		if r.mode == "L2" {
+			announced = c.Owner(r.vip) + " (ARP)"
+			answered = "client on the segment: " + strings.Join(askNodes(m, c.Lab.Client, r.vip, 3), ", ")
+		} else {
+			announced = "next hops at the router: " + strings.Join(c.NextHops(r.vip), ", ")
+			answered = "remote client: " + strings.Join(askNodes(m, c.Lab.Remote, r.vip, 12), ", ")
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.name, r.vip, r.mode, r.policy, announced, answered)
+	}
+	w.Flush()
+	fmt.Println()
+
+	vip := rows[0].vip
+	victim := c.Owner(vip)
+	step("killing %s, which answers for %s (link down, agent killed), while the client probes every 10 ms", victim, vip)
+	c.T = m
+	outage := c.Failover(vip, victim)
+	now := c.Owner(vip)
+	fmt.Printf("\n  %s failed over from %s to %s: the client saw %d ms without answers\n", vip, victim, now, outage.Milliseconds())
+	fmt.Printf("  HTTP from the client now: %s\n\n", strings.Join(askNodes(m, c.Lab.Client, vip, 1), ", "))
+	step("bringing %s back", victim)
+	c.Revive(victim)
+	cluster.Eventually(m, 60*time.Second, victim+" back", func() bool {
+		st, err := c.Agents[victim].Client.GetState(context.Background(), &agentv1.GetStateRequest{})
+		return err == nil && !st.GetRestored()
+	})
+	step("%s is back; %s is answered by %s", victim, vip, c.Owner(vip))
+
+	if os.Getenv("KEEP") == "1" {
+		keep(c, srv, m, rows[0].vip, rows[3].vip)
+		return
+	}
+	step("tearing down")
+}
+
+// echo serves HTTP on port 80 of a node, answering with the node's name.
+func echo(m *testenv.Main, n *lab.Host) {
+	var lis net.Listener
+	if err := n.Do(func() error {
+		var err error
+		lis, err = net.Listen("tcp", ":80")
+		return err
+	}); err != nil {
+		m.Fatalf("echo server on %s: %v", n.Name, err)
+	}
+	m.Cleanup(func() { lis.Close() })
+	name := n.Name
+	go func() {
+		_ = http.Serve(lis, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, name) }))
+	}()
+}
+
+// askNodes sends n HTTP requests (each on a new connection) to vip from h and returns the
+// distinct node names that answered, sorted.
+func askNodes(m *testenv.Main, h *lab.Host, vip netip.Addr, n int) []string {
+	tr := &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var conn net.Conn
+			err := h.Do(func() error {
+				var d net.Dialer
+				var err error
+				conn, err = d.DialContext(ctx, network, addr)
+				return err
+			})
+			return conn, err
+		},
+	}
+	client := &http.Client{Transport: tr, Timeout: 2 * time.Second}
+	seen := map[string]bool{}
+	for range n {
+		resp, err := client.Get("http://" + vip.String() + "/")
+		if err != nil {
+			seen["("+err.Error()+")"] = true
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		seen[strings.TrimSpace(string(b))] = true
+	}
+	out := make([]string, 0, len(seen))
+	for k := range seen {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return slices.Compact(out)
+}
+
+func keep(c *cluster.Cluster, srv *kubeapi.Server, m *testenv.Main, l2VIP, bgpVIP netip.Addr) {
+	kc := srv.Kubeconfig(m, nil)
+	fmt.Printf(`
+The lab stays up until you press Ctrl-C.
+
+  API server:   KUBECONFIG=%s (client-go tools; Debian's kubectl is too old)
+  namespaces:   %s
+  HTTP, on-link: ip netns exec %s curl -s http://%s/
+  HTTP, routed:  ip netns exec %s curl -s http://%s/
+  the router:   vtysh --vty_socket %s -c 'show bgp ipv4 unicast'
+  an agent:     its log and state are under the test folders printed above
+
+`, kc, strings.Join(c.Lab.Namespaces(), " "), c.Lab.Client.NS, l2VIP, c.Lab.Remote.NS, bgpVIP, c.Lab.Dir)
+	select {}
+}
