@@ -206,11 +206,20 @@ func (c *Cluster) StartAgent(a *Agent) {
 	}
 }
 
+// StartCCM starts the CCM (without leader election) as c.CCM.
 func (c *Cluster) StartCCM() {
-	c.CCM = c.Lab.Control.Start(c.Root, "ccm", c.opts.CCMBinary,
-		"--kubeconfig", c.kcfg, "--cloud-config", c.ccmCfg,
-		"--leader-elect=false", "--secure-port=0", "--controllers=service-lb-controller", "--v=2")
+	c.CCM = c.StartCCMReplica("ccm", "--leader-elect=false")
 }
+
+// StartCCMReplica starts another CCM process named name with extra flags (such as leader
+// election settings) and returns it.
+func (c *Cluster) StartCCMReplica(name string, extra ...string) *testenv.Proc {
+	args := append([]string{"--kubeconfig", c.kcfg, "--cloud-config", c.ccmCfg,
+		"--secure-port=0", "--controllers=service-lb-controller", "--v=2"}, extra...)
+	return c.Lab.Control.Start(c.Root, name, c.opts.CCMBinary, args...)
+}
+
+// Object creates an IPPool or a BGPPeer from YAML for spec; it is deleted at the end.
 
 func (c *Cluster) Object(res interface{ String() string }, name, spec string) {
 	c.T.Helper()
@@ -241,20 +250,16 @@ func InPool(p string) SvcOpt {
 	return func(s *corev1.Service) { s.Annotations = map[string]string{string(annotation.Pool): p} }
 }
 
-// service creates a LoadBalancer Service and waits for its address.
+// ServiceNoWait creates a LoadBalancer Service and does not wait for an address.
+func (c *Cluster) ServiceNoWait(name string, opts ...SvcOpt) {
+	c.T.Helper()
+	c.createService(name, opts...)
+}
+
+// Service creates a LoadBalancer Service and waits for its address.
 func (c *Cluster) Service(name string, opts ...SvcOpt) netip.Addr {
 	c.T.Helper()
-	s := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: c.NS, Name: name},
-		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": name},
-			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
-	}
-	for _, o := range opts {
-		o(s)
-	}
-	if _, err := c.Srv.Client.CoreV1().Services(c.NS).Create(c.ctx, s, metav1.CreateOptions{}); err != nil {
-		c.T.Fatalf("%v", err)
-	}
+	c.createService(name, opts...)
 	var ip netip.Addr
 	Eventually(c.T, 30*time.Second, name+" gets an address", func() bool {
 		got, err := c.Srv.Client.CoreV1().Services(c.NS).Get(c.ctx, name, metav1.GetOptions{})
@@ -265,6 +270,20 @@ func (c *Cluster) Service(name string, opts ...SvcOpt) netip.Addr {
 		return err == nil
 	})
 	return ip
+}
+
+func (c *Cluster) createService(name string, opts ...SvcOpt) {
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: c.NS, Name: name},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": name},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	if _, err := c.Srv.Client.CoreV1().Services(c.NS).Create(c.ctx, s, metav1.CreateOptions{}); err != nil {
+		c.T.Fatalf("create service %s: %v", name, err)
+	}
 }
 
 // endpoints sets the Service's ready endpoints to one pod on each of nodes.
@@ -371,7 +390,45 @@ func WhoAnswers(t testenv.TB, client *lab.Host, vip netip.Addr) string {
 	return ""
 }
 
-// nextHops returns the next hops of the router's kernel route to vip, sorted.
+// Answerers asks for vip once by ARP from the client and returns every node that answered
+// within 100 ms.
+func (c *Cluster) Answerers(vip netip.Addr) []string {
+	var cl *arp.Client
+	if err := c.Lab.Client.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		cl, err = arp.Dial(ifi)
+		return err
+	}); err != nil {
+		c.T.Fatalf("%v", err)
+	}
+	defer cl.Close()
+	if err := cl.Request(vip); err != nil {
+		c.T.Fatalf("%v", err)
+	}
+	deadline := time.Now().Add(100 * time.Millisecond)
+	_ = cl.SetReadDeadline(deadline)
+	seen := map[string]bool{}
+	for time.Now().Before(deadline) {
+		p, _, err := cl.Read()
+		if err != nil {
+			break
+		}
+		if p.Operation == arp.OperationReply && p.SenderIP == vip && p.TargetIP != vip {
+			seen[c.MACs[p.SenderHardwareAddr.String()]] = true
+		}
+	}
+	var out []string
+	for n := range seen {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// NextHops returns the next hops of the router's kernel route to vip, sorted.
 func (c *Cluster) NextHops(vip netip.Addr) []string {
 	out, err := c.Lab.Router.Run(context.Background(), "ip", "route", "show", vip.String())
 	if err != nil {

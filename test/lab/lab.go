@@ -420,6 +420,25 @@ func (l *Lab) startFRR() error {
 	}
 }
 
+// RestartRouter kills the router's FRR daemons (no goodbye to its peers) and starts them again
+// with the same configuration, as a router reboot would.
+func (l *Lab) RestartRouter() error {
+	var keep []*testenv.Proc
+	for _, p := range l.procs {
+		if strings.HasPrefix(p.Name, "router-") {
+			p.Kill()
+			continue
+		}
+		keep = append(keep, p)
+	}
+	l.procs = keep
+	for _, d := range []string{"zebra", "bfdd", "bgpd"} {
+		_ = os.Remove(filepath.Join(l.Dir, d+".vty"))
+		_ = os.Remove(filepath.Join(l.Dir, d+".pid"))
+	}
+	return l.startFRR()
+}
+
 // Vtysh runs one vtysh command against the router's FRR.
 func (l *Lab) Vtysh(command string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
