@@ -24,6 +24,10 @@ build: ## Build the binaries into bin/.
 demo: deps ## The lab demonstration (as root): the whole system, a table of who answers what, a failover. KEEP=1 keeps it up.
 	$(GO) run ./test/demo
 
+.PHONY: bench
+bench: deps ## Measure against the targets and write docs/benchmarks.md (as root; about 10 minutes).
+	$(GO) run ./test/bench
+
 .PHONY: deps
 deps: ## Install what the tests need: Debian packages and the kube-apiserver build (idempotent).
 	hack/install-deps.sh

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -27,8 +28,11 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 	cloudproviderapi "k8s.io/cloud-provider/api"
 	"k8s.io/klog/v2"
+
+	"golang.org/x/time/rate"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/internal/annotation"
@@ -47,6 +51,13 @@ const (
 	ReasonIPConflict        = "IPConflict"
 	ReasonPoolShrunk        = "PoolShrunk"
 	ReasonPoolDeleted       = "PoolDeleted"
+)
+
+// recordRate bounds the deferred allocation records written a second; they are written only
+// after recordLull without a new allocation.
+const (
+	recordRate = 50
+	recordLull = time.Second
 )
 
 // Config configures Allocations.
@@ -75,6 +86,9 @@ type Allocations struct {
 
 	ready        chan struct{} // closed once the allocator is rebuilt
 	poolsChanged chan struct{}
+	later        workqueue.TypedRateLimitingInterface[string] // records to write off the hot path
+	limiter      *rate.Limiter
+	lastEnsure   atomic.Int64 // UnixNano of the last Ensure: deferred records wait for a lull
 
 	services   corelisters.ServiceLister
 	namespaces corelisters.NamespaceLister
@@ -98,6 +112,9 @@ func New(cfg Config) *Allocations {
 		orphaned:     map[string]bool{},
 		ready:        make(chan struct{}),
 		poolsChanged: make(chan struct{}, 1),
+		later: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "metalvip-allocation-records"}),
+		limiter: rate.NewLimiter(recordRate, recordRate),
 	}
 }
 
@@ -137,6 +154,8 @@ func (a *Allocations) run(ctx context.Context) {
 	}
 	a.rebuild()
 	close(a.ready)
+	go a.recordLater(ctx)
+	go func() { <-ctx.Done(); a.later.ShutDown() }()
 	klog.InfoS("Address allocator rebuilt from Services", "services", a.ipam.Len())
 
 	tick := time.NewTicker(a.cfg.StatusInterval)
@@ -265,6 +284,7 @@ func (a *Allocations) Ensure(ctx context.Context, svc *v1.Service) (*v1.LoadBala
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+	a.lastEnsure.Store(time.Now().UnixNano())
 	req, err := a.request(svc)
 	if err != nil {
 		a.warnOnce(svc, ReasonInvalidAnnotation, err.Error()+"; fix the annotation")
@@ -321,15 +341,74 @@ func classify(err error) (reason string, retry bool) {
 	}
 }
 
-// record writes the allocation annotations when they differ. They are written before the
-// status (which the framework writes after Ensure returns), so that after a restart a
-// difference between the two shows the Service was being moved.
+// record writes the allocation annotations when they differ.
+//
+// A Service that had addresses in its status and is given others (a move) gets them at once,
+// before the status changes (the framework writes it after Ensure returns): after a restart, a
+// difference between annotation and status shows the Service was being moved. A Service getting
+// its first addresses has nothing to lose in a restart before its status is written, so its
+// record is written later, off the allocation's path, at a bounded rate: every annotation write
+// makes the framework sync the Service once more.
 func (a *Allocations) record(ctx context.Context, svc *v1.Service, al ipam.Allocation) error {
-	pool, _ := annotation.AllocatedPool.Value(svc)
-	ips, _ := annotation.AllocatedIPs.Value(svc)
-	if pool == al.Pool && ips == annotation.FormatIPs(al.IPs) {
+	if recorded(svc, al) {
 		return nil
 	}
+	if len(statusIPs(svc)) == 0 {
+		a.later.Add(serviceKey(svc))
+		return nil
+	}
+	return a.writeRecord(ctx, svc, al)
+}
+
+func recorded(svc *v1.Service, al ipam.Allocation) bool {
+	pool, _ := annotation.AllocatedPool.Value(svc)
+	ips, _ := annotation.AllocatedIPs.Value(svc)
+	return pool == al.Pool && ips == annotation.FormatIPs(al.IPs)
+}
+
+// recordLater writes the deferred records, at most recordRate a second.
+func (a *Allocations) recordLater(ctx context.Context) {
+	for {
+		key, quit := a.later.Get()
+		if quit {
+			return
+		}
+		func() {
+			defer a.later.Done(key)
+			// Wait for a lull in allocations: during a burst the API server has better things
+			// to do than records (and the resyncs they cause).
+			for time.Since(time.Unix(0, a.lastEnsure.Load())) < recordLull {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(recordLull / 4):
+				}
+			}
+			if err := a.limiter.Wait(ctx); err != nil {
+				return
+			}
+			ns, name, _ := strings.Cut(key, "/")
+			svc, err := a.services.Services(ns).Get(name)
+			if err != nil || !ours(svc) || svc.DeletionTimestamp != nil {
+				return
+			}
+			a.mu.Lock()
+			al, ok := a.ipam.Get(key)
+			a.mu.Unlock()
+			if !ok || recorded(svc, al) {
+				return
+			}
+			if err := a.writeRecord(ctx, svc, al); err != nil {
+				klog.V(2).InfoS("Recording an allocation failed; retrying", "service", key, "err", err)
+				a.later.AddRateLimited(key)
+				return
+			}
+			a.later.Forget(key)
+		}()
+	}
+}
+
+func (a *Allocations) writeRecord(ctx context.Context, svc *v1.Service, al ipam.Allocation) error {
 	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q,%q:%q}}}`,
 		annotation.AllocatedPool, al.Pool, annotation.AllocatedIPs, annotation.FormatIPs(al.IPs))
 	if _, err := a.cfg.Client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {

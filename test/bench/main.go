@@ -1,0 +1,601 @@
+// Command bench is `make bench`: it measures metalvip against its targets (docs/design.md) and
+// writes docs/benchmarks.md: the Go benchmarks of the allocator and planner, allocation of
+// 1,000 and 10,000 Services against a real API server, Service-to-answer latency, L2 and BGP
+// failover, ARP answer latency and memory, on this machine, with the method of each figure.
+// Run as root.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/mdlayher/arp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/yaml"
+
+	"github.com/metalvip/metalvip/api/v1alpha1"
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/kubeapi"
+	"github.com/metalvip/metalvip/test/testenv"
+)
+
+var (
+	out    = flag.String("out", "docs/benchmarks.md", "the report to write")
+	sizes  = flag.String("sizes", "1000,10000", "numbers of Services to allocate")
+	trials = flag.Int("trials", 20, "failover trials")
+	noLab  = flag.Bool("no-lab", false, "only the Go benchmarks and the allocation (for quick runs; the report is not written)")
+	ccmArg = flag.String("ccm-flags", "", "extra CCM flags for the allocation runs, space-separated")
+)
+
+var begin = time.Now()
+
+func step(format string, args ...any) {
+	fmt.Printf("[%6.1fs] %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// report collects the sections of docs/benchmarks.md.
+type report struct {
+	sections []string
+}
+
+func (r *report) add(title, method string, rows [][]string) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "## %s\n\n%s\n\n", title, method)
+	for i, row := range rows {
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+		if i == 0 {
+			b.WriteString(strings.Repeat("| --- ", len(row)) + "|\n")
+		}
+	}
+	r.sections = append(r.sections, b.String())
+}
+
+func main() {
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "make bench builds network namespaces: run it as root")
+		os.Exit(2)
+	}
+	m := testenv.NewMain("metalvip-bench")
+	defer m.Close()
+	r := &report{}
+
+	step("Go benchmarks of the allocator and the planner")
+	goBenchmarks(m, r)
+
+	step("building the binaries")
+	ccm, agent, err := cluster.Build(m.TempDir())
+	if err != nil {
+		m.Fatalf("%v", err)
+	}
+	step("starting etcd and kube-apiserver")
+	srv, err := kubeapi.Start()
+	if err != nil {
+		m.Fatalf("%v", err)
+	}
+	m.Cleanup(srv.Stop)
+	srv.InstallCRDs(m)
+	// One Ready node, as a cluster has: with none the framework adds a Warning to every Service.
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "bench-node"}}
+	if _, err := srv.Client.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{}); err != nil {
+		m.Fatalf("%v", err)
+	}
+
+	var rows [][]string
+	rows = append(rows, []string{"Services", "API server alone creates them in", "all allocated after", "ratio", "create to IP p50", "p99", "max", "CCM resident memory"})
+	for _, s := range strings.Split(*sizes, ",") {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			m.Fatalf("-sizes: %v", err)
+		}
+		rows = append(rows, allocation(m, srv, ccm, n))
+	}
+	r.add("Allocation against the real API server",
+		"Services created at full speed by 8 parallel clients (one namespace, one pool, one node). First the API server alone (no CCM running) creates them; then, in a fresh namespace, with the CCM running (default flags: 8 service syncs, 200 QPS): the time from the first create to the last Service holding an address in its status, and per Service the time from its create returning to its address appearing in a watch. Resident memory of the CCM afterwards (VmRSS). Targets: all allocated within 1.2x the API server's own time, p99 under 1 s for 1,000; 10,000 within 60 s. MetalLB's controller measured 16.1 s for 1,000 (API server alone 5.8 s, p99 4.8 s) and 113 s for 5,000 (p99 21 s) on this machine kind.",
+		rows)
+
+	if *noLab {
+		for _, row := range rows {
+			fmt.Println(strings.Join(row, " | "))
+		}
+		return
+	}
+	step("the lab: API server, CCM, agents, FRR")
+	c := cluster.New(m, srv, cluster.Options{CCMBinary: ccm, AgentBinary: agent})
+	lab2Answer(m, r, c)
+	l2Failover(m, r, c)
+	bgpFailover(m, r, c)
+	arpLatency(m, r, c)
+	agentMemory(m, r, c)
+
+	write(m, r)
+	step("wrote %s", *out)
+}
+
+func goBenchmarks(m *testenv.Main, r *report) {
+	cmd := exec.Command("go", "test", "-run", "XXX", "-bench", ".", "-benchmem", "-count", "3", "./loadbalancer/ipam/", "./loadbalancer/planner/")
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Run(); err != nil {
+		m.Fatalf("go test -bench: %v\n%s", err, buf.String())
+	}
+	type res struct{ ns, extra []float64 }
+	results := map[string]*res{}
+	var order []string
+	sc := bufio.NewScanner(&buf)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
+			continue
+		}
+		name := strings.TrimSuffix(f[0], "-"+strconv.Itoa(runtime.GOMAXPROCS(0)))
+		if results[name] == nil {
+			results[name] = &res{}
+			order = append(order, name)
+		}
+		for i := 2; i+1 < len(f); i += 2 {
+			v, _ := strconv.ParseFloat(f[i], 64)
+			switch f[i+1] {
+			case "ns/op":
+				results[name].ns = append(results[name].ns, v)
+			case "ns/service":
+				results[name].extra = append(results[name].extra, v)
+			}
+		}
+	}
+	rows := [][]string{{"benchmark", "per op, median of 3 (min-max)", "per Service"}}
+	for _, name := range order {
+		x := results[name]
+		per := ""
+		if len(x.extra) > 0 {
+			per = dur(time.Duration(median(x.extra)))
+		}
+		rows = append(rows, []string{name, fmt.Sprintf("%s (%s-%s)", dur(time.Duration(median(x.ns))), dur(time.Duration(slices.Min(x.ns))), dur(time.Duration(slices.Max(x.ns)))), per})
+	}
+	r.add("Allocator and planner (Go benchmarks)",
+		"`go test -run XXX -bench . -benchmem -count 3 ./loadbalancer/ipam/ ./loadbalancer/planner/`. The allocator keeps free addresses as intervals in a B-tree (O(log n) a Service, however large the pool); the planner places one changed VIP alone and replans everything only when nodes change.",
+		rows)
+}
+
+// createServices creates n Services in ns with 8 parallel clients and returns when each
+// create returned.
+func createServices(m *testenv.Main, srv *kubeapi.Server, ns string, n int) (map[string]time.Time, time.Duration) {
+	var mu sync.Mutex
+	created := make(map[string]time.Time, n)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 8 {
+				name := fmt.Sprintf("s-%05d", i)
+				s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+					Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}}}
+				for attempt := 0; ; attempt++ {
+					_, err := srv.Client.CoreV1().Services(ns).Create(context.Background(), s, metav1.CreateOptions{})
+					if err == nil {
+						break
+					}
+					if attempt > 5 {
+						m.Fatalf("create %s: %v", name, err)
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+				mu.Lock()
+				created[name] = time.Now()
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return created, time.Since(start)
+}
+
+func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n int) []string {
+	step("allocation of %d Services: the API server alone", n)
+	base := fmt.Sprintf("bench-base-%d", n)
+	mustNamespace(m, srv, base)
+	_, alone := createServices(m, srv, base, n)
+	step("  created in %s", alone.Round(time.Millisecond))
+
+	ns := fmt.Sprintf("bench-alloc-%d", n)
+	mustNamespace(m, srv, ns)
+	dyn, err := dynamic.NewForConfig(srv.Config)
+	if err != nil {
+		m.Fatalf("%v", err)
+	}
+	createObject(m, dyn, v1alpha1.IPPoolResource, ns, fmt.Sprintf(`{addresses: ["10.128.0.0/16"], serviceAllocation: {namespaces: [%s]}}`, ns))
+	kc := srv.Kubeconfig(m, nil)
+	cfg := filepath.Join(m.TempDir(), "cloud-config.yaml")
+	if err := os.WriteFile(cfg, []byte("allocation:\n  poolStatusInterval: 1s\n"), 0o600); err != nil {
+		m.Fatalf("%v", err)
+	}
+	args := []string{"--kubeconfig", kc, "--cloud-config", cfg, "--leader-elect=false", "--secure-port=0", "--controllers=service-lb-controller"}
+	if *ccmArg != "" {
+		args = append(args, strings.Fields(*ccmArg)...)
+	}
+	proc := testenv.StartProc(m, fmt.Sprintf("ccm-%d", n), exec.Command(ccmBin, args...))
+	time.Sleep(3 * time.Second) // informers synced, allocator rebuilt
+
+	// An informer records when each Service's address appears (it re-lists and re-watches by
+	// itself, which a bare watch against a lagging watch cache does not).
+	var mu sync.Mutex
+	seen := make(map[string]time.Time, n)
+	done := make(chan struct{})
+	factory := informers.NewSharedInformerFactoryWithOptions(srv.Client, 0, informers.WithNamespace(ns))
+	record := func(o any) {
+		s, ok := o.(*corev1.Service)
+		if !ok || len(s.Status.LoadBalancer.Ingress) == 0 {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if _, dup := seen[s.Name]; !dup {
+			seen[s.Name] = time.Now()
+			if len(seen) == n {
+				close(done)
+			}
+		}
+	}
+	_, _ = factory.Core().V1().Services().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: record, UpdateFunc: func(_, o any) { record(o) },
+	})
+	stop := make(chan struct{})
+	defer close(stop)
+	factory.Start(stop)
+	factory.WaitForCacheSync(stop)
+	step("allocation of %d Services: with the CCM", n)
+	start := time.Now()
+	created, _ := createServices(m, srv, ns, n)
+	select {
+	case <-done:
+	case <-time.After(15 * time.Minute):
+		m.Fatalf("only %d of %d Services allocated after 15 minutes", len(seen), n)
+	}
+	var last time.Time
+	var lat []float64
+	for name, at := range seen {
+		if at.After(last) {
+			last = at
+		}
+		lat = append(lat, float64(at.Sub(created[name])))
+	}
+	all := last.Sub(start)
+	rss := rssOf(proc.Cmd.Process.Pid)
+	step("  all allocated after %s (API server alone: %s)", all.Round(time.Millisecond), alone.Round(time.Millisecond))
+	proc.Stop(10 * time.Second)
+	return []string{fmt.Sprint(n), dur(alone), dur(all), fmt.Sprintf("%.2fx", all.Seconds()/alone.Seconds()),
+		dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))), dur(time.Duration(slices.Max(lat))), mib(rss)}
+}
+
+func lab2Answer(m *testenv.Main, r *report, c *cluster.Cluster) {
+	step("Service created to VIP answering at the client, 20 Services")
+	var lat []float64
+	for i := range 20 {
+		name := fmt.Sprintf("answer-%d", i)
+		start := time.Now()
+		c.ServiceNoWait(name)
+		var vip netip.Addr
+		for time.Since(start) < 30*time.Second {
+			s, err := c.Srv.Client.CoreV1().Services(c.NS).Get(context.Background(), name, metav1.GetOptions{})
+			if err == nil && len(s.Status.LoadBalancer.Ingress) > 0 {
+				vip = netip.MustParseAddr(s.Status.LoadBalancer.Ingress[0].IP)
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		for time.Since(start) < 30*time.Second && !answers(m, c, vip, 20*time.Millisecond) {
+		}
+		lat = append(lat, float64(time.Since(start)))
+	}
+	r.add("Service created to VIP answering at the client",
+		"In the lab (`test/cluster`): a LoadBalancer Service of an L2 pool is created; the client polls the Service's status every 5 ms and, once it has an address, asks for it by ARP until an agent answers. 20 Services, one after the other. Target: p99 under 1 s.",
+		[][]string{{"p50", "p99", "max", "min"}, {dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))), dur(time.Duration(slices.Max(lat))), dur(time.Duration(slices.Min(lat)))}})
+}
+
+// answers asks for vip once by ARP from the client and reports whether an answer came within
+// timeout.
+func answers(m *testenv.Main, c *cluster.Cluster, vip netip.Addr, timeout time.Duration) bool {
+	var cl *arp.Client
+	if err := c.Lab.Client.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		cl, err = arp.Dial(ifi)
+		return err
+	}); err != nil {
+		m.Fatalf("%v", err)
+	}
+	defer cl.Close()
+	if err := cl.Request(vip); err != nil {
+		return false
+	}
+	deadline := time.Now().Add(timeout)
+	_ = cl.SetReadDeadline(deadline)
+	for time.Now().Before(deadline) {
+		p, _, err := cl.Read()
+		if err != nil {
+			return false
+		}
+		if p.Operation == arp.OperationReply && p.SenderIP == vip {
+			return true
+		}
+	}
+	return false
+}
+
+func l2Failover(m *testenv.Main, r *report, c *cluster.Cluster) {
+	step("L2 failover, %d trials", *trials)
+	vip := c.Service("failover")
+	cluster.Eventually(m, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
+	var outages []float64
+	for i := range *trials {
+		victim := c.Owner(vip)
+		d := c.Failover(vip, victim)
+		outages = append(outages, float64(d))
+		step("  trial %d: %s died, outage %s", i, victim, d.Round(time.Millisecond))
+		c.Revive(victim)
+		time.Sleep(3 * time.Second) // the revived agent back in the plan
+	}
+	r.add("L2 failover",
+		fmt.Sprintf("In the lab: the node answering for an L2 VIP dies hard (its link down and its agent killed) while the client pings the VIP every 10 ms; the outage runs from the first unanswered ping to the first answered one, through the next candidate. Heartbeats every 50 ms, dead after 3 misses. The node is revived between trials. %d trials. Target: p99 under 300 ms; MetalLB measured 5.9 s (median of 5) and kube-vip 21 s on this machine kind.", *trials),
+		[][]string{{"p50", "p99", "max", "min"}, {dur(time.Duration(percentile(outages, 50))), dur(time.Duration(percentile(outages, 99))), dur(time.Duration(slices.Max(outages))), dur(time.Duration(slices.Min(outages)))}})
+}
+
+func bgpFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
+	step("BGP failover: BFD and graceful shutdown")
+	vip := c.Service("bgp-failover", cluster.InPool("bgp-"+c.NS))
+	all := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
+	cluster.Eventually(m, 60*time.Second, "three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
+	measure := func(node string, act func()) float64 {
+		ip := c.Agents[node].Host.IPv4.String()
+		start := time.Now()
+		act()
+		for time.Since(start) < 10*time.Second {
+			if !slices.Contains(c.NextHops(vip), ip) {
+				return float64(time.Since(start))
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return float64(10 * time.Second)
+	}
+	var bfd, graceful []float64
+	for i := range 5 {
+		node := c.Lab.Nodes[i%3].Name
+		bfd = append(bfd, measure(node, func() { c.Kill(node) }))
+		c.Revive(node)
+		cluster.Eventually(m, 60*time.Second, "back to three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
+		graceful = append(graceful, measure(node, func() { _ = c.Agents[node].Proc.Cmd.Process.Signal(syscall.SIGTERM) }))
+		<-c.Agents[node].Proc.Done()
+		c.StartAgent(c.Agents[node])
+		cluster.Eventually(m, 60*time.Second, "back to three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
+	}
+	row := func(name string, xs []float64) []string {
+		return []string{name, dur(time.Duration(percentile(xs, 50))), dur(time.Duration(slices.Min(xs))), dur(time.Duration(slices.Max(xs)))}
+	}
+	r.add("BGP failover",
+		"In the lab: three agents advertise a BGP VIP to FRR (ECMP, BFD 100 ms x 3). A node dies hard (link down, agent killed): time until its next hop leaves the router's kernel route (BFD). An agent gets SIGTERM: time until its next hop leaves (graceful withdraw). 5 trials each. Targets: under 1 s with BFD, under 100 ms graceful. The speaker turns BFD on 0.5 s after a session comes up (FRR 8.4 replaces its first listen-range BFD session and gobgp would stick to the discarded one).",
+		[][]string{{"event", "median", "min", "max"}, row("node dies, BFD", bfd), row("agent SIGTERM, graceful withdraw", graceful)})
+}
+
+func arpLatency(m *testenv.Main, r *report, c *cluster.Cluster) {
+	step("ARP answer latency")
+	vip := c.Service("arp-latency")
+	cluster.Eventually(m, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
+	var cl *arp.Client
+	if err := c.Lab.Client.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		cl, err = arp.Dial(ifi)
+		return err
+	}); err != nil {
+		m.Fatalf("%v", err)
+	}
+	defer cl.Close()
+	var lat []float64
+	for range 1000 {
+		start := time.Now()
+		if err := cl.Request(vip); err != nil {
+			m.Fatalf("%v", err)
+		}
+		_ = cl.SetReadDeadline(time.Now().Add(time.Second))
+		for {
+			p, _, err := cl.Read()
+			if err != nil {
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					break
+				}
+				continue
+			}
+			if p.Operation == arp.OperationReply && p.SenderIP == vip {
+				lat = append(lat, float64(time.Since(start)))
+				break
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	r.add("ARP answer latency",
+		"In the lab: the client sends 1,000 ARP requests for a VIP, one at a time, and times each reply from the owning agent (both ends in user space on raw sockets, through a Linux bridge). Target: p99 under 1 ms.",
+		[][]string{{"p50", "p99", "max", "answered"}, {dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))), dur(time.Duration(slices.Max(lat))), fmt.Sprintf("%d of 1000", len(lat))}})
+}
+
+func agentMemory(m *testenv.Main, r *report, c *cluster.Cluster) {
+	step("agent memory at 1,000 VIPs")
+	dyn := c.Dyn
+	createObject(m, dyn, v1alpha1.IPPoolResource, "many-"+c.NS, fmt.Sprintf(`{addresses: ["10.200.0.0/22"], autoAssign: false, serviceAllocation: {namespaces: [%s]}}`, c.NS))
+	idle := rssOf(c.Agents["node1"].Proc.Cmd.Process.Pid)
+	const n = 1000
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 8 {
+				s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: c.NS, Name: fmt.Sprintf("many-%04d", i),
+					Annotations: map[string]string{"metalvip.io/pool": "many-" + c.NS}},
+					Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}}}
+				_, _ = c.Srv.Client.CoreV1().Services(c.NS).Create(context.Background(), s, metav1.CreateOptions{})
+			}
+		}()
+	}
+	wg.Wait()
+	cluster.Eventually(m, 5*time.Minute, "node1's agent takes part in 1,000 VIPs", func() bool {
+		st, err := c.Agents["node1"].Client.GetState(context.Background(), &agentv1.GetStateRequest{})
+		if err != nil {
+			return false
+		}
+		return len(st.GetAnnounced()) >= n
+	})
+	time.Sleep(5 * time.Second)
+	busy := rssOf(c.Agents["node1"].Proc.Cmd.Process.Pid)
+	r.add("Agent memory",
+		"Resident memory (VmRSS) of one agent in the lab, before any Service and once it takes part in 1,000 L2 VIPs (candidate for all, answering for a third), with BGP and heartbeats running. Target: under 40 MiB at 1,000 VIPs; MetalLB's and kube-vip's speakers idle at 47 to 70 MB.",
+		[][]string{{"agent", "resident memory"}, {"idle (no VIP)", mib(idle)}, {"1,000 VIPs", mib(busy)}})
+}
+
+func write(m *testenv.Main, r *report) {
+	var b strings.Builder
+	b.WriteString("# Benchmarks\n\n")
+	fmt.Fprintf(&b, "Written by `make bench` (`test/bench`) on %s.\n\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&b, "Machine: %s, %d cores, %s memory, Linux %s, %s. kube-apiserver %s on etcd %s (data on tmpfs), FRR %s.\n\n",
+		cpuModel(), runtime.NumCPU(), memTotal(), kernel(), runtime.Version(), "v1.37.2", cmdVersion("etcd", "--version"), cmdVersion("vtysh", "--version"))
+	b.WriteString("Each figure says how it was measured. Times are wall-clock on a shared 2-core machine: compare runs on the same machine.\n\n")
+	for _, s := range r.sections {
+		b.WriteString(s + "\n")
+	}
+	if err := os.WriteFile(*out, []byte(b.String()), 0o644); err != nil {
+		m.Fatalf("%v", err)
+	}
+}
+
+func mustNamespace(m *testenv.Main, srv *kubeapi.Server, name string) {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if _, err := srv.Client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
+		m.Fatalf("namespace %s: %v", name, err)
+	}
+}
+
+func createObject(m *testenv.Main, dyn dynamic.Interface, gvr interface{ String() string }, name, spec string) {
+	var s map[string]any
+	if err := yaml.Unmarshal([]byte(spec), &s); err != nil {
+		m.Fatalf("%v", err)
+	}
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(), "kind": "IPPool", "metadata": map[string]any{"name": name}, "spec": s,
+	}}
+	if _, err := dyn.Resource(v1alpha1.IPPoolResource).Create(context.Background(), obj, metav1.CreateOptions{}); err != nil {
+		m.Fatalf("pool %s: %v", name, err)
+	}
+}
+
+func rssOf(pid int) int64 {
+	// The process may be `ip netns exec` that exec'd the binary: same pid.
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "VmRSS:") {
+			f := strings.Fields(l)
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(float64(len(s))*p/100+0.5) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+func median(xs []float64) float64 { return percentile(xs, 50) }
+
+func dur(d time.Duration) string {
+	switch {
+	case d >= 10*time.Second:
+		return fmt.Sprintf("%.1f s", d.Seconds())
+	case d >= time.Second:
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+	default:
+		return fmt.Sprintf("%.1f us", float64(d)/float64(time.Microsecond))
+	}
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+func cpuModel() string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "model name") {
+			if _, v, ok := strings.Cut(l, ":"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+	}
+	return "unknown CPU"
+}
+
+func memTotal() string {
+	b, _ := os.ReadFile("/proc/meminfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "MemTotal:") {
+			f := strings.Fields(l)
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return fmt.Sprintf("%.0f GiB", float64(kb)/(1<<20))
+		}
+	}
+	return "unknown"
+}
+
+func kernel() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return strings.TrimSpace(string(b))
+}
+
+func cmdVersion(name string, args ...string) string {
+	b, err := exec.Command(name, args...).Output()
+	if err != nil {
+		return "?"
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if len(f) > 0 && f[0] >= '0' && f[0] <= '9' && strings.Count(f, ".") >= 1 {
+			return f
+		}
+	}
+	return strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0])
+}
