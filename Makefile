@@ -28,6 +28,13 @@ demo: deps ## The lab demonstration (as root): the whole system, a table of who 
 bench: deps ## Measure against the targets and write docs/benchmarks.md (as root; about 10 minutes).
 	$(GO) run ./test/bench
 
+IMAGE_TAG ?= v0.1.0
+.PHONY: images
+images: ## Build the CCM and agent images as tarballs in _output/images (no container daemon needed).
+	@mkdir -p _output/images/bin
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags '$(LDFLAGS) -s -w' -o _output/images/bin/ ./cmd/metalvip-cloud-controller-manager ./cmd/metalvip-agent
+	cd hack/tools && $(GO) run ./images -bin ../../_output/images/bin -out ../../_output/images -version $(IMAGE_TAG) -revision $$(git rev-parse HEAD 2>/dev/null || echo unknown)
+
 .PHONY: deps
 deps: ## Install what the tests need: Debian packages and the kube-apiserver build (idempotent).
 	hack/install-deps.sh
@@ -53,6 +60,7 @@ generate: ## Regenerate deepcopy code, CRD manifests and the agent's protobuf co
 	$(TOOL) controller-gen crd:crdVersions=v1 paths=./api/... output:crd:artifacts:config=manifests/crds
 	cd proto && $(GO) tool -modfile=../hack/tools/go.mod buf lint
 	cd proto && $(GO) tool -modfile=../hack/tools/go.mod buf generate
+	$(GO) run ./hack/render manifests
 
 .PHONY: verify-generate
 verify-generate: generate ## Fail if generated files are stale.
@@ -60,4 +68,4 @@ verify-generate: generate ## Fail if generated files are stale.
 
 .PHONY: clean
 clean: ## Remove build output (keeps the kube-apiserver cache in .cache/).
-	rm -rf bin
+	rm -rf bin _output

@@ -1,5 +1,5 @@
 // Command metalvipctl is metalvip's command-line tool: it creates the TLS material of the
-// CCM and the agents (certs).
+// CCM and the agents (certs) and shows what metalvip does (status).
 package main
 
 import (
@@ -16,7 +16,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(certsCommand())
+	root.AddCommand(certsCommand(), statusCommand())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "metalvipctl: %v\n", err)
 		os.Exit(1)

@@ -4,9 +4,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"sort"
 	"strings"
@@ -16,9 +18,19 @@ import (
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
 	"github.com/metalvip/metalvip/test/kubeapi"
+	"github.com/metalvip/metalvip/test/testenv"
 )
 
-var ccmBinary, agentBinary string
+func lineWith(text, sub string) string {
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, sub) {
+			return l
+		}
+	}
+	return ""
+}
+
+var ccmBinary, agentBinary, ctlBinary string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "metalvip-e2e-")
@@ -26,6 +38,9 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	ccmBinary, agentBinary, err = cluster.Build(dir)
+	if err == nil {
+		ctlBinary, err = testenv.GoBuild(dir, "./cmd/metalvipctl")
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -65,6 +80,46 @@ func TestAnnouncing(t *testing.T) {
 			if err := c.Lab.Client.Ping(ctx, v, 1); err != nil {
 				t.Errorf("client cannot reach %s: %v", v, err)
 			}
+		}
+	})
+
+	t.Run("metalvipctl status shows pools, Services, announcing nodes and agents", func(t *testing.T) {
+		c.T = t
+		kc := c.Srv.Kubeconfig(t, nil)
+		var table []byte
+		cluster.Eventually(t, 30*time.Second, "status names the pool and announcing node of every web Service", func() bool {
+			out, err := exec.Command(ctlBinary, "status", "--kubeconfig", kc).CombinedOutput()
+			if err != nil {
+				t.Fatalf("metalvipctl status: %v\n%s", err, out)
+			}
+			table = out
+			for i, v := range vips {
+				line := lineWith(string(out), fmt.Sprintf("%s/web-%d ", c.NS, i))
+				if !strings.Contains(line, v.String()) || !strings.Contains(line, "l2-"+c.NS) || !strings.Contains(line, c.Owner(v)) {
+					return false
+				}
+			}
+			return strings.Contains(string(out), "l2-"+c.NS) && strings.Count(string(out), "reachable") >= 3
+		})
+		t.Logf("metalvipctl status:\n%s", table)
+		out, err := exec.Command(ctlBinary, "status", "--kubeconfig", kc, "-o", "json").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st struct {
+			Pools    []struct{ Name string }
+			Services []struct {
+				Name        string
+				Addresses   []string
+				AnnouncedBy string
+			}
+			Agents []struct{ Node, Agent string }
+		}
+		if err := json.Unmarshal(out, &st); err != nil {
+			t.Fatalf("status -o json: %v\n%s", err, out)
+		}
+		if len(st.Agents) != 3 || st.Agents[0].Agent != "reachable" || len(st.Services) < 6 {
+			t.Errorf("status -o json: %+v", st)
 		}
 	})
 
