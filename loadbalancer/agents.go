@@ -73,7 +73,8 @@ type agentConn struct {
 	pending   *agentv1.DesiredState // the content generation gen was given to
 	gen       uint64
 	reachable bool
-	known     bool // reachability decided at least once
+	known     bool                  // reachability decided at least once
+	held      *agentv1.DesiredState // what the agent held when last asked
 }
 
 // NewAgents returns the connections manager; term is this leader's term.
@@ -275,8 +276,48 @@ func (a *Agents) apply(ctx context.Context, c *agentConn, desired *agentv1.Desir
 func (a *Agents) probe(ctx context.Context, c *agentConn) error {
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
-	_, err := c.client.GetState(cctx, &agentv1.GetStateRequest{})
+	resp, err := c.client.GetState(cctx, &agentv1.GetStateRequest{})
+	if err == nil {
+		c.mu.Lock()
+		c.held = resp.GetState()
+		c.mu.Unlock()
+	}
 	return err
+}
+
+// Discover waits until every agent's reachability is decided (each is asked for its state
+// before anything is pushed to it), or timeout passes, and returns the states the reachable
+// agents hold, by node.
+func (a *Agents) Discover(ctx context.Context, timeout time.Duration) map[string]*agentv1.DesiredState {
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		a.mu.Lock()
+		conns := make([]*agentConn, 0, len(a.conns))
+		for _, c := range a.conns {
+			conns = append(conns, c)
+		}
+		a.mu.Unlock()
+		held := map[string]*agentv1.DesiredState{}
+		decided := true
+		for _, c := range conns {
+			c.mu.Lock()
+			decided = decided && c.known
+			if c.reachable && c.held != nil {
+				held[c.node] = c.held
+			}
+			c.mu.Unlock()
+		}
+		if decided || time.Now().After(deadline) {
+			return held
+		}
+		select {
+		case <-ctx.Done():
+			return held
+		case <-tick.C:
+		}
+	}
 }
 
 func (a *Agents) setReachable(c *agentConn, ok bool, err error) {

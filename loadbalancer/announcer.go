@@ -3,6 +3,7 @@ package loadbalancer
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -63,6 +64,9 @@ type AnnouncerConfig struct {
 	MaxCandidates     int
 	// Settle is how long changes are collected before they are planned and pushed.
 	Settle time.Duration
+	// Discover bounds the wait, at start, for every agent to say what it holds: the first
+	// plan keeps it, so a CCM restart or a leader change moves no VIP. 0 means 6 s.
+	Discover time.Duration
 }
 
 // Announcer decides who announces every allocated address (through the planner) and pushes
@@ -89,12 +93,18 @@ type Announcer struct {
 	kick        chan struct{}
 	lastPushed  map[string]*agentv1.DesiredState
 	vipServices map[netip.Addr][]*v1.Service
+	// seed is what the agents held when this announcer started; the first full plan keeps
+	// it where balance allows, then it is dropped.
+	seed planner.Plan
 }
 
 // NewAnnouncer returns an announcer; Start makes it work.
 func NewAnnouncer(cfg AnnouncerConfig) *Announcer {
 	if cfg.Settle <= 0 {
 		cfg.Settle = 20 * time.Millisecond
+	}
+	if cfg.Discover <= 0 {
+		cfg.Discover = 6 * time.Second
 	}
 	return &Announcer{
 		cfg:         cfg,
@@ -151,6 +161,17 @@ func (a *Announcer) run(ctx context.Context) {
 	if !cache.WaitForCacheSync(ctx.Done(), a.synced...) {
 		return
 	}
+	// Nothing is pushed before the agents said what they hold: a plan made without it
+	// could move VIPs that are well placed, or withdraw them while agents seem unreachable.
+	nodeList, _ := a.nodes.List(labels.Everything())
+	a.agents.SetNodes(nodeAddresses(nodeList))
+	start := time.Now()
+	held := a.agents.Discover(ctx, a.cfg.Discover)
+	seed := seedPlan(held)
+	klog.InfoS("Learnt what the agents announce", "agents", len(held), "nodes", len(nodeList), "vips", len(seed), "duration", time.Since(start).Round(time.Millisecond))
+	a.mu.Lock()
+	a.seed = seed
+	a.mu.Unlock()
 	a.markAll()
 	for {
 		select {
@@ -286,6 +307,54 @@ func (a *Announcer) agentEvent(node string, ev *agentv1.Event) {
 	}
 }
 
+// seedPlan is the plan the agents' states describe: for each L2 VIP the candidates of the
+// newest state (highest term; within a term, generations count per node, so the primary's
+// own copy wins), for a BGP VIP the nodes that advertise it.
+func seedPlan(held map[string]*agentv1.DesiredState) planner.Plan {
+	type source struct {
+		term    uint64
+		primary bool
+	}
+	plan := planner.Plan{}
+	from := map[netip.Addr]source{}
+	for _, node := range slices.Sorted(maps.Keys(held)) {
+		st := held[node]
+		for _, an := range st.GetAnnouncements() {
+			ip, err := netip.ParseAddr(an.GetVip())
+			if err != nil {
+				continue
+			}
+			if an.GetMode() == agentv1.Mode_MODE_BGP {
+				e := plan[ip]
+				e.Mode = planner.BGP
+				e.Nodes = append(e.Nodes, node)
+				plan[ip] = e
+				continue
+			}
+			e := planner.Entry{Mode: planner.L2}
+			for _, c := range an.GetL2().GetCandidates() {
+				e.Nodes = append(e.Nodes, c.GetNode())
+			}
+			src := source{st.GetTerm(), e.Primary() == node}
+			if old, ok := from[ip]; ok && (old.term > src.term || old.term == src.term && (old.primary || !src.primary)) {
+				continue
+			}
+			from[ip] = src
+			plan[ip] = e
+		}
+	}
+	return plan
+}
+
+// nodeAddresses maps each node to its data-plane address.
+func nodeAddresses(nodes []*v1.Node) map[string]netip.Addr {
+	addrs := make(map[string]netip.Addr, len(nodes))
+	for _, n := range nodes {
+		addrs[n.Name] = nodeAddress(n)
+	}
+	return addrs
+}
+
 // nodeAddress is the node's data-plane address: its first InternalIP, IPv4 first.
 func nodeAddress(n *v1.Node) netip.Addr {
 	var v6 netip.Addr
@@ -322,10 +391,9 @@ func (a *Announcer) sync() {
 	pools := a.poolMap()
 	vips, vipServices := a.vipsFromServices(pools)
 
-	addrs := map[string]netip.Addr{}
+	addrs := nodeAddresses(nodeList)
 	var pnodes []planner.Node
 	for _, n := range nodeList {
-		addrs[n.Name] = nodeAddress(n)
 		_, excluded := n.Labels[labelExcludeLB]
 		for _, t := range n.Spec.Taints {
 			if t.Key == taintToDelete {
@@ -343,7 +411,17 @@ func (a *Announcer) sync() {
 	a.mu.Lock()
 	a.vipServices = vipServices
 	var changed []netip.Addr
-	if all {
+	if all && a.seed != nil {
+		list := make([]planner.VIP, 0, len(vips))
+		for _, v := range vips {
+			list = append(list, v)
+		}
+		a.planner.Reset(a.seed, list, pnodes)
+		a.seed = nil
+		for ip := range a.planner.Plan() {
+			changed = append(changed, ip)
+		}
+	} else if all {
 		a.planner.SetNodes(pnodes)
 		for ip := range a.planner.Plan() {
 			if _, ok := vips[ip]; !ok {

@@ -472,6 +472,12 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 		Restored:   a.restored,
 		Problems:   slices.Clone(a.problems),
 	}
+	if a.state != nil {
+		resp.State = proto.Clone(a.state).(*agentv1.DesiredState)
+		if resp.State.L2 != nil {
+			resp.State.L2.HeartbeatKeys = nil // secrets stay in the agent
+		}
+	}
 	for _, v := range a.views {
 		resp.Announced = append(resp.Announced, proto.Clone(v).(*agentv1.AnnouncedVIP))
 	}

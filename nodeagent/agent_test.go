@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/nodeagent/bgp"
@@ -229,11 +230,13 @@ func bgpVIP(vip string) *agentv1.Announcement {
 func TestApplyAndGetState(t *testing.T) {
 	h := serve(t, t.TempDir())
 	c := h.ccm(t)
-	resp, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(1, 1,
+	applied := state(1, 1,
 		l2VIP("203.0.113.10", "node-a", "node-b"),
 		l2VIP("203.0.113.11", "node-b", "node-a"),
 		bgpVIP("203.0.113.20"),
-	)})
+	)
+	applied.L2 = &agentv1.L2Options{HeartbeatKeys: [][]byte{[]byte("secret-key-0123456789abcdef0123")}, HeartbeatIntervalMs: 50}
+	resp, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: applied})
 	if err != nil || !resp.GetChanged() || resp.GetGeneration() != 1 || len(resp.GetProblems()) != 0 {
 		t.Fatalf("Apply = %v, %v", resp, err)
 	}
@@ -273,6 +276,15 @@ func TestApplyAndGetState(t *testing.T) {
 	}
 	if len(st.GetPeers()) != 1 || st.GetPeers()[0].GetState() != "Established" || st.GetL2().GetArpReplies() != 7 {
 		t.Errorf("GetState peers %v, L2 %v", st.GetPeers(), st.GetL2())
+	}
+	// The held state comes back (a new leader plans from it), without the heartbeat keys.
+	held := st.GetState()
+	if len(held.GetL2().GetHeartbeatKeys()) != 0 || held.GetL2().GetHeartbeatIntervalMs() != 50 {
+		t.Errorf("held L2 options %v; want the interval and no keys", held.GetL2())
+	}
+	held.L2, applied.L2 = nil, nil
+	if !proto.Equal(held, applied) {
+		t.Errorf("held state %v, want what was applied %v", held, applied)
 	}
 }
 

@@ -36,11 +36,7 @@ func (p *Planner) Plan() Plan { return p.plan }
 
 // SetNodes replaces the nodes and replans every VIP; it returns the VIPs whose entry changed.
 func (p *Planner) SetNodes(nodes []Node) []netip.Addr {
-	p.nodes = slices.Clone(nodes)
-	p.byName = make(map[string]*Node, len(p.nodes))
-	for i := range p.nodes {
-		p.byName[p.nodes[i].Name] = &p.nodes[i]
-	}
+	p.setNodes(nodes)
 	vips := make([]VIP, 0, len(p.vips))
 	for _, v := range p.vips {
 		vips = append(vips, v)
@@ -55,6 +51,42 @@ func (p *Planner) SetNodes(nodes []Node) []netip.Addr {
 		}
 	}
 	return changed
+}
+
+// Reset replaces nodes and VIPs at once, for a planner that starts from what the nodes hold
+// already (prev): every VIP keeps its primary while that is eligible, even where the full
+// rules would rebalance, so starting afresh moves nothing; the others are placed as SetVIP
+// would. It returns the VIPs whose entry differs from prev.
+func (p *Planner) Reset(prev Plan, vips []VIP, nodes []Node) []netip.Addr {
+	p.setNodes(nodes)
+	p.vips = make(map[netip.Addr]VIP, len(vips))
+	p.plan = make(Plan, len(vips))
+	p.load = map[string]int{}
+	sorted := slices.Clone(vips)
+	slices.SortFunc(sorted, func(x, y VIP) int { return x.Addr.Compare(y.Addr) })
+	var rest []VIP
+	for _, v := range sorted {
+		p.vips[v.Addr] = v
+		old := prev[v.Addr]
+		if v.Mode != L2 || old.Mode != L2 || old.Primary() == "" || !slices.Contains(eligibleNodes(v, p.nodes), old.Primary()) {
+			rest = append(rest, v)
+			continue
+		}
+		p.plan[v.Addr] = p.place(v, old)
+		p.load[old.Primary()]++
+	}
+	for _, v := range rest {
+		p.SetVIP(v)
+	}
+	return Diff(prev, p.plan)
+}
+
+func (p *Planner) setNodes(nodes []Node) {
+	p.nodes = slices.Clone(nodes)
+	p.byName = make(map[string]*Node, len(p.nodes))
+	for i := range p.nodes {
+		p.byName[p.nodes[i].Name] = &p.nodes[i]
+	}
 }
 
 // SetVIP adds or changes one VIP and places it; it reports whether its entry changed.

@@ -309,3 +309,64 @@ func BenchmarkSetVIPWith10000Placed(b *testing.B) {
 		i++
 	}
 }
+
+// A planner started afresh from what the nodes hold (a new leader) reproduces the plan the
+// old one built one change at a time: nothing moves.
+func TestResetFromHeldPlanMovesNothing(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		vips, nodes := genScenario(t)
+		old := New(Options{})
+		old.SetNodes(nodes)
+		order := rapid.Permutation(vips).Draw(t, "creation order")
+		for _, v := range order {
+			old.SetVIP(v)
+		}
+		fresh := New(Options{})
+		if changed := fresh.Reset(maps.Clone(old.Plan()), vips, nodes); len(changed) != 0 {
+			t.Fatalf("a fresh planner moved %v", changed)
+		}
+		if d := Diff(old.Plan(), fresh.Plan()); len(d) != 0 {
+			t.Fatalf("plans differ at %v", d)
+		}
+		// And it goes on from there as the old one would.
+		if len(vips) > 0 {
+			v := vips[0]
+			v.Local = !v.Local
+			old.SetVIP(v)
+			fresh.SetVIP(v)
+			if d := Diff(old.Plan(), fresh.Plan()); len(d) != 0 {
+				t.Fatalf("after a change the plans differ at %v", d)
+			}
+		}
+	})
+}
+
+// Reset against other nodes keeps each primary that is still eligible and places only on
+// eligible nodes.
+func TestResetKeepsEligiblePrimaries(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		vips, nodes := genScenario(t)
+		prev := Compute(nil, vips, nodes, Options{})
+		_, nodes2 := genScenario(t)
+		p := New(Options{})
+		p.Reset(prev, vips, nodes2)
+		for _, v := range vips {
+			e, ok := p.Entry(v.Addr)
+			if !ok {
+				t.Fatalf("%s not planned", v.Addr)
+			}
+			elig := eligibleNodes(v, nodes2)
+			for _, n := range e.Nodes {
+				if !slices.Contains(elig, n) {
+					t.Fatalf("%s placed on ineligible %s", v.Addr, n)
+				}
+			}
+			if old := prev[v.Addr].Primary(); v.Mode == L2 && old != "" && slices.Contains(elig, old) && e.Primary() != old {
+				t.Fatalf("%s moved from eligible %s to %s", v.Addr, old, e.Primary())
+			}
+			if v.Mode == L2 && len(elig) > 0 && e.Primary() == "" {
+				t.Fatalf("%s has eligible nodes %v but no primary", v.Addr, elig)
+			}
+		}
+	})
+}

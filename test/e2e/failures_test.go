@@ -79,7 +79,7 @@ func TestLeaderChangeMovesNothing(t *testing.T) {
 	first := c.StartCCMReplica("ccm-a", le...)
 	time.Sleep(time.Second) // let a win
 	second := c.StartCCMReplica("ccm-b", le...)
-	vips := spreadVIPs(t, c, 3)
+	vips := spreadVIPs(t, c, 6)
 	before := c.Owners(vips)
 	term := func() uint64 {
 		st, err := c.Agents["node1"].Client.GetState(context.Background(), &agentv1.GetStateRequest{})
@@ -113,6 +113,10 @@ func TestLeaderChangeMovesNothing(t *testing.T) {
 	}
 	if after := c.Owners(vips); !cluster.SameOwners(before, after) {
 		t.Errorf("owners changed across the leader change: %v -> %v", before, after)
+	}
+	// The new leader planned from what the three agents held.
+	if line := lineWith(standby.Output(), "Learnt what the agents announce"); !strings.Contains(line, "agents=3") {
+		t.Errorf("the new leader did not learn from the three agents: %q", line)
 	}
 	t.Logf("term %d -> %d", oldTerm, term())
 }

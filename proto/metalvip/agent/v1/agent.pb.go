@@ -967,7 +967,11 @@ type GetStateResponse struct {
 	// restored says the state was read from disk at start and no Apply has arrived since.
 	Restored bool `protobuf:"varint,7,opt,name=restored,proto3" json:"restored,omitempty"`
 	// problems lists what the agent could not do yet.
-	Problems      []string `protobuf:"bytes,8,rep,name=problems,proto3" json:"problems,omitempty"`
+	Problems []string `protobuf:"bytes,8,rep,name=problems,proto3" json:"problems,omitempty"`
+	// state is the desired state the agent holds (applied, or restored from disk), without
+	// heartbeat keys. A CCM that starts leading seeds its plan from it, so a leader change or
+	// a CCM restart moves no VIP.
+	State         *DesiredState `protobuf:"bytes,9,opt,name=state,proto3" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1054,6 +1058,13 @@ func (x *GetStateResponse) GetRestored() bool {
 func (x *GetStateResponse) GetProblems() []string {
 	if x != nil {
 		return x.Problems
+	}
+	return nil
+}
+
+func (x *GetStateResponse) GetState() *DesiredState {
+	if x != nil {
+		return x.State
 	}
 	return nil
 }
@@ -1537,7 +1548,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"generation\x12\x18\n" +
 	"\achanged\x18\x03 \x01(\bR\achanged\x12\x1a\n" +
 	"\bproblems\x18\x04 \x03(\tR\bproblems\"\x11\n" +
-	"\x0fGetStateRequest\"\xb5\x02\n" +
+	"\x0fGetStateRequest\"\xec\x02\n" +
 	"\x10GetStateResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x1e\n" +
@@ -1548,7 +1559,8 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x05peers\x18\x05 \x03(\v2\x1d.metalvip.agent.v1.PeerStatusR\x05peers\x12-\n" +
 	"\x02l2\x18\x06 \x01(\v2\x1d.metalvip.agent.v1.L2CountersR\x02l2\x12\x1a\n" +
 	"\brestored\x18\a \x01(\bR\brestored\x12\x1a\n" +
-	"\bproblems\x18\b \x03(\tR\bproblems\"\x9d\x01\n" +
+	"\bproblems\x18\b \x03(\tR\bproblems\x125\n" +
+	"\x05state\x18\t \x01(\v2\x1f.metalvip.agent.v1.DesiredStateR\x05state\"\x9d\x01\n" +
 	"\fAnnouncedVIP\x12\x10\n" +
 	"\x03vip\x18\x01 \x01(\tR\x03vip\x12+\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x17.metalvip.agent.v1.ModeR\x04mode\x12\x16\n" +
@@ -1654,20 +1666,21 @@ var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
 	15, // 10: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
 	16, // 11: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
 	17, // 12: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
-	0,  // 13: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
-	20, // 14: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
-	1,  // 15: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
-	11, // 16: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
-	13, // 17: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
-	18, // 18: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
-	12, // 19: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
-	14, // 20: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
-	19, // 21: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
-	19, // [19:22] is the sub-list for method output_type
-	16, // [16:19] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	2,  // 13: metalvip.agent.v1.GetStateResponse.state:type_name -> metalvip.agent.v1.DesiredState
+	0,  // 14: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
+	20, // 15: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
+	1,  // 16: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
+	11, // 17: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
+	13, // 18: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
+	18, // 19: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
+	12, // 20: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
+	14, // 21: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
+	19, // 22: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
+	20, // [20:23] is the sub-list for method output_type
+	17, // [17:20] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_metalvip_agent_v1_agent_proto_init() }
