@@ -88,7 +88,7 @@ type Allocations struct {
 	poolsChanged chan struct{}
 	later        workqueue.TypedRateLimitingInterface[string] // records to write off the hot path
 	limiter      *rate.Limiter
-	lastEnsure   atomic.Int64 // UnixNano of the last Ensure: deferred records wait for a lull
+	lastAlloc    atomic.Int64 // UnixNano of the last new allocation: deferred records wait for a lull
 
 	services   corelisters.ServiceLister
 	namespaces corelisters.NamespaceLister
@@ -284,7 +284,6 @@ func (a *Allocations) Ensure(ctx context.Context, svc *v1.Service) (*v1.LoadBala
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	a.lastEnsure.Store(time.Now().UnixNano())
 	req, err := a.request(svc)
 	if err != nil {
 		a.warnOnce(svc, ReasonInvalidAnnotation, err.Error()+"; fix the annotation")
@@ -306,6 +305,11 @@ func (a *Allocations) Ensure(ctx context.Context, svc *v1.Service) (*v1.LoadBala
 		return nil, err
 	}
 	a.clearWarning(svc)
+	if !slices.Equal(prev.IPs, al.IPs) {
+		// Only new addresses count as a burst: the syncs that the deferred records cause
+		// themselves must not hold the records back.
+		a.lastAlloc.Store(time.Now().UnixNano())
+	}
 	if err := a.record(ctx, svc, al); err != nil {
 		return nil, err
 	}
@@ -377,7 +381,7 @@ func (a *Allocations) recordLater(ctx context.Context) {
 			defer a.later.Done(key)
 			// Wait for a lull in allocations: during a burst the API server has better things
 			// to do than records (and the resyncs they cause).
-			for time.Since(time.Unix(0, a.lastEnsure.Load())) < recordLull {
+			for time.Since(time.Unix(0, a.lastAlloc.Load())) < recordLull {
 				select {
 				case <-ctx.Done():
 					return

@@ -566,6 +566,9 @@ func TestPoolChangesNeverTakeAnAddress(t *testing.T) {
 	// A Service update re-runs the allocation: still the same address.
 	s := mustGet(t, e, ns, "first")
 	s.Labels = map[string]string{"touched": "yes"}
+	if s.Annotations == nil { // the allocation record may not be written yet
+		s.Annotations = map[string]string{}
+	}
 	s.Annotations[string(annotation.SharingKey)] = "x"
 	if _, err := e.srv.Client.CoreV1().Services(ns).Update(e.ctx, s, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
