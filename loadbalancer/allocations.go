@@ -263,6 +263,9 @@ func (a *Allocations) request(svc *v1.Service) (ipam.Service, error) {
 	if s.SharingKey, err = annotation.SharingKeyFromService(svc); err != nil {
 		errs = append(errs, err)
 	}
+	if s.Count, err = annotation.VIPCountFromService(svc); err != nil {
+		errs = append(errs, err)
+	}
 	return s, errors.Join(errs...)
 }
 

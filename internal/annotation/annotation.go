@@ -5,6 +5,7 @@ package annotation
 import (
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
@@ -22,7 +23,13 @@ const (
 	IPs Name = "metalvip.io/ips"
 	// SharingKey lets Services with the same key share an address when their ports differ.
 	SharingKey Name = "metalvip.io/sharing-key"
+	// VIPCount asks for several addresses per family, announced from distinct nodes where
+	// enough are eligible, so that DNS round-robin spreads clients over nodes.
+	VIPCount Name = "metalvip.io/vip-count"
 )
+
+// MaxVIPCount bounds metalvip.io/vip-count.
+const MaxVIPCount = 16
 
 // Annotations the controller writes: the record of an allocation beside the Service's status.
 const (
@@ -128,6 +135,20 @@ func family(a netip.Addr) string {
 		return "IPv4"
 	}
 	return "IPv6"
+}
+
+// VIPCountFromService returns how many addresses per family the Service asks for: 1 unless
+// metalvip.io/vip-count says otherwise.
+func VIPCountFromService(svc *v1.Service) (int, error) {
+	v, ok := VIPCount.Value(svc)
+	if !ok {
+		return 1, nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < 1 || n > MaxVIPCount {
+		return 1, fmt.Errorf("annotation %s=%q: the number of addresses per family is a whole number from 1 to %d", VIPCount, v, MaxVIPCount)
+	}
+	return n, nil
 }
 
 // SharingKeyFromService returns the sharing key, or "".

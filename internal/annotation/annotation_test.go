@@ -70,6 +70,24 @@ func TestPoolAndSharingKey(t *testing.T) {
 	}
 }
 
+func TestVIPCount(t *testing.T) {
+	for v, want := range map[string]int{"": 1, "1": 1, " 3 ": 3, "16": 16} {
+		ann := map[string]string{}
+		if v != "" {
+			ann[string(VIPCount)] = v
+		}
+		if n, err := VIPCountFromService(service(ann, "")); err != nil || n != want {
+			t.Errorf("vip-count %q = %d, %v; want %d", v, n, err, want)
+		}
+	}
+	for _, v := range []string{"0", "-1", "17", "three", "2.5"} {
+		_, err := VIPCountFromService(service(map[string]string{string(VIPCount): v}, ""))
+		if err == nil || !strings.Contains(err.Error(), "from 1 to 16") {
+			t.Errorf("vip-count %q: %v; want an error naming the range", v, err)
+		}
+	}
+}
+
 func FuzzParseIPs(f *testing.F) {
 	for _, s := range []string{"203.0.113.1", "203.0.113.1,2001:db8::1", "", ",", "::ffff:1.2.3.4", "fe80::1%eth0"} {
 		f.Add(s)

@@ -80,8 +80,11 @@ type Service struct {
 	Pool            string       // requested pool (metalvip.io/pool)
 	IPs             []netip.Addr // requested addresses (metalvip.io/ips or spec.loadBalancerIP)
 	SharingKey      string
-	Ports           []Port
-	LocalTraffic    bool // externalTrafficPolicy: Local
+	// Count is how many addresses of each family the Service gets (metalvip.io/vip-count);
+	// 0 means 1. More than one cannot be combined with requested addresses or a sharing key.
+	Count        int
+	Ports        []Port
+	LocalTraffic bool // externalTrafficPolicy: Local
 	// Published are the addresses in the Service's status now. An address the Service gives
 	// up stays held until its status no longer shows it (see Published), so that it is
 	// never handed to another Service while clients may still be sent to it.
@@ -91,7 +94,7 @@ type Service struct {
 // Allocation is what a Service holds.
 type Allocation struct {
 	Pool string
-	IPs  []netip.Addr // in the order of the Service's families
+	IPs  []netip.Addr // in the order of the Service's families; Count of each, ascending
 }
 
 // Error kinds, checked with errors.Is.
@@ -271,6 +274,12 @@ func wantedFamilies(s *Service) ([]Family, error) {
 	if s.Policy == SingleStack {
 		fams = fams[:1]
 	}
+	if s.Count > 1 && len(s.IPs) > 0 {
+		return nil, errorf(ErrRequest, "the Service asks for %d addresses per family and names its addresses; use one or the other", s.Count)
+	}
+	if s.Count > 1 && s.SharingKey != "" {
+		return nil, errorf(ErrRequest, "the Service asks for %d addresses per family and a sharing key; Services with several addresses per family cannot share them", s.Count)
+	}
 	if len(s.IPs) == 0 {
 		return fams, nil
 	}
@@ -309,13 +318,27 @@ func requested(s *Service, f Family) netip.Addr {
 	return netip.Addr{}
 }
 
-func ofFamily(ips []netip.Addr, f Family) netip.Addr {
+// perFamily is how many addresses of each family s gets.
+func perFamily(s *Service) int { return max(s.Count, 1) }
+
+// ofFamily returns the first address of family f in ips that is not in skip.
+func ofFamily(ips []netip.Addr, f Family, skip ...netip.Addr) netip.Addr {
 	for _, ip := range ips {
-		if FamilyOf(ip) == f {
+		if FamilyOf(ip) == f && !slices.Contains(skip, ip) {
 			return ip
 		}
 	}
 	return netip.Addr{}
+}
+
+func countFamily(ips []netip.Addr, f Family) int {
+	n := 0
+	for _, ip := range ips {
+		if FamilyOf(ip) == f {
+			n++
+		}
+	}
+	return n
 }
 
 // Assign gives a Service its addresses, or returns those it holds when they still fit its
@@ -387,12 +410,20 @@ func (a *Allocator) fits(s *Service, cur Allocation, fams []Family, strict bool)
 			}
 		}
 	}
+	n := perFamily(s)
+	held := 0
 	for _, ip := range cur.IPs {
-		if !slices.Contains(fams, FamilyOf(ip)) {
+		f := FamilyOf(ip)
+		if !slices.Contains(fams, f) || countFamily(cur.IPs, f) != n {
 			return false
 		}
 	}
-	if len(cur.IPs) == len(fams) {
+	for _, f := range fams {
+		if countFamily(cur.IPs, f) > 0 {
+			held++
+		}
+	}
+	if held == len(fams) {
 		return true
 	}
 	return !strict && s.Policy == PreferDualStack
@@ -521,7 +552,15 @@ func (a *Allocator) tryPool(s *Service, fams []Family, p *pool, cur Allocation) 
 	next := Allocation{Pool: p.Name}
 	var skipped error
 	for _, f := range fams {
-		ip, err := a.pick(s, f, p, cur)
+		var got []netip.Addr
+		var err error
+		for range perFamily(s) {
+			var ip netip.Addr
+			if ip, err = a.pick(s, f, p, cur, got); err != nil {
+				break
+			}
+			got = append(got, ip)
+		}
 		if err != nil {
 			if s.Policy == PreferDualStack && len(s.IPs) == 0 && len(fams) > 1 {
 				skipped = err
@@ -529,7 +568,8 @@ func (a *Allocator) tryPool(s *Service, fams []Family, p *pool, cur Allocation) 
 			}
 			return Allocation{}, err
 		}
-		next.IPs = append(next.IPs, ip)
+		slices.SortFunc(got, netip.Addr.Compare)
+		next.IPs = append(next.IPs, got...)
 	}
 	if len(next.IPs) == 0 {
 		return Allocation{}, skipped
@@ -537,10 +577,11 @@ func (a *Allocator) tryPool(s *Service, fams []Family, p *pool, cur Allocation) 
 	return next, nil
 }
 
-// pick chooses the Service's address of family f in p.
-func (a *Allocator) pick(s *Service, f Family, p *pool, cur Allocation) (netip.Addr, error) {
+// pick chooses an address of family f in p for the Service, other than those it got already
+// in this allocation (got).
+func (a *Allocator) pick(s *Service, f Family, p *pool, cur Allocation, got []netip.Addr) (netip.Addr, error) {
 	want := requested(s, f)
-	if c := ofFamily(cur.IPs, f); c.IsValid() && cur.Pool == p.Name && (!want.IsValid() || want == c) {
+	if c := ofFamily(cur.IPs, f, got...); c.IsValid() && cur.Pool == p.Name && (!want.IsValid() || want == c) {
 		if h := a.held[c]; h == nil || compatible(h, s) == nil {
 			return c, nil
 		}
@@ -581,9 +622,12 @@ func (a *Allocator) pick(s *Service, f Family, p *pool, cur Allocation) (netip.A
 		return netip.Addr{}, errorf(ErrExhausted, "IP pool %q has no %s addresses; the Service's ipFamilies need one", p.Name, f)
 	}
 	if fs := p.free[f]; fs != nil {
-		if a, ok := fs.lowest(); ok {
+		if a, ok := fs.lowestNotIn(got); ok {
 			return a, nil
 		}
+	}
+	if n := perFamily(s); n > 1 {
+		return netip.Addr{}, errorf(ErrExhausted, "IP pool %q has fewer than %d free %s addresses; the Service stays pending until enough are freed or the pool grows", p.Name, n, f)
 	}
 	return netip.Addr{}, errorf(ErrExhausted, "IP pool %q has no free %s address; the Service stays pending until one is freed or the pool grows", p.Name, f)
 }

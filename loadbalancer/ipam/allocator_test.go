@@ -389,3 +389,50 @@ func TestRequestChangeMovesOnlyWhenTheNewAddressIsFree(t *testing.T) {
 		t.Errorf("the address left behind was not freed: next Service got %v", got)
 	}
 }
+
+func withCount(n int) func(*Service) { return func(s *Service) { s.Count = n } }
+
+func TestSeveralAddressesPerFamily(t *testing.T) {
+	a := newAlloc(t, Pool{Name: "p", Ranges: mustRanges(t, "203.0.113.0/29", "2001:db8:100::/125"), AutoAssign: true, AvoidBuggyIPs: true})
+	one, _ := a.Assign(svc("ns/one"))
+	got, err := a.Assign(svc("ns/three", withCount(3), withFamilies(RequireDualStack, IPv6, IPv4)))
+	want := []netip.Addr{ip("2001:db8:100::"), ip("2001:db8:100::1"), ip("2001:db8:100::2"), ip("203.0.113.2"), ip("203.0.113.3"), ip("203.0.113.4")}
+	if err != nil || !slices.Equal(got.IPs, want) {
+		t.Fatalf("three per family = %v, %v; want %v (after %v)", got, err, want, one)
+	}
+	// Sticky, also when the count goes down (the lowest stay) and up again (topped up).
+	if again, err := a.Assign(svc("ns/three", withCount(3), withFamilies(RequireDualStack, IPv6, IPv4))); err != nil || !slices.Equal(again.IPs, want) {
+		t.Errorf("reassign moved: %v, %v", again, err)
+	}
+	two, err := a.Assign(svc("ns/three", withCount(2), withFamilies(RequireDualStack, IPv6, IPv4)))
+	if err != nil || !slices.Equal(two.IPs, []netip.Addr{want[0], want[1], want[3], want[4]}) {
+		t.Errorf("down to two = %v, %v", two, err)
+	}
+	four, err := a.Assign(svc("ns/three", withCount(4), withFamilies(SingleStack, IPv4)))
+	if err != nil || len(four.IPs) != 4 || four.IPs[0] != want[3] || four.IPs[1] != want[4] {
+		t.Errorf("IPv4 only, four = %v, %v; want %s and %s kept", four, err, want[3], want[4])
+	}
+	// Not enough left: pending, holding what it had.
+	_, err = a.Assign(svc("ns/many", withCount(5)))
+	if !errors.Is(err, ErrExhausted) || !strings.Contains(err.Error(), "fewer than 5 free IPv4 addresses") {
+		t.Errorf("exhausted: %v", err)
+	}
+	if held, ok := a.Get("ns/many"); ok && len(held.IPs) > 0 {
+		t.Errorf("a Service that could not get all its addresses holds %v", held)
+	}
+	// Several addresses exclude requested addresses and sharing.
+	for _, s := range []Service{svc("ns/x", withCount(2), withIPs("203.0.113.6")), svc("ns/y", withCount(2), withKey("k"))} {
+		if _, err := a.Assign(s); !errors.Is(err, ErrRequest) {
+			t.Errorf("%s: %v; want a request error", s.Key, err)
+		}
+	}
+	// A restart restores them.
+	b := newAlloc(t, Pool{Name: "p", Ranges: mustRanges(t, "203.0.113.0/29", "2001:db8:100::/125"), AutoAssign: true, AvoidBuggyIPs: true})
+	s := svc("ns/three", withCount(4), withFamilies(SingleStack, IPv4))
+	if errs := b.Rebuild([]Record{{Service: s, Allocation: four}}); len(errs) != 0 {
+		t.Fatal(errs)
+	}
+	if again, err := b.Assign(s); err != nil || !slices.Equal(again.IPs, four.IPs) {
+		t.Errorf("after a restart %v, %v; want %v", again, err, four)
+	}
+}

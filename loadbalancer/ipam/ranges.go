@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/big"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/google/btree"
@@ -195,6 +196,23 @@ func (s *freeSet) containing(a netip.Addr) (Range, bool) {
 func (s *freeSet) lowest() (netip.Addr, bool) {
 	r, ok := s.t.Min()
 	return r.First, ok
+}
+
+// lowestNotIn returns the lowest free address not in skip (a few addresses).
+func (s *freeSet) lowestNotIn(skip []netip.Addr) (netip.Addr, bool) {
+	var out netip.Addr
+	s.t.Ascend(func(r Range) bool {
+		for a := r.First; ; a = a.Next() {
+			if !slices.Contains(skip, a) {
+				out = a
+				return false
+			}
+			if a == r.Last {
+				return true
+			}
+		}
+	})
+	return out, out.IsValid()
 }
 
 // take removes a; it reports false when a is not free.
