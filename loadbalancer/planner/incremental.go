@@ -15,6 +15,7 @@ type Planner struct {
 	vips   map[netip.Addr]VIP
 	plan   Plan
 	load   map[string]int
+	groups groups
 }
 
 // New returns an empty planner.
@@ -22,7 +23,7 @@ func New(opts Options) *Planner {
 	if opts.MaxCandidates <= 0 {
 		opts.MaxCandidates = 4
 	}
-	return &Planner{opts: opts, byName: map[string]*Node{}, vips: map[netip.Addr]VIP{}, plan: Plan{}, load: map[string]int{}}
+	return &Planner{opts: opts, byName: map[string]*Node{}, vips: map[netip.Addr]VIP{}, plan: Plan{}, load: map[string]int{}, groups: groups{}}
 }
 
 // Entry returns a VIP's entry.
@@ -44,10 +45,11 @@ func (p *Planner) SetNodes(nodes []Node) []netip.Addr {
 	next := Compute(p.plan, vips, p.nodes, p.opts)
 	changed := Diff(p.plan, next)
 	p.plan = next
-	p.load = map[string]int{}
-	for _, e := range next {
+	p.load, p.groups = map[string]int{}, groups{}
+	for a, e := range next {
 		if pr := e.Primary(); pr != "" {
 			p.load[pr]++
+			p.groups.add(p.vips[a].Group, pr, 1)
 		}
 	}
 	return changed
@@ -61,7 +63,7 @@ func (p *Planner) Reset(prev Plan, vips []VIP, nodes []Node) []netip.Addr {
 	p.setNodes(nodes)
 	p.vips = make(map[netip.Addr]VIP, len(vips))
 	p.plan = make(Plan, len(vips))
-	p.load = map[string]int{}
+	p.load, p.groups = map[string]int{}, groups{}
 	sorted := slices.Clone(vips)
 	slices.SortFunc(sorted, func(x, y VIP) int { return x.Addr.Compare(y.Addr) })
 	var rest []VIP
@@ -74,6 +76,7 @@ func (p *Planner) Reset(prev Plan, vips []VIP, nodes []Node) []netip.Addr {
 		}
 		p.plan[v.Addr] = p.place(v, old)
 		p.load[old.Primary()]++
+		p.groups.add(v.Group, old.Primary(), 1)
 	}
 	for _, v := range rest {
 		p.SetVIP(v)
@@ -91,20 +94,25 @@ func (p *Planner) setNodes(nodes []Node) {
 
 // SetVIP adds or changes one VIP and places it; it reports whether its entry changed.
 func (p *Planner) SetVIP(v VIP) bool {
+	prev, known := p.vips[v.Addr]
 	p.vips[v.Addr] = v
 	old, had := p.plan[v.Addr]
 	next := p.place(v, old)
-	if had && old.Mode == next.Mode && slices.Equal(old.Nodes, next.Nodes) {
+	if had && old.Mode == next.Mode && slices.Equal(old.Nodes, next.Nodes) && prev.Group == v.Group {
 		return false
 	}
 	if pr := old.Primary(); pr != "" {
 		p.load[pr]--
+		if known {
+			p.groups.add(prev.Group, pr, -1)
+		}
 	}
 	if pr := next.Primary(); pr != "" {
 		p.load[pr]++
+		p.groups.add(v.Group, pr, 1)
 	}
 	p.plan[v.Addr] = next
-	return true
+	return !had || old.Mode != next.Mode || !slices.Equal(old.Nodes, next.Nodes)
 }
 
 // DeleteVIP removes a VIP; it reports whether it was there.
@@ -115,6 +123,7 @@ func (p *Planner) DeleteVIP(a netip.Addr) bool {
 	}
 	if pr := old.Primary(); pr != "" {
 		p.load[pr]--
+		p.groups.add(p.vips[a].Group, pr, -1)
 	}
 	delete(p.plan, a)
 	delete(p.vips, a)
@@ -138,11 +147,14 @@ func (p *Planner) place(v VIP, old Entry) Entry {
 	primary := old.Primary()
 	if primary == "" || !slices.Contains(names, primary) {
 		// The VIP's own old primary does not count against its node when choosing anew.
-		load := p.load
+		load, sib := p.load, p.groups.of(v.Group)
 		if pr := old.Primary(); pr != "" {
 			load = maps1(p.load, pr)
+			if sib != nil {
+				sib = maps1(sib, pr)
+			}
 		}
-		primary = leastLoaded(cs, load).name
+		primary = leastLoaded(cs, load, sib).name
 	}
 	e.Nodes = append([]string{primary}, standbys(cs, primary, p.opts.MaxCandidates-1)...)
 	return e

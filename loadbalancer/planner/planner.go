@@ -12,6 +12,8 @@
 //     ties.
 //   - Placement is sticky: a VIP keeps its primary while that stays eligible and balance does
 //     not need it to move; a node joining or returning takes only the VIPs balance needs.
+//   - VIPs of one group (the addresses of one Service's family, metalvip.io/vip-count) go to
+//     distinct primaries where enough nodes are eligible; this comes before balance.
 //   - Standby candidates follow the primary, ranked by a hash of VIP and node (rendezvous
 //     hashing), so the VIPs of a failed node spread over the survivors.
 //   - BGP VIPs are advertised by every eligible node.
@@ -19,10 +21,11 @@ package planner
 
 import (
 	"cmp"
-	"hash/fnv"
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/metalvip/metalvip/internal/rendezvous"
 )
 
 // Mode is how a VIP is announced.
@@ -61,6 +64,9 @@ type VIP struct {
 	// Local: only EndpointNodes may announce (externalTrafficPolicy: Local).
 	Local         bool
 	EndpointNodes []string
+	// Group names the VIPs that should not share a primary (one Service's addresses of one
+	// family); "" is a group of its own.
+	Group string
 }
 
 // Entry is the plan for one VIP.
@@ -122,8 +128,11 @@ func Compute(prev Plan, vips []VIP, nodes []Node, opts Options) Plan {
 		eligible[i] = cs
 	}
 
-	// L2 primaries: keep, then fill, then rebalance.
+	// L2 primaries: keep, then fill, then rebalance. A VIP keeps its primary while that is
+	// eligible, unless its group is spread unevenly (a node with two more of the group's
+	// primaries than another eligible node gives some up).
 	load := map[string]int{}
+	grp := groups{}
 	primary := make([]string, len(sorted))
 	for i, v := range sorted {
 		if v.Mode != L2 {
@@ -131,6 +140,16 @@ func Compute(prev Plan, vips []VIP, nodes []Node, opts Options) Plan {
 		}
 		if p := prev[v.Addr].Primary(); p != "" && slices.ContainsFunc(eligible[i], func(c cand) bool { return c.name == p }) {
 			primary[i] = p
+			grp.add(v.Group, p, 1)
+		}
+	}
+	for i, v := range sorted {
+		if p := primary[i]; p != "" {
+			if sib := grp.of(v.Group); sib[p] > fewestSiblings(eligible[i], sib)+1 {
+				primary[i] = ""
+				grp.add(v.Group, p, -1)
+				continue
+			}
 			load[p]++
 		}
 	}
@@ -138,10 +157,11 @@ func Compute(prev Plan, vips []VIP, nodes []Node, opts Options) Plan {
 		if v.Mode != L2 || primary[i] != "" || len(eligible[i]) == 0 {
 			continue
 		}
-		primary[i] = leastLoaded(eligible[i], load).name
+		primary[i] = leastLoaded(eligible[i], load, grp.of(v.Group)).name
 		load[primary[i]]++
+		grp.add(v.Group, primary[i], 1)
 	}
-	rebalance(sorted, eligible, primary, load)
+	rebalance(sorted, eligible, primary, load, grp)
 
 	for i, v := range sorted {
 		if v.Mode != L2 {
@@ -193,13 +213,21 @@ type cand struct {
 	preferred bool
 }
 
-// leastLoaded picks the node to give a VIP: lowest load, then preferred, then highest score
-// (so that ties do not all go to the same node).
-func leastLoaded(cs []cand, load map[string]int) cand {
+// siblings counts, for one group, the primaries on each node; nil for a VIP without a group.
+type siblings map[string]int
+
+// leastLoaded picks the node to give a VIP: fewest siblings (VIPs of its group), then lowest
+// load, then preferred, then highest score (so that ties do not all go to the same node).
+func leastLoaded(cs []cand, load map[string]int, sib siblings) cand {
 	best := cs[0]
 	for _, c := range cs[1:] {
+		sc, sb := sib[c.name], sib[best.name]
 		lc, lb := load[c.name], load[best.name]
 		switch {
+		case sc != sb:
+			if sc < sb {
+				best = c
+			}
 		case lc != lb:
 			if lc < lb {
 				best = c
@@ -213,6 +241,46 @@ func leastLoaded(cs []cand, load map[string]int) cand {
 		}
 	}
 	return best
+}
+
+// fewestSiblings is the least number of siblings on any of cs.
+func fewestSiblings(cs []cand, sib siblings) int {
+	least := -1
+	for _, c := range cs {
+		if n := sib[c.name]; least < 0 || n < least {
+			least = n
+		}
+	}
+	return max(least, 0)
+}
+
+// groups tracks siblings per group.
+type groups map[string]siblings
+
+// of returns a group's siblings; nil for "" or a group with no primary yet.
+func (g groups) of(group string) siblings {
+	if group == "" {
+		return nil
+	}
+	return g[group]
+}
+
+func (g groups) add(group, node string, d int) {
+	if group == "" || node == "" {
+		return
+	}
+	sib := g[group]
+	if sib == nil {
+		sib = siblings{}
+		g[group] = sib
+	}
+	sib[node] += d
+	if sib[node] <= 0 {
+		delete(sib, node)
+	}
+	if len(sib) == 0 {
+		delete(g, group)
+	}
 }
 
 // standbys returns up to k eligible nodes other than primary, highest score first.
@@ -243,7 +311,7 @@ func standbys(cs []cand, primary string, k int) []string {
 // the least loaded node that may take it: donors are never drained below the balance point,
 // so a node joining K balanced nodes takes about N/(K+1) VIPs and nothing else moves. Every
 // move lowers the sum of squared loads, so the loop ends; it is also bounded.
-func rebalance(vips []VIP, eligible [][]cand, primary []string, load map[string]int) {
+func rebalance(vips []VIP, eligible [][]cand, primary []string, load map[string]int, grp groups) {
 	onNode := map[string][]int{}
 	for i, v := range vips {
 		if v.Mode == L2 && primary[i] != "" {
@@ -267,14 +335,18 @@ func rebalance(vips []VIP, eligible [][]cand, primary []string, load map[string]
 		for _, p := range donors {
 			best, bestQ := -1, ""
 			for _, i := range onNode[p] {
-				q := leastLoaded(eligible[i], load).name
-				if load[q]+1 < load[p] && (best < 0 || load[q] < load[bestQ]) {
+				sib := grp.of(vips[i].Group)
+				q := leastLoaded(eligible[i], load, sib).name
+				// A move never puts a VIP with more of its siblings than it leaves.
+				if load[q]+1 < load[p] && (sib == nil || sib[q] < sib[p]) && (best < 0 || load[q] < load[bestQ]) {
 					best, bestQ = i, q
 				}
 			}
 			if best < 0 {
 				continue
 			}
+			grp.add(vips[best].Group, p, -1)
+			grp.add(vips[best].Group, bestQ, 1)
 			primary[best] = bestQ
 			load[p]--
 			load[bestQ]++
@@ -290,30 +362,14 @@ func rebalance(vips []VIP, eligible [][]cand, primary []string, load map[string]
 }
 
 // Score is the rendezvous hash of a VIP and a node: the node with the highest score for a VIP
-// is its first standby. The agents use the same function for per-client spreading.
-func Score(vip netip.Addr, node string) uint64 { return mix(hashAddr(vip), hashString(node)) }
+// is its first standby.
+func Score(vip netip.Addr, node string) uint64 { return rendezvous.Score(vip, node) }
 
-func hashAddr(a netip.Addr) uint64 {
-	h := fnv.New64a()
-	b := a.As16()
-	h.Write(b[:])
-	return h.Sum64()
-}
-
-func hashString(s string) uint64 {
-	h := fnv.New64a()
-	h.Write([]byte(s))
-	return h.Sum64()
-}
-
-// mix combines two hashes (the SplitMix64 finaliser), so that every pair gets an independent
-// score cheaply.
-func mix(a, b uint64) uint64 {
-	z := a ^ (b + 0x9e3779b97f4a7c15 + (a << 6) + (a >> 2))
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
-}
+var (
+	hashAddr   = rendezvous.Addr
+	hashString = rendezvous.Node
+	mix        = rendezvous.Mix
+)
 
 // Diff lists the VIPs whose entry differs between two plans.
 func Diff(a, b Plan) []netip.Addr {

@@ -370,3 +370,106 @@ func TestResetKeepsEligiblePrimaries(t *testing.T) {
 		}
 	})
 }
+
+// groupSpread returns, for each group, max minus min of its primaries over the nodes eligible
+// for it (the group's VIPs share their eligibility).
+func groupSpread(p Plan, vips []VIP, nodes []Node) map[string]int {
+	out := map[string]int{}
+	members := map[string][]VIP{}
+	for _, v := range vips {
+		if v.Group != "" && v.Mode == L2 {
+			members[v.Group] = append(members[v.Group], v)
+		}
+	}
+	for g, vs := range members {
+		count := map[string]int{}
+		for _, v := range vs {
+			count[p[v.Addr].Primary()]++
+		}
+		elig := eligibleNodes(vs[0], nodes)
+		if len(elig) == 0 {
+			continue
+		}
+		lo, hi := len(vs), 0
+		for _, n := range elig {
+			lo, hi = min(lo, count[n]), max(hi, count[n])
+		}
+		out[g] = hi - lo
+	}
+	return out
+}
+
+func TestGroupsGoToDistinctNodes(t *testing.T) {
+	vips := vipsN(9, L2)
+	for i := range vips {
+		vips[i].Group = fmt.Sprintf("svc-%d", i/3) // three Services of three VIPs
+	}
+	for _, nodes := range []int{3, 5} {
+		p := Compute(nil, vips, nodesN(nodes), Options{})
+		for g := range 3 {
+			seen := map[string]bool{}
+			for _, v := range vips[3*g : 3*g+3] {
+				pr := p[v.Addr].Primary()
+				if seen[pr] {
+					t.Errorf("%d nodes: group svc-%d has two primaries on %s: %v", nodes, g, pr, p)
+				}
+				seen[pr] = true
+			}
+		}
+	}
+	// Two nodes for three VIPs: two on one node, one on the other, never three on one.
+	p := Compute(nil, vips[:3], nodesN(2), Options{})
+	if s := groupSpread(p, vips[:3], nodesN(2)); s["svc-0"] > 1 {
+		t.Errorf("three VIPs over two nodes spread %d: %v", s["svc-0"], p)
+	}
+}
+
+func TestGroupsSpreadInEveryPath(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		vips, nodes := genScenario(t)
+		// Group consecutive VIPs with the same eligibility, as one Service's addresses are.
+		for i := 0; i < len(vips); {
+			n := rapid.IntRange(1, 4).Draw(t, "group size")
+			for j := i; j < min(i+n, len(vips)); j++ {
+				vips[j].Group = fmt.Sprintf("g%d", i)
+				vips[j].Mode, vips[j].NodeSelector, vips[j].Local, vips[j].EndpointNodes = vips[i].Mode, vips[i].NodeSelector, vips[i].Local, vips[i].EndpointNodes
+			}
+			i += n
+		}
+		check := func(what string, p Plan, nodes []Node) {
+			for g, s := range groupSpread(p, vips, nodes) {
+				if s > 1 {
+					t.Fatalf("%s: group %s spread %d over its nodes: %v", what, g, s, p)
+				}
+			}
+		}
+		full := Compute(nil, vips, nodes, Options{})
+		check("Compute", full, nodes)
+		inc := New(Options{})
+		inc.SetNodes(nodes)
+		for _, v := range rapid.Permutation(vips).Draw(t, "order") {
+			inc.SetVIP(v)
+		}
+		check("SetVIP one by one", inc.Plan(), nodes)
+		_, nodes2 := genScenario(t)
+		inc.SetNodes(nodes2)
+		check("SetNodes", inc.Plan(), nodes2)
+		again := Compute(inc.Plan(), vips, nodes2, Options{})
+		if d := Diff(inc.Plan(), again); len(d) != 0 {
+			var g string
+			for _, v := range vips {
+				if v.Addr == d[0] {
+					g = v.Group
+					t.Logf("moved %+v", v)
+				}
+			}
+			for _, v := range vips {
+				if v.Group == g {
+					t.Logf("%s: %v -> %v elig %v", v.Addr, inc.Plan()[v.Addr].Nodes, again[v.Addr].Nodes, eligibleNodes(v, nodes2))
+				}
+			}
+			t.Logf("loads %v -> %v", loads(inc.Plan()), loads(again))
+			t.Fatalf("a second plan over the same nodes moves %v", d)
+		}
+	})
+}
