@@ -202,9 +202,8 @@ func (a *Agent) applyLocked(ctx context.Context) {
 				ifaces = a.opts.Interfaces
 			}
 			view.Interfaces = ifaces
-			view.Active, view.Reason = a.owns(an.GetL2().GetCandidates())
-			if view.Active {
-				vips = append(vips, l2.VIP{Addr: vip, Interfaces: ifaces})
+			if v, ok := a.decideL2(vip, an.GetL2(), view); ok {
+				vips = append(vips, v)
 			}
 		case agentv1.Mode_MODE_BGP:
 			view.Active, view.Reason = true, "advertised to BGP peers"
@@ -248,6 +247,38 @@ func (a *Agent) emitChanges(views map[netip.Addr]*agentv1.AnnouncedVIP) {
 			a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_RELEASED, Vip: vip.String(), Detail: "no longer announced"})
 		}
 	}
+}
+
+// decideL2 decides this node's part in an L2 VIP, writes it into view, and returns what the
+// speaker should answer for, if anything. The caller holds mu.
+func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agentv1.AnnouncedVIP) (l2.VIP, bool) {
+	view.Sharing = nil
+	if !an.GetPerClient() {
+		view.Active, view.Reason = a.owns(an.GetCandidates())
+		return l2.VIP{Addr: vip, Interfaces: view.Interfaces}, view.Active
+	}
+	var members, others []string
+	for _, c := range an.GetCandidates() {
+		switch {
+		case c.GetNode() == a.opts.Node:
+			members = append(members, c.GetNode())
+		case a.live == nil || a.live.Alive(c.GetNode()):
+			members = append(members, c.GetNode())
+			others = append(others, c.GetNode())
+		}
+	}
+	if !slices.Contains(members, a.opts.Node) {
+		view.Active, view.Reason = false, "not a candidate"
+		return l2.VIP{}, false
+	}
+	slices.Sort(members)
+	view.Active, view.Sharing = true, members
+	if len(others) == 0 {
+		view.Reason = "answers every client: no other candidate is alive"
+	} else {
+		view.Reason = "answers its share of clients with " + strings.Join(others, ", ")
+	}
+	return l2.VIP{Addr: vip, Interfaces: view.Interfaces, Share: &l2.Share{Self: a.opts.Node, Members: members}}, true
 }
 
 // owns decides whether this node answers for an L2 VIP with the given ranked candidates:
@@ -308,9 +339,8 @@ func (a *Agent) livenessChanged() {
 		if v == nil {
 			continue
 		}
-		v.Active, v.Reason = a.owns(an.GetL2().GetCandidates())
-		if v.Active {
-			vips = append(vips, l2.VIP{Addr: vip, Interfaces: v.Interfaces})
+		if l, ok := a.decideL2(vip, an.GetL2(), v); ok {
+			vips = append(vips, l)
 		}
 	}
 	if a.opts.L2 != nil {
@@ -478,8 +508,15 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 			resp.State.L2.HeartbeatKeys = nil // secrets stay in the agent
 		}
 	}
-	for _, v := range a.views {
-		resp.Announced = append(resp.Announced, proto.Clone(v).(*agentv1.AnnouncedVIP))
+	for vip, v := range a.views {
+		c := proto.Clone(v).(*agentv1.AnnouncedVIP)
+		if cl, ok := a.opts.L2.(interface {
+			Clients(netip.Addr) (int, int)
+		}); ok && len(c.Sharing) > 0 {
+			known, answered := cl.Clients(vip)
+			c.ClientsKnown, c.ClientsAnswered = uint32(known), uint32(answered)
+		}
+		resp.Announced = append(resp.Announced, c)
 	}
 	slices.SortFunc(resp.Announced, func(x, y *agentv1.AnnouncedVIP) int { return strings.Compare(x.GetVip(), y.GetVip()) })
 	if a.bgp != nil {

@@ -170,7 +170,28 @@ type L2Announce struct {
 	// +listType=set
 	// +optional
 	Interfaces []string `json:"interfaces,omitempty"`
+
+	// Spreading says how a VIP's on-link clients spread over nodes. Single: the first live
+	// candidate answers every client. PerClient: every live candidate answers, each for its
+	// share of clients (a hash of the client's address), so one VIP's traffic from the
+	// segment enters through several nodes; when a candidate dies or returns, only its
+	// clients move, each told at once. Clients behind a router all look like the router to
+	// ARP and NDP: use mode BGP for them.
+	//
+	// +kubebuilder:validation:Enum=Single;PerClient
+	// +kubebuilder:default=Single
+	// +optional
+	Spreading L2Spreading `json:"spreading,omitempty"`
 }
+
+// L2Spreading is how an L2 VIP's clients spread over nodes.
+type L2Spreading string
+
+// Spreadings.
+const (
+	SpreadSingle    L2Spreading = "Single"
+	SpreadPerClient L2Spreading = "PerClient"
+)
 
 // BGPAnnounce holds the options of mode BGP.
 type BGPAnnounce struct {

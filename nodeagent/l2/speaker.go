@@ -6,6 +6,7 @@
 package l2
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -21,12 +22,45 @@ import (
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv6"
 	"k8s.io/klog/v2"
+
+	"github.com/metalvip/metalvip/internal/rendezvous"
 )
 
 // VIP is an address this node answers for, and where.
 type VIP struct {
 	Addr       netip.Addr
 	Interfaces []string
+	// Share, when set, spreads the VIP's clients over several nodes: this node answers only
+	// the clients it owns among Share.Members (rendezvous hashing of the client's address),
+	// and sends no gratuitous announcements, which would draw every client to it.
+	Share *Share
+}
+
+// Share is this node's part of a per-client VIP.
+type Share struct {
+	Self    string
+	Members []string // the live candidates, this node among them
+}
+
+// answers reports whether the node answers client; a nil share answers everyone.
+func (sh *Share) answers(client netip.Addr) bool {
+	return sh == nil || rendezvous.Owner(client, sh.Members) == sh.Self
+}
+
+func (sh *Share) equal(o *Share) bool {
+	if sh == nil || o == nil {
+		return sh == o
+	}
+	return sh.Self == o.Self && slices.Equal(sh.Members, o.Members)
+}
+
+// maxClients bounds the clients remembered per per-client VIP.
+const maxClients = 4096
+
+// client is a host seen asking for a per-client VIP.
+type client struct {
+	mac   net.HardwareAddr
+	iface string
 }
 
 // Options configure a Speaker.
@@ -44,6 +78,9 @@ type Counters struct {
 	ARPRequests, ARPReplies, GratuitousARPs       uint64
 	NeighborSolicitations, NeighborAdvertisements uint64
 	UnsolicitedAdvertisements                     uint64
+	// TargetedReplies are ARP replies and advertisements sent, unasked, to the clients of a
+	// per-client VIP that this node took over.
+	TargetedReplies uint64
 }
 
 // Speaker answers for owned VIPs. Its methods are safe for concurrent use.
@@ -53,9 +90,14 @@ type Speaker struct {
 	mu     sync.Mutex
 	ifaces map[string]*iface // by name
 	owned  map[netip.Addr][]string
+	shares map[netip.Addr]*Share // of the per-client VIPs in owned
+
+	cmu     sync.Mutex
+	clients map[netip.Addr]map[netip.Addr]client // per-client VIP -> clients seen asking
 
 	arpRequests, arpReplies, gratuitous atomic.Uint64
 	nsReceived, naSent, unsolicited     atomic.Uint64
+	targeted                            atomic.Uint64
 
 	refresh chan time.Duration // new refresh periods for refreshLoop
 
@@ -69,8 +111,8 @@ type iface struct {
 	ifi *net.Interface
 	arp *arp.Client
 	ndp *ndpConn
-	// owned VIPs on this interface, read by the receive loops.
-	owned atomic.Pointer[map[netip.Addr]bool]
+	// owned VIPs on this interface, read by the receive loops; a nil share answers everyone.
+	owned atomic.Pointer[map[netip.Addr]*Share]
 	// groups are the solicited-node multicast groups joined.
 	groups map[netip.Addr]bool
 }
@@ -86,19 +128,22 @@ func New(opts Options) *Speaker {
 	if opts.BurstInterval <= 0 {
 		opts.BurstInterval = 100 * time.Millisecond
 	}
-	s := &Speaker{opts: opts, ifaces: map[string]*iface{}, owned: map[netip.Addr][]string{}, refresh: make(chan time.Duration, 1), stop: make(chan struct{})}
+	s := &Speaker{opts: opts, ifaces: map[string]*iface{}, owned: map[netip.Addr][]string{}, shares: map[netip.Addr]*Share{},
+		clients: map[netip.Addr]map[netip.Addr]client{}, refresh: make(chan time.Duration, 1), stop: make(chan struct{})}
 	s.wg.Add(1)
 	go s.refreshLoop()
 	return s
 }
 
 // Set makes vips the complete set of VIPs the node answers for. VIPs new to the set are
-// announced at once (a burst); VIPs left out are no longer answered.
+// announced at once (a burst); VIPs left out are no longer answered. For a per-client VIP, the
+// clients this node owns now and did not before are told at once, each with a unicast reply.
 func (s *Speaker) Set(vips []VIP) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	want := map[netip.Addr][]string{}
-	perIface := map[string]map[netip.Addr]bool{}
+	shares := map[netip.Addr]*Share{}
+	perIface := map[string]map[netip.Addr]*Share{}
 	var errs []error
 	for _, v := range vips {
 		if len(v.Interfaces) == 0 {
@@ -112,10 +157,14 @@ func (s *Speaker) Set(vips []VIP) error {
 				continue
 			}
 			if perIface[name] == nil {
-				perIface[name] = map[netip.Addr]bool{}
+				perIface[name] = map[netip.Addr]*Share{}
 			}
-			perIface[name][v.Addr] = true
+			perIface[name][v.Addr] = v.Share
 			want[v.Addr] = append(want[v.Addr], name)
+			if v.Share != nil {
+				sh := &Share{Self: v.Share.Self, Members: slices.Sorted(slices.Values(v.Share.Members))}
+				shares[v.Addr], perIface[name][v.Addr] = sh, sh
+			}
 			if v.Addr.Is6() {
 				if err := ifc.join(v.Addr); err != nil {
 					errs = append(errs, fmt.Errorf("VIP %s on %s: join solicited-node group: %w", v.Addr, name, err))
@@ -126,7 +175,7 @@ func (s *Speaker) Set(vips []VIP) error {
 	for name, ifc := range s.ifaces {
 		m := perIface[name]
 		if m == nil {
-			m = map[netip.Addr]bool{}
+			m = map[netip.Addr]*Share{}
 		}
 		ifc.owned.Store(&m)
 		ifc.leaveUnused(m)
@@ -135,16 +184,118 @@ func (s *Speaker) Set(vips []VIP) error {
 	for a, names := range want {
 		old, had := s.owned[a]
 		slices.Sort(names)
-		if !had || !slices.Equal(old, names) {
+		if shares[a] != nil {
+			if prev := s.shares[a]; !prev.equal(shares[a]) {
+				s.tellTakenOver(a, prev, shares[a])
+			}
+			continue
+		}
+		if !had || !slices.Equal(old, names) || s.shares[a] != nil {
 			added = append(added, a)
 		}
 	}
-	s.owned = want
+	s.owned, s.shares = want, shares
+	s.forgetClients(shares)
 	for _, a := range added {
 		s.wg.Add(1)
 		go s.burst(a, want[a])
 	}
 	return errors.Join(errs...)
+}
+
+// tellTakenOver sends each known client of a per-client VIP that this node owns under next
+// and did not under prev a unicast reply, so that it moves at once. The caller holds mu.
+func (s *Speaker) tellTakenOver(vip netip.Addr, prev, next *Share) {
+	type job struct {
+		ip netip.Addr
+		c  client
+	}
+	var jobs []job
+	s.cmu.Lock()
+	for ip, c := range s.clients[vip] {
+		if next.answers(ip) && (prev == nil || !prev.answers(ip)) {
+			jobs = append(jobs, job{ip, c})
+		}
+	}
+	s.cmu.Unlock()
+	for _, j := range jobs {
+		ifc := s.ifaces[j.c.iface]
+		if ifc == nil {
+			continue
+		}
+		var err error
+		if vip.Is4() {
+			if ifc.arp == nil {
+				continue
+			}
+			var p *arp.Packet
+			if p, err = arp.NewPacket(arp.OperationReply, ifc.ifi.HardwareAddr, vip, j.c.mac, j.ip); err == nil {
+				err = ifc.arp.WriteTo(p, j.c.mac)
+			}
+		} else {
+			if ifc.ndp == nil {
+				continue
+			}
+			err = s.advertise(ifc, vip, j.ip, false)
+		}
+		if err != nil {
+			klog.V(2).InfoS("Targeted reply failed", "vip", vip, "client", j.ip, "err", err)
+			continue
+		}
+		s.targeted.Add(1)
+	}
+}
+
+// forgetClients drops the clients of VIPs no longer answered per client. The caller holds mu.
+func (s *Speaker) forgetClients(shares map[netip.Addr]*Share) {
+	s.cmu.Lock()
+	defer s.cmu.Unlock()
+	for vip := range s.clients {
+		if shares[vip] == nil {
+			delete(s.clients, vip)
+		}
+	}
+}
+
+// learn remembers a client asking for a per-client VIP.
+func (s *Speaker) learn(vip, ip netip.Addr, mac net.HardwareAddr, ifc *iface) {
+	if !ip.IsValid() || ip.IsUnspecified() || len(mac) == 0 {
+		return
+	}
+	s.cmu.Lock()
+	defer s.cmu.Unlock()
+	m := s.clients[vip]
+	if m == nil {
+		m = map[netip.Addr]client{}
+		s.clients[vip] = m
+	}
+	if c, ok := m[ip]; ok && bytes.Equal(c.mac, mac) && c.iface == ifc.ifi.Name {
+		return
+	}
+	if _, ok := m[ip]; !ok && len(m) >= maxClients {
+		for old := range m { // full: forget one, any
+			delete(m, old)
+			break
+		}
+	}
+	m[ip] = client{mac: slices.Clone(mac), iface: ifc.ifi.Name}
+}
+
+// Clients returns how many clients of a per-client VIP the node knows, and how many of those
+// it answers.
+func (s *Speaker) Clients(vip netip.Addr) (known, answered int) {
+	s.mu.Lock()
+	sh := s.shares[vip]
+	s.mu.Unlock()
+	s.cmu.Lock()
+	defer s.cmu.Unlock()
+	for ip := range s.clients[vip] {
+		known++
+		if sh.answers(ip) {
+			answered++
+		}
+	}
+	return known, answered
 }
 
 // Owned returns the VIPs answered for now, with their interfaces.
@@ -163,7 +314,7 @@ func (s *Speaker) Counters() Counters {
 	return Counters{
 		ARPRequests: s.arpRequests.Load(), ARPReplies: s.arpReplies.Load(), GratuitousARPs: s.gratuitous.Load(),
 		NeighborSolicitations: s.nsReceived.Load(), NeighborAdvertisements: s.naSent.Load(),
-		UnsolicitedAdvertisements: s.unsolicited.Load(),
+		UnsolicitedAdvertisements: s.unsolicited.Load(), TargetedReplies: s.targeted.Load(),
 	}
 }
 
@@ -178,7 +329,7 @@ func (s *Speaker) Close() error {
 	}
 	close(s.stop)
 	for _, ifc := range s.ifaces {
-		empty := map[netip.Addr]bool{}
+		empty := map[netip.Addr]*Share{}
 		ifc.owned.Store(&empty)
 		if ifc.arp != nil {
 			ifc.arp.Close()
@@ -204,7 +355,7 @@ func (s *Speaker) open(name string, v6 bool) (*iface, error) {
 			return nil, fmt.Errorf("interface %s has no Ethernet address", name)
 		}
 		ifc = &iface{ifi: ifi, groups: map[netip.Addr]bool{}}
-		empty := map[netip.Addr]bool{}
+		empty := map[netip.Addr]*Share{}
 		ifc.owned.Store(&empty)
 		s.ifaces[name] = ifc
 	}
@@ -245,7 +396,7 @@ func (ifc *iface) join(vip netip.Addr) error {
 }
 
 // leaveUnused leaves the groups no owned VIP needs.
-func (ifc *iface) leaveUnused(owned map[netip.Addr]bool) {
+func (ifc *iface) leaveUnused(owned map[netip.Addr]*Share) {
 	if ifc.ndp == nil {
 		return
 	}
@@ -284,8 +435,15 @@ func (s *Speaker) arpLoop(ifc *iface) {
 			continue
 		}
 		s.arpRequests.Add(1)
-		if !(*ifc.owned.Load())[p.TargetIP] {
+		sh, ok := (*ifc.owned.Load())[p.TargetIP]
+		if !ok {
 			continue
+		}
+		if sh != nil {
+			s.learn(p.TargetIP, p.SenderIP, p.SenderHardwareAddr, ifc)
+			if !sh.answers(p.SenderIP) {
+				continue
+			}
 		}
 		if err := ifc.arp.Reply(p, ifc.ifi.HardwareAddr, p.TargetIP); err != nil {
 			klog.V(2).InfoS("ARP reply failed", "vip", p.TargetIP, "interface", ifc.ifi.Name, "err", err)
@@ -315,8 +473,21 @@ func (s *Speaker) ndpLoop(ifc *iface) {
 			continue
 		}
 		s.nsReceived.Add(1)
-		if !(*ifc.owned.Load())[ns.TargetAddress] {
+		sh, ok := (*ifc.owned.Load())[ns.TargetAddress]
+		if !ok {
 			continue
+		}
+		if sh != nil {
+			var mac net.HardwareAddr
+			for _, o := range ns.Options {
+				if l, ok := o.(*ndp.LinkLayerAddress); ok && l.Direction == ndp.Source {
+					mac = l.Addr
+				}
+			}
+			s.learn(ns.TargetAddress, from, mac, ifc)
+			if !sh.answers(from) {
+				continue
+			}
 		}
 		// A solicitation from the unspecified address is duplicate address detection: the
 		// answer goes to all nodes and is not solicited (RFC 4861 7.2.4).
@@ -348,7 +519,12 @@ func (s *Speaker) announce(vip netip.Addr, names []string) {
 	s.mu.Lock()
 	ifcs := make([]*iface, 0, len(names))
 	for _, n := range names {
-		if ifc := s.ifaces[n]; ifc != nil && (*ifc.owned.Load())[vip] {
+		ifc := s.ifaces[n]
+		if ifc == nil {
+			continue
+		}
+		// Owned here, and answered for every client (per-client VIPs are never announced).
+		if sh, own := (*ifc.owned.Load())[vip]; own && sh == nil {
 			ifcs = append(ifcs, ifc)
 		}
 	}

@@ -5,14 +5,17 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/mdlayher/arp"
+	"github.com/mdlayher/ethernet"
 	"github.com/mdlayher/ndp"
 	"go.uber.org/goleak"
 	"golang.org/x/net/ipv6"
 
+	"github.com/metalvip/metalvip/internal/rendezvous"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -294,5 +297,103 @@ func TestSetRefusesMissingInterfaces(t *testing.T) {
 	}
 	if owned := s.Owned(); len(owned[vip4]) != 1 || len(owned) != 1 {
 		t.Errorf("owned after a partly bad Set = %v; the good VIP must stay", owned)
+	}
+}
+
+// askFrom sends an ARP request for vip from each client address through c, and returns which
+// node MAC answered each client within a second.
+func askFrom(t *testing.T, c *arp.Client, mac net.HardwareAddr, vip netip.Addr, clients []netip.Addr) map[netip.Addr][]string {
+	t.Helper()
+	for _, a := range clients {
+		p, err := arp.NewPacket(arp.OperationRequest, mac, a, ethernet.Broadcast, vip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.WriteTo(p, ethernet.Broadcast); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[netip.Addr][]string{}
+	readARP(t, c, time.Second, func(p *arp.Packet) bool {
+		if p.Operation == arp.OperationReply && p.SenderIP == vip && slices.Contains(clients, p.TargetIP) {
+			got[p.TargetIP] = append(got[p.TargetIP], p.SenderHardwareAddr.String())
+		}
+		return false // read until the deadline
+	})
+	return got
+}
+
+// TestPerClientAnswersOnlyOwnClients checks the per-client share: two nodes answer one VIP,
+// each only for the clients rendezvous hashing gives it, with no gratuitous ARP; when one
+// member goes, the other tells exactly the clients it takes over, by unicast reply.
+func TestPerClientAnswersOnlyOwnClients(t *testing.T) {
+	const n = 20
+	l := lab.New(t, lab.Options{Nodes: 2, ClientAddrs: n})
+	var clients []netip.Addr
+	for i := range n {
+		clients = append(clients, lab.ClientAddr(i))
+	}
+	names := []string{"node-a", "node-b"}
+	macs := map[string]string{}
+	speakers := map[string]*Speaker{}
+	sets := map[string]func(...VIP){}
+	for i, h := range l.Nodes {
+		speakers[names[i]], sets[names[i]] = speakerOn(t, h)
+		macs[macOf(t, h).String()] = names[i]
+	}
+	c := arpClient(t, l.Client)
+	clientMAC := macOf(t, l.Client)
+
+	share := func(self string, members ...string) VIP {
+		return VIP{Addr: vip4, Interfaces: []string{"eth0"}, Share: &Share{Self: self, Members: members}}
+	}
+	for _, name := range names {
+		sets[name](share(name, names...))
+	}
+	got := askFrom(t, c, clientMAC, vip4, clients)
+	served := map[string]int{}
+	for _, a := range clients {
+		want := rendezvous.Owner(a, names)
+		if len(got[a]) != 1 || macs[got[a][0]] != want {
+			t.Errorf("client %s answered by %v; want only %s", a, got[a], want)
+		}
+		served[want]++
+	}
+	if served["node-a"] == 0 || served["node-b"] == 0 {
+		t.Fatalf("the hash gave every client to one node: %v", served)
+	}
+	for name, s := range speakers {
+		if g := s.Counters().GratuitousARPs; g != 0 {
+			t.Errorf("%s sent %d gratuitous ARPs for a per-client VIP; want none", name, g)
+		}
+		if known, answered := s.Clients(vip4); known != n || answered != served[name] {
+			t.Errorf("%s Clients = %d known, %d answered; want %d, %d", name, known, answered, n, served[name])
+		}
+	}
+
+	// node-a goes: node-b, told it is alone, sends each of node-a's clients a unicast reply.
+	sets["node-a"]()
+	sets["node-b"](share("node-b", "node-b"))
+	told := map[netip.Addr]int{}
+	readARP(t, c, 2*time.Second, func(p *arp.Packet) bool {
+		if p.Operation == arp.OperationReply && p.SenderIP == vip4 && macs[p.SenderHardwareAddr.String()] == "node-b" {
+			told[p.TargetIP]++
+		}
+		return len(told) == served["node-a"]
+	})
+	for _, a := range clients {
+		if owner := rendezvous.Owner(a, names); (owner == "node-a") != (told[a] == 1) {
+			t.Errorf("client %s (was %s's) told %d times; want once exactly for node-a's clients", a, owner, told[a])
+		}
+	}
+	if got := speakers["node-b"].Counters().TargetedReplies; got != uint64(served["node-a"]) {
+		t.Errorf("node-b counted %d targeted replies; want %d", got, served["node-a"])
+	}
+	// Now node-b answers everyone.
+	got = askFrom(t, c, clientMAC, vip4, clients)
+	for _, a := range clients {
+		if len(got[a]) != 1 || macs[got[a][0]] != "node-b" {
+			t.Errorf("client %s answered by %v after node-a left; want only node-b", a, got[a])
+		}
 	}
 }

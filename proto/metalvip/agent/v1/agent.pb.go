@@ -317,7 +317,10 @@ type L2Announcement struct {
 	// candidates are the nodes that may answer, best first. The first live candidate answers.
 	Candidates []*Candidate `protobuf:"bytes,1,rep,name=candidates,proto3" json:"candidates,omitempty"`
 	// interfaces to answer on; empty: the agent's default interfaces.
-	Interfaces    []string `protobuf:"bytes,2,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
+	Interfaces []string `protobuf:"bytes,2,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
+	// per_client: every live candidate answers, each for its share of clients (rendezvous
+	// hashing of the client address over the live candidates), instead of the first alone.
+	PerClient     bool `protobuf:"varint,3,opt,name=per_client,json=perClient,proto3" json:"per_client,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -364,6 +367,13 @@ func (x *L2Announcement) GetInterfaces() []string {
 		return x.Interfaces
 	}
 	return nil
+}
+
+func (x *L2Announcement) GetPerClient() bool {
+	if x != nil {
+		return x.PerClient
+	}
+	return false
 }
 
 // Candidate is a node that may announce an L2 VIP.
@@ -1077,10 +1087,15 @@ type AnnouncedVIP struct {
 	// active: this node answers (L2) or advertises (BGP) the VIP now.
 	Active bool `protobuf:"varint,3,opt,name=active,proto3" json:"active,omitempty"`
 	// reason says why active or not, e.g. "first candidate", "standby for node-a".
-	Reason        string   `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
-	Interfaces    []string `protobuf:"bytes,5,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Reason     string   `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Interfaces []string `protobuf:"bytes,5,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
+	// For a per-client VIP: the live candidates sharing its clients (this node among them),
+	// the clients this node has seen asking for it, and how many of those it answers.
+	Sharing         []string `protobuf:"bytes,6,rep,name=sharing,proto3" json:"sharing,omitempty"`
+	ClientsKnown    uint32   `protobuf:"varint,7,opt,name=clients_known,json=clientsKnown,proto3" json:"clients_known,omitempty"`
+	ClientsAnswered uint32   `protobuf:"varint,8,opt,name=clients_answered,json=clientsAnswered,proto3" json:"clients_answered,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *AnnouncedVIP) Reset() {
@@ -1146,6 +1161,27 @@ func (x *AnnouncedVIP) GetInterfaces() []string {
 		return x.Interfaces
 	}
 	return nil
+}
+
+func (x *AnnouncedVIP) GetSharing() []string {
+	if x != nil {
+		return x.Sharing
+	}
+	return nil
+}
+
+func (x *AnnouncedVIP) GetClientsKnown() uint32 {
+	if x != nil {
+		return x.ClientsKnown
+	}
+	return 0
+}
+
+func (x *AnnouncedVIP) GetClientsAnswered() uint32 {
+	if x != nil {
+		return x.ClientsAnswered
+	}
+	return 0
 }
 
 // PeerStatus is one BGP session.
@@ -1495,14 +1531,16 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x04mode\x18\x02 \x01(\x0e2\x17.metalvip.agent.v1.ModeR\x04mode\x12\x1a\n" +
 	"\bservices\x18\x03 \x03(\tR\bservices\x121\n" +
 	"\x02l2\x18\x04 \x01(\v2!.metalvip.agent.v1.L2AnnouncementR\x02l2\x124\n" +
-	"\x03bgp\x18\x05 \x01(\v2\".metalvip.agent.v1.BGPAnnouncementR\x03bgp\"n\n" +
+	"\x03bgp\x18\x05 \x01(\v2\".metalvip.agent.v1.BGPAnnouncementR\x03bgp\"\x8d\x01\n" +
 	"\x0eL2Announcement\x12<\n" +
 	"\n" +
 	"candidates\x18\x01 \x03(\v2\x1c.metalvip.agent.v1.CandidateR\n" +
 	"candidates\x12\x1e\n" +
 	"\n" +
 	"interfaces\x18\x02 \x03(\tR\n" +
-	"interfaces\"9\n" +
+	"interfaces\x12\x1d\n" +
+	"\n" +
+	"per_client\x18\x03 \x01(\bR\tperClient\"9\n" +
 	"\tCandidate\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\"R\n" +
@@ -1560,7 +1598,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x02l2\x18\x06 \x01(\v2\x1d.metalvip.agent.v1.L2CountersR\x02l2\x12\x1a\n" +
 	"\brestored\x18\a \x01(\bR\brestored\x12\x1a\n" +
 	"\bproblems\x18\b \x03(\tR\bproblems\x125\n" +
-	"\x05state\x18\t \x01(\v2\x1f.metalvip.agent.v1.DesiredStateR\x05state\"\x9d\x01\n" +
+	"\x05state\x18\t \x01(\v2\x1f.metalvip.agent.v1.DesiredStateR\x05state\"\x87\x02\n" +
 	"\fAnnouncedVIP\x12\x10\n" +
 	"\x03vip\x18\x01 \x01(\tR\x03vip\x12+\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x17.metalvip.agent.v1.ModeR\x04mode\x12\x16\n" +
@@ -1568,7 +1606,10 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1e\n" +
 	"\n" +
 	"interfaces\x18\x05 \x03(\tR\n" +
-	"interfaces\"\x97\x01\n" +
+	"interfaces\x12\x18\n" +
+	"\asharing\x18\x06 \x03(\tR\asharing\x12#\n" +
+	"\rclients_known\x18\a \x01(\rR\fclientsKnown\x12)\n" +
+	"\x10clients_answered\x18\b \x01(\rR\x0fclientsAnswered\"\x97\x01\n" +
 	"\n" +
 	"PeerStatus\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x14\n" +
