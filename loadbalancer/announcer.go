@@ -29,6 +29,7 @@ import (
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/internal/annotation"
+	"github.com/metalvip/metalvip/loadbalancer/ipam"
 	"github.com/metalvip/metalvip/loadbalancer/planner"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
@@ -39,6 +40,8 @@ const (
 	ReasonTookOver         = "TookOver"
 	ReasonAgentUnreachable = "AgentUnreachable"
 	ReasonAgentReachable   = "AgentReachable"
+	ReasonVIPsShareNodes   = "VIPsShareNodes"
+	ReasonVIPsSpread       = "VIPsSpread"
 )
 
 // Labels and taints that make a node ineligible to announce.
@@ -93,6 +96,7 @@ type Announcer struct {
 	kick        chan struct{}
 	lastPushed  map[string]*agentv1.DesiredState
 	vipServices map[netip.Addr][]*v1.Service
+	groupMsg    map[string]string // last VIPsShareNodes message per group
 	// seed is what the agents held when this announcer started; the first full plan keeps
 	// it where balance allows, then it is dropped.
 	seed planner.Plan
@@ -116,6 +120,7 @@ func NewAnnouncer(cfg AnnouncerConfig) *Announcer {
 		kick:        make(chan struct{}, 1),
 		lastPushed:  map[string]*agentv1.DesiredState{},
 		vipServices: map[netip.Addr][]*v1.Service{},
+		groupMsg:    map[string]string{},
 	}
 }
 
@@ -389,7 +394,7 @@ func (a *Announcer) sync() {
 
 	nodeList, _ := a.nodes.List(labels.Everything())
 	pools := a.poolMap()
-	vips, vipServices := a.vipsFromServices(pools)
+	vips, vipServices, vipPools := a.vipsFromServices(pools)
 
 	addrs := nodeAddresses(nodeList)
 	var pnodes []planner.Node
@@ -446,14 +451,22 @@ func (a *Announcer) sync() {
 	}
 	plan := a.planner.Plan()
 	events := a.announceEvents(changed, plan, vipServices)
+	events = append(events, a.groupEvents(plan, vips, vipServices)...)
 	a.mu.Unlock()
 	for _, e := range events {
-		a.cfg.Recorder.Eventf(e.svc, v1.EventTypeNormal, ReasonAnnounced, "%s", e.msg)
+		reason, kind := e.reason, v1.EventTypeNormal
+		if reason == "" {
+			reason = ReasonAnnounced
+		}
+		if reason == ReasonVIPsShareNodes {
+			kind = v1.EventTypeWarning
+		}
+		a.cfg.Recorder.Eventf(e.svc, kind, reason, "%s", e.msg)
 	}
 
 	// Each node's state. Building them all is O(VIPs): cheap next to pushing, and a node is
 	// pushed only when its state differs from the last pushed.
-	states := a.nodeStates(plan, vips, pools, nodeList, addrs)
+	states := a.nodeStates(plan, vips, vipPools, nodeList, addrs)
 	for _, n := range nodeList {
 		st := states[n.Name]
 		if last, ok := a.lastPushed[n.Name]; ok && protoEqual(last, st) {
@@ -465,8 +478,69 @@ func (a *Announcer) sync() {
 }
 
 type svcEvent struct {
-	svc *v1.Service
-	msg string
+	svc    *v1.Service
+	reason string // "" is Announced
+	msg    string
+}
+
+// groupEvents says, once per change, when a Service's several addresses of one family share
+// primary nodes (fewer eligible nodes than addresses), and when they no longer do. The caller
+// holds a.mu.
+func (a *Announcer) groupEvents(plan planner.Plan, vips map[netip.Addr]planner.VIP, vipServices map[netip.Addr][]*v1.Service) []svcEvent {
+	members := map[string][]netip.Addr{}
+	for ip, v := range vips {
+		if v.Group != "" && v.Mode == planner.L2 {
+			members[v.Group] = append(members[v.Group], ip)
+		}
+	}
+	var out []svcEvent
+	for g, ips := range members {
+		slices.SortFunc(ips, netip.Addr.Compare)
+		byNode := map[string][]string{}
+		var nodes []string
+		for _, ip := range ips {
+			pr := plan[ip].Primary()
+			if pr == "" {
+				continue
+			}
+			if byNode[pr] == nil {
+				nodes = append(nodes, pr)
+			}
+			byNode[pr] = append(byNode[pr], ip.String())
+		}
+		slices.Sort(nodes)
+		var shared []string
+		for _, n := range nodes {
+			if len(byNode[n]) > 1 {
+				shared = append(shared, strings.Join(byNode[n], " and ")+" on "+n)
+			}
+		}
+		msg, reason := "", ""
+		if len(shared) > 0 {
+			reason = ReasonVIPsShareNodes
+			msg = fmt.Sprintf("%d addresses on %d nodes: fewer nodes are eligible than addresses, so some share a node (%s); they spread when more nodes become eligible", len(ips), len(nodes), strings.Join(shared, "; "))
+		} else if a.groupMsg[g] != "" {
+			reason = ReasonVIPsSpread
+			msg = fmt.Sprintf("%d addresses on %d distinct nodes", len(ips), len(nodes))
+		}
+		if msg == "" || a.groupMsg[g] == msg {
+			continue
+		}
+		if reason == ReasonVIPsSpread {
+			delete(a.groupMsg, g)
+		} else {
+			a.groupMsg[g] = msg
+		}
+		if svcs := vipServices[ips[0]]; len(svcs) > 0 {
+			out = append(out, svcEvent{svc: svcs[0], reason: reason, msg: msg})
+		}
+	}
+	for g := range a.groupMsg {
+		if _, ok := members[g]; !ok {
+			delete(a.groupMsg, g)
+		}
+	}
+	return out
 }
 
 // announceEvents describes, once per change, who announces each changed VIP. The caller
@@ -505,7 +579,7 @@ func (a *Announcer) announceEvents(changed []netip.Addr, plan planner.Plan, vipS
 		}
 		a.announced[ip] = msg
 		for _, s := range vipServices[ip] {
-			out = append(out, svcEvent{s, msg})
+			out = append(out, svcEvent{svc: s, msg: msg})
 		}
 	}
 	return out
@@ -530,11 +604,13 @@ func (a *Announcer) poolMap() map[string]*v1alpha1.IPPool {
 // vipsFromServices gathers every address in the status of a Service of ours, with what the
 // planner needs. Services sharing an address make one VIP: with externalTrafficPolicy Local
 // (which sharing Services have in common) the nodes with a ready endpoint of any of them may
-// announce it.
-func (a *Announcer) vipsFromServices(pools map[string]*v1alpha1.IPPool) (map[netip.Addr]planner.VIP, map[netip.Addr][]*v1.Service) {
+// announce it. It also returns each address's pool.
+func (a *Announcer) vipsFromServices(pools map[string]*v1alpha1.IPPool) (map[netip.Addr]planner.VIP, map[netip.Addr][]*v1.Service, map[netip.Addr]*v1alpha1.IPPool) {
 	svcs, _ := a.services.List(labels.Everything())
 	vips := map[netip.Addr]planner.VIP{}
 	bySvc := map[netip.Addr][]*v1.Service{}
+	poolOf := map[netip.Addr]*v1alpha1.IPPool{}
+	var ranges []poolRange
 	for _, s := range svcs {
 		if !ours(s) {
 			continue
@@ -545,6 +621,19 @@ func (a *Announcer) vipsFromServices(pools map[string]*v1alpha1.IPPool) (map[net
 		}
 		poolName, _ := annotation.AllocatedPool.Value(s)
 		pool := pools[poolName]
+		if pool == nil {
+			// The allocation record comes a moment after the status: the pool is the one
+			// holding the address.
+			if ranges == nil {
+				ranges = poolRanges(pools)
+			}
+			pool = pools[poolContaining(ranges, ips[0])]
+		}
+		key := serviceKey(s)
+		perFamily := map[bool]int{} // by Is4
+		for _, ip := range ips {
+			perFamily[ip.Is4()]++
+		}
 		local := s.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
 		var endpointNodes []string
 		if local {
@@ -570,6 +659,10 @@ func (a *Announcer) vipsFromServices(pools map[string]*v1alpha1.IPPool) (map[net
 					}
 				}
 			}
+			// A Service's several addresses of one family go to distinct nodes.
+			if perFamily[ip.Is4()] > 1 {
+				v.Group = key + "/" + ipam.FamilyOf(ip).String()
+			}
 			if local {
 				v.Local = true
 				for _, n := range endpointNodes {
@@ -581,9 +674,39 @@ func (a *Announcer) vipsFromServices(pools map[string]*v1alpha1.IPPool) (map[net
 			}
 			vips[ip] = v
 			bySvc[ip] = append(bySvc[ip], s)
+			if pool != nil {
+				poolOf[ip] = pool
+			}
 		}
 	}
-	return vips, bySvc
+	return vips, bySvc, poolOf
+}
+
+type poolRange struct {
+	pool string
+	r    ipam.Range
+}
+
+// poolRanges lists every pool's ranges.
+func poolRanges(pools map[string]*v1alpha1.IPPool) []poolRange {
+	out := []poolRange{}
+	for name, p := range pools {
+		for _, ar := range p.Spec.Addresses {
+			if r, err := ipam.ParseRange(string(ar)); err == nil {
+				out = append(out, poolRange{name, r})
+			}
+		}
+	}
+	return out
+}
+
+func poolContaining(ranges []poolRange, ip netip.Addr) string {
+	for _, pr := range ranges {
+		if pr.r.Contains(ip) {
+			return pr.pool
+		}
+	}
+	return ""
 }
 
 type selector struct{ labels.Selector }
@@ -606,7 +729,7 @@ func (a *Announcer) readyEndpointNodes(s *v1.Service) []string {
 }
 
 // nodeStates builds every node's desired state from the plan.
-func (a *Announcer) nodeStates(plan planner.Plan, vips map[netip.Addr]planner.VIP, pools map[string]*v1alpha1.IPPool, nodes []*v1.Node, addrs map[string]netip.Addr) map[string]*agentv1.DesiredState {
+func (a *Announcer) nodeStates(plan planner.Plan, vips map[netip.Addr]planner.VIP, vipPools map[netip.Addr]*v1alpha1.IPPool, nodes []*v1.Node, addrs map[string]netip.Addr) map[string]*agentv1.DesiredState {
 	states := map[string]*agentv1.DesiredState{}
 	refresh := uint32(a.cfg.GratuitousRefresh / time.Second)
 	peers := a.bgpPeers()
@@ -652,13 +775,7 @@ func (a *Announcer) nodeStates(plan planner.Plan, vips map[netip.Addr]planner.VI
 	for _, ip := range ips {
 		e := plan[ip]
 		v := vips[ip]
-		var pool *v1alpha1.IPPool
-		for _, s := range a.vipServices[ip] {
-			if name, ok := annotation.AllocatedPool.Value(s); ok {
-				pool = pools[name]
-				break
-			}
-		}
+		pool := vipPools[ip]
 		an := &agentv1.Announcement{Vip: ip.String(), Services: svcNames[ip]}
 		if v.Mode == planner.BGP {
 			an.Mode = agentv1.Mode_MODE_BGP
@@ -677,6 +794,7 @@ func (a *Announcer) nodeStates(plan planner.Plan, vips map[netip.Addr]planner.VI
 			}
 			if pool != nil && pool.Spec.Announce.L2 != nil {
 				an.L2.Interfaces = pool.Spec.Announce.L2.Interfaces
+				an.L2.PerClient = pool.Spec.Announce.L2.Spreading == v1alpha1.SpreadPerClient
 			}
 		}
 		for _, node := range e.Nodes {
