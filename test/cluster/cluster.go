@@ -246,8 +246,16 @@ type SvcOpt func(*corev1.Service)
 func Local(s *corev1.Service) {
 	s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 }
-func InPool(p string) SvcOpt {
-	return func(s *corev1.Service) { s.Annotations = map[string]string{string(annotation.Pool): p} }
+func InPool(p string) SvcOpt { return Annotate(annotation.Pool, p) }
+
+// Annotate sets one annotation.
+func Annotate(name annotation.Name, value string) SvcOpt {
+	return func(s *corev1.Service) {
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[string(name)] = value
+	}
 }
 
 // ServiceNoWait creates a LoadBalancer Service and does not wait for an address.
@@ -270,6 +278,29 @@ func (c *Cluster) Service(name string, opts ...SvcOpt) netip.Addr {
 		return err == nil
 	})
 	return ip
+}
+
+// ServiceIPs creates a LoadBalancer Service and waits until it has n addresses.
+func (c *Cluster) ServiceIPs(name string, n int, opts ...SvcOpt) []netip.Addr {
+	c.T.Helper()
+	c.createService(name, opts...)
+	var ips []netip.Addr
+	Eventually(c.T, 30*time.Second, fmt.Sprintf("%s gets %d addresses", name, n), func() bool {
+		got, err := c.Srv.Client.CoreV1().Services(c.NS).Get(c.ctx, name, metav1.GetOptions{})
+		if err != nil || len(got.Status.LoadBalancer.Ingress) != n {
+			return false
+		}
+		ips = ips[:0]
+		for _, in := range got.Status.LoadBalancer.Ingress {
+			ip, err := netip.ParseAddr(in.IP)
+			if err != nil {
+				return false
+			}
+			ips = append(ips, ip)
+		}
+		return true
+	})
+	return ips
 }
 
 func (c *Cluster) createService(name string, opts ...SvcOpt) {

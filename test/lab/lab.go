@@ -49,13 +49,17 @@ var (
 	VIPRangeV6 = netip.MustParsePrefix("2001:db8:100::/64")
 )
 
+// ClientAddr is the i-th extra client address (Options.ClientAddrs): 198.51.100.51 up, between
+// the nodes (.11 to .50) and the client's own .100.
+func ClientAddr(i int) netip.Addr { return netip.AddrFrom4([4]byte{198, 51, 100, byte(51 + i)}) }
+
 // Options shape a lab. The zero value gives 3 nodes with the documentation ASNs.
 type Options struct {
 	Nodes     int    // default 3, at most 40
 	RouterASN uint32 // default 64496
 	NodeASN   uint32 // default 64497: the nodes' side of the eBGP sessions
-	// ClientAddrs adds this many extra IPv4 addresses to the on-link client (from .101 up),
-	// for tests that need many clients on the segment. At most 26.
+	// ClientAddrs adds this many extra IPv4 addresses to the on-link client (from
+	// ClientAddr(0) up), for tests that need many clients on the segment. At most 49.
 	ClientAddrs int
 	// BFDIntervalMS is the router's BFD transmit and receive interval (default 100 ms,
 	// detect multiplier 3).
@@ -108,8 +112,8 @@ func New(t testenv.TB, opts Options) *Lab {
 	if opts.Nodes < 1 || opts.Nodes > 40 {
 		t.Fatalf("lab: %d nodes; give 1 to 40", opts.Nodes)
 	}
-	if opts.ClientAddrs < 0 || opts.ClientAddrs > 26 {
-		t.Fatalf("lab: %d extra client addresses; give 0 to 26", opts.ClientAddrs)
+	if opts.ClientAddrs < 0 || opts.ClientAddrs > 49 {
+		t.Fatalf("lab: %d extra client addresses; give 0 to 49", opts.ClientAddrs)
 	}
 	if opts.RouterASN == 0 {
 		opts.RouterASN = 64496
@@ -286,7 +290,7 @@ func (l *Lab) build() error {
 		return err
 	}
 	for i := range l.opts.ClientAddrs {
-		a := netip.AddrFrom4([4]byte{198, 51, 100, byte(101 + i)})
+		a := ClientAddr(i)
 		if err := ip("-n", l.Client.NS, "addr", "add", netip.PrefixFrom(a, SegmentV4.Bits()).String(), "dev", "eth0"); err != nil {
 			return err
 		}

@@ -94,7 +94,7 @@ func TestLabExtraClientAddresses(t *testing.T) {
 		t.Errorf("client has %d IPv4 addresses, want 6:\n%s", got, out)
 	}
 	// The last extra address answers from the node's side.
-	if err := l.Nodes[0].Ping(ctx, netip.MustParseAddr("198.51.100.105"), 2); err != nil {
+	if err := l.Nodes[0].Ping(ctx, ClientAddr(4), 2); err != nil {
 		t.Errorf("extra client address unreachable: %v", err)
 	}
 }

@@ -1,0 +1,132 @@
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/internal/annotation"
+	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/kubeapi"
+	"github.com/metalvip/metalvip/test/lab"
+)
+
+// A Service with metalvip.io/vip-count 3 over three nodes gets three addresses, answered by
+// three distinct nodes; each survives its node's death. With four addresses over three nodes,
+// an Event says two share a node.
+func TestSeveralVIPsOnDistinctNodes(t *testing.T) {
+	c := newCluster(t)
+	vips := c.ServiceIPs("multi", 3, cluster.Annotate(annotation.VIPCount, "3"))
+	distinct := func() bool {
+		owners := cluster.ValuesOf(c.Owners(vips))
+		slices.Sort(owners)
+		return owners[0] != "" && len(slices.Compact(owners)) == 3
+	}
+	cluster.Eventually(t, 30*time.Second, "three nodes answer the three addresses", distinct)
+	t.Logf("owners %v", c.Owners(vips))
+	for _, vip := range vips {
+		victim := c.Owner(vip)
+		d := c.Failover(vip, victim)
+		t.Logf("%s: %s died, outage %s, %s answers now", vip, victim, d.Round(time.Millisecond), c.Owner(vip))
+		c.Revive(victim)
+		// The returning node takes one address back: they are on three nodes again.
+		cluster.Eventually(t, 60*time.Second, "the addresses spread over three nodes again", distinct)
+	}
+
+	four := c.ServiceIPs("four", 4, cluster.Annotate(annotation.VIPCount, "4"))
+	cluster.Eventually(t, 30*time.Second, "an Event says two addresses share a node", func() bool {
+		return strings.Contains(c.Events("four", "VIPsShareNodes"), "4 addresses on 3 nodes")
+	})
+	owners := cluster.ValuesOf(c.Owners(four))
+	slices.Sort(owners)
+	if len(slices.Compact(owners)) != 3 {
+		t.Errorf("four addresses answered by %v; want all three nodes", cluster.ValuesOf(c.Owners(four)))
+	}
+}
+
+// A per-client VIP with three candidates and 30 clients on the segment: every client is
+// answered by exactly one node, each node by 5 to 15 of them. A node dies: the survivors tell
+// its clients at once (targeted replies) and nobody else moves. It returns: only the clients
+// that hash to it move back.
+func TestPerClientSpreading(t *testing.T) {
+	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary, ClientAddrs: 29})
+	c.Object(v1alpha1.IPPoolResource, "pc-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.128/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {l2: {spreading: PerClient}}}`, c.NS))
+	vip := c.Service("spread", cluster.InPool("pc-"+c.NS))
+	addrs := []netip.Addr{c.Lab.Client.IPv4}
+	for i := range 29 {
+		addrs = append(addrs, lab.ClientAddr(i))
+	}
+	clients := c.NewClients(addrs)
+
+	// Every client answered by exactly one node; shares of 5 to 15.
+	var owners map[netip.Addr]string
+	cluster.Eventually(t, 30*time.Second, "every client answered by exactly one node", func() bool {
+		var ok bool
+		owners, ok = clients.Owners(vip, 300*time.Millisecond)
+		return ok
+	})
+	share := cluster.Shares(owners)
+	t.Logf("clients per node: %v", share)
+	for _, n := range []string{"node1", "node2", "node3"} {
+		if share[n] < 5 || share[n] > 15 {
+			t.Errorf("%s answers %d of 30 clients; want 5 to 15 (%v)", n, share[n], share)
+		}
+	}
+
+	// The node with the most clients dies.
+	victim := "node1"
+	for n, k := range share {
+		if k > share[victim] || k == share[victim] && n < victim {
+			victim = n
+		}
+	}
+	var moved []netip.Addr
+	for a, n := range owners {
+		if n == victim {
+			moved = append(moved, a)
+		}
+	}
+	killed := time.Now()
+	c.Kill(victim)
+	// The survivors tell each of the victim's clients, unasked.
+	var told map[netip.Addr]time.Time
+	cluster.Eventually(t, 5*time.Second, "every client of the dead node told by a survivor", func() bool {
+		told = clients.Told(vip, killed, victim, moved)
+		return len(told) == len(moved)
+	})
+	var outages []time.Duration
+	for _, at := range told {
+		outages = append(outages, at.Sub(killed))
+	}
+	slices.Sort(outages)
+	t.Logf("%s died: its %d clients told by the survivors after %s (first) to %s (last)", victim, len(moved),
+		outages[0].Round(time.Millisecond), outages[len(outages)-1].Round(time.Millisecond))
+	after := clients.Answerers(vip, 300*time.Millisecond)
+	for a, n := range owners {
+		got := after[a]
+		switch {
+		case len(got) != 1:
+			t.Errorf("after %s died, client %s answered by %v; want exactly one node", victim, a, got)
+		case n != victim && got[0] != n:
+			t.Errorf("client %s moved from %s to %s though %s is alive", a, n, got[0], n)
+		case n == victim && got[0] == victim:
+			t.Errorf("client %s still answered by the dead %s", a, victim)
+		}
+	}
+
+	// It returns: its clients, and only those, move back.
+	c.Revive(victim)
+	cluster.Eventually(t, 30*time.Second, "the returning node answers its clients again, and nobody else moved", func() bool {
+		back := clients.Answerers(vip, 300*time.Millisecond)
+		for a, n := range owners {
+			if len(back[a]) != 1 || back[a][0] != n {
+				return false
+			}
+		}
+		return true
+	})
+}
