@@ -1,6 +1,6 @@
 // Command bench is `make bench`: it measures metalvip against its targets (docs/design.md) and
 // writes docs/benchmarks.md: the Go benchmarks of the allocator and planner, allocation of
-// 1,000 and 5,000 Services (-sizes) against a real API server, Service-to-answer latency, L2 and BGP
+// 1,000, 5,000 and 10,000 Services (-sizes) against a real API server, Service-to-answer latency, L2 and BGP
 // failover, ARP answer latency and memory, on this machine, with the method of each figure.
 // Run as root.
 package main
@@ -38,12 +38,13 @@ import (
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
 	"github.com/metalvip/metalvip/test/kubeapi"
+	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
 var (
 	out    = flag.String("out", "docs/benchmarks.md", "the report to write")
-	sizes  = flag.String("sizes", "1000,5000", "numbers of Services to allocate")
+	sizes  = flag.String("sizes", "1000,5000,10000", "numbers of Services to allocate")
 	trials = flag.Int("trials", 20, "failover trials")
 	noLab  = flag.Bool("no-lab", false, "only the Go benchmarks and the allocation (for quick runs; the report is not written)")
 	ccmArg = flag.String("ccm-flags", "", "extra CCM flags for the allocation runs, space-separated")
@@ -113,7 +114,7 @@ func main() {
 		rows = append(rows, allocation(m, srv, ccm, n, i))
 	}
 	r.add("Allocation against the real API server",
-		"Services created at full speed by 8 parallel clients (one namespace, one pool, one node). First the API server alone (no CCM running) creates them; then, in a fresh namespace, with the CCM running (default flags: 8 service syncs, 500 QPS): the time from the first create to the last Service holding an address in its status, and per Service the time from its create returning to its address appearing in a watch. Resident memory of the CCM afterwards (VmRSS). Targets: all allocated within 1.2x the API server's own time, p99 under 1 s for 1,000; 5,000 within 60 s. MetalLB's controller measured 16.1 s for 1,000 (API server alone 5.8 s, p99 4.8 s) and 113 s for 5,000 (p99 21 s) on this machine kind.",
+		"Services created at full speed by 8 parallel clients (one namespace, one pool, one node). First the API server alone (no CCM running) creates them; then, in a fresh namespace, with the CCM running (default flags: 8 service syncs, 500 QPS): the time from the first create to the last Service holding an address in its status, and per Service the time from its create returning to its address appearing in a watch. Resident memory of the CCM afterwards (VmRSS). Targets: all allocated within 1.2x the API server's own time, p99 under 1 s for 1,000; 5,000 within 60 s. MetalLB's controller measured 16.1 s for 1,000 (API server alone 5.8 s, p99 4.8 s) and 113 s for 5,000 (p99 21 s) on this machine kind. Reading the figures: the CCM keeps pace with the creates (create-to-IP stays in tens of milliseconds), and all allocated comes within about 100 ms of the last create; what stretches is the creating itself, because the API server is CPU-bound on 2 cores and serves the CCM's writes too (per Service: the status, the framework's two Events and metalvip's IPAllocated Event, later the allocation record). The API server's own time grows faster than linearly: kube-apiserver 1.37 counts every allocated ClusterIP on each create (ipallocator.Used lists all IPAddress objects for a metric), which a profile of the API server showed as two thirds of its CPU by 3,500 Services.",
 		rows)
 
 	if *noLab {
@@ -123,9 +124,10 @@ func main() {
 		return
 	}
 	step("the lab: API server, CCM, agents, FRR")
-	c := cluster.New(m, srv, cluster.Options{CCMBinary: ccm, AgentBinary: agent})
+	c := cluster.New(m, srv, cluster.Options{CCMBinary: ccm, AgentBinary: agent, ClientAddrs: 29})
 	lab2Answer(m, r, c)
 	l2Failover(m, r, c)
+	perClient(m, r, c)
 	bgpFailover(m, r, c)
 	arpLatency(m, r, c)
 	agentMemory(m, r, c)
@@ -181,7 +183,9 @@ func goBenchmarks(m *testenv.Main, r *report) {
 
 // createServices creates n Services in ns with 8 parallel clients and returns when each
 // create returned.
-func createServices(m *testenv.Main, srv *kubeapi.Server, ns string, n int) (map[string]time.Time, time.Duration) {
+// class, when not empty, is the Services' loadBalancerClass: a class no load balancer
+// serves makes the same objects that no CCM touches.
+func createServices(m *testenv.Main, srv *kubeapi.Server, ns string, n int, class string) (map[string]time.Time, time.Duration) {
 	var mu sync.Mutex
 	created := make(map[string]time.Time, n)
 	start := time.Now()
@@ -197,6 +201,9 @@ func createServices(m *testenv.Main, srv *kubeapi.Server, ns string, n int) (map
 				s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 					Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}},
 						AllocateLoadBalancerNodePorts: ptr(false)}}
+				if class != "" {
+					s.Spec.LoadBalancerClass = &class
+				}
 				for attempt := 0; ; attempt++ {
 					_, err := srv.Client.CoreV1().Services(ns).Create(context.Background(), s, metav1.CreateOptions{})
 					if err == nil {
@@ -223,8 +230,11 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i int) [
 	step("allocation of %d Services: the API server alone", n)
 	base := fmt.Sprintf("bench-base-%d", n)
 	mustNamespace(m, srv, base)
-	_, alone := createServices(m, srv, base, n)
+	// Of a class nobody serves: the CCMs started later leave them alone.
+	_, alone := createServices(m, srv, base, n, "bench.metalvip.io/nobody")
 	step("  created in %s", alone.Round(time.Millisecond))
+	// Gone again (no finalizer holds them): every run starts with the API server as empty.
+	deleteServices(m, srv, base, n)
 
 	ns := fmt.Sprintf("bench-alloc-%d", n)
 	mustNamespace(m, srv, ns)
@@ -274,7 +284,7 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i int) [
 	factory.WaitForCacheSync(stop)
 	step("allocation of %d Services: with the CCM", n)
 	start := time.Now()
-	created, _ := createServices(m, srv, ns, n)
+	created, _ := createServices(m, srv, ns, n, "")
 	select {
 	case <-done:
 	case <-time.After(15 * time.Minute):
@@ -291,9 +301,38 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i int) [
 	all := last.Sub(start)
 	rss := rssOf(proc.Cmd.Process.Pid)
 	step("  all allocated after %s (API server alone: %s)", all.Round(time.Millisecond), alone.Round(time.Millisecond))
+	// The CCM removes its finalizers as the Services go: later runs and the lab start clean.
+	step("  deleting them")
+	deleteServices(m, srv, ns, n)
 	proc.Stop(10 * time.Second)
 	return []string{fmt.Sprint(n), dur(alone), dur(all), fmt.Sprintf("%.2fx", all.Seconds()/alone.Seconds()),
 		dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))), dur(time.Duration(slices.Max(lat))), mib(rss)}
+}
+
+// deleteServices deletes the n Services of ns and waits until they are gone.
+func deleteServices(m *testenv.Main, srv *kubeapi.Server, ns string, n int) {
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 8 {
+				_ = srv.Client.CoreV1().Services(ns).Delete(context.Background(), fmt.Sprintf("s-%05d", i), metav1.DeleteOptions{})
+			}
+		}()
+	}
+	wg.Wait()
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		l, err := srv.Client.CoreV1().Services(ns).List(context.Background(), metav1.ListOptions{Limit: 1})
+		if err == nil && len(l.Items) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			m.Fatalf("Services of %s not gone after 10 minutes", ns)
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 func lab2Answer(m *testenv.Main, r *report, c *cluster.Cluster) {
@@ -351,6 +390,64 @@ func answers(m *testenv.Main, c *cluster.Cluster, vip netip.Addr, timeout time.D
 		}
 	}
 	return false
+}
+
+// perClient measures a per-client VIP: how its 30 clients spread over the three nodes, and
+// how long each client of a dying node waits for a survivor's targeted reply.
+func perClient(m *testenv.Main, r *report, c *cluster.Cluster) {
+	const trials = 5
+	step("per-client L2 spreading: 30 clients, 3 candidates, %d trials", trials)
+	c.Object(v1alpha1.IPPoolResource, "pc-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.128/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {l2: {spreading: PerClient}}}`, c.NS))
+	vip := c.Service("per-client", cluster.InPool("pc-"+c.NS))
+	addrs := []netip.Addr{c.Lab.Client.IPv4}
+	for i := range 29 {
+		addrs = append(addrs, lab.ClientAddr(i))
+	}
+	clients := c.NewClients(addrs)
+	owned := func() map[netip.Addr]string {
+		var owners map[netip.Addr]string
+		cluster.Eventually(m, 30*time.Second, "every client answered by exactly one node", func() bool {
+			var ok bool
+			owners, ok = clients.Owners(vip, 300*time.Millisecond)
+			return ok
+		})
+		return owners
+	}
+	owners := owned()
+	shares := cluster.Shares(owners)
+	var outages []float64
+	for i := range trials {
+		victim := c.Lab.Nodes[i%len(c.Lab.Nodes)].Name
+		var moved []netip.Addr
+		for a, n := range owners {
+			if n == victim {
+				moved = append(moved, a)
+			}
+		}
+		killed := time.Now()
+		c.Kill(victim)
+		var told map[netip.Addr]time.Time
+		cluster.Eventually(m, 10*time.Second, "the dead node's clients told by the survivors", func() bool {
+			told = clients.Told(vip, killed, victim, moved)
+			return len(told) == len(moved)
+		})
+		var worst time.Duration
+		for _, at := range told {
+			outages = append(outages, float64(at.Sub(killed)))
+			worst = max(worst, at.Sub(killed))
+		}
+		step("  trial %d: %s died, its %d clients told within %s", i, victim, len(moved), worst.Round(time.Millisecond))
+		c.Revive(victim)
+		owners = owned()
+	}
+	var spread []string
+	for _, n := range c.Lab.Nodes {
+		spread = append(spread, fmt.Sprintf("%s %d", n.Name, shares[n.Name]))
+	}
+	r.add("Per-client L2 spreading",
+		fmt.Sprintf("In the lab: one VIP of a pool with `announce.l2.spreading: PerClient`, three candidate nodes, 30 client addresses on the segment asking for it by ARP. Spread: how many clients each node answers. Then, %d times, a node dies hard (link down, agent killed; each node in turn, revived after): for each of its clients, the time from the kill to the first ARP reply a survivor sends it unasked (the client moves at once; nobody else moves, which the e2e test checks). Heartbeats every 50 ms, dead after 3 misses.", trials),
+		[][]string{{"clients per node", "moved clients", "told after p50", "p99", "max"},
+			{strings.Join(spread, ", "), fmt.Sprint(len(outages)), dur(time.Duration(percentile(outages, 50))), dur(time.Duration(percentile(outages, 99))), dur(time.Duration(slices.Max(outages)))}})
 }
 
 func l2Failover(m *testenv.Main, r *report, c *cluster.Cluster) {
@@ -490,7 +587,7 @@ func write(m *testenv.Main, r *report) {
 	b.WriteString("# Benchmarks\n\n")
 	fmt.Fprintf(&b, "Written by `make bench` (`test/bench`) on %s.\n\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&b, "Machine: %s, %d cores, %s memory, Linux %s, %s. kube-apiserver %s on etcd %s (data on tmpfs), FRR %s.\n\n",
-		cpuModel(), runtime.NumCPU(), memTotal(), kernel(), runtime.Version(), "v1.37.2", cmdVersion("etcd", "--version"), cmdVersion("vtysh", "--version"))
+		cpuModel(), runtime.NumCPU(), memTotal(), kernel(), runtime.Version(), "v1.37.2", cmdVersion("etcd", "--version"), cmdVersion("/usr/lib/frr/zebra", "--version"))
 	b.WriteString("Each figure says how it was measured. Times are wall-clock on a shared 2-core machine: compare runs on the same machine.\n\n")
 	for _, s := range r.sections {
 		b.WriteString(s + "\n")
