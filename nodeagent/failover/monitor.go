@@ -64,6 +64,7 @@ type Monitor struct {
 	lastSeq   map[string]seqKey    // replay protection
 	sees      map[string][]string  // whom each peer says it sees
 	alive     map[string]bool      // as OnChange last saw it
+	newPeers  bool                 // SetPeers added a peer since the last evaluation
 	seesMe    map[string]bool      // peers whose heartbeats list this node, as OnChange last saw it
 	announced []string             // alive nodes this node's heartbeats show
 	seq       uint64
@@ -129,6 +130,11 @@ func (m *Monitor) SetPeers(peers []Peer) {
 			next[p.Node] = p.Addr.Unmap()
 			if _, known := m.added[p.Node]; !known {
 				m.added[p.Node] = now
+				// Alive from now, not from the next tick: the caller decides at once, and a
+				// peer it has not had the time to hear must not look dead (every candidate of
+				// a new VIP would answer until the tick).
+				m.alive[p.Node] = true
+				m.newPeers = true
 			}
 		}
 	}
@@ -316,8 +322,10 @@ func (m *Monitor) evaluate(now time.Time) {
 			seesMe[n] = true
 		}
 	}
-	changed := !sameSet(next, m.alive) || !sameSet(seesMe, m.seesMe)
-	m.alive, m.seesMe = next, seesMe
+	// New peers count as a change though SetPeers made them alive already: OnChange runs
+	// before this node's heartbeats show them, as for any other change.
+	changed := !sameSet(next, m.alive) || !sameSet(seesMe, m.seesMe) || m.newPeers
+	m.alive, m.seesMe, m.newPeers = next, seesMe, false
 	m.mu.Unlock()
 	if changed {
 		m.cfg.OnChange()

@@ -3,6 +3,7 @@ package failover
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -103,6 +104,10 @@ func TestANewPeerCountsAsAliveUntilItCouldHaveBeenHeard(t *testing.T) {
 	defer m.Close()
 	m.SetKeys([][]byte{key})
 	m.SetPeers([]Peer{{Node: "silent", Addr: netip.MustParseAddr("127.0.0.2")}})
+	// At once, before any tick: the agent decides who answers right after SetPeers.
+	if !m.Alive("silent") || !slices.Contains(m.AliveNodes(), "silent") {
+		t.Error("a peer just added counts as dead until the next tick")
+	}
 	time.Sleep(60 * time.Millisecond)
 	if !m.Alive("silent") {
 		t.Error("a peer added 60ms ago (grace 150ms) counts as dead")
