@@ -450,7 +450,7 @@ func (a *Announcer) sync() {
 		}
 	}
 	plan := a.planner.Plan()
-	events := a.announceEvents(changed, plan, vipServices)
+	events := a.announceEvents(changed, plan, vipServices, vipPools)
 	events = append(events, a.groupEvents(plan, vips, vipServices)...)
 	a.mu.Unlock()
 	for _, e := range events {
@@ -545,7 +545,7 @@ func (a *Announcer) groupEvents(plan planner.Plan, vips map[netip.Addr]planner.V
 
 // announceEvents describes, once per change, who announces each changed VIP. The caller
 // holds a.mu.
-func (a *Announcer) announceEvents(changed []netip.Addr, plan planner.Plan, vipServices map[netip.Addr][]*v1.Service) []svcEvent {
+func (a *Announcer) announceEvents(changed []netip.Addr, plan planner.Plan, vipServices map[netip.Addr][]*v1.Service, vipPools map[netip.Addr]*v1alpha1.IPPool) []svcEvent {
 	var out []svcEvent
 	for _, ip := range changed {
 		e, ok := plan[ip]
@@ -558,6 +558,10 @@ func (a *Announcer) announceEvents(changed []netip.Addr, plan planner.Plan, vipS
 		switch {
 		case len(e.Nodes) == 0:
 			msg = fmt.Sprintf("No node may announce %s: none is eligible (node selector, excluded nodes, unreachable agents, or no ready local endpoint)", ip)
+		case e.Mode == planner.L2 && perClient(vipPools[ip]):
+			// Every candidate answers its share of the clients: no standby.
+			msg = fmt.Sprintf("%s (L2 per client) is answered by %s (each for its share of clients)", ip, strings.Join(slices.Sorted(slices.Values(e.Nodes)), ", "))
+			a.primaries[ip] = e.Nodes[0]
 		case e.Mode == planner.L2:
 			msg = fmt.Sprintf("%s (L2) is answered by %s", ip, e.Nodes[0])
 			if len(e.Nodes) > 1 {
@@ -583,6 +587,11 @@ func (a *Announcer) announceEvents(changed []netip.Addr, plan planner.Plan, vipS
 		}
 	}
 	return out
+}
+
+// perClient reports whether a pool's L2 VIPs are answered per client.
+func perClient(pool *v1alpha1.IPPool) bool {
+	return pool != nil && pool.Spec.Announce.L2 != nil && pool.Spec.Announce.L2.Spreading == v1alpha1.SpreadPerClient
 }
 
 func (a *Announcer) poolMap() map[string]*v1alpha1.IPPool {
@@ -794,8 +803,8 @@ func (a *Announcer) nodeStates(plan planner.Plan, vips map[netip.Addr]planner.VI
 			}
 			if pool != nil && pool.Spec.Announce.L2 != nil {
 				an.L2.Interfaces = pool.Spec.Announce.L2.Interfaces
-				an.L2.PerClient = pool.Spec.Announce.L2.Spreading == v1alpha1.SpreadPerClient
 			}
+			an.L2.PerClient = perClient(pool)
 		}
 		for _, node := range e.Nodes {
 			if st := states[node]; st != nil {

@@ -1,5 +1,6 @@
 // Command metalvipctl is metalvip's command-line tool: it creates the TLS material of the
-// CCM and the agents (certs) and shows what metalvip does (status).
+// CCM and the agents (certs) and shows what metalvip does (status) and what one node's agent
+// announces (agent).
 package main
 
 import (
@@ -16,7 +17,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(certsCommand(), statusCommand())
+	root.AddCommand(certsCommand(), statusCommand(), agentCommand())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "metalvipctl: %v\n", err)
 		os.Exit(1)

@@ -112,6 +112,38 @@ each node's agent (from its AgentReachable and AgentUnreachable Events).`,
 
 var answeredBy = regexp.MustCompile(`is (answered|advertised) by ([^(]+?)(?:, standby ([^(]+?))?(?: \(|$)`)
 
+// eventAddress is the address an Announced or TookOver Event is about: "203.0.113.1 (L2) is
+// answered by ..." or "Node n answers for 203.0.113.1 now: ...".
+func eventAddress(e corev1.Event) string {
+	f := strings.Fields(e.Message)
+	if (e.Reason == "TookOver" || strings.HasPrefix(e.Message, "No node may announce")) && len(f) > 4 {
+		return strings.TrimSuffix(f[4], ":")
+	}
+	if len(f) > 0 {
+		return f[0]
+	}
+	return ""
+}
+
+// announcedBy is who an Announced or TookOver Event says announces its address.
+func announcedBy(e corev1.Event) string {
+	if e.Reason == "TookOver" {
+		return strings.TrimPrefix(strings.SplitN(e.Message, " answers", 2)[0], "Node ") + " (took over)"
+	}
+	m := answeredBy.FindStringSubmatch(e.Message)
+	if m == nil {
+		return e.Message
+	}
+	by := m[2]
+	switch {
+	case strings.Contains(e.Message, "(L2 per client)"):
+		by += " (per client)"
+	case m[3] != "":
+		by += " (standby " + m[3] + ")"
+	}
+	return by
+}
+
 func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface) (*Status, error) {
 	st := &Status{Pools: []PoolStatus{}, Services: []ServiceStatus{}, Agents: []AgentStatus{}}
 	pools, err := dyn.Resource(v1alpha1.IPPoolResource).List(ctx, metav1.ListOptions{})
@@ -167,7 +199,8 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 		var group string
 		switch e.Reason {
 		case "Announced", "TookOver":
-			group = "announce"
+			// One per address: a Service with several has one of each per address.
+			group = "announce/" + eventAddress(e)
 		case "AgentReachable", "AgentUnreachable":
 			group = "agent"
 		case "PoolExhausted", "IPInUse", "SharingConflict", "NoPool", "InvalidRequest", "InvalidAnnotation":
@@ -175,9 +208,15 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 		default:
 			continue
 		}
-		k := e.InvolvedObject.Kind + "/" + e.InvolvedObject.Namespace + "/" + e.InvolvedObject.Name + "/" + group
-		if old, ok := latest[k]; !ok || eventTime(e).After(eventTime(old)) {
-			latest[k] = e
+		obj := e.InvolvedObject.Kind + "/" + e.InvolvedObject.Namespace + "/" + e.InvolvedObject.Name + "/"
+		keys := []string{obj + group}
+		if e.Reason == "Announced" {
+			keys = append(keys, obj+"announced/"+eventAddress(e))
+		}
+		for _, k := range keys {
+			if old, ok := latest[k]; !ok || eventTime(e).After(eventTime(old)) {
+				latest[k] = e
+			}
 		}
 	}
 	svcs, err := client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
@@ -198,18 +237,24 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 		if ss.Pool == "" && len(ss.Addresses) > 0 {
 			ss.Pool = poolOf(netip.MustParseAddr(ss.Addresses[0]))
 		}
-		if e, ok := latest["Service/"+s.Namespace+"/"+s.Name+"/announce"]; ok {
-			if e.Reason == "TookOver" {
-				ss.AnnouncedBy = strings.TrimPrefix(strings.SplitN(e.Message, " answers", 2)[0], "Node ") + " (took over)"
-			} else if m := answeredBy.FindStringSubmatch(e.Message); m != nil {
-				ss.AnnouncedBy = m[2]
-				if m[3] != "" {
-					ss.AnnouncedBy += " (standby " + m[3] + ")"
-				}
-			} else {
-				ss.AnnouncedBy = e.Message
+		var by []string
+		for _, a := range ss.Addresses {
+			e, ok := latest["Service/"+s.Namespace+"/"+s.Name+"/announce/"+a]
+			if !ok {
+				continue
 			}
+			// Every candidate of a per-client VIP answers: the CCM's word on who shares it
+			// says more than the newest agent's TookOver.
+			if pc, ok := latest["Service/"+s.Namespace+"/"+s.Name+"/announced/"+a]; ok && strings.Contains(pc.Message, "(L2 per client)") {
+				e = pc
+			}
+			who := announcedBy(e)
+			if len(ss.Addresses) > 1 {
+				who = a + ": " + who
+			}
+			by = append(by, who)
 		}
+		ss.AnnouncedBy = strings.Join(by, "; ")
 		if len(ss.Addresses) == 0 {
 			ss.Pending = "waiting for an address"
 			if e, ok := latest["Service/"+s.Namespace+"/"+s.Name+"/pending"]; ok {

@@ -3,6 +3,8 @@ package e2e
 import (
 	"fmt"
 	"net/netip"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -28,6 +30,20 @@ func TestSeveralVIPsOnDistinctNodes(t *testing.T) {
 	}
 	cluster.Eventually(t, 30*time.Second, "three nodes answer the three addresses", distinct)
 	t.Logf("owners %v", c.Owners(vips))
+	kc := c.Srv.Kubeconfig(t, nil)
+	cluster.Eventually(t, 30*time.Second, "metalvipctl status names each address's node", func() bool {
+		out, err := exec.Command(ctlBinary, "status", "--kubeconfig", kc).CombinedOutput()
+		if err != nil {
+			t.Fatalf("metalvipctl status: %v\n%s", err, out)
+		}
+		line := lineWith(string(out), c.NS+"/multi ")
+		for _, v := range vips {
+			if !strings.Contains(line, v.String()+": "+c.Owner(v)) {
+				return false
+			}
+		}
+		return true
+	})
 	for _, vip := range vips {
 		victim := c.Owner(vip)
 		d := c.Failover(vip, victim)
@@ -76,6 +92,31 @@ func TestPerClientSpreading(t *testing.T) {
 			t.Errorf("%s answers %d of 30 clients; want 5 to 15 (%v)", n, share[n], share)
 		}
 	}
+
+	// Visible: each node's share in its agent's state, and all three in metalvipctl status.
+	for _, h := range c.Lab.Nodes {
+		out, err := h.Run(t.Context(), ctlBinary, "agent", h.Name, "--address", h.IPv4.String(),
+			"--tls-ca", filepath.Join(c.PKI, "ca.crt"), "--tls-cert", filepath.Join(c.PKI, "ccm.crt"), "--tls-key", filepath.Join(c.PKI, "ccm.key"))
+		if err != nil {
+			t.Fatalf("metalvipctl agent %s: %v\n%s", h.Name, err, out)
+		}
+		line := lineWith(string(out), vip.String())
+		if want := fmt.Sprintf("answers %d of 30 seen", share[h.Name]); !strings.Contains(line, "L2 per client") || !strings.Contains(line, want) {
+			t.Errorf("metalvipctl agent %s shows %q for %s; want L2 per client, %q", h.Name, line, vip, want)
+		}
+		if h.Name == "node1" {
+			t.Logf("metalvipctl agent node1:\n%s", out)
+		}
+	}
+	kc := c.Srv.Kubeconfig(t, nil)
+	cluster.Eventually(t, 30*time.Second, "metalvipctl status names the three nodes, per client", func() bool {
+		out, err := exec.Command(ctlBinary, "status", "--kubeconfig", kc).CombinedOutput()
+		if err != nil {
+			t.Fatalf("metalvipctl status: %v\n%s", err, out)
+		}
+		line := lineWith(string(out), c.NS+"/spread ")
+		return strings.Contains(line, "node1, node2, node3 (per client)")
+	})
 
 	// The node with the most clients dies.
 	victim := "node1"

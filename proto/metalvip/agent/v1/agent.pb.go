@@ -1270,8 +1270,11 @@ type L2Counters struct {
 	NeighborSolicitations     uint64                 `protobuf:"varint,4,opt,name=neighbor_solicitations,json=neighborSolicitations,proto3" json:"neighbor_solicitations,omitempty"`
 	NeighborAdvertisements    uint64                 `protobuf:"varint,5,opt,name=neighbor_advertisements,json=neighborAdvertisements,proto3" json:"neighbor_advertisements,omitempty"`
 	UnsolicitedAdvertisements uint64                 `protobuf:"varint,6,opt,name=unsolicited_advertisements,json=unsolicitedAdvertisements,proto3" json:"unsolicited_advertisements,omitempty"`
-	unknownFields             protoimpl.UnknownFields
-	sizeCache                 protoimpl.SizeCache
+	// targeted_replies are ARP replies and advertisements sent unasked to the clients of a
+	// per-client VIP that this node took over.
+	TargetedReplies uint64 `protobuf:"varint,7,opt,name=targeted_replies,json=targetedReplies,proto3" json:"targeted_replies,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *L2Counters) Reset() {
@@ -1342,6 +1345,13 @@ func (x *L2Counters) GetNeighborAdvertisements() uint64 {
 func (x *L2Counters) GetUnsolicitedAdvertisements() uint64 {
 	if x != nil {
 		return x.UnsolicitedAdvertisements
+	}
+	return 0
+}
+
+func (x *L2Counters) GetTargetedReplies() uint64 {
+	if x != nil {
+		return x.TargetedReplies
 	}
 	return 0
 }
@@ -1618,7 +1628,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"last_error\x18\x04 \x01(\tR\tlastError\x12\x1d\n" +
 	"\n" +
-	"since_unix\x18\x05 \x01(\x03R\tsinceUnix\"\xa8\x02\n" +
+	"since_unix\x18\x05 \x01(\x03R\tsinceUnix\"\xd3\x02\n" +
 	"\n" +
 	"L2Counters\x12!\n" +
 	"\farp_requests\x18\x01 \x01(\x04R\varpRequests\x12\x1f\n" +
@@ -1627,7 +1637,8 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fgratuitous_arps\x18\x03 \x01(\x04R\x0egratuitousArps\x125\n" +
 	"\x16neighbor_solicitations\x18\x04 \x01(\x04R\x15neighborSolicitations\x127\n" +
 	"\x17neighbor_advertisements\x18\x05 \x01(\x04R\x16neighborAdvertisements\x12=\n" +
-	"\x1aunsolicited_advertisements\x18\x06 \x01(\x04R\x19unsolicitedAdvertisements\"\x0e\n" +
+	"\x1aunsolicited_advertisements\x18\x06 \x01(\x04R\x19unsolicitedAdvertisements\x12)\n" +
+	"\x10targeted_replies\x18\a \x01(\x04R\x0ftargetedReplies\"\x0e\n" +
 	"\fWatchRequest\"?\n" +
 	"\rWatchResponse\x12.\n" +
 	"\x05event\x18\x01 \x01(\v2\x18.metalvip.agent.v1.EventR\x05event\"\xb9\x02\n" +

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/metalvip/metalvip/internal/certs"
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/provider/config"
+)
+
+func agentCommand() *cobra.Command {
+	var (
+		kubeconfig, address, output string
+		port                        int
+		tlsFiles                    certs.Files
+		plaintext                   bool
+	)
+	cmd := &cobra.Command{
+		Use:   "agent NODE",
+		Short: "Show what one node's agent announces, and each per-client VIP's share of clients",
+		Long: `agent asks the agent of NODE what it announces now (its GetState): every VIP with its mode,
+whether the node answers or advertises it and why, and for per-client L2 VIPs the nodes sharing
+its clients and how many of the clients seen this node answers; then its BGP sessions, its
+ARP/NDP counters and any problem.
+
+The agent accepts only the CCM's identity: give the CCM's certificate and key (the files
+"metalvipctl certs --out DIR" wrote, or the metalvip-ccm-tls Secret's). The agent's address is
+the node's InternalIP, read from the cluster (like kubectl: --kubeconfig, else $KUBECONFIG,
+else ~/.kube/config), unless --address gives it.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			node := args[0]
+			if output != "table" && output != "json" {
+				return fmt.Errorf("-o %q: give table or json", output)
+			}
+			if port < 1 || port > 65535 {
+				return fmt.Errorf("--port %d: give a TCP port from 1 to 65535", port)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
+			defer cancel()
+			addr, err := agentAddress(ctx, node, address, kubeconfig)
+			if err != nil {
+				return err
+			}
+			var creds credentials.TransportCredentials
+			if plaintext {
+				creds = insecure.NewCredentials()
+			} else {
+				cfg, err := certs.ClientConfig(tlsFiles, node)
+				if err != nil {
+					return fmt.Errorf("TLS (--tls-ca, --tls-cert, --tls-key): %w", err)
+				}
+				creds = credentials.NewTLS(cfg)
+			}
+			conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(addr, uint16(port)).String(), grpc.WithTransportCredentials(creds))
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			st, err := agentv1.NewAgentServiceClient(conn).GetState(ctx, &agentv1.GetStateRequest{})
+			if err != nil {
+				return fmt.Errorf("agent of %s at %s: %w", node, netip.AddrPortFrom(addr, uint16(port)), err)
+			}
+			if output == "json" {
+				b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(st)
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintln(cmd.OutOrStdout(), string(b))
+				return err
+			}
+			printAgent(cmd.OutOrStdout(), st)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&kubeconfig, "kubeconfig", "", "path of the kubeconfig, to find the node's address (default: $KUBECONFIG, else ~/.kube/config)")
+	f.StringVar(&address, "address", "", "the agent's IP address (default: the node's InternalIP)")
+	f.IntVar(&port, "port", config.DefaultAgentPort, "the agent's gRPC port")
+	f.StringVar(&tlsFiles.CA, "tls-ca", "ca.crt", "the CA certificate of metalvip's mutual TLS")
+	f.StringVar(&tlsFiles.Cert, "tls-cert", "ccm.crt", "the CCM's client certificate")
+	f.StringVar(&tlsFiles.Key, "tls-key", "ccm.key", "the CCM's client key")
+	f.BoolVar(&plaintext, "insecure", false, "talk plaintext, to an agent started with --insecure")
+	f.StringVarP(&output, "output", "o", "table", "table or json")
+	return cmd
+}
+
+// agentAddress is the address given, else the node's InternalIP from the cluster.
+func agentAddress(ctx context.Context, node, given, kubeconfig string) (netip.Addr, error) {
+	if given != "" {
+		a, err := netip.ParseAddr(given)
+		if err != nil {
+			return netip.Addr{}, fmt.Errorf("--address %q: not an IP address", given)
+		}
+		return a, nil
+	}
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("kubeconfig (or give --address): %w", err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("node %s (or give --address): %w", node, err)
+	}
+	for _, a := range n.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			if ip, err := netip.ParseAddr(a.Address); err == nil {
+				return ip, nil
+			}
+		}
+	}
+	return netip.Addr{}, errors.New("node " + node + " has no InternalIP; give --address")
+}
+
+func printAgent(out io.Writer, st *agentv1.GetStateResponse) {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	state := "applied"
+	if st.GetRestored() {
+		state = "restored from disk, no Apply since"
+	}
+	fmt.Fprintf(w, "Agent %s: term %d, generation %d, %s\n\n", st.GetNode(), st.GetTerm(), st.GetGeneration(), state)
+	fmt.Fprintln(w, "VIP\tMODE\tACTIVE\tREASON\tCLIENTS")
+	for _, v := range st.GetAnnounced() {
+		mode := strings.TrimPrefix(v.GetMode().String(), "MODE_")
+		clients := ""
+		if len(v.GetSharing()) > 0 {
+			mode += " per client"
+			clients = fmt.Sprintf("answers %d of %d seen (shared by %s)", v.GetClientsAnswered(), v.GetClientsKnown(), strings.Join(v.GetSharing(), ", "))
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", v.GetVip(), mode, yesNo(v.GetActive()), v.GetReason(), clients)
+	}
+	if len(st.GetPeers()) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "BGP PEER\tSTATE\tBFD\tSINCE\tLAST ERROR")
+		for _, p := range st.GetPeers() {
+			since := ""
+			if p.GetSinceUnix() > 0 {
+				since = time.Unix(p.GetSinceUnix(), 0).UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", p.GetAddress(), p.GetState(), p.GetBfdState(), since, p.GetLastError())
+		}
+	}
+	if c := st.GetL2(); c != nil {
+		fmt.Fprintln(w)
+		fmt.Fprintf(w, "ARP: %s requests, %s replies, %s gratuitous; NDP: %s solicitations, %s advertisements, %s unsolicited; %s targeted replies to clients taken over\n",
+			n(c.GetArpRequests()), n(c.GetArpReplies()), n(c.GetGratuitousArps()), n(c.GetNeighborSolicitations()), n(c.GetNeighborAdvertisements()), n(c.GetUnsolicitedAdvertisements()), n(c.GetTargetedReplies()))
+	}
+	for _, p := range st.GetProblems() {
+		fmt.Fprintf(w, "Problem: %s\n", p)
+	}
+	w.Flush()
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func n(v uint64) string { return strconv.FormatUint(v, 10) }
