@@ -23,6 +23,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -132,6 +133,9 @@ allocation:
 		t.Fatalf("%v", err)
 	}
 	c.StartCCM()
+	// No namespace controller runs here: the namespace's Services would outlive the test, and
+	// later tests' CCMs would announce them in their labs.
+	t.Cleanup(c.deleteServices)
 	c.Object(v1alpha1.IPPoolResource, "l2-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.0/27"], avoidBuggyIPs: true, serviceAllocation: {namespaces: [%s]}}`, c.NS))
 	c.Object(v1alpha1.IPPoolResource, "bgp-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.64/27"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {mode: BGP}}`, c.NS))
 	c.Object(v1alpha1.BGPPeerResource, "router-"+c.NS, `{address: 198.51.100.1, peerASN: 64496, myASN: 64497, bfd: {enabled: true, minRxMilliseconds: 100, minTxMilliseconds: 100, multiplier: 3}}`)
@@ -166,7 +170,11 @@ func (c *Cluster) createNode(h *lab.Host) {
 	if err != nil {
 		c.T.Fatalf("create node %s: %v", h.Name, err)
 	}
-	c.T.Cleanup(func() { _ = nodes.Delete(context.Background(), h.Name, metav1.DeleteOptions{}) })
+	c.T.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = nodes.Delete(ctx, h.Name, metav1.DeleteOptions{})
+	})
 	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: h.IPv4.String()}, {Type: corev1.NodeHostName, Address: h.Name}}
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now()}}
 	if _, err := nodes.UpdateStatus(c.ctx, n, metav1.UpdateOptions{}); err != nil {
@@ -238,7 +246,12 @@ func (c *Cluster) Object(res interface{ String() string }, name, spec string) {
 	if _, err := c.Dyn.Resource(gvr).Create(c.ctx, obj, metav1.CreateOptions{}); err != nil {
 		c.T.Fatalf("create %s %s: %v", kind, name, err)
 	}
-	c.T.Cleanup(func() { _ = c.Dyn.Resource(gvr).Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	c.T.Cleanup(func() {
+		// Bounded: a teardown must end even when the API server no longer answers.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = c.Dyn.Resource(gvr).Delete(ctx, name, metav1.DeleteOptions{})
+	})
 }
 
 type SvcOpt func(*corev1.Service)
@@ -562,4 +575,29 @@ func (c *Cluster) Events(name, reason string) string {
 		b.WriteString(e.Message + "\n")
 	}
 	return b.String()
+}
+
+// deleteServices deletes the namespace's Services, taking off the finalizers of those the CCM
+// (stopped, or about to be) has not released within a few seconds.
+func (c *Cluster) deleteServices() {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	svcs := c.Srv.Client.CoreV1().Services(c.NS)
+	l, err := svcs.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return
+	}
+	for _, s := range l.Items {
+		_ = svcs.Delete(ctx, s.Name, metav1.DeleteOptions{})
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if l, err = svcs.List(ctx, metav1.ListOptions{}); err != nil || len(l.Items) == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, s := range l.Items {
+		_, _ = svcs.Patch(ctx, s.Name, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+	}
 }

@@ -22,6 +22,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/internal/annotation"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
 	"github.com/metalvip/metalvip/test/kubeapi"
@@ -47,13 +49,21 @@ func main() {
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-sig
-		fmt.Println("\ninterrupted: tearing down")
+		fmt.Println("\ninterrupted: tearing down (Ctrl-C again to leave at once; the lab's reaper removes its namespaces)")
+		go func() {
+			<-sig
+			os.Exit(130)
+		}()
 		m.Close()
 		os.Exit(130)
 	}()
 
-	step("building the CCM and the agent")
+	step("building the CCM, the agent and metalvipctl")
 	ccm, agent, err := cluster.Build(m.TempDir())
+	if err != nil {
+		m.Fatalf("%v", err)
+	}
+	ctl, err := testenv.GoBuild(m.TempDir(), "./cmd/metalvipctl")
 	if err != nil {
 		m.Fatalf("%v", err)
 	}
@@ -63,8 +73,8 @@ func main() {
 		m.Fatalf("%v", err)
 	}
 	m.Cleanup(srv.Stop)
-	step("building the lab: 3 nodes, FRR router, client, remote client; agents and the CCM")
-	c := cluster.New(m, srv, cluster.Options{CCMBinary: ccm, AgentBinary: agent})
+	step("building the lab: 3 nodes, FRR router, client (30 addresses), remote client; agents and the CCM")
+	c := cluster.New(m, srv, cluster.Options{CCMBinary: ccm, AgentBinary: agent, ClientAddrs: 29})
 	for _, n := range c.Lab.Nodes {
 		echo(m, n)
 	}
@@ -81,12 +91,30 @@ func main() {
 	rows = append(rows, row{"bgp-cluster", "BGP", "Cluster", c.Service("bgp-cluster", cluster.InPool("bgp-"+c.NS))})
 	rows = append(rows, row{"bgp-local", "BGP", "Local", c.Service("bgp-local", cluster.Local, cluster.InPool("bgp-"+c.NS))})
 	c.Endpoints("bgp-local", "node2")
+	// Three addresses on three nodes, for DNS round-robin.
+	for _, ip := range c.ServiceIPs("web-multi", 3, cluster.Annotate(annotation.VIPCount, "3")) {
+		rows = append(rows, row{"web-multi", "L2, 3 VIPs", "Cluster", ip})
+	}
+	// One address that every node answers, each for its share of the on-link clients.
+	c.Object(v1alpha1.IPPoolResource, "per-client-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.128/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {l2: {spreading: PerClient}}}`, c.NS))
+	rows = append(rows, row{"web-per-client", "L2 per client", "Cluster", c.Service("web-per-client", cluster.InPool("per-client-"+c.NS))})
+	addrs := []netip.Addr{c.Lab.Client.IPv4}
+	for i := range 29 {
+		addrs = append(addrs, lab.ClientAddr(i))
+	}
+	clients := c.NewClients(addrs)
 
 	step("waiting until every address is announced")
 	for _, r := range rows {
-		if r.mode == "L2" {
+		switch {
+		case r.mode == "L2 per client":
+			cluster.Eventually(m, 30*time.Second, r.name+" answered, each client by one node", func() bool {
+				_, ok := clients.Owners(r.vip, 300*time.Millisecond)
+				return ok
+			})
+		case strings.HasPrefix(r.mode, "L2"):
 			cluster.Eventually(m, 30*time.Second, r.name+" answered", func() bool { return c.Owner(r.vip) != "" })
-		} else {
+		default:
 			want := 3
 			if r.policy == "Local" {
 				want = 1
@@ -100,10 +128,20 @@ func main() {
 	fmt.Fprintln(w, "SERVICE\tVIP\tMODE\tTRAFFIC POLICY\tANNOUNCED BY\tANSWERED (HTTP)")
 	for _, r := range rows {
 		var announced, answered string
-		if r.mode == "L2" {
+		switch {
+		case r.mode == "L2 per client":
+			owners, _ := clients.Owners(r.vip, 300*time.Millisecond)
+			shares := cluster.Shares(owners)
+			var parts []string
+			for _, n := range c.Lab.Nodes {
+				parts = append(parts, fmt.Sprintf("%s %d", n.Name, shares[n.Name]))
+			}
+			announced = "ARP, clients per node: " + strings.Join(parts, ", ") + " of 30"
+			answered = "client on the segment: " + strings.Join(askNodes(m, c.Lab.Client, r.vip, 3), ", ")
+		case strings.HasPrefix(r.mode, "L2"):
 			announced = c.Owner(r.vip) + " (ARP)"
 			answered = "client on the segment: " + strings.Join(askNodes(m, c.Lab.Client, r.vip, 3), ", ")
-		} else {
+		default:
 			announced = "next hops at the router: " + strings.Join(c.NextHops(r.vip), ", ")
 			answered = "remote client: " + strings.Join(askNodes(m, c.Lab.Remote, r.vip, 12), ", ")
 		}
@@ -129,7 +167,7 @@ func main() {
 	step("%s is back; %s is answered by %s", victim, vip, c.Owner(vip))
 
 	if os.Getenv("KEEP") == "1" {
-		keep(c, srv, m, rows[0].vip, rows[3].vip)
+		keep(c, srv, m, ctl, rows[0].vip, rows[3].vip)
 		return
 	}
 	step("tearing down")
@@ -188,8 +226,9 @@ func askNodes(m *testenv.Main, h *lab.Host, vip netip.Addr, n int) []string {
 	return slices.Compact(out)
 }
 
-func keep(c *cluster.Cluster, srv *kubeapi.Server, m *testenv.Main, l2VIP, bgpVIP netip.Addr) {
+func keep(c *cluster.Cluster, srv *kubeapi.Server, m *testenv.Main, ctl string, l2VIP, bgpVIP netip.Addr) {
 	kc := srv.Kubeconfig(m, nil)
+	node1 := c.Lab.Nodes[0]
 	fmt.Printf(`
 The lab stays up until you press Ctrl-C.
 
@@ -198,8 +237,12 @@ The lab stays up until you press Ctrl-C.
   HTTP, on-link: ip netns exec %s curl -s http://%s/
   HTTP, routed:  ip netns exec %s curl -s http://%s/
   the router:   vtysh --vty_socket %s -c 'show bgp ipv4 unicast'
-  an agent:     its log and state are under the test folders printed above
+  status:       %[8]s status --kubeconfig %[1]s
+  an agent:     ip netns exec %[9]s %[8]s agent %[10]s --address %[11]s \
+                  --tls-ca %[12]s/ca.crt --tls-cert %[12]s/ccm.crt --tls-key %[12]s/ccm.key
+                (its log and state are under the folders printed above)
 
-`, kc, strings.Join(c.Lab.Namespaces(), " "), c.Lab.Client.NS, l2VIP, c.Lab.Remote.NS, bgpVIP, c.Lab.Dir)
+`, kc, strings.Join(c.Lab.Namespaces(), " "), c.Lab.Client.NS, l2VIP, c.Lab.Remote.NS, bgpVIP, c.Lab.Dir,
+		ctl, node1.NS, node1.Name, node1.IPv4, c.PKI)
 	select {}
 }

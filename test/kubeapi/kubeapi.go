@@ -335,7 +335,9 @@ func (s *Server) Namespace(t testenv.TB) string {
 		t.Fatalf("create namespace %s: %v", name, err)
 	}
 	t.Cleanup(func() {
-		_ = s.Client.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{})
 	})
 	return name
 }
