@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -214,7 +215,7 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 			keys = append(keys, obj+"announced/"+eventAddress(e))
 		}
 		for _, k := range keys {
-			if old, ok := latest[k]; !ok || eventTime(e).After(eventTime(old)) {
+			if old, ok := latest[k]; !ok || newer(e, old) {
 				latest[k] = e
 			}
 		}
@@ -285,6 +286,18 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 		st.Agents = append(st.Agents, as)
 	}
 	return st, nil
+}
+
+// newer reports whether a happened after b. Event times have whole seconds: within one second
+// the later write wins, by resourceVersion (etcd's revision, which grows with every write).
+func newer(a, b corev1.Event) bool {
+	ta, tb := eventTime(a), eventTime(b)
+	if !ta.Equal(tb) {
+		return ta.After(tb)
+	}
+	ra, errA := strconv.ParseUint(a.ResourceVersion, 10, 64)
+	rb, errB := strconv.ParseUint(b.ResourceVersion, 10, 64)
+	return errA == nil && errB == nil && ra > rb
 }
 
 func eventTime(e corev1.Event) time.Time {
