@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -427,10 +428,14 @@ func perClient(m *testenv.Main, r *report, c *cluster.Cluster) {
 		killed := time.Now()
 		c.Kill(victim)
 		var told map[netip.Addr]time.Time
-		cluster.Eventually(m, 10*time.Second, "the dead node's clients told by the survivors", func() bool {
-			told = clients.Told(vip, killed, victim, moved)
-			return len(told) == len(moved)
-		})
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if told = clients.Told(vip, killed, victim, moved); len(told) == len(moved) {
+				break
+			}
+			if time.Now().After(deadline) {
+				perClientFailed(m, c, vip, victim, moved, told)
+			}
+		}
 		var worst time.Duration
 		for _, at := range told {
 			outages = append(outages, float64(at.Sub(killed)))
@@ -438,7 +443,12 @@ func perClient(m *testenv.Main, r *report, c *cluster.Cluster) {
 		}
 		step("  trial %d: %s died, its %d clients told within %s", i, victim, len(moved), worst.Round(time.Millisecond))
 		c.Revive(victim)
-		owners = owned()
+		// Back to the first spread (rendezvous hashing over the same three nodes), which also
+		// has the returned node learn the clients from their requests.
+		cluster.Eventually(m, 30*time.Second, victim+" answers its clients again", func() bool {
+			now, ok := clients.Owners(vip, 300*time.Millisecond)
+			return ok && maps.Equal(now, owners)
+		})
 	}
 	var spread []string
 	for _, n := range c.Lab.Nodes {
@@ -448,6 +458,34 @@ func perClient(m *testenv.Main, r *report, c *cluster.Cluster) {
 		fmt.Sprintf("In the lab: one VIP of a pool with `announce.l2.spreading: PerClient`, three candidate nodes, 30 client addresses on the segment asking for it by ARP. Spread: how many clients each node answers. Then, %d times, a node dies hard (link down, agent killed; each node in turn, revived after): for each of its clients, the time from the kill to the first ARP reply a survivor sends it unasked (the client moves at once; nobody else moves, which the e2e test checks). Heartbeats every 50 ms, dead after 3 misses.", trials),
 		[][]string{{"clients per node", "moved clients", "told after p50", "p99", "max"},
 			{strings.Join(spread, ", "), fmt.Sprint(len(outages)), dur(time.Duration(percentile(outages, 50))), dur(time.Duration(percentile(outages, 99))), dur(time.Duration(slices.Max(outages)))}})
+}
+
+// perClientFailed reports which clients of a dead node no survivor told, and what each
+// survivor's agent says of the VIP, then fails.
+func perClientFailed(m *testenv.Main, c *cluster.Cluster, vip netip.Addr, victim string, moved []netip.Addr, told map[netip.Addr]time.Time) {
+	var untold []string
+	for _, a := range moved {
+		if _, ok := told[a]; !ok {
+			untold = append(untold, a.String())
+		}
+	}
+	for _, n := range c.Lab.Nodes {
+		if n.Name == victim {
+			continue
+		}
+		st, err := c.Agents[n.Name].Client.GetState(context.Background(), &agentv1.GetStateRequest{})
+		if err != nil {
+			step("  %s: GetState: %v", n.Name, err)
+			continue
+		}
+		for _, v := range st.GetAnnounced() {
+			if v.GetVip() == vip.String() {
+				step("  %s: active %v, %s, sharing %v, clients %d known, %d answered; targeted replies %d",
+					n.Name, v.GetActive(), v.GetReason(), v.GetSharing(), v.GetClientsKnown(), v.GetClientsAnswered(), st.GetL2().GetTargetedReplies())
+			}
+		}
+	}
+	m.Fatalf("%s died: %d of its %d clients not told by a survivor within 10 s: %s", victim, len(untold), len(moved), strings.Join(untold, ", "))
 }
 
 func l2Failover(m *testenv.Main, r *report, c *cluster.Cluster) {

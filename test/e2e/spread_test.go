@@ -118,13 +118,27 @@ func TestPerClientSpreading(t *testing.T) {
 		return strings.Contains(line, "node1, node2, node3 (per client)")
 	})
 
-	// The node with the most clients dies.
+	// The node with the most clients dies and returns; then another does, so that a node
+	// that restarted is among the survivors (it learnt the clients anew).
 	victim := "node1"
 	for n, k := range share {
 		if k > share[victim] || k == share[victim] && n < victim {
 			victim = n
 		}
 	}
+	second := "node1"
+	if victim == "node1" {
+		second = "node2"
+	}
+	for _, victim := range []string{victim, second} {
+		killAndRevive(t, c, clients, vip, owners, victim)
+	}
+}
+
+// killAndRevive kills victim, checks that the survivors tell each of its clients at once and
+// that nobody else moves, revives it and checks that its clients, and only those, move back.
+func killAndRevive(t *testing.T, c *cluster.Cluster, clients *cluster.Clients, vip netip.Addr, owners map[netip.Addr]string, victim string) {
+	t.Helper()
 	var moved []netip.Addr
 	for a, n := range owners {
 		if n == victim {
@@ -135,7 +149,7 @@ func TestPerClientSpreading(t *testing.T) {
 	c.Kill(victim)
 	// The survivors tell each of the victim's clients, unasked.
 	var told map[netip.Addr]time.Time
-	cluster.Eventually(t, 5*time.Second, "every client of the dead node told by a survivor", func() bool {
+	cluster.Eventually(t, 5*time.Second, "every client of the dead "+victim+" told by a survivor", func() bool {
 		told = clients.Told(vip, killed, victim, moved)
 		return len(told) == len(moved)
 	})
@@ -161,7 +175,7 @@ func TestPerClientSpreading(t *testing.T) {
 
 	// It returns: its clients, and only those, move back.
 	c.Revive(victim)
-	cluster.Eventually(t, 30*time.Second, "the returning node answers its clients again, and nobody else moved", func() bool {
+	cluster.Eventually(t, 30*time.Second, victim+" answers its clients again, and nobody else moved", func() bool {
 		back := clients.Answerers(vip, 300*time.Millisecond)
 		for a, n := range owners {
 			if len(back[a]) != 1 || back[a][0] != n {
