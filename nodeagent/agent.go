@@ -120,6 +120,7 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.rememberClients() // before the restored state's first Set
 	if st != nil {
 		if err := validate(st, opts.Node); err != nil {
 			klog.ErrorS(err, "Ignoring the saved state: it does not validate", "dir", opts.StateDir)
@@ -584,10 +585,15 @@ func (a *Agent) retryLoop() {
 	defer close(a.done)
 	t := time.NewTicker(a.opts.RetryInterval)
 	defer t.Stop()
+	saveClients := time.NewTicker(clientsSaveInterval)
+	defer saveClients.Stop()
+	var savedClients uint64
 	for {
 		select {
 		case <-a.stop:
 			return
+		case <-saveClients.C:
+			savedClients = a.saveClientsIfChanged(savedClients)
 		case <-t.C:
 			a.mu.Lock()
 			if a.state != nil && len(a.problems) > 0 {

@@ -35,6 +35,24 @@ func TestMain(m *testing.M) {
 type fakeL2 struct {
 	mu   sync.Mutex
 	sets [][]l2.VIP
+	// Clients of per-client VIPs: known (as learnt), and remembered (given at start), with
+	// how many Sets came before.
+	known          []l2.Client
+	knownVer       uint64
+	remembered     []l2.Client
+	setsBeforeMemo int
+}
+
+func (f *fakeL2) KnownClients() ([]l2.Client, uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.known), f.knownVer
+}
+
+func (f *fakeL2) Remember(cs []l2.Client) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.remembered, f.setsBeforeMemo = slices.Clone(cs), len(f.sets)
 }
 
 func (f *fakeL2) Set(v []l2.VIP) error {
@@ -434,6 +452,44 @@ func TestRestartResumesFromDisk(t *testing.T) {
 	// The old term stays fenced after the restart.
 	if _, err := h2.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: state(1, 9)}); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("an older term after a restart: %v", err)
+	}
+}
+
+// The clients of per-client VIPs survive a restart: saved when they change, given to the
+// speaker before the restored state's first Set.
+func TestRestartRemembersClients(t *testing.T) {
+	dir := t.TempDir()
+	h := serve(t, dir)
+	if _, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: state(2, 7, l2VIP("203.0.113.10", "node-a"))}); err != nil {
+		t.Fatal(err)
+	}
+	mac, _ := net.ParseMAC("02:00:00:00:00:51")
+	want := []l2.Client{{VIP: netip.MustParseAddr("203.0.113.10"), IP: netip.MustParseAddr("198.51.100.51"), MAC: mac, Interface: "eth0"}}
+	h.l2.mu.Lock()
+	h.l2.known, h.l2.knownVer = want, 1
+	h.l2.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "clients.json")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the clients were not saved within 10 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	h2 := serve(t, dir)
+	h2.l2.mu.Lock()
+	got, before := h2.l2.remembered, h2.l2.setsBeforeMemo
+	h2.l2.mu.Unlock()
+	if len(got) != 1 || got[0].VIP != want[0].VIP || got[0].IP != want[0].IP || got[0].MAC.String() != mac.String() || got[0].Interface != "eth0" {
+		t.Errorf("restarted agent's speaker remembered %+v; want %+v", got, want)
+	}
+	if before != 0 {
+		t.Errorf("the clients were given after %d Sets; want before the first", before)
+	}
+	if h2.l2.calls() == 0 {
+		t.Error("the restored state was not set")
 	}
 }
 

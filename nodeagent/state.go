@@ -26,10 +26,15 @@ func saveState(dir string, st *agentv1.DesiredState) error {
 	if err != nil {
 		return err
 	}
+	return writeAtomic(dir, stateFile, data)
+}
+
+// writeAtomic replaces dir/name with data: a reader sees the old file or the new one.
+func writeAtomic(dir, name string, data []byte) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, stateFile+".*")
+	tmp, err := os.CreateTemp(dir, name+".*")
 	if err != nil {
 		return err
 	}
@@ -45,7 +50,7 @@ func saveState(dir string, st *agentv1.DesiredState) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp.Name(), filepath.Join(dir, stateFile)); err != nil {
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
 		return err
 	}
 	d, err := os.Open(dir)

@@ -92,8 +92,9 @@ type Speaker struct {
 	owned  map[netip.Addr][]string
 	shares map[netip.Addr]*Share // of the per-client VIPs in owned
 
-	cmu     sync.Mutex
-	clients map[netip.Addr]map[netip.Addr]client // per-client VIP -> clients seen asking
+	cmu        sync.Mutex
+	clients    map[netip.Addr]map[netip.Addr]client // per-client VIP -> clients seen asking
+	clientsVer uint64                               // grows with every change to clients
 
 	arpRequests, arpReplies, gratuitous atomic.Uint64
 	nsReceived, naSent, unsolicited     atomic.Uint64
@@ -253,6 +254,7 @@ func (s *Speaker) forgetClients(shares map[netip.Addr]*Share) {
 	for vip := range s.clients {
 		if shares[vip] == nil {
 			delete(s.clients, vip)
+			s.clientsVer++
 		}
 	}
 }
@@ -272,6 +274,7 @@ func (s *Speaker) learn(vip, ip netip.Addr, mac net.HardwareAddr, ifc *iface) {
 	if c, ok := m[ip]; ok && bytes.Equal(c.mac, mac) && c.iface == ifc.ifi.Name {
 		return
 	}
+	s.clientsVer++
 	if _, ok := m[ip]; !ok && len(m) >= maxClients {
 		for old := range m { // full: forget one, any
 			delete(m, old)
@@ -279,6 +282,48 @@ func (s *Speaker) learn(vip, ip netip.Addr, mac net.HardwareAddr, ifc *iface) {
 		}
 	}
 	m[ip] = client{mac: slices.Clone(mac), iface: ifc.ifi.Name}
+}
+
+// Client is a host seen asking for a per-client VIP.
+type Client struct {
+	VIP, IP   netip.Addr
+	MAC       net.HardwareAddr
+	Interface string
+}
+
+// KnownClients returns the clients of every per-client VIP, and a version that changes
+// whenever they do (to save them only then).
+func (s *Speaker) KnownClients() ([]Client, uint64) {
+	s.cmu.Lock()
+	defer s.cmu.Unlock()
+	var out []Client
+	for vip, m := range s.clients {
+		for ip, c := range m {
+			out = append(out, Client{VIP: vip, IP: ip, MAC: slices.Clone(c.mac), Interface: c.iface})
+		}
+	}
+	return out, s.clientsVer
+}
+
+// Remember adds clients known from before (an agent restart), so that a node that takes
+// clients over can tell those it has not seen asking since. Call it before the first Set: a
+// Set forgets the clients of VIPs it does not answer per client.
+func (s *Speaker) Remember(cs []Client) {
+	s.cmu.Lock()
+	defer s.cmu.Unlock()
+	for _, c := range cs {
+		if !c.VIP.IsValid() || !c.IP.IsValid() || len(c.MAC) == 0 || c.Interface == "" {
+			continue
+		}
+		m := s.clients[c.VIP]
+		if m == nil {
+			m = map[netip.Addr]client{}
+			s.clients[c.VIP] = m
+		}
+		if len(m) < maxClients {
+			m[c.IP] = client{mac: slices.Clone(c.MAC), iface: c.Interface}
+		}
+	}
 }
 
 // Clients returns how many clients of a per-client VIP the node knows, and how many of those

@@ -397,3 +397,62 @@ func TestPerClientAnswersOnlyOwnClients(t *testing.T) {
 		}
 	}
 }
+
+// TestRememberedClientsAreTold checks that a restarted speaker, given the clients its
+// predecessor knew, tells them when it takes them over though it has not seen them ask.
+func TestRememberedClientsAreTold(t *testing.T) {
+	const n = 12
+	l := lab.New(t, lab.Options{Nodes: 2, ClientAddrs: n})
+	var clients []netip.Addr
+	for i := range n {
+		clients = append(clients, lab.ClientAddr(i))
+	}
+	names := []string{"node-a", "node-b"}
+	macs := map[string]string{}
+	for i, h := range l.Nodes {
+		macs[macOf(t, h).String()] = names[i]
+	}
+	c := arpClient(t, l.Client)
+	share := func(self string, members ...string) VIP {
+		return VIP{Addr: vip4, Interfaces: []string{"eth0"}, Share: &Share{Self: self, Members: members}}
+	}
+	_, setA := speakerOn(t, l.Nodes[0])
+	b, setB := speakerOn(t, l.Nodes[1])
+	setA(share("node-a", names...))
+	setB(share("node-b", names...))
+	askFrom(t, c, macOf(t, l.Client), vip4, clients)
+	known, _ := b.KnownClients()
+	if len(known) != n {
+		t.Fatalf("node-b knows %d clients; want %d", len(known), n)
+	}
+
+	// node-b restarts: a new speaker, given what the old one knew.
+	b.Close()
+	b2, setB2 := speakerOn(t, l.Nodes[1])
+	b2.Remember(known)
+	setB2(share("node-b", names...))
+	// node-a goes: node-b tells node-a's clients, none of which asked it since its restart.
+	start := time.Now()
+	setA()
+	setB2(share("node-b", "node-b"))
+	told := map[netip.Addr]bool{}
+	var wantTold int
+	for _, ip := range clients {
+		if rendezvous.Owner(ip, names) == "node-a" {
+			wantTold++
+		}
+	}
+	readARP(t, c, 2*time.Second, func(p *arp.Packet) bool {
+		if p.Operation == arp.OperationReply && p.SenderIP == vip4 && macs[p.SenderHardwareAddr.String()] == "node-b" &&
+			rendezvous.Owner(p.TargetIP, names) == "node-a" {
+			told[p.TargetIP] = true
+		}
+		return len(told) == wantTold
+	})
+	if len(told) != wantTold || wantTold == 0 {
+		t.Errorf("the restarted node-b told %d of node-a's %d clients within %s", len(told), wantTold, time.Since(start).Round(time.Millisecond))
+	}
+	if got, _ := b2.KnownClients(); len(got) != n {
+		t.Errorf("the restarted node-b knows %d clients; want the %d remembered", len(got), n)
+	}
+}
