@@ -323,23 +323,32 @@ func askFrom(t *testing.T, c *arp.Client, mac net.HardwareAddr, vip netip.Addr, 
 	return got
 }
 
+// twoNodesManyClients builds a lab of two nodes, named node-a and node-b, and a client with n
+// extra addresses; it returns those addresses and the nodes' names by MAC.
+func twoNodesManyClients(t *testing.T, n int) (l *lab.Lab, clients []netip.Addr, names []string, macs map[string]string) {
+	t.Helper()
+	l = lab.New(t, lab.Options{Nodes: 2, ClientAddrs: n})
+	for i := range n {
+		clients = append(clients, lab.ClientAddr(i))
+	}
+	names = []string{"node-a", "node-b"}
+	macs = map[string]string{}
+	for i, h := range l.Nodes {
+		macs[macOf(t, h).String()] = names[i]
+	}
+	return l, clients, names, macs
+}
+
 // TestPerClientAnswersOnlyOwnClients checks the per-client share: two nodes answer one VIP,
 // each only for the clients rendezvous hashing gives it, with no gratuitous ARP; when one
 // member goes, the other tells exactly the clients it takes over, by unicast reply.
 func TestPerClientAnswersOnlyOwnClients(t *testing.T) {
 	const n = 20
-	l := lab.New(t, lab.Options{Nodes: 2, ClientAddrs: n})
-	var clients []netip.Addr
-	for i := range n {
-		clients = append(clients, lab.ClientAddr(i))
-	}
-	names := []string{"node-a", "node-b"}
-	macs := map[string]string{}
+	l, clients, names, macs := twoNodesManyClients(t, n)
 	speakers := map[string]*Speaker{}
 	sets := map[string]func(...VIP){}
 	for i, h := range l.Nodes {
 		speakers[names[i]], sets[names[i]] = speakerOn(t, h)
-		macs[macOf(t, h).String()] = names[i]
 	}
 	c := arpClient(t, l.Client)
 	clientMAC := macOf(t, l.Client)
@@ -402,16 +411,7 @@ func TestPerClientAnswersOnlyOwnClients(t *testing.T) {
 // predecessor knew, tells them when it takes them over though it has not seen them ask.
 func TestRememberedClientsAreTold(t *testing.T) {
 	const n = 12
-	l := lab.New(t, lab.Options{Nodes: 2, ClientAddrs: n})
-	var clients []netip.Addr
-	for i := range n {
-		clients = append(clients, lab.ClientAddr(i))
-	}
-	names := []string{"node-a", "node-b"}
-	macs := map[string]string{}
-	for i, h := range l.Nodes {
-		macs[macOf(t, h).String()] = names[i]
-	}
+	l, clients, names, macs := twoNodesManyClients(t, n)
 	c := arpClient(t, l.Client)
 	share := func(self string, members ...string) VIP {
 		return VIP{Addr: vip4, Interfaces: []string{"eth0"}, Share: &Share{Self: self, Members: members}}

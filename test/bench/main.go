@@ -39,7 +39,6 @@ import (
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
 	"github.com/metalvip/metalvip/test/kubeapi"
-	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
@@ -398,13 +397,9 @@ func answers(m *testenv.Main, c *cluster.Cluster, vip netip.Addr, timeout time.D
 func perClient(m *testenv.Main, r *report, c *cluster.Cluster) {
 	const trials = 5
 	step("per-client L2 spreading: 30 clients, 3 candidates, %d trials", trials)
-	c.Object(v1alpha1.IPPoolResource, "pc-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.128/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {l2: {spreading: PerClient}}}`, c.NS))
-	vip := c.Service("per-client", cluster.InPool("pc-"+c.NS))
-	addrs := []netip.Addr{c.Lab.Client.IPv4}
-	for i := range 29 {
-		addrs = append(addrs, lab.ClientAddr(i))
-	}
-	clients := c.NewClients(addrs)
+	pool := c.PerClientPool("pc")
+	vip := c.Service("per-client", cluster.InPool(pool))
+	clients := c.NewClients(c.ClientAddrs())
 	owned := func() map[netip.Addr]string {
 		var owners map[netip.Addr]string
 		cluster.Eventually(m, 30*time.Second, "every client answered by exactly one node", func() bool {

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -10,6 +11,9 @@ import (
 
 	"github.com/mdlayher/arp"
 	"github.com/mdlayher/ethernet"
+
+	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/test/lab"
 )
 
 // Clients are many client addresses on the segment that ask for a VIP by ARP through the
@@ -172,4 +176,24 @@ func Shares(owners map[netip.Addr]string) map[string]int {
 		out[n]++
 	}
 	return out
+}
+
+// ClientAddrs returns every IPv4 address of the on-link client: its own, then the extra ones
+// (Options.ClientAddrs).
+func (c *Cluster) ClientAddrs() []netip.Addr {
+	addrs := []netip.Addr{c.Lab.Client.IPv4}
+	for i := range c.opts.ClientAddrs {
+		addrs = append(addrs, lab.ClientAddr(i))
+	}
+	return addrs
+}
+
+// PerClientPool creates an IP pool named name-<namespace> of 203.0.113.128/28, only for the
+// cluster's namespace and only by name, whose L2 VIPs are answered per client; it returns the
+// pool's name.
+func (c *Cluster) PerClientPool(name string) string {
+	c.T.Helper()
+	pool := name + "-" + c.NS
+	c.Object(v1alpha1.IPPoolResource, pool, fmt.Sprintf(`{addresses: ["203.0.113.128/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {l2: {spreading: PerClient}}}`, c.NS))
+	return pool
 }

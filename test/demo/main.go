@@ -22,7 +22,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/internal/annotation"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
@@ -96,13 +95,9 @@ func main() {
 		rows = append(rows, row{"web-multi", "L2, 3 VIPs", "Cluster", ip})
 	}
 	// One address that every node answers, each for its share of the on-link clients.
-	c.Object(v1alpha1.IPPoolResource, "per-client-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.128/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {l2: {spreading: PerClient}}}`, c.NS))
-	rows = append(rows, row{"web-per-client", "L2 per client", "Cluster", c.Service("web-per-client", cluster.InPool("per-client-"+c.NS))})
-	addrs := []netip.Addr{c.Lab.Client.IPv4}
-	for i := range 29 {
-		addrs = append(addrs, lab.ClientAddr(i))
-	}
-	clients := c.NewClients(addrs)
+	pool := c.PerClientPool("per-client")
+	rows = append(rows, row{"web-per-client", "L2 per client", "Cluster", c.Service("web-per-client", cluster.InPool(pool))})
+	clients := c.NewClients(c.ClientAddrs())
 
 	step("waiting until every address is announced")
 	for _, r := range rows {

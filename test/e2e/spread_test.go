@@ -10,11 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/internal/annotation"
 	"github.com/metalvip/metalvip/test/cluster"
 	"github.com/metalvip/metalvip/test/kubeapi"
-	"github.com/metalvip/metalvip/test/lab"
 )
 
 // A Service with metalvip.io/vip-count 3 over three nodes gets three addresses, answered by
@@ -70,13 +68,9 @@ func TestSeveralVIPsOnDistinctNodes(t *testing.T) {
 // that hash to it move back.
 func TestPerClientSpreading(t *testing.T) {
 	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary, ClientAddrs: 29})
-	c.Object(v1alpha1.IPPoolResource, "pc-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.128/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {l2: {spreading: PerClient}}}`, c.NS))
-	vip := c.Service("spread", cluster.InPool("pc-"+c.NS))
-	addrs := []netip.Addr{c.Lab.Client.IPv4}
-	for i := range 29 {
-		addrs = append(addrs, lab.ClientAddr(i))
-	}
-	clients := c.NewClients(addrs)
+	pool := c.PerClientPool("pc")
+	vip := c.Service("spread", cluster.InPool(pool))
+	clients := c.NewClients(c.ClientAddrs())
 
 	// Every client answered by exactly one node; shares of 5 to 15.
 	var owners map[netip.Addr]string
