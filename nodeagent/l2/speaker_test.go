@@ -63,15 +63,8 @@ func macOf(t *testing.T, h *lab.Host) net.HardwareAddr {
 // arpClient opens an ARP socket on the host's eth0.
 func arpClient(t *testing.T, h *lab.Host) *arp.Client {
 	t.Helper()
-	var c *arp.Client
-	if err := h.Do(func() error {
-		ifi, err := net.InterfaceByName("eth0")
-		if err != nil {
-			return err
-		}
-		c, err = arp.Dial(ifi)
-		return err
-	}); err != nil {
+	c, err := h.DialARP()
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })

@@ -6,7 +6,6 @@ package agentlab
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -18,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mdlayher/arp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
@@ -183,74 +181,24 @@ func bgpAnn(vip string) *agentv1.Announcement {
 // whoAnswers asks for vip by ARP from the client and returns the MAC that answered, or "".
 func whoAnswers(t *testing.T, client *lab.Host, vip netip.Addr) string {
 	t.Helper()
-	var c *arp.Client
-	if err := client.Do(func() error {
-		ifi, err := net.InterfaceByName("eth0")
-		if err != nil {
-			return err
-		}
-		c, err = arp.Dial(ifi)
-		return err
-	}); err != nil {
+	macs, err := client.AskARP(vip, time.Second, true)
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	if err := c.Request(vip); err != nil {
-		t.Fatal(err)
+	if len(macs) == 0 {
+		return ""
 	}
-	deadline := time.Now().Add(time.Second)
-	_ = c.SetReadDeadline(deadline)
-	for time.Now().Before(deadline) {
-		p, _, err := c.Read()
-		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				return ""
-			}
-			continue
-		}
-		if p.Operation == arp.OperationReply && p.SenderIP == vip {
-			return p.SenderHardwareAddr.String()
-		}
-	}
-	return ""
+	return macs[0]
 }
 
 // answerers asks for vip once and returns every MAC that answered within 100 ms.
 func answerers(t *testing.T, client *lab.Host, vip netip.Addr) []string {
 	t.Helper()
-	var c *arp.Client
-	if err := client.Do(func() error {
-		ifi, err := net.InterfaceByName("eth0")
-		if err != nil {
-			return err
-		}
-		c, err = arp.Dial(ifi)
-		return err
-	}); err != nil {
+	macs, err := client.AskARP(vip, 100*time.Millisecond, false)
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	if err := c.Request(vip); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(100 * time.Millisecond)
-	_ = c.SetReadDeadline(deadline)
-	seen := map[string]bool{}
-	for time.Now().Before(deadline) {
-		p, _, err := c.Read()
-		if err != nil {
-			break
-		}
-		if p.Operation == arp.OperationReply && p.SenderIP == vip && p.TargetIP != vip {
-			seen[p.SenderHardwareAddr.String()] = true
-		}
-	}
-	var out []string
-	for m := range seen {
-		out = append(out, m)
-	}
-	return out
+	return macs
 }
 
 func macOf(t *testing.T, h *lab.Host) string {

@@ -363,33 +363,11 @@ func lab2Answer(m *testenv.Main, r *report, c *cluster.Cluster) {
 // answers asks for vip once by ARP from the client and reports whether an answer came within
 // timeout.
 func answers(m *testenv.Main, c *cluster.Cluster, vip netip.Addr, timeout time.Duration) bool {
-	var cl *arp.Client
-	if err := c.Lab.Client.Do(func() error {
-		ifi, err := net.InterfaceByName("eth0")
-		if err != nil {
-			return err
-		}
-		cl, err = arp.Dial(ifi)
-		return err
-	}); err != nil {
+	macs, err := c.Lab.Client.AskARP(vip, timeout, true)
+	if err != nil {
 		m.Fatalf("%v", err)
 	}
-	defer cl.Close()
-	if err := cl.Request(vip); err != nil {
-		return false
-	}
-	deadline := time.Now().Add(timeout)
-	_ = cl.SetReadDeadline(deadline)
-	for time.Now().Before(deadline) {
-		p, _, err := cl.Read()
-		if err != nil {
-			return false
-		}
-		if p.Operation == arp.OperationReply && p.SenderIP == vip {
-			return true
-		}
-	}
-	return false
+	return len(macs) > 0
 }
 
 // perClient measures a per-client VIP: how its 30 clients spread over the three nodes, and
@@ -556,15 +534,8 @@ func arpLatency(m *testenv.Main, r *report, c *cluster.Cluster) {
 	step("ARP answer latency")
 	vip := c.Service("arp-latency")
 	cluster.Eventually(m, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
-	var cl *arp.Client
-	if err := c.Lab.Client.Do(func() error {
-		ifi, err := net.InterfaceByName("eth0")
-		if err != nil {
-			return err
-		}
-		cl, err = arp.Dial(ifi)
-		return err
-	}); err != nil {
+	cl, err := c.Lab.Client.DialARP()
+	if err != nil {
 		m.Fatalf("%v", err)
 	}
 	defer cl.Close()

@@ -49,9 +49,12 @@ func (c *Cluster) NewClients(addrs []netip.Addr) *Clients {
 			return err
 		}
 		cs.mac = ifi.HardwareAddr
-		cs.arp, err = arp.Dial(ifi)
-		return err
+		return nil
 	}); err != nil {
+		c.T.Fatalf("%v", err)
+	}
+	var err error
+	if cs.arp, err = c.Lab.Client.DialARP(); err != nil {
 		c.T.Fatalf("%v", err)
 	}
 	go cs.read()

@@ -6,7 +6,6 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -16,7 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mdlayher/arp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	corev1 "k8s.io/api/core/v1"
@@ -360,9 +358,16 @@ func (c *Cluster) Endpoints(svc string, nodes ...string) {
 
 func ptr[T any](v T) *T { return &v }
 
-// owner returns the node whose agent answers ARP for vip at the client, or "".
+// Owner returns the node whose agent answers ARP for vip at the client, or "".
 func (c *Cluster) Owner(vip netip.Addr) string {
-	return c.MACs[WhoAnswers(c.T, c.Lab.Client, vip)]
+	macs, err := c.Lab.Client.AskARP(vip, 500*time.Millisecond, true)
+	if err != nil {
+		c.T.Fatalf("%v", err)
+	}
+	if len(macs) == 0 {
+		return ""
+	}
+	return c.MACs[macs[0]]
 }
 
 func (c *Cluster) WaitOwner(vip netip.Addr, want string, timeout time.Duration) {
@@ -398,75 +403,16 @@ func MACOf(t testenv.TB, h *lab.Host) string {
 	return mac
 }
 
-// whoAnswers asks for vip by ARP from the client and returns the MAC that answered, or "".
-func WhoAnswers(t testenv.TB, client *lab.Host, vip netip.Addr) string {
-	t.Helper()
-	var c *arp.Client
-	if err := client.Do(func() error {
-		ifi, err := net.InterfaceByName("eth0")
-		if err != nil {
-			return err
-		}
-		c, err = arp.Dial(ifi)
-		return err
-	}); err != nil {
-		t.Fatalf("%v", err)
-	}
-	defer c.Close()
-	if err := c.Request(vip); err != nil {
-		t.Fatalf("%v", err)
-	}
-	deadline := time.Now().Add(500 * time.Millisecond)
-	_ = c.SetReadDeadline(deadline)
-	for time.Now().Before(deadline) {
-		p, _, err := c.Read()
-		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				return ""
-			}
-			continue
-		}
-		if p.Operation == arp.OperationReply && p.SenderIP == vip {
-			return p.SenderHardwareAddr.String()
-		}
-	}
-	return ""
-}
-
 // Answerers asks for vip once by ARP from the client and returns every node that answered
-// within 100 ms.
+// within 100 ms, sorted.
 func (c *Cluster) Answerers(vip netip.Addr) []string {
-	var cl *arp.Client
-	if err := c.Lab.Client.Do(func() error {
-		ifi, err := net.InterfaceByName("eth0")
-		if err != nil {
-			return err
-		}
-		cl, err = arp.Dial(ifi)
-		return err
-	}); err != nil {
+	macs, err := c.Lab.Client.AskARP(vip, 100*time.Millisecond, false)
+	if err != nil {
 		c.T.Fatalf("%v", err)
-	}
-	defer cl.Close()
-	if err := cl.Request(vip); err != nil {
-		c.T.Fatalf("%v", err)
-	}
-	deadline := time.Now().Add(100 * time.Millisecond)
-	_ = cl.SetReadDeadline(deadline)
-	seen := map[string]bool{}
-	for time.Now().Before(deadline) {
-		p, _, err := cl.Read()
-		if err != nil {
-			break
-		}
-		if p.Operation == arp.OperationReply && p.SenderIP == vip && p.TargetIP != vip {
-			seen[c.MACs[p.SenderHardwareAddr.String()]] = true
-		}
 	}
 	var out []string
-	for n := range seen {
-		out = append(out, n)
+	for _, m := range macs {
+		out = append(out, c.MACs[m])
 	}
 	slices.Sort(out)
 	return out
