@@ -77,6 +77,57 @@ func (Mode) EnumDescriptor() ([]byte, []int) {
 	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{0}
 }
 
+type Refusal_Kind int32
+
+const (
+	Refusal_KIND_UNSPECIFIED Refusal_Kind = 0
+	// KIND_ANNOUNCEMENT: key is the VIP.
+	Refusal_KIND_ANNOUNCEMENT Refusal_Kind = 1
+	// KIND_BGP_PEER: key is the peer's address as given.
+	Refusal_KIND_BGP_PEER Refusal_Kind = 2
+)
+
+// Enum value maps for Refusal_Kind.
+var (
+	Refusal_Kind_name = map[int32]string{
+		0: "KIND_UNSPECIFIED",
+		1: "KIND_ANNOUNCEMENT",
+		2: "KIND_BGP_PEER",
+	}
+	Refusal_Kind_value = map[string]int32{
+		"KIND_UNSPECIFIED":  0,
+		"KIND_ANNOUNCEMENT": 1,
+		"KIND_BGP_PEER":     2,
+	}
+)
+
+func (x Refusal_Kind) Enum() *Refusal_Kind {
+	p := new(Refusal_Kind)
+	*p = x
+	return p
+}
+
+func (x Refusal_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Refusal_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_metalvip_agent_v1_agent_proto_enumTypes[1].Descriptor()
+}
+
+func (Refusal_Kind) Type() protoreflect.EnumType {
+	return &file_metalvip_agent_v1_agent_proto_enumTypes[1]
+}
+
+func (x Refusal_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Refusal_Kind.Descriptor instead.
+func (Refusal_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{12, 0}
+}
+
 type Event_Kind int32
 
 const (
@@ -119,11 +170,11 @@ func (x Event_Kind) String() string {
 }
 
 func (Event_Kind) Descriptor() protoreflect.EnumDescriptor {
-	return file_metalvip_agent_v1_agent_proto_enumTypes[1].Descriptor()
+	return file_metalvip_agent_v1_agent_proto_enumTypes[2].Descriptor()
 }
 
 func (Event_Kind) Type() protoreflect.EnumType {
-	return &file_metalvip_agent_v1_agent_proto_enumTypes[1]
+	return &file_metalvip_agent_v1_agent_proto_enumTypes[2]
 }
 
 func (x Event_Kind) Number() protoreflect.EnumNumber {
@@ -132,14 +183,15 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18, 0}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20, 0}
 }
 
 // DesiredState is everything one node should do.
 type DesiredState struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// term is the CCM leader's term; an agent refuses states from a lower term than the last it
-	// accepted.
+	// term is the CCM leader's term, a fencing token taken from the leader election Lease (its
+	// leaseTransitions, plus one), never from a clock: at most 2147483648. An agent refuses
+	// states from a lower term than the last it accepted.
 	Term uint64 `protobuf:"varint,1,opt,name=term,proto3" json:"term,omitempty"`
 	// generation orders states within a term; a generation not above the applied one is a no-op.
 	Generation uint64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
@@ -149,8 +201,11 @@ type DesiredState struct {
 	BgpPeers      []*BGPPeer      `protobuf:"bytes,5,rep,name=bgp_peers,json=bgpPeers,proto3" json:"bgp_peers,omitempty"`
 	L2            *L2Options      `protobuf:"bytes,6,opt,name=l2,proto3" json:"l2,omitempty"`
 	Bgp           *BGPOptions     `protobuf:"bytes,7,opt,name=bgp,proto3" json:"bgp,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// heartbeat_peers are the other nodes this node exchanges heartbeats with (every other
+	// candidate of its L2 VIPs), each with the public keys its own agent reported.
+	HeartbeatPeers []*HeartbeatPeer `protobuf:"bytes,8,rep,name=heartbeat_peers,json=heartbeatPeers,proto3" json:"heartbeat_peers,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *DesiredState) Reset() {
@@ -232,6 +287,77 @@ func (x *DesiredState) GetBgp() *BGPOptions {
 	return nil
 }
 
+func (x *DesiredState) GetHeartbeatPeers() []*HeartbeatPeer {
+	if x != nil {
+		return x.HeartbeatPeers
+	}
+	return nil
+}
+
+// HeartbeatPeer is another node's heartbeat identity, as its agent reported it in GetState.
+type HeartbeatPeer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// address is the node's data-plane address, where its heartbeats come from.
+	Address string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// public_keys are the node's heartbeat public keys (X25519, 32 bytes each), newest first.
+	// A node without keys cannot be heard, so it counts as dead to this node.
+	PublicKeys    [][]byte `protobuf:"bytes,3,rep,name=public_keys,json=publicKeys,proto3" json:"public_keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatPeer) Reset() {
+	*x = HeartbeatPeer{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatPeer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatPeer) ProtoMessage() {}
+
+func (x *HeartbeatPeer) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatPeer.ProtoReflect.Descriptor instead.
+func (*HeartbeatPeer) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *HeartbeatPeer) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *HeartbeatPeer) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *HeartbeatPeer) GetPublicKeys() [][]byte {
+	if x != nil {
+		return x.PublicKeys
+	}
+	return nil
+}
+
 // Announcement is one VIP this node takes part in announcing.
 type Announcement struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -248,7 +374,7 @@ type Announcement struct {
 
 func (x *Announcement) Reset() {
 	*x = Announcement{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -260,7 +386,7 @@ func (x *Announcement) String() string {
 func (*Announcement) ProtoMessage() {}
 
 func (x *Announcement) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -273,7 +399,7 @@ func (x *Announcement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Announcement.ProtoReflect.Descriptor instead.
 func (*Announcement) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Announcement) GetVip() string {
@@ -327,7 +453,7 @@ type L2Announcement struct {
 
 func (x *L2Announcement) Reset() {
 	*x = L2Announcement{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -339,7 +465,7 @@ func (x *L2Announcement) String() string {
 func (*L2Announcement) ProtoMessage() {}
 
 func (x *L2Announcement) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -352,7 +478,7 @@ func (x *L2Announcement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Announcement.ProtoReflect.Descriptor instead.
 func (*L2Announcement) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *L2Announcement) GetCandidates() []*Candidate {
@@ -388,7 +514,7 @@ type Candidate struct {
 
 func (x *Candidate) Reset() {
 	*x = Candidate{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -400,7 +526,7 @@ func (x *Candidate) String() string {
 func (*Candidate) ProtoMessage() {}
 
 func (x *Candidate) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -413,7 +539,7 @@ func (x *Candidate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Candidate.ProtoReflect.Descriptor instead.
 func (*Candidate) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Candidate) GetNode() string {
@@ -443,7 +569,7 @@ type BGPAnnouncement struct {
 
 func (x *BGPAnnouncement) Reset() {
 	*x = BGPAnnouncement{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -455,7 +581,7 @@ func (x *BGPAnnouncement) String() string {
 func (*BGPAnnouncement) ProtoMessage() {}
 
 func (x *BGPAnnouncement) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -468,7 +594,7 @@ func (x *BGPAnnouncement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BGPAnnouncement.ProtoReflect.Descriptor instead.
 func (*BGPAnnouncement) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BGPAnnouncement) GetCommunities() []string {
@@ -501,13 +627,16 @@ type BGPPeer struct {
 	EbgpMultihopTtl uint32 `protobuf:"varint,8,opt,name=ebgp_multihop_ttl,json=ebgpMultihopTtl,proto3" json:"ebgp_multihop_ttl,omitempty"`
 	Bfd             *BFD   `protobuf:"bytes,9,opt,name=bfd,proto3" json:"bfd,omitempty"`
 	GracefulRestart bool   `protobuf:"varint,10,opt,name=graceful_restart,json=gracefulRestart,proto3" json:"graceful_restart,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// ttl_security (GTSM, RFC 5082): packets from the peer must arrive with TTL 255 (less the
+	// multihop hops), so nothing farther away can reach the session.
+	TtlSecurity   bool `protobuf:"varint,11,opt,name=ttl_security,json=ttlSecurity,proto3" json:"ttl_security,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BGPPeer) Reset() {
 	*x = BGPPeer{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -519,7 +648,7 @@ func (x *BGPPeer) String() string {
 func (*BGPPeer) ProtoMessage() {}
 
 func (x *BGPPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -532,7 +661,7 @@ func (x *BGPPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BGPPeer.ProtoReflect.Descriptor instead.
 func (*BGPPeer) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *BGPPeer) GetAddress() string {
@@ -605,6 +734,13 @@ func (x *BGPPeer) GetGracefulRestart() bool {
 	return false
 }
 
+func (x *BGPPeer) GetTtlSecurity() bool {
+	if x != nil {
+		return x.TtlSecurity
+	}
+	return false
+}
+
 // BFD is the bidirectional forwarding detection of a BGP session.
 type BFD struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -618,7 +754,7 @@ type BFD struct {
 
 func (x *BFD) Reset() {
 	*x = BFD{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +766,7 @@ func (x *BFD) String() string {
 func (*BFD) ProtoMessage() {}
 
 func (x *BFD) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +779,7 @@ func (x *BFD) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BFD.ProtoReflect.Descriptor instead.
 func (*BFD) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *BFD) GetEnabled() bool {
@@ -680,9 +816,10 @@ type L2Options struct {
 	// gratuitous_refresh_seconds is how often an owned VIP is announced again (switch FDB
 	// ageing); 0 for the agent's default.
 	GratuitousRefreshSeconds uint32 `protobuf:"varint,1,opt,name=gratuitous_refresh_seconds,json=gratuitousRefreshSeconds,proto3" json:"gratuitous_refresh_seconds,omitempty"`
-	// heartbeat_keys authenticate the heartbeats candidates exchange (HMAC-SHA256): the first
-	// signs, any verifies, so keys can be rotated. Without keys there are no heartbeats and the
-	// first candidate of each VIP answers for it.
+	// heartbeat_keys: the shared HMAC key of the first wave, going away: every node gets keys
+	// of its own (DesiredState.heartbeat_peers, GetStateResponse.heartbeat_public_keys).
+	//
+	// Deprecated: Marked as deprecated in metalvip/agent/v1/agent.proto.
 	HeartbeatKeys [][]byte `protobuf:"bytes,2,rep,name=heartbeat_keys,json=heartbeatKeys,proto3" json:"heartbeat_keys,omitempty"`
 	// heartbeat_interval_ms between heartbeats; 0 for 50.
 	HeartbeatIntervalMs uint32 `protobuf:"varint,3,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
@@ -696,7 +833,7 @@ type L2Options struct {
 
 func (x *L2Options) Reset() {
 	*x = L2Options{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +845,7 @@ func (x *L2Options) String() string {
 func (*L2Options) ProtoMessage() {}
 
 func (x *L2Options) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +858,7 @@ func (x *L2Options) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Options.ProtoReflect.Descriptor instead.
 func (*L2Options) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *L2Options) GetGratuitousRefreshSeconds() uint32 {
@@ -731,6 +868,7 @@ func (x *L2Options) GetGratuitousRefreshSeconds() uint32 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in metalvip/agent/v1/agent.proto.
 func (x *L2Options) GetHeartbeatKeys() [][]byte {
 	if x != nil {
 		return x.HeartbeatKeys
@@ -772,7 +910,7 @@ type BGPOptions struct {
 
 func (x *BGPOptions) Reset() {
 	*x = BGPOptions{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -784,7 +922,7 @@ func (x *BGPOptions) String() string {
 func (*BGPOptions) ProtoMessage() {}
 
 func (x *BGPOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -797,7 +935,7 @@ func (x *BGPOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BGPOptions.ProtoReflect.Descriptor instead.
 func (*BGPOptions) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BGPOptions) GetAsn() uint32 {
@@ -823,7 +961,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -835,7 +973,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -848,7 +986,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ApplyRequest) GetState() *DesiredState {
@@ -866,14 +1004,17 @@ type ApplyResponse struct {
 	Changed bool `protobuf:"varint,3,opt,name=changed,proto3" json:"changed,omitempty"`
 	// problems lists what the agent could not do yet (an interface missing, a socket refused);
 	// the state is accepted and the agent keeps trying.
-	Problems      []string `protobuf:"bytes,4,rep,name=problems,proto3" json:"problems,omitempty"`
+	Problems []string `protobuf:"bytes,4,rep,name=problems,proto3" json:"problems,omitempty"`
+	// refused lists the items of the state the agent did not take, each with the reason; the
+	// rest of the state is applied. A refusal is the object's fault, never the node's.
+	Refused       []*Refusal `protobuf:"bytes,5,rep,name=refused,proto3" json:"refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -885,7 +1026,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -898,7 +1039,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ApplyResponse) GetTerm() uint64 {
@@ -929,6 +1070,84 @@ func (x *ApplyResponse) GetProblems() []string {
 	return nil
 }
 
+func (x *ApplyResponse) GetRefused() []*Refusal {
+	if x != nil {
+		return x.Refused
+	}
+	return nil
+}
+
+// Refusal is one item of a desired state that the agent refused, and why.
+type Refusal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  Refusal_Kind           `protobuf:"varint,1,opt,name=kind,proto3,enum=metalvip.agent.v1.Refusal_Kind" json:"kind,omitempty"`
+	Key   string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// field is the path of the field at fault, e.g. "announcements[3].bgp.communities[0]".
+	Field string `protobuf:"bytes,3,opt,name=field,proto3" json:"field,omitempty"`
+	// reason says what is wrong and what to write instead.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Refusal) Reset() {
+	*x = Refusal{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Refusal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Refusal) ProtoMessage() {}
+
+func (x *Refusal) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Refusal.ProtoReflect.Descriptor instead.
+func (*Refusal) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Refusal) GetKind() Refusal_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return Refusal_KIND_UNSPECIFIED
+}
+
+func (x *Refusal) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Refusal) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
+func (x *Refusal) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type GetStateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -937,7 +1156,7 @@ type GetStateRequest struct {
 
 func (x *GetStateRequest) Reset() {
 	*x = GetStateRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1168,7 @@ func (x *GetStateRequest) String() string {
 func (*GetStateRequest) ProtoMessage() {}
 
 func (x *GetStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1181,7 @@ func (x *GetStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStateRequest.ProtoReflect.Descriptor instead.
 func (*GetStateRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 type GetStateResponse struct {
@@ -979,16 +1198,21 @@ type GetStateResponse struct {
 	// problems lists what the agent could not do yet.
 	Problems []string `protobuf:"bytes,8,rep,name=problems,proto3" json:"problems,omitempty"`
 	// state is the desired state the agent holds (applied, or restored from disk), without
-	// heartbeat keys. A CCM that starts leading seeds its plan from it, so a leader change or
-	// a CCM restart moves no VIP.
-	State         *DesiredState `protobuf:"bytes,9,opt,name=state,proto3" json:"state,omitempty"`
+	// secrets (BGP passwords are blanked). A CCM that starts leading seeds its plan from it, so
+	// a leader change or a CCM restart moves no VIP.
+	State *DesiredState `protobuf:"bytes,9,opt,name=state,proto3" json:"state,omitempty"`
+	// heartbeat_public_keys are this node's heartbeat public keys (X25519), newest first; the
+	// CCM hands them to the node's peers (DesiredState.heartbeat_peers).
+	HeartbeatPublicKeys [][]byte `protobuf:"bytes,10,rep,name=heartbeat_public_keys,json=heartbeatPublicKeys,proto3" json:"heartbeat_public_keys,omitempty"`
+	// refused lists the items of the held state that were refused (see ApplyResponse).
+	Refused       []*Refusal `protobuf:"bytes,11,rep,name=refused,proto3" json:"refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetStateResponse) Reset() {
 	*x = GetStateResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1000,7 +1224,7 @@ func (x *GetStateResponse) String() string {
 func (*GetStateResponse) ProtoMessage() {}
 
 func (x *GetStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1013,7 +1237,7 @@ func (x *GetStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStateResponse.ProtoReflect.Descriptor instead.
 func (*GetStateResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetStateResponse) GetNode() string {
@@ -1079,6 +1303,20 @@ func (x *GetStateResponse) GetState() *DesiredState {
 	return nil
 }
 
+func (x *GetStateResponse) GetHeartbeatPublicKeys() [][]byte {
+	if x != nil {
+		return x.HeartbeatPublicKeys
+	}
+	return nil
+}
+
+func (x *GetStateResponse) GetRefused() []*Refusal {
+	if x != nil {
+		return x.Refused
+	}
+	return nil
+}
+
 // AnnouncedVIP is one VIP as this node handles it now.
 type AnnouncedVIP struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1100,7 +1338,7 @@ type AnnouncedVIP struct {
 
 func (x *AnnouncedVIP) Reset() {
 	*x = AnnouncedVIP{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1112,7 +1350,7 @@ func (x *AnnouncedVIP) String() string {
 func (*AnnouncedVIP) ProtoMessage() {}
 
 func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1125,7 +1363,7 @@ func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnouncedVIP.ProtoReflect.Descriptor instead.
 func (*AnnouncedVIP) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AnnouncedVIP) GetVip() string {
@@ -1198,7 +1436,7 @@ type PeerStatus struct {
 
 func (x *PeerStatus) Reset() {
 	*x = PeerStatus{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1210,7 +1448,7 @@ func (x *PeerStatus) String() string {
 func (*PeerStatus) ProtoMessage() {}
 
 func (x *PeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1223,7 +1461,7 @@ func (x *PeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatus.ProtoReflect.Descriptor instead.
 func (*PeerStatus) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PeerStatus) GetAddress() string {
@@ -1279,7 +1517,7 @@ type L2Counters struct {
 
 func (x *L2Counters) Reset() {
 	*x = L2Counters{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1291,7 +1529,7 @@ func (x *L2Counters) String() string {
 func (*L2Counters) ProtoMessage() {}
 
 func (x *L2Counters) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1304,7 +1542,7 @@ func (x *L2Counters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Counters.ProtoReflect.Descriptor instead.
 func (*L2Counters) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *L2Counters) GetArpRequests() uint64 {
@@ -1364,7 +1602,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1376,7 +1614,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1389,7 +1627,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 type WatchResponse struct {
@@ -1401,7 +1639,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1413,7 +1651,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1426,7 +1664,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WatchResponse) GetEvent() *Event {
@@ -1451,7 +1689,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1701,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1714,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -1525,7 +1763,7 @@ var File_metalvip_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1dmetalvip/agent/v1/agent.proto\x12\x11metalvip.agent.v1\"\xb5\x02\n" +
+	"\x1dmetalvip/agent/v1/agent.proto\x12\x11metalvip.agent.v1\"\x80\x03\n" +
 	"\fDesiredState\x12\x12\n" +
 	"\x04term\x18\x01 \x01(\x04R\x04term\x12\x1e\n" +
 	"\n" +
@@ -1535,7 +1773,13 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\rannouncements\x18\x04 \x03(\v2\x1f.metalvip.agent.v1.AnnouncementR\rannouncements\x127\n" +
 	"\tbgp_peers\x18\x05 \x03(\v2\x1a.metalvip.agent.v1.BGPPeerR\bbgpPeers\x12,\n" +
 	"\x02l2\x18\x06 \x01(\v2\x1c.metalvip.agent.v1.L2OptionsR\x02l2\x12/\n" +
-	"\x03bgp\x18\a \x01(\v2\x1d.metalvip.agent.v1.BGPOptionsR\x03bgp\"\xd2\x01\n" +
+	"\x03bgp\x18\a \x01(\v2\x1d.metalvip.agent.v1.BGPOptionsR\x03bgp\x12I\n" +
+	"\x0fheartbeat_peers\x18\b \x03(\v2 .metalvip.agent.v1.HeartbeatPeerR\x0eheartbeatPeers\"^\n" +
+	"\rHeartbeatPeer\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1f\n" +
+	"\vpublic_keys\x18\x03 \x03(\fR\n" +
+	"publicKeys\"\xd2\x01\n" +
 	"\fAnnouncement\x12\x10\n" +
 	"\x03vip\x18\x01 \x01(\tR\x03vip\x12+\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x17.metalvip.agent.v1.ModeR\x04mode\x12\x1a\n" +
@@ -1557,7 +1801,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fBGPAnnouncement\x12 \n" +
 	"\vcommunities\x18\x01 \x03(\tR\vcommunities\x12\x1d\n" +
 	"\n" +
-	"local_pref\x18\x02 \x01(\rR\tlocalPref\"\xe5\x02\n" +
+	"local_pref\x18\x02 \x01(\rR\tlocalPref\"\x88\x03\n" +
 	"\aBGPPeer\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x19\n" +
@@ -1569,17 +1813,18 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x11ebgp_multihop_ttl\x18\b \x01(\rR\x0febgpMultihopTtl\x12(\n" +
 	"\x03bfd\x18\t \x01(\v2\x16.metalvip.agent.v1.BFDR\x03bfd\x12)\n" +
 	"\x10graceful_restart\x18\n" +
-	" \x01(\bR\x0fgracefulRestart\"w\n" +
+	" \x01(\bR\x0fgracefulRestart\x12!\n" +
+	"\fttl_security\x18\v \x01(\bR\vttlSecurity\"w\n" +
 	"\x03BFD\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x1a\n" +
 	"\tmin_rx_ms\x18\x02 \x01(\rR\aminRxMs\x12\x1a\n" +
 	"\tmin_tx_ms\x18\x03 \x01(\rR\aminTxMs\x12\x1e\n" +
 	"\n" +
 	"multiplier\x18\x04 \x01(\rR\n" +
-	"multiplier\"\xf6\x01\n" +
+	"multiplier\"\xfa\x01\n" +
 	"\tL2Options\x12<\n" +
-	"\x1agratuitous_refresh_seconds\x18\x01 \x01(\rR\x18gratuitousRefreshSeconds\x12%\n" +
-	"\x0eheartbeat_keys\x18\x02 \x03(\fR\rheartbeatKeys\x122\n" +
+	"\x1agratuitous_refresh_seconds\x18\x01 \x01(\rR\x18gratuitousRefreshSeconds\x12)\n" +
+	"\x0eheartbeat_keys\x18\x02 \x03(\fB\x02\x18\x01R\rheartbeatKeys\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x03 \x01(\rR\x13heartbeatIntervalMs\x12)\n" +
 	"\x10heartbeat_misses\x18\x04 \x01(\rR\x0fheartbeatMisses\x12%\n" +
 	"\x0eheartbeat_port\x18\x05 \x01(\rR\rheartbeatPort\";\n" +
@@ -1588,15 +1833,25 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x03asn\x18\x01 \x01(\rR\x03asn\x12\x1b\n" +
 	"\trouter_id\x18\x02 \x01(\tR\brouterId\"E\n" +
 	"\fApplyRequest\x125\n" +
-	"\x05state\x18\x01 \x01(\v2\x1f.metalvip.agent.v1.DesiredStateR\x05state\"y\n" +
+	"\x05state\x18\x01 \x01(\v2\x1f.metalvip.agent.v1.DesiredStateR\x05state\"\xaf\x01\n" +
 	"\rApplyResponse\x12\x12\n" +
 	"\x04term\x18\x01 \x01(\x04R\x04term\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12\x18\n" +
 	"\achanged\x18\x03 \x01(\bR\achanged\x12\x1a\n" +
-	"\bproblems\x18\x04 \x03(\tR\bproblems\"\x11\n" +
-	"\x0fGetStateRequest\"\xec\x02\n" +
+	"\bproblems\x18\x04 \x03(\tR\bproblems\x124\n" +
+	"\arefused\x18\x05 \x03(\v2\x1a.metalvip.agent.v1.RefusalR\arefused\"\xc6\x01\n" +
+	"\aRefusal\x123\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x1f.metalvip.agent.v1.Refusal.KindR\x04kind\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
+	"\x05field\x18\x03 \x01(\tR\x05field\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"F\n" +
+	"\x04Kind\x12\x14\n" +
+	"\x10KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11KIND_ANNOUNCEMENT\x10\x01\x12\x11\n" +
+	"\rKIND_BGP_PEER\x10\x02\"\x11\n" +
+	"\x0fGetStateRequest\"\xd6\x03\n" +
 	"\x10GetStateResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x1e\n" +
@@ -1608,7 +1863,10 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x02l2\x18\x06 \x01(\v2\x1d.metalvip.agent.v1.L2CountersR\x02l2\x12\x1a\n" +
 	"\brestored\x18\a \x01(\bR\brestored\x12\x1a\n" +
 	"\bproblems\x18\b \x03(\tR\bproblems\x125\n" +
-	"\x05state\x18\t \x01(\v2\x1f.metalvip.agent.v1.DesiredStateR\x05state\"\x87\x02\n" +
+	"\x05state\x18\t \x01(\v2\x1f.metalvip.agent.v1.DesiredStateR\x05state\x122\n" +
+	"\x15heartbeat_public_keys\x18\n" +
+	" \x03(\fR\x13heartbeatPublicKeys\x124\n" +
+	"\arefused\x18\v \x03(\v2\x1a.metalvip.agent.v1.RefusalR\arefused\"\x87\x02\n" +
 	"\fAnnouncedVIP\x12\x10\n" +
 	"\x03vip\x18\x01 \x01(\tR\x03vip\x12+\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x17.metalvip.agent.v1.ModeR\x04mode\x12\x16\n" +
@@ -1679,60 +1937,67 @@ func file_metalvip_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_metalvip_agent_v1_agent_proto_rawDescData
 }
 
-var file_metalvip_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_metalvip_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_metalvip_agent_v1_agent_proto_goTypes = []any{
 	(Mode)(0),                // 0: metalvip.agent.v1.Mode
-	(Event_Kind)(0),          // 1: metalvip.agent.v1.Event.Kind
-	(*DesiredState)(nil),     // 2: metalvip.agent.v1.DesiredState
-	(*Announcement)(nil),     // 3: metalvip.agent.v1.Announcement
-	(*L2Announcement)(nil),   // 4: metalvip.agent.v1.L2Announcement
-	(*Candidate)(nil),        // 5: metalvip.agent.v1.Candidate
-	(*BGPAnnouncement)(nil),  // 6: metalvip.agent.v1.BGPAnnouncement
-	(*BGPPeer)(nil),          // 7: metalvip.agent.v1.BGPPeer
-	(*BFD)(nil),              // 8: metalvip.agent.v1.BFD
-	(*L2Options)(nil),        // 9: metalvip.agent.v1.L2Options
-	(*BGPOptions)(nil),       // 10: metalvip.agent.v1.BGPOptions
-	(*ApplyRequest)(nil),     // 11: metalvip.agent.v1.ApplyRequest
-	(*ApplyResponse)(nil),    // 12: metalvip.agent.v1.ApplyResponse
-	(*GetStateRequest)(nil),  // 13: metalvip.agent.v1.GetStateRequest
-	(*GetStateResponse)(nil), // 14: metalvip.agent.v1.GetStateResponse
-	(*AnnouncedVIP)(nil),     // 15: metalvip.agent.v1.AnnouncedVIP
-	(*PeerStatus)(nil),       // 16: metalvip.agent.v1.PeerStatus
-	(*L2Counters)(nil),       // 17: metalvip.agent.v1.L2Counters
-	(*WatchRequest)(nil),     // 18: metalvip.agent.v1.WatchRequest
-	(*WatchResponse)(nil),    // 19: metalvip.agent.v1.WatchResponse
-	(*Event)(nil),            // 20: metalvip.agent.v1.Event
+	(Refusal_Kind)(0),        // 1: metalvip.agent.v1.Refusal.Kind
+	(Event_Kind)(0),          // 2: metalvip.agent.v1.Event.Kind
+	(*DesiredState)(nil),     // 3: metalvip.agent.v1.DesiredState
+	(*HeartbeatPeer)(nil),    // 4: metalvip.agent.v1.HeartbeatPeer
+	(*Announcement)(nil),     // 5: metalvip.agent.v1.Announcement
+	(*L2Announcement)(nil),   // 6: metalvip.agent.v1.L2Announcement
+	(*Candidate)(nil),        // 7: metalvip.agent.v1.Candidate
+	(*BGPAnnouncement)(nil),  // 8: metalvip.agent.v1.BGPAnnouncement
+	(*BGPPeer)(nil),          // 9: metalvip.agent.v1.BGPPeer
+	(*BFD)(nil),              // 10: metalvip.agent.v1.BFD
+	(*L2Options)(nil),        // 11: metalvip.agent.v1.L2Options
+	(*BGPOptions)(nil),       // 12: metalvip.agent.v1.BGPOptions
+	(*ApplyRequest)(nil),     // 13: metalvip.agent.v1.ApplyRequest
+	(*ApplyResponse)(nil),    // 14: metalvip.agent.v1.ApplyResponse
+	(*Refusal)(nil),          // 15: metalvip.agent.v1.Refusal
+	(*GetStateRequest)(nil),  // 16: metalvip.agent.v1.GetStateRequest
+	(*GetStateResponse)(nil), // 17: metalvip.agent.v1.GetStateResponse
+	(*AnnouncedVIP)(nil),     // 18: metalvip.agent.v1.AnnouncedVIP
+	(*PeerStatus)(nil),       // 19: metalvip.agent.v1.PeerStatus
+	(*L2Counters)(nil),       // 20: metalvip.agent.v1.L2Counters
+	(*WatchRequest)(nil),     // 21: metalvip.agent.v1.WatchRequest
+	(*WatchResponse)(nil),    // 22: metalvip.agent.v1.WatchResponse
+	(*Event)(nil),            // 23: metalvip.agent.v1.Event
 }
 var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
-	3,  // 0: metalvip.agent.v1.DesiredState.announcements:type_name -> metalvip.agent.v1.Announcement
-	7,  // 1: metalvip.agent.v1.DesiredState.bgp_peers:type_name -> metalvip.agent.v1.BGPPeer
-	9,  // 2: metalvip.agent.v1.DesiredState.l2:type_name -> metalvip.agent.v1.L2Options
-	10, // 3: metalvip.agent.v1.DesiredState.bgp:type_name -> metalvip.agent.v1.BGPOptions
-	0,  // 4: metalvip.agent.v1.Announcement.mode:type_name -> metalvip.agent.v1.Mode
-	4,  // 5: metalvip.agent.v1.Announcement.l2:type_name -> metalvip.agent.v1.L2Announcement
-	6,  // 6: metalvip.agent.v1.Announcement.bgp:type_name -> metalvip.agent.v1.BGPAnnouncement
-	5,  // 7: metalvip.agent.v1.L2Announcement.candidates:type_name -> metalvip.agent.v1.Candidate
-	8,  // 8: metalvip.agent.v1.BGPPeer.bfd:type_name -> metalvip.agent.v1.BFD
-	2,  // 9: metalvip.agent.v1.ApplyRequest.state:type_name -> metalvip.agent.v1.DesiredState
-	15, // 10: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
-	16, // 11: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
-	17, // 12: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
-	2,  // 13: metalvip.agent.v1.GetStateResponse.state:type_name -> metalvip.agent.v1.DesiredState
-	0,  // 14: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
-	20, // 15: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
-	1,  // 16: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
-	11, // 17: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
-	13, // 18: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
-	18, // 19: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
-	12, // 20: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
-	14, // 21: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
-	19, // 22: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
-	20, // [20:23] is the sub-list for method output_type
-	17, // [17:20] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	5,  // 0: metalvip.agent.v1.DesiredState.announcements:type_name -> metalvip.agent.v1.Announcement
+	9,  // 1: metalvip.agent.v1.DesiredState.bgp_peers:type_name -> metalvip.agent.v1.BGPPeer
+	11, // 2: metalvip.agent.v1.DesiredState.l2:type_name -> metalvip.agent.v1.L2Options
+	12, // 3: metalvip.agent.v1.DesiredState.bgp:type_name -> metalvip.agent.v1.BGPOptions
+	4,  // 4: metalvip.agent.v1.DesiredState.heartbeat_peers:type_name -> metalvip.agent.v1.HeartbeatPeer
+	0,  // 5: metalvip.agent.v1.Announcement.mode:type_name -> metalvip.agent.v1.Mode
+	6,  // 6: metalvip.agent.v1.Announcement.l2:type_name -> metalvip.agent.v1.L2Announcement
+	8,  // 7: metalvip.agent.v1.Announcement.bgp:type_name -> metalvip.agent.v1.BGPAnnouncement
+	7,  // 8: metalvip.agent.v1.L2Announcement.candidates:type_name -> metalvip.agent.v1.Candidate
+	10, // 9: metalvip.agent.v1.BGPPeer.bfd:type_name -> metalvip.agent.v1.BFD
+	3,  // 10: metalvip.agent.v1.ApplyRequest.state:type_name -> metalvip.agent.v1.DesiredState
+	15, // 11: metalvip.agent.v1.ApplyResponse.refused:type_name -> metalvip.agent.v1.Refusal
+	1,  // 12: metalvip.agent.v1.Refusal.kind:type_name -> metalvip.agent.v1.Refusal.Kind
+	18, // 13: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
+	19, // 14: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
+	20, // 15: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
+	3,  // 16: metalvip.agent.v1.GetStateResponse.state:type_name -> metalvip.agent.v1.DesiredState
+	15, // 17: metalvip.agent.v1.GetStateResponse.refused:type_name -> metalvip.agent.v1.Refusal
+	0,  // 18: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
+	23, // 19: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
+	2,  // 20: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
+	13, // 21: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
+	16, // 22: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
+	21, // 23: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
+	14, // 24: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
+	17, // 25: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
+	22, // 26: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
+	24, // [24:27] is the sub-list for method output_type
+	21, // [21:24] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_metalvip_agent_v1_agent_proto_init() }
@@ -1745,8 +2010,8 @@ func file_metalvip_agent_v1_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_metalvip_agent_v1_agent_proto_rawDesc), len(file_metalvip_agent_v1_agent_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   19,
+			NumEnums:      3,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -37,8 +37,12 @@ type AgentServiceClient interface {
 	// Apply replaces the node's desired state. It is idempotent: a state with the generation
 	// already applied changes nothing. A state from an older term than the last accepted is
 	// refused with FAILED_PRECONDITION, so that a deposed leader cannot override the new one.
+	// A state whose node or term is wrong is refused whole with INVALID_ARGUMENT; an invalid
+	// announcement or peer is refused alone (ApplyResponse.refused) and the rest is applied.
+	// Only the CCM's identity may call it.
 	Apply(ctx context.Context, in *ApplyRequest, opts ...grpc.CallOption) (*ApplyResponse, error)
-	// GetState reports what the agent applied and does now.
+	// GetState reports what the agent applied and does now. The CCM's and the viewer's
+	// identities may call it; it never returns a secret (heartbeat private keys, BGP passwords).
 	GetState(ctx context.Context, in *GetStateRequest, opts ...grpc.CallOption) (*GetStateResponse, error)
 	// Watch streams events (took over, released, session up or down, applied) until the client
 	// goes away.
@@ -101,8 +105,12 @@ type AgentServiceServer interface {
 	// Apply replaces the node's desired state. It is idempotent: a state with the generation
 	// already applied changes nothing. A state from an older term than the last accepted is
 	// refused with FAILED_PRECONDITION, so that a deposed leader cannot override the new one.
+	// A state whose node or term is wrong is refused whole with INVALID_ARGUMENT; an invalid
+	// announcement or peer is refused alone (ApplyResponse.refused) and the rest is applied.
+	// Only the CCM's identity may call it.
 	Apply(context.Context, *ApplyRequest) (*ApplyResponse, error)
-	// GetState reports what the agent applied and does now.
+	// GetState reports what the agent applied and does now. The CCM's and the viewer's
+	// identities may call it; it never returns a secret (heartbeat private keys, BGP passwords).
 	GetState(context.Context, *GetStateRequest) (*GetStateResponse, error)
 	// Watch streams events (took over, released, session up or down, applied) until the client
 	// goes away.
