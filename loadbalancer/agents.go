@@ -2,9 +2,11 @@ package loadbalancer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
 
+	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
@@ -52,6 +55,7 @@ type Agents struct {
 	term    uint64
 	onReach func(node string, reachable bool)
 	onEvent func(node string, ev *agentv1.Event)
+	onKeys  func(node string) // the node's heartbeat keys changed
 
 	mu    sync.Mutex
 	conns map[string]*agentConn
@@ -75,6 +79,27 @@ type agentConn struct {
 	reachable bool
 	known     bool                  // reachability decided at least once
 	held      *agentv1.DesiredState // what the agent held when last asked
+	keys      [][]byte              // the agent's heartbeat public keys, newest first
+}
+
+// OnKeysChanged registers f, called when a node's agent reports other heartbeat keys than
+// before; call it before SetNodes.
+func (a *Agents) OnKeysChanged(f func(node string)) { a.onKeys = f }
+
+// Keys returns the heartbeat public keys the node's agent last reported.
+func (a *Agents) Keys(node string) [][]byte {
+	if a == nil {
+		return nil
+	}
+	a.mu.Lock()
+	c := a.conns[node]
+	a.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.keys
 }
 
 // NewAgents returns the connections manager; term is this leader's term.
@@ -124,7 +149,7 @@ func (a *Agents) dial(node string, addr netip.Addr) (*agentConn, error) {
 		}
 		creds = credentials.NewTLS(cfg)
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	opts := append(agentapi.ClientOptions(), grpc.WithTransportCredentials(creds))
 	if a.cfg.Dial != nil {
 		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, s string) (netConn, error) { return a.cfg.Dial(ctx, s) }))
 	}
@@ -210,6 +235,9 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 		switch {
 		case desired != nil && (applied == nil || !proto.Equal(desired, applied)):
 			err = a.apply(ctx, c, desired)
+			if errors.Is(err, errResend) {
+				continue // the agent holds a newer generation of this term: send above it
+			}
 		case !c.isKnown():
 			err = a.probe(ctx, c)
 		default:
@@ -263,6 +291,15 @@ func (a *Agents) apply(ctx context.Context, c *agentConn, desired *agentv1.Desir
 		return fmt.Errorf("apply generation %d: %w", gen, err)
 	}
 	agentApplies.WithLabelValues("ok").Inc()
+	if resp.GetTerm() == a.term && resp.GetGeneration() != gen {
+		// A no-op: the agent holds another generation of this term (this CCM restarted, or
+		// lost count). Resume from it.
+		c.mu.Lock()
+		c.gen, c.pending = max(c.gen, resp.GetGeneration()), nil
+		c.mu.Unlock()
+		klog.V(2).InfoS("Agent holds another generation; sending above it", "node", c.node, "sent", gen, "held", resp.GetGeneration())
+		return errResend
+	}
 	c.mu.Lock()
 	c.applied = desired
 	c.mu.Unlock()
@@ -277,13 +314,27 @@ func (a *Agents) probe(ctx context.Context, c *agentConn) error {
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
 	resp, err := c.client.GetState(cctx, &agentv1.GetStateRequest{})
-	if err == nil {
-		c.mu.Lock()
-		c.held = resp.GetState()
-		c.mu.Unlock()
+	if err != nil {
+		return err
 	}
-	return err
+	c.mu.Lock()
+	c.held = resp.GetState()
+	if resp.GetTerm() == a.term && resp.GetGeneration() > c.gen {
+		// A restarted CCM resumes the agent's count; the next content gets a generation above.
+		c.gen, c.pending = resp.GetGeneration(), nil
+	}
+	keys := resp.GetHeartbeatPublicKeys()
+	changed := !slices.EqualFunc(c.keys, keys, func(x, y []byte) bool { return string(x) == string(y) })
+	c.keys = keys
+	c.mu.Unlock()
+	if changed && a.onKeys != nil {
+		a.onKeys(c.node)
+	}
+	return nil
 }
+
+// errResend says an Apply was a no-op because the agent holds another generation.
+var errResend = errors.New("the agent holds another generation")
 
 // Discover waits until every agent's reachability is decided (each is asked for its state
 // before anything is pushed to it), or timeout passes, and returns the states the reachable

@@ -57,9 +57,8 @@ type AnnouncerConfig struct {
 	Agents   AgentConfig
 	// Term is this leader's term, sent with every state so that a deposed leader is fenced.
 	Term uint64
-	// HeartbeatKeys, HeartbeatInterval, HeartbeatMisses, HeartbeatPort configure the agents'
-	// failover; GratuitousRefresh their re-announcing.
-	HeartbeatKeys     [][]byte
+	// HeartbeatInterval, HeartbeatMisses, HeartbeatPort configure the agents' failover (each
+	// agent's keys come from its GetState); GratuitousRefresh their re-announcing.
 	HeartbeatInterval time.Duration
 	HeartbeatMisses   int
 	HeartbeatPort     int
@@ -128,6 +127,7 @@ func NewAnnouncer(cfg AnnouncerConfig) *Announcer {
 // ends.
 func (a *Announcer) Start(ctx context.Context, factory informers.SharedInformerFactory, dyn dynamicinformer.DynamicSharedInformerFactory) {
 	a.agents = NewAgents(ctx, a.cfg.Agents, a.cfg.Term, a.agentReachability, a.agentEvent)
+	a.agents.OnKeysChanged(func(string) { a.markAll() }) // the node's peers need its new keys
 	svc := factory.Core().V1().Services()
 	nodes := factory.Core().V1().Nodes()
 	eps := factory.Discovery().V1().EndpointSlices()
@@ -746,7 +746,6 @@ func (a *Announcer) nodeStates(plan planner.Plan, vips map[netip.Addr]planner.VI
 		st := &agentv1.DesiredState{
 			L2: &agentv1.L2Options{
 				GratuitousRefreshSeconds: refresh,
-				HeartbeatKeys:            a.cfg.HeartbeatKeys,
 				HeartbeatIntervalMs:      uint32(a.cfg.HeartbeatInterval / time.Millisecond),
 				HeartbeatMisses:          uint32(a.cfg.HeartbeatMisses),
 				HeartbeatPort:            uint32(a.cfg.HeartbeatPort),
@@ -774,6 +773,7 @@ func (a *Announcer) nodeStates(plan planner.Plan, vips map[netip.Addr]planner.VI
 		ips = append(ips, ip)
 	}
 	slices.SortFunc(ips, func(x, y netip.Addr) int { return x.Compare(y) })
+	hbPeers := map[string][]string{}
 	svcNames := map[netip.Addr][]string{}
 	for ip, svcs := range a.vipServices {
 		for _, s := range svcs {
@@ -810,6 +810,25 @@ func (a *Announcer) nodeStates(plan planner.Plan, vips map[netip.Addr]planner.VI
 			if st := states[node]; st != nil {
 				st.Announcements = append(st.Announcements, an)
 			}
+			if v.Mode != planner.BGP {
+				for _, other := range e.Nodes {
+					if other != node {
+						hbPeers[node] = append(hbPeers[node], other)
+					}
+				}
+			}
+		}
+	}
+	// Heartbeat peers: every other candidate of the node's L2 VIPs, with the keys its agent
+	// reported (a node without keys cannot be heard).
+	for node, others := range hbPeers {
+		st := states[node]
+		if st == nil {
+			continue
+		}
+		slices.Sort(others)
+		for _, o := range slices.Compact(others) {
+			st.HeartbeatPeers = append(st.HeartbeatPeers, &agentv1.HeartbeatPeer{Node: o, Address: addrs[o].String(), PublicKeys: a.agents.Keys(o)})
 		}
 	}
 	return states

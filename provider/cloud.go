@@ -7,7 +7,6 @@ package provider
 import (
 	"context"
 	"io"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/dynamic"
@@ -49,7 +48,6 @@ type Cloud struct {
 	announcer *loadbalancer.Announcer
 	dyn       dynamicinformer.DynamicSharedInformerFactory
 	ctx       context.Context // ends when the framework's stop channel closes
-	started   time.Time
 }
 
 var (
@@ -60,8 +58,7 @@ var (
 // New returns the provider for a parsed cloud-config.
 func New(cfg *config.Config) *Cloud {
 	return &Cloud{
-		cfg:     cfg,
-		started: time.Now(),
+		cfg: cfg,
 		// A FakeRecorder without a channel drops events until Initialize gives a real one.
 		instances: &instances{cfg: cfg, recorder: &record.FakeRecorder{}},
 	}
@@ -119,11 +116,7 @@ func (c *Cloud) newAnnouncer(ctx context.Context, client kubernetes.Interface, r
 	if ac.Insecure {
 		klog.InfoS("WARNING: talking to agents in plaintext without authenticating them (agent.insecure); for labs only")
 	}
-	keys, err := heartbeatKeys(ctx, client, c.cfg.Failover.KeySecret)
-	if err != nil {
-		klog.ErrorS(err, "No failover key: agents fall back to answering for the VIPs they are first candidate of")
-	}
-	t := term(ctx, client, c.started)
+	t := term(ctx, client)
 	klog.InfoS("Announcing through the agents", "term", t, "agentPort", ac.Port)
 	f := c.cfg.Failover
 	return loadbalancer.NewAnnouncer(loadbalancer.AnnouncerConfig{
@@ -134,7 +127,6 @@ func (c *Cloud) newAnnouncer(ctx context.Context, client kubernetes.Interface, r
 			TLS: certs.Files{CA: ac.CAFile, Cert: ac.CertFile, Key: ac.KeyFile},
 		},
 		Term:              t,
-		HeartbeatKeys:     keys,
 		HeartbeatInterval: f.Interval.Duration,
 		HeartbeatMisses:   f.Misses,
 		HeartbeatPort:     f.Port,

@@ -155,14 +155,23 @@ func TestAnnouncing(t *testing.T) {
 			t.Fatal(err)
 		}
 		cluster.Eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
+		held := map[string]uint64{}
+		for n, a := range c.Agents {
+			st, err := a.Client.GetState(ctx, &agentv1.GetStateRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			held[n] = st.GetGeneration()
+		}
 		start := time.Now()
 		c.CCM.Stop(10 * time.Second)
 		c.StartCCM()
-		// Wait until the new CCM has pushed its (higher) term to every agent.
-		cluster.Eventually(t, 30*time.Second, "every agent took the new CCM's term", func() bool {
-			for _, a := range c.Agents {
+		// Wait until the new CCM has pushed to every agent: it resumes each agent's
+		// generation (terms come from the leader Lease; without leader election it is 1).
+		cluster.Eventually(t, 30*time.Second, "every agent took a state from the new CCM", func() bool {
+			for n, a := range c.Agents {
 				st, err := a.Client.GetState(ctx, &agentv1.GetStateRequest{})
-				if err != nil || st.GetTerm() == 0 || time.UnixMicro(int64(st.GetTerm())).Before(start) {
+				if err != nil || st.GetTerm() == 0 || st.GetGeneration() <= held[n] {
 					return false
 				}
 			}
