@@ -7,16 +7,20 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"hash"
 )
 
 // A heartbeat is one fixed-size datagram from one node to one peer:
 //
 //	version      1 byte, 2
 //	from, to     4 bytes each: the sender's key and the receiver's key it is made with
-//	boot, seq    8 bytes each: the sender's boot counter and its sequence in that boot
-//	echo         8+8 bytes: the latest (boot, seq) the sender verified from the receiver,
-//	             zero when it has none recent; the receiver counts the sender alive only on
-//	             an echo of one of its own recent heartbeats, which no capture can fake
+//	boot, seq    8 bytes each: the sender's boot counter and its sequence in that boot, which
+//	             only grow: the receiver takes each (boot, seq) once per key, in order
+//	nonce        8 bytes: random, new in every heartbeat
+//	echo         8 bytes: the nonce of the latest heartbeat the sender verified from the
+//	             receiver, zero when it has none recent; the receiver counts the sender alive
+//	             only on an echo of a nonce it sent that very peer recently, which no capture
+//	             can fake and no third node sees
 //	flags        1 byte: bit 0, the sender counts the receiver alive
 //	mac          32 bytes: HMAC-SHA256 of the above with the key of the pair and direction
 //
@@ -38,29 +42,28 @@ func (a seqKey) after(b seqKey) bool {
 	return a.boot > b.boot || a.boot == b.boot && a.seq > b.seq
 }
 
-func (a seqKey) zero() bool { return a == seqKey{} }
-
 type frame struct {
 	from, to keyID
 	at       seqKey // the sender's boot and sequence
-	echo     seqKey
+	nonce    uint64
+	echo     uint64
 	flags    byte
 }
 
 type macKey [32]byte
 
-// appendFrame appends the frame, signed with key, to b.
-func appendFrame(b []byte, f frame, key *macKey) []byte {
+// appendFrame appends the frame, signed with mac (an HMAC-SHA256 of the pair's key), to b.
+func appendFrame(b []byte, f frame, mac hash.Hash) []byte {
 	start := len(b)
 	b = append(b, version)
 	b = append(b, f.from[:]...)
 	b = append(b, f.to[:]...)
 	b = binary.BigEndian.AppendUint64(b, f.at.boot)
 	b = binary.BigEndian.AppendUint64(b, f.at.seq)
-	b = binary.BigEndian.AppendUint64(b, f.echo.boot)
-	b = binary.BigEndian.AppendUint64(b, f.echo.seq)
+	b = binary.BigEndian.AppendUint64(b, f.nonce)
+	b = binary.BigEndian.AppendUint64(b, f.echo)
 	b = append(b, f.flags)
-	mac := hmac.New(sha256.New, key[:])
+	mac.Reset()
 	mac.Write(b[start:])
 	return mac.Sum(b)
 }
@@ -79,18 +82,21 @@ func parseFrame(b []byte) (frame, error) {
 	copy(f.from[:], b[1:5])
 	copy(f.to[:], b[5:9])
 	f.at = seqKey{binary.BigEndian.Uint64(b[9:17]), binary.BigEndian.Uint64(b[17:25])}
-	f.echo = seqKey{binary.BigEndian.Uint64(b[25:33]), binary.BigEndian.Uint64(b[33:41])}
+	f.nonce = binary.BigEndian.Uint64(b[25:33])
+	f.echo = binary.BigEndian.Uint64(b[33:41])
 	f.flags = b[41]
 	return f, nil
 }
 
-// macOK checks a frame's MAC in constant time.
-func macOK(b []byte, key *macKey) bool {
-	mac := hmac.New(sha256.New, key[:])
+// macOK checks a frame's MAC in constant time; mac is an HMAC-SHA256 of the pair's key, scratch
+// room for the sum (so that a flood allocates nothing).
+func macOK(b []byte, mac hash.Hash, scratch []byte) bool {
+	mac.Reset()
 	mac.Write(b[:bodySize])
-	var sum [macSize]byte
-	return hmac.Equal(mac.Sum(sum[:0]), b[bodySize:])
+	return hmac.Equal(mac.Sum(scratch[:0]), b[bodySize:])
 }
+
+func newMAC(k macKey) hash.Hash { return hmac.New(sha256.New, k[:]) }
 
 // pairKeys derives the MAC keys of the pair (me, them) made with these keys: send signs what
 // me sends to them, recv what them sends to me.

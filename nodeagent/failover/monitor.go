@@ -6,17 +6,24 @@
 //
 // Every node has keys of its own (Identity); a heartbeat from A to B is signed with the MAC key
 // of the pair A→B, derived from A's and B's X25519 keys, so that no node can speak for another.
-// A heartbeat counts for liveness only when it echoes one of the receiver's own recent
-// heartbeats: a captured heartbeat, replayed later in any order, echoes an old one and keeps
-// no dead node alive. Heartbeats are sent with TTL 255 and taken only with TTL 255 (on-link).
-// A datagram meets the cheap checks first (size, TTL, a known peer's source address, the
-// frame's keys, replay and freshness pre-checks, a per-peer budget of MAC checks) and only then
-// the MAC, so that a flood costs little per datagram. Refusals are counted by reason.
+// A heartbeat counts for liveness only when it echoes the random nonce of one of the
+// receiver's own recent heartbeats to that sender: a captured heartbeat, replayed later in any
+// order, echoes an old one and keeps no dead node alive, and a third node never sees the
+// nonces of a pair. Heartbeats are sent with TTL 255 and taken only with TTL 255 (on-link). A
+// datagram meets the cheap checks first (size, TTL, a known peer's source address, the frame's
+// keys, replay and freshness pre-checks) and only then the MAC, which costs less than the
+// kernel's delivery of the datagram (BenchmarkRefusingAFlood), so every datagram that passes the
+// pre-checks is verified: a per-source budget of MAC checks would let anyone who spoofs a
+// peer's address crowd out that peer's real heartbeats, the very failover it must not cause.
+// Refusals are counted by reason.
 package failover
 
 import (
 	"crypto/ecdh"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
+	"hash"
 	"fmt"
 	"net"
 	"net/netip"
@@ -67,12 +74,11 @@ const (
 	RefusedVersion = "version" // not a heartbeat of this version
 	RefusedKey     = "key"     // made with a key the peer does not have, or this node does not
 	RefusedReplay  = "replay"  // not newer than the last verified from that peer and key
-	RefusedStale   = "stale"   // echoes none of this node's recent heartbeats
-	RefusedRate    = "rate"    // over the peer's budget of MAC checks
+	RefusedStale   = "stale"   // echoes no nonce this node sent that peer recently
 	RefusedMAC     = "mac"     // the MAC does not verify: forged or damaged
 )
 
-var reasons = []string{RefusedSize, RefusedTTL, RefusedSource, RefusedVersion, RefusedKey, RefusedReplay, RefusedStale, RefusedRate, RefusedMAC}
+var reasons = []string{RefusedSize, RefusedTTL, RefusedSource, RefusedVersion, RefusedKey, RefusedReplay, RefusedStale, RefusedMAC}
 
 // Counters count the heartbeats of a Monitor.
 type Counters struct {
@@ -84,12 +90,8 @@ type Counters struct {
 	Refused map[string]uint64
 }
 
-// macBudget bounds the MAC checks a peer's address can cost: burst and refill per interval.
-// A peer sends one heartbeat per interval.
 const (
-	macBurst        = 16
-	macPerInterval  = 8
-	sendRing        = 64 // this node's recent heartbeats kept to check echoes against
+	sendRing        = 16 // this node's recent heartbeats to each peer, to check echoes against
 	maxEchoAgeRatio = 2  // an echo older than deadline + this many intervals is stale
 )
 
@@ -102,14 +104,13 @@ type Monitor struct {
 	mu        sync.Mutex
 	peers     map[string]*peer
 	byAddr    map[netip.Addr]*peer
-	sentAt    [sendRing]sentHeartbeat
 	alive     map[string]bool // as OnChange last saw it
 	seesMe    map[string]bool // peers whose heartbeats say they count this node alive
 	newPeers  bool            // SetPeers added a peer since the last evaluation
 	announced map[string]bool // alive nodes this node's heartbeats show
 
 	sent, accepted, unproven atomic.Uint64
-	refused                  [9]atomic.Uint64 // by index in reasons
+	refused                  [8]atomic.Uint64 // by index in reasons
 
 	kick chan struct{}
 	stop chan struct{}
@@ -117,8 +118,8 @@ type Monitor struct {
 }
 
 type sentHeartbeat struct {
-	seq uint64
-	at  time.Time
+	nonce uint64
+	at    time.Time
 }
 
 type peer struct {
@@ -130,15 +131,15 @@ type peer struct {
 	pairs    map[[2]keyID]*pair // (mine, theirs)
 	last     map[keyID]seqKey   // per key of the peer: the highest (boot, seq) verified
 	verified time.Time          // the last verified heartbeat
-	echo     seqKey             // what this node echoes back: the peer's latest verified
+	echo     uint64             // what this node echoes back: the peer's latest verified nonce
 	usesMine keyID              // the key of this node the peer last used
 	usesOK   bool
 	proof    time.Time // the peer was alive then, by a fresh echo
 	proven   bool
 	sees     bool // the last proven heartbeat says the peer counts this node alive
 
-	tokens   float64
-	tokensAt time.Time
+	sent  [sendRing]sentHeartbeat // this node's recent heartbeats to the peer
+	sentN int
 }
 
 type peerKey struct {
@@ -146,7 +147,11 @@ type peerKey struct {
 	pub *ecdh.PublicKey
 }
 
-type pair struct{ send, recv macKey }
+// pair holds the MACs of a pair of keys, one per direction. Each is used under Monitor.mu only.
+type pair struct {
+	send, recv hash.Hash
+	sum        [macSize]byte
+}
 
 // New opens the heartbeat socket. Call SetPeers, then the monitor runs until Close.
 func New(cfg Config) (*Monitor, error) {
@@ -250,7 +255,7 @@ func (m *Monitor) pairOf(p *peer, mine *ownKey, theirs peerKey) *pair {
 	if err != nil {
 		return nil // a low-order key: no pair can be made with it
 	}
-	pr := &pair{send: send, recv: recv}
+	pr := &pair{send: newMAC(send), recv: newMAC(recv)}
 	p.pairs[k] = pr
 	return pr
 }
@@ -360,7 +365,6 @@ func (m *Monitor) send(now time.Time) {
 		return
 	}
 	seq := m.id.nextSeq()
-	m.sentAt[seq%sendRing] = sentHeartbeat{seq: seq, at: now}
 	deadline := m.deadline()
 	var msgs []out
 	for _, p := range m.peers {
@@ -380,14 +384,16 @@ func (m *Monitor) send(now time.Time) {
 		if pr == nil {
 			continue
 		}
-		f := frame{from: sign.id, to: theirs.id, at: seqKey{m.id.Boot(), seq}}
+		f := frame{from: sign.id, to: theirs.id, at: seqKey{m.id.Boot(), seq}, nonce: nonce()}
 		if now.Sub(p.verified) <= deadline {
 			f.echo = p.echo
 		}
 		if m.announced[p.node] {
 			f.flags |= flagAlive
 		}
-		msgs = append(msgs, out{appendFrame(make([]byte, 0, frameSize), f, &pr.send), netip.AddrPortFrom(p.addr, m.cfg.Listen.Port())})
+		p.sent[p.sentN%sendRing] = sentHeartbeat{nonce: f.nonce, at: now}
+		p.sentN++
+		msgs = append(msgs, out{appendFrame(make([]byte, 0, frameSize), f, pr.send), netip.AddrPortFrom(p.addr, m.cfg.Listen.Port())})
 	}
 	m.mu.Unlock()
 	for _, o := range msgs {
@@ -438,7 +444,6 @@ const (
 	iKey
 	iReplay
 	iStale
-	iRate
 	iMAC
 )
 
@@ -446,7 +451,6 @@ const (
 // ones prove. It reports whether any proved something.
 func (m *Monitor) handle(dgs []datagram, now time.Time) bool {
 	mine := m.id.current()
-	boot := m.id.Boot()
 	proved := false
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -481,25 +485,19 @@ func (m *Monitor) handle(dgs []datagram, now time.Time) bool {
 			continue
 		}
 		var echoed time.Time
-		if !f.echo.zero() {
-			s := m.sentAt[f.echo.seq%sendRing]
-			if f.echo.boot != boot || s.seq != f.echo.seq || now.Sub(s.at) > freshFor {
+		if f.echo != 0 {
+			if echoed = p.sentAt(f.echo); echoed.IsZero() || now.Sub(echoed) > freshFor {
 				m.refuse(iStale)
 				continue
 			}
-			echoed = s.at
-		}
-		if !p.spend(now, m.cfg.Interval) {
-			m.refuse(iRate)
-			continue
 		}
 		pr := m.pairOf(p, mine[mi], p.keys[ki])
-		if pr == nil || !macOK(d.data, &pr.recv) {
+		if pr == nil || !macOK(d.data, pr.recv, pr.sum[:]) {
 			m.refuse(iMAC)
 			continue
 		}
 		p.last[f.from] = f.at
-		p.verified, p.echo = now, f.at
+		p.verified, p.echo = now, f.nonce
 		p.usesMine, p.usesOK = f.to, true
 		if echoed.IsZero() {
 			m.unproven.Add(1)
@@ -522,19 +520,26 @@ func (m *Monitor) handle(dgs []datagram, now time.Time) bool {
 	return proved
 }
 
-// spend takes one MAC check from the peer's budget.
-func (p *peer) spend(now time.Time, interval time.Duration) bool {
-	if p.tokensAt.IsZero() {
-		p.tokens = macBurst
-	} else {
-		p.tokens = min(macBurst, p.tokens+float64(now.Sub(p.tokensAt))/float64(interval)*macPerInterval)
+// sentAt returns when this node sent the peer the heartbeat with nonce; zero if it did not
+// recently.
+func (p *peer) sentAt(nonce uint64) time.Time {
+	for _, s := range p.sent {
+		if s.nonce == nonce {
+			return s.at
+		}
 	}
-	p.tokensAt = now
-	if p.tokens < 1 {
-		return false
+	return time.Time{}
+}
+
+// nonce returns a random non-zero nonce.
+func nonce() uint64 {
+	var b [8]byte
+	for {
+		_, _ = rand.Read(b[:])
+		if n := binary.BigEndian.Uint64(b[:]); n != 0 {
+			return n
+		}
 	}
-	p.tokens--
-	return true
 }
 
 // evaluate recomputes who is alive and, on a change, calls OnChange before the heartbeats show

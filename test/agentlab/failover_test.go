@@ -12,12 +12,6 @@ import (
 	"github.com/metalvip/metalvip/test/lab"
 )
 
-// withHeartbeats turns on failover among the candidates.
-func withHeartbeats(st *agentv1.DesiredState) *agentv1.DesiredState {
-	st.L2 = &agentv1.L2Options{HeartbeatKeys: [][]byte{[]byte("lab heartbeat key, 32 bytes long")}, HeartbeatIntervalMs: 50, HeartbeatMisses: 3}
-	return st
-}
-
 // TestL2FailoverAmongAgents kills the owner of an L2 VIP (link down and agent killed) with no
 // CCM anywhere, and measures the outage a client probing every 10 ms sees until the next
 // candidate answers; then brings the node back and checks the hand-over back to it.
@@ -44,7 +38,7 @@ func TestL2FailoverAmongAgents(t *testing.T) {
 				default:
 				}
 			}
-			a.apply(withHeartbeats(desired(gen, l, l2Ann(vip.String(), order...))))
+			a.apply(heartbeatsOn(t, desired(gen, l, l2Ann(vip.String(), order...)), a, agents))
 		}
 	}
 	applyAll(l.Nodes[0], l.Nodes[1], l.Nodes[2])
