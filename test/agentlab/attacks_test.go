@@ -280,7 +280,9 @@ func heartbeatCluster(t *testing.T, l *lab.Lab, hosts []*lab.Host, vip netip.Add
 	return agents
 }
 
-func counters(t *testing.T, a *agent) *agentv1.HeartbeatCounters { return a.getState(t).GetHeartbeats() }
+func counters(t *testing.T, a *agent) *agentv1.HeartbeatCounters {
+	return a.getState(t).GetHeartbeats()
+}
 
 // TestReplayedHeartbeatsKeepNoDeadNodeAlive captures node1's heartbeats to node2 over two
 // earlier boots of node1 and earlier in its current one, kills node1, and replays them all at
