@@ -116,22 +116,31 @@ func (p *arpProbe) Stop() {
 }
 
 // replyWindow is how long after a request its reply may be read: a reader the scheduler
-// delays reads two replies at once, and the first belongs to the earlier request.
+// delays reads several replies at once.
 const replyWindow = 200 * time.Millisecond
 
-// answers assigns every reply to a request: an answering node sends one reply per request, so
-// each MAC's replies go, in order, to the earliest request it has not answered that was sent
-// at most replyWindow before the reply was read. The caller holds mu.
+// answers assigns every reply to a request. An answering node sends one reply per request, a
+// reply is read after the request it answers, and replies read together answer the latest
+// requests: so, latest first, each reply of a MAC goes to the latest request sent before it
+// was read and before the request its next reply went to, if that request was sent at most
+// replyWindow before. The caller holds mu.
 func (p *arpProbe) answers() [][]string {
 	out := make([][]string, len(p.sent))
-	next := map[string]int{}
+	byMAC := map[string][]time.Time{}
 	for _, r := range p.replies {
-		j := max(next[r.mac], sort.Search(len(p.sent), func(i int) bool { return !p.sent[i].Before(r.at.Add(-replyWindow)) }))
-		if j >= len(p.sent) || p.sent[j].After(r.at) {
-			continue // answers nothing we asked in time
+		byMAC[r.mac] = append(byMAC[r.mac], r.at)
+	}
+	for mac, reads := range byMAC {
+		bound := len(p.sent) // requests at or after bound are taken
+		for k := len(reads) - 1; k >= 0; k-- {
+			j := sort.Search(len(p.sent), func(i int) bool { return p.sent[i].After(reads[k]) }) - 1
+			j = min(j, bound-1)
+			if j < 0 || p.sent[j].Before(reads[k].Add(-replyWindow)) {
+				continue // answers nothing we asked in time
+			}
+			out[j] = append(out[j], mac)
+			bound = j
 		}
-		out[j] = append(out[j], r.mac)
-		next[r.mac] = j + 1
 	}
 	return out
 }
