@@ -1,0 +1,177 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/nodeagent/bgp"
+	"github.com/metalvip/metalvip/test/kubeapi"
+)
+
+// TestBGPPeerValidation sends peers straight to the API server: the CRD's schema and CEL rules
+// alone must refuse what the agents would refuse, with a message that says what to write
+// instead. Every accepted peer is then given, converted as the CCM and the agent convert it,
+// to a real BGP speaker of the agent, whose own validation must take it.
+func TestBGPPeerValidation(t *testing.T) {
+	srv := kubeapi.Get(t)
+	srv.InstallCRDs(t)
+	dyn, err := dynamic.NewForConfig(srv.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	speaker := newValidatingSpeaker(t)
+	const peer = `address: 198.51.100.1, peerASN: 64496, myASN: 64497`
+	cases := []crdCase{
+		{"a plain peer is accepted", `{` + peer + `}`, ""},
+		{"a full peer is accepted", `{address: "2001:db8:1::1", port: 1179, peerASN: 64496, myASN: 64497, holdTimeSeconds: 9, keepaliveSeconds: 3,
+			nodeSelector: {matchLabels: {rack: a}}, bfd: {enabled: true, minRxMilliseconds: 100, minTxMilliseconds: 100, multiplier: 3},
+			passwordSecretRef: {namespace: kube-system, name: bgp.password, key: password_1}, gracefulRestart: true, ttlSecurity: true}`, ""},
+		{"a unique-local IPv6 peer is accepted", `{address: "fd00::1", peerASN: 64496, myASN: 64497}`, ""},
+		{"GTSM with multihop is accepted", `{` + peer + `, ebgpMultihop: 3, ttlSecurity: true}`, ""},
+		{"a keepalive of a third of the default hold time is accepted", `{` + peer + `, keepaliveSeconds: 30}`, ""},
+		{"hold time 0 without keepalives is accepted", `{` + peer + `, holdTimeSeconds: 0}`, ""},
+		{"hold time 0 with keepalive 0 is accepted", `{` + peer + `, holdTimeSeconds: 0, keepaliveSeconds: 0}`, ""},
+		{"the shortest hold time with a keepalive is accepted", `{` + peer + `, holdTimeSeconds: 3, keepaliveSeconds: 1}`, ""},
+
+		{"a bad address is refused", `{address: 198.51.100.300, peerASN: 64496, myASN: 64497}`, "must be an IP address"},
+		{"a zoned address is refused", `{address: "fe80::1%eth0", peerASN: 64496, myASN: 64497}`, "spec.address: Invalid value: \"fe80::1%eth0\": must be an IP address such as 198.51.100.1"},
+		{"an IPv4-mapped IPv6 address is refused", `{address: "::ffff:198.51.100.1", peerASN: 64496, myASN: 64497}`, "must be an IP address such as 198.51.100.1"},
+		{"0.0.0.0 is refused", `{address: 0.0.0.0, peerASN: 64496, myASN: 64497}`,
+			"spec.address: Invalid value: \"0.0.0.0\": 0.0.0.0 and :: name no router: give the router's own address, such as 198.51.100.1"},
+		{":: is refused", `{address: "::", peerASN: 64496, myASN: 64497}`, "0.0.0.0 and :: name no router"},
+		{"an IPv4 loopback address is refused", `{address: 127.0.0.1, peerASN: 64496, myASN: 64497}`,
+			"spec.address: Invalid value: \"127.0.0.1\": a loopback address is the node itself, not a router: give the router's address on the node network"},
+		{"the IPv6 loopback address is refused", `{address: "::1", peerASN: 64496, myASN: 64497}`, "a loopback address is the node itself"},
+		{"an IPv6 link-local address is refused", `{address: "fe80::1", peerASN: 64496, myASN: 64497}`,
+			"spec.address: Invalid value: \"fe80::1\": link-local peers (169.254.0.0/16, fe80::/10) are not supported: give a global or unique-local address of the router"},
+		{"an IPv4 link-local address is refused", `{address: 169.254.0.1, peerASN: 64496, myASN: 64497}`, "link-local peers (169.254.0.0/16, fe80::/10) are not supported"},
+		{"an IPv4 multicast address is refused", `{address: 224.0.0.5, peerASN: 64496, myASN: 64497}`,
+			"spec.address: Invalid value: \"224.0.0.5\": a multicast or broadcast address names no router: give the router's unicast address, such as 198.51.100.1"},
+		{"an IPv6 multicast address is refused", `{address: "ff02::1", peerASN: 64496, myASN: 64497}`, "a multicast or broadcast address names no router"},
+		{"the IPv4 broadcast address is refused", `{address: 255.255.255.255, peerASN: 64496, myASN: 64497}`, "a multicast or broadcast address names no router"},
+		{"a missing ASN is refused", `{address: 198.51.100.1, myASN: 64497}`, "peerASN: Required value"},
+		{"an ASN out of range is refused", `{address: 198.51.100.1, peerASN: 4294967296, myASN: 64497}`, "peerASN"},
+		{"a hold time of 2 is refused", `{` + peer + `, holdTimeSeconds: 2}`, "must be 0 or at least 3"},
+		{"a keepalive over a third of the hold time is refused", `{` + peer + `, holdTimeSeconds: 9, keepaliveSeconds: 4}`,
+			"spec: Invalid value: keepaliveSeconds must be at most a third of holdTimeSeconds, such as holdTimeSeconds: 90 with keepaliveSeconds: 30"},
+		{"a keepalive equal to the hold time is refused", `{` + peer + `, holdTimeSeconds: 9, keepaliveSeconds: 9}`, "keepaliveSeconds must be at most a third of holdTimeSeconds"},
+		{"a keepalive over a third of the default hold time is refused", `{` + peer + `, keepaliveSeconds: 31}`,
+			"spec: Invalid value: keepaliveSeconds must be at most a third of the hold time, 90 by default: give at most 30, or set holdTimeSeconds to at least three times it"},
+		{"a keepalive of the default hold time is refused", `{` + peer + `, keepaliveSeconds: 90}`, "at most a third of the hold time, 90 by default"},
+		{"a keepalive with hold time 0 is refused", `{` + peer + `, holdTimeSeconds: 0, keepaliveSeconds: 10}`,
+			"spec: Invalid value: holdTimeSeconds 0 means no hold timer, so no keepalives: remove keepaliveSeconds, or set holdTimeSeconds to at least three times it"},
+		{"BFD with multihop is refused", `{` + peer + `, ebgpMultihop: 3, bfd: {enabled: true}}`, "single-hop"},
+		{"a BFD interval under 10ms is refused", `{` + peer + `, bfd: {enabled: true, minRxMilliseconds: 1}}`, "minRxMilliseconds"},
+		{"a password Secret in a badly named namespace is refused", `{` + peer + `, passwordSecretRef: {namespace: Kube_System, name: bgp, key: password}}`,
+			"spec.passwordSecretRef.namespace: Invalid value: \"Kube_System\": must be a namespace name: lower-case letters, digits and '-', such as kube-system"},
+		{"a badly named password Secret is refused", `{` + peer + `, passwordSecretRef: {namespace: kube-system, name: BGP, key: password}}`,
+			"spec.passwordSecretRef.name: Invalid value: \"BGP\": must be a Secret name: lower-case letters, digits, '-' and '.', such as bgp-password"},
+		{"a bad password Secret key is refused", `{` + peer + `, passwordSecretRef: {namespace: kube-system, name: bgp, key: "pass word"}}`,
+			"spec.passwordSecretRef.key: Invalid value: \"pass word\": must be a Secret key: letters, digits, '-', '_' and '.', such as password"},
+	}
+	for _, sc := range selectorCases {
+		want := sc.want
+		if want != "" {
+			want = "spec.nodeSelector" + sc.want
+		}
+		cases = append(cases, crdCase{"spec.nodeSelector: " + sc.name, `{` + peer + `, nodeSelector: ` + sc.spec + `}`, want})
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := createSpec(t, dyn, "BGPPeer", fmt.Sprintf("peer-%d", i), tc.spec)
+			checkRefusal(t, tc, err)
+			if err == nil {
+				for _, e := range peerParseErrors(context.Background(), speaker, got) {
+					t.Errorf("the API server accepted it, but %v", e)
+				}
+			}
+		})
+	}
+}
+
+// validatingSpeaker is a real BGP speaker of the agent that dials nobody: it listens on
+// loopback and its peers are passive, so giving it peers runs the agent's own peer
+// validation and sends nothing.
+type validatingSpeaker struct{ s *bgp.Speaker }
+
+func newValidatingSpeaker(t *testing.T) *validatingSpeaker {
+	t.Helper()
+	s, err := bgp.New(context.Background(), bgp.Config{
+		RouterID: netip.MustParseAddr("198.51.100.10"), ASN: 64497,
+		ListenPort: int32(freePort(t)), ListenAddresses: []netip.Addr{netip.MustParseAddr("127.0.0.1")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Errorf("shut the speaker down: %v", err)
+		}
+	})
+	return &validatingSpeaker{s}
+}
+
+// peerParseErrors lists what the CCM and the agent would refuse in an accepted peer. The
+// conversion follows loadbalancer's bgpPeers (BGPPeer to the agent's contract) and nodeagent's
+// bgpPeers (the contract to bgp.Peer); the password is left out (it comes from a Secret).
+func peerParseErrors(ctx context.Context, v *validatingSpeaker, u *unstructured.Unstructured) []error {
+	p := &v1alpha1.BGPPeer{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, p); err != nil {
+		return []error{fmt.Errorf("decode: %w", err)}
+	}
+	var errs []error
+	if _, err := p.Spec.NodeSelector.AsSelector(); p.Spec.NodeSelector != nil && err != nil {
+		errs = append(errs, fmt.Errorf("nodeSelector: %w", err))
+	}
+	sp := p.Spec
+	addr, err := netip.ParseAddr(sp.Address)
+	if err != nil {
+		return append(errs, fmt.Errorf("the agent cannot parse address %q: %w", sp.Address, err))
+	}
+	bp := bgp.Peer{Address: addr, PeerASN: uint32(sp.PeerASN), LocalASN: uint32(sp.MyASN), GracefulRestart: sp.GracefulRestart, Passive: true}
+	if uint64(sp.PeerASN) != uint64(bp.PeerASN) || uint64(sp.MyASN) != uint64(bp.LocalASN) {
+		errs = append(errs, fmt.Errorf("an ASN does not fit 32 bits"))
+	}
+	if sp.Port != nil {
+		bp.Port = uint16(*sp.Port)
+	}
+	if sp.HoldTimeSeconds != nil {
+		bp.HoldTime = time.Duration(*sp.HoldTimeSeconds) * time.Second
+	}
+	if sp.KeepaliveSeconds != nil {
+		bp.Keepalive = time.Duration(*sp.KeepaliveSeconds) * time.Second
+	}
+	if sp.EBGPMultihop != nil && *sp.EBGPMultihop > 1 {
+		bp.MultihopTTL = uint8(*sp.EBGPMultihop)
+	}
+	if b := sp.BFD; b != nil && b.Enabled {
+		bp.BFD.Enabled = true
+		if b.MinRxMilliseconds != nil {
+			bp.BFD.MinRx = time.Duration(*b.MinRxMilliseconds) * time.Millisecond
+		}
+		if b.MinTxMilliseconds != nil {
+			bp.BFD.MinTx = time.Duration(*b.MinTxMilliseconds) * time.Millisecond
+		}
+		if b.Multiplier != nil {
+			bp.BFD.Multiplier = uint32(*b.Multiplier)
+		}
+	}
+	if err := v.s.SetPeers(ctx, []bgp.Peer{bp}); err != nil {
+		errs = append(errs, fmt.Errorf("the agent's BGP speaker refuses it: %w", err))
+	}
+	if err := v.s.SetPeers(ctx, nil); err != nil && !strings.Contains(err.Error(), "shut down") {
+		errs = append(errs, fmt.Errorf("remove the peer again: %w", err))
+	}
+	return errs
+}
