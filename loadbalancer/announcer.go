@@ -657,12 +657,12 @@ func (a *Announcer) vipsFromServices(pools map[string]*v1alpha1.IPPool) (map[net
 						v.Mode = planner.BGP
 					}
 					if sel := pool.Spec.Announce.NodeSelector; sel != nil {
-						if ls, err := metav1.LabelSelectorAsSelector(sel); err == nil {
+						if ls, err := sel.AsSelector(); err == nil {
 							v.NodeSelector = selector{ls}
 						}
 					}
 					if sel := pool.Spec.Announce.PreferredNodeSelector; sel != nil {
-						if ls, err := metav1.LabelSelectorAsSelector(sel); err == nil {
+						if ls, err := sel.AsSelector(); err == nil {
 							v.Preferred = selector{ls}
 						}
 					}
@@ -868,7 +868,7 @@ func (a *Announcer) bgpPeers() []peerSpec {
 		}
 		ps := peerSpec{peer: bp}
 		if sp.NodeSelector != nil {
-			if s, err := metav1.LabelSelectorAsSelector(sp.NodeSelector); err == nil {
+			if s, err := sp.NodeSelector.AsSelector(); err == nil {
 				ps.selector = s
 			}
 		}

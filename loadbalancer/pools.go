@@ -47,12 +47,12 @@ func poolFromAPI(p *v1alpha1.IPPool) (ipam.Pool, error) {
 		out.Namespaces = sa.Namespaces
 		var err error
 		if sa.NamespaceSelector != nil {
-			if out.NamespaceSelector, err = metav1.LabelSelectorAsSelector(sa.NamespaceSelector); err != nil {
+			if out.NamespaceSelector, err = sa.NamespaceSelector.AsSelector(); err != nil {
 				errs = append(errs, fmt.Errorf("serviceAllocation.namespaceSelector: %w", err))
 			}
 		}
 		if sa.ServiceSelector != nil {
-			if out.ServiceSelector, err = metav1.LabelSelectorAsSelector(sa.ServiceSelector); err != nil {
+			if out.ServiceSelector, err = sa.ServiceSelector.AsSelector(); err != nil {
 				errs = append(errs, fmt.Errorf("serviceAllocation.serviceSelector: %w", err))
 			}
 		}
