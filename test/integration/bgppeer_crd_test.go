@@ -2,15 +2,18 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
+	"pgregory.net/rapid"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/nodeagent/bgp"
@@ -174,4 +177,76 @@ func peerParseErrors(ctx context.Context, v *validatingSpeaker, u *unstructured.
 		errs = append(errs, fmt.Errorf("remove the peer again: %w", err))
 	}
 	return errs
+}
+
+// genPeerAddress is mostly a router's address, sometimes one that names no router.
+var genPeerAddress = mostly(
+	rapid.Custom(func(t *rapid.T) string {
+		if rapid.Bool().Draw(t, "v6") {
+			return netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: rapid.Byte().Draw(t, "host")}).String()
+		}
+		return netip.AddrFrom4([4]byte{198, 51, 100, rapid.Byte().Draw(t, "host")}).String()
+	}),
+	rapid.OneOf(
+		rapid.SampledFrom([]string{"0.0.0.0", "::", "127.0.0.1", "::1", "fe80::1", "169.254.0.1", "224.0.0.5", "ff02::1", "255.255.255.255",
+			"::ffff:198.51.100.1", "fe80::1%eth0", "198.51.100.300", "router"}),
+		rapid.Custom(func(t *rapid.T) string { return genAddr(t, "any").String() })))
+
+// TestAcceptedPeersAreAcceptedByTheCCMAndTheAgents generates peers, near-valid and not, and
+// submits them to the real API server: every peer it accepts must be taken by the agent's
+// own BGP speaker, converted as the CCM and the agent convert it.
+func TestAcceptedPeersAreAcceptedByTheCCMAndTheAgents(t *testing.T) {
+	srv := kubeapi.Get(t)
+	srv.InstallCRDs(t)
+	dyn, err := dynamic.NewForConfig(srv.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	speaker := newValidatingSpeaker(t)
+	asn := mostly(rapid.OneOf(rapid.SampledFrom([]int64{1, 64496, 65535, 4294967295}), rapid.Int64Range(1, 4294967295)), rapid.SampledFrom([]int64{0, -1, 4294967296}))
+	var tried, accepted int
+	rapid.Check(t, func(rt *rapid.T) {
+		spec := map[string]any{"address": genPeerAddress.Draw(rt, "address"), "peerASN": asn.Draw(rt, "peerASN"), "myASN": asn.Draw(rt, "myASN")}
+		optional := func(name string, g *rapid.Generator[int64]) {
+			if rapid.Bool().Draw(rt, "has "+name) {
+				spec[name] = g.Draw(rt, name)
+			}
+		}
+		optional("port", mostly(rapid.Int64Range(1, 65535), rapid.SampledFrom([]int64{0, 65536})))
+		optional("holdTimeSeconds", mostly(rapid.OneOf(rapid.SampledFrom([]int64{0, 3, 9, 90, 65535}), rapid.Int64Range(3, 65535)), rapid.SampledFrom([]int64{1, 2, 65536})))
+		optional("keepaliveSeconds", rapid.OneOf(rapid.SampledFrom([]int64{0, 1, 3, 30, 31, 90, 21845}), rapid.Int64Range(0, 100)))
+		optional("ebgpMultihop", mostly(rapid.Int64Range(1, 255), rapid.SampledFrom([]int64{0, 256})))
+		if rapid.Bool().Draw(rt, "has bfd") {
+			bfd := map[string]any{"enabled": rapid.Bool().Draw(rt, "bfd enabled")}
+			interval := mostly(rapid.OneOf(rapid.SampledFrom([]int64{10, 300, 60000}), rapid.Int64Range(10, 60000)), rapid.SampledFrom([]int64{1, 9, 60001}))
+			for _, f := range []string{"minRxMilliseconds", "minTxMilliseconds"} {
+				if rapid.Bool().Draw(rt, "has "+f) {
+					bfd[f] = interval.Draw(rt, f)
+				}
+			}
+			if rapid.Bool().Draw(rt, "has multiplier") {
+				bfd["multiplier"] = mostly(rapid.Int64Range(2, 255), rapid.SampledFrom([]int64{0, 1, 256})).Draw(rt, "multiplier")
+			}
+			spec["bfd"] = bfd
+		}
+		spec["gracefulRestart"] = rapid.Bool().Draw(rt, "gracefulRestart")
+		spec["ttlSecurity"] = rapid.Bool().Draw(rt, "ttlSecurity")
+		if rapid.Bool().Draw(rt, "has nodeSelector") {
+			spec["nodeSelector"] = genSelector(rt, "nodeSelector")
+		}
+
+		tried++
+		got, err := createAndDelete(context.Background(), dyn, "BGPPeer", fmt.Sprintf("parity-%d", tried), spec)
+		if err != nil {
+			if !apierrors.IsInvalid(err) {
+				rt.Fatalf("create: %v", err)
+			}
+			return
+		}
+		accepted++
+		if errs := peerParseErrors(context.Background(), speaker, got); len(errs) > 0 {
+			rt.Fatalf("the API server accepted %v, but %v", spec, errors.Join(errs...))
+		}
+	})
+	t.Logf("peers tried: %d; accepted by the API server and by the CCM's and the agent's validation: %d; refused by the API server: %d", tried, accepted, tried-accepted)
 }

@@ -2,16 +2,20 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
+	"pgregory.net/rapid"
 	"sigs.k8s.io/yaml"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
@@ -332,4 +336,198 @@ func TestTheCRDRefusesTheSelectorsTheParserRefuses(t *testing.T) {
 			}
 		})
 	}
+}
+
+// createAndDelete creates an object of kind with spec and deletes it at once: what the API
+// server stored, or its refusal.
+func createAndDelete(ctx context.Context, dyn dynamic.Interface, kind, name string, spec map[string]any) (*unstructured.Unstructured, error) {
+	res := v1alpha1.IPPoolResource
+	if kind == "BGPPeer" {
+		res = v1alpha1.BGPPeerResource
+	}
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(), "kind": kind,
+		"metadata": map[string]any{"name": name}, "spec": spec,
+	}}
+	got, err := dyn.Resource(res).Create(ctx, obj, metav1.CreateOptions{})
+	if err == nil {
+		if err := dyn.Resource(res).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			return nil, fmt.Errorf("delete %s: %w", name, err)
+		}
+	}
+	return got, err
+}
+
+// Generators of near-valid values: mostly right, with the mistakes a user makes mixed in,
+// so that whole objects are accepted often enough to check them.
+var (
+	genLabelKey = mostly(
+		rapid.StringMatching(`([a-z0-9]([-a-z0-9]{0,3}[a-z0-9])?[.]){0,2}[a-z]{1,4}/[A-Za-z0-9]([-A-Za-z0-9_.]{0,5}[A-Za-z0-9])?|[A-Za-z0-9]([-A-Za-z0-9_.]{0,5}[A-Za-z0-9])?`),
+		rapid.OneOf(
+			rapid.SampledFrom([]string{"", "my tier", "-x", "x-", "/x", "Example.com/x", "a/b/c", "a./x", strings.Repeat("n", 64), longPrefix(254) + "/n", "é", longPrefix(253) + "/n"}),
+			rapid.StringMatching(`[a-zA-Z0-9._/ -]{0,12}`)))
+	genLabelValue = mostly(
+		rapid.StringMatching(`([A-Za-z0-9]([-A-Za-z0-9_.]{0,5}[A-Za-z0-9])?)?`),
+		rapid.OneOf(
+			rapid.SampledFrom([]string{"-x", "x.", "x!", "a b", strings.Repeat("v", 64), strings.Repeat("v", 63)}),
+			rapid.StringMatching(`[a-zA-Z0-9._ -]{0,8}`)))
+	genOperator = mostly(rapid.SampledFrom([]string{"In", "NotIn", "Exists", "DoesNotExist"}), rapid.SampledFrom([]string{"Equals", "in", ""}))
+)
+
+// mostly draws from good nine times in ten, else from bad.
+func mostly[V any](good, bad *rapid.Generator[V]) *rapid.Generator[V] {
+	return rapid.Custom(func(t *rapid.T) V {
+		if rapid.IntRange(0, 9).Draw(t, "mistake") == 0 {
+			return bad.Draw(t, "bad")
+		}
+		return good.Draw(t, "good")
+	})
+}
+
+func genSelector(t *rapid.T, label string) map[string]any {
+	sel := map[string]any{}
+	if n := rapid.IntRange(0, 2).Draw(t, label+" labels"); n > 0 {
+		m := map[string]any{}
+		for range n {
+			m[genLabelKey.Draw(t, label+" label key")] = genLabelValue.Draw(t, label+" label value")
+		}
+		sel["matchLabels"] = m
+	}
+	if n := rapid.IntRange(0, 2).Draw(t, label+" expressions"); n > 0 {
+		var exprs []any
+		for range n {
+			op := genOperator.Draw(t, label+" operator")
+			e := map[string]any{"key": genLabelKey.Draw(t, label+" key"), "operator": op}
+			k := rapid.IntRange(1, 2).Draw(t, label+" values")
+			if op == "Exists" || op == "DoesNotExist" {
+				k = -1
+			}
+			if rapid.IntRange(0, 9).Draw(t, label+" values mistake") == 0 {
+				k = rapid.IntRange(-1, 2).Draw(t, label+" any values")
+			}
+			if k >= 0 {
+				vals := []any{}
+				for range k {
+					vals = append(vals, genLabelValue.Draw(t, label+" value"))
+				}
+				e["values"] = vals
+			}
+			exprs = append(exprs, e)
+		}
+		sel["matchExpressions"] = exprs
+	}
+	return sel
+}
+
+func genAddr(t *rapid.T, label string) netip.Addr {
+	if rapid.Bool().Draw(t, label+" v6") {
+		var b [16]byte
+		for i := range b {
+			b[i] = rapid.Byte().Draw(t, label+" byte")
+		}
+		return netip.AddrFrom16(b)
+	}
+	return netip.AddrFrom4([4]byte{rapid.Byte().Draw(t, label), rapid.Byte().Draw(t, label), rapid.Byte().Draw(t, label), rapid.Byte().Draw(t, label)})
+}
+
+func genAddressRange(t *rapid.T) string {
+	mistake := func(label string) bool { return rapid.IntRange(0, 9).Draw(t, label) == 0 }
+	switch rapid.IntRange(0, 4).Draw(t, "address form") {
+	case 0, 1:
+		a := genAddr(t, "cidr")
+		bits := rapid.IntRange(0, a.BitLen()).Draw(t, "bits")
+		if mistake("bits") {
+			bits = rapid.IntRange(0, a.BitLen()+1).Draw(t, "any bits")
+		}
+		if !mistake("host bits") && bits <= a.BitLen() {
+			a = netip.PrefixFrom(a, bits).Masked().Addr()
+		}
+		return fmt.Sprintf("%s/%d", a, bits)
+	case 2, 3:
+		a, b := genAddr(t, "first"), genAddr(t, "last")
+		if !mistake("families") && a.Is4() != b.Is4() {
+			b = a
+		}
+		if !mistake("order") && b.Less(a) {
+			a, b = b, a
+		}
+		dash := "-"
+		if mistake("dash") {
+			dash = rapid.SampledFrom([]string{" - ", "--", " -"}).Draw(t, "bad dash")
+		}
+		return a.String() + dash + b.String()
+	default:
+		return rapid.SampledFrom([]string{"everything", "203.0.113.010/32", "fe80::1%eth0/64", "::ffff:203.0.113.0/120", "203.0.113.1-", "-203.0.113.1", "203.0.113.0/24 ", "0.0.0.0/0", "::/0"}).Draw(t, "junk")
+	}
+}
+
+// TestAcceptedPoolsAreAcceptedByTheCCMAndTheAgents generates pools, near-valid and not, and
+// submits them to the real API server: every pool it accepts must parse as the allocator and
+// the agents parse it.
+func TestAcceptedPoolsAreAcceptedByTheCCMAndTheAgents(t *testing.T) {
+	srv := kubeapi.Get(t)
+	srv.InstallCRDs(t)
+	dyn, err := dynamic.NewForConfig(srv.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tried, accepted int
+	rapid.Check(t, func(rt *rapid.T) {
+		spec := map[string]any{}
+		var addrs []any
+		for range rapid.IntRange(1, 2).Draw(rt, "addresses") {
+			addrs = append(addrs, genAddressRange(rt))
+		}
+		spec["addresses"] = addrs
+		spec["avoidBuggyIPs"] = rapid.Bool().Draw(rt, "avoidBuggyIPs")
+		announce := map[string]any{}
+		if rapid.Bool().Draw(rt, "bgp") {
+			b := map[string]any{}
+			var comms []any
+			for range rapid.IntRange(0, 3).Draw(rt, "communities") {
+				half := mostly(rapid.OneOf(rapid.SampledFrom([]int{0, 1, 64496, 65535}), rapid.IntRange(0, 65535)), rapid.SampledFrom([]int{65536, 99999}))
+				c := fmt.Sprintf("%d:%d", half.Draw(rt, "asn"), half.Draw(rt, "value"))
+				if rapid.IntRange(0, 9).Draw(rt, "junk community") == 0 {
+					c = rapid.SampledFrom([]string{"no-export", "1:2:3", " 1:2", "-1:2", "1:", "123456:1"}).Draw(rt, "junk")
+				}
+				comms = append(comms, c)
+			}
+			if len(comms) > 0 {
+				b["communities"] = comms
+			}
+			if rapid.Bool().Draw(rt, "has localPref") {
+				b["localPref"] = mostly(rapid.OneOf(rapid.SampledFrom([]int64{0, 100, math.MaxUint32}), rapid.Int64Range(0, math.MaxUint32)),
+					rapid.OneOf(rapid.SampledFrom([]int64{-1, math.MaxUint32 + 1, math.MaxInt64}), rapid.Int64())).Draw(rt, "localPref")
+			}
+			announce["mode"], announce["bgp"] = "BGP", b
+		}
+		if rapid.Bool().Draw(rt, "nodeSelector") {
+			announce["nodeSelector"] = genSelector(rt, "nodeSelector")
+		}
+		if rapid.Bool().Draw(rt, "preferredNodeSelector") {
+			announce["preferredNodeSelector"] = genSelector(rt, "preferredNodeSelector")
+		}
+		spec["announce"] = announce
+		if rapid.Bool().Draw(rt, "serviceAllocation") {
+			spec["serviceAllocation"] = map[string]any{"namespaceSelector": genSelector(rt, "namespaceSelector"), "serviceSelector": genSelector(rt, "serviceSelector")}
+		}
+
+		tried++
+		got, err := createAndDelete(context.Background(), dyn, "IPPool", fmt.Sprintf("parity-%d", tried), spec)
+		if err != nil {
+			if !apierrors.IsInvalid(err) {
+				rt.Fatalf("create: %v", err)
+			}
+			return
+		}
+		accepted++
+		p := &v1alpha1.IPPool{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, p); err != nil {
+			rt.Fatal(err)
+		}
+		if errs := poolParseErrors(p); len(errs) > 0 {
+			rt.Fatalf("the API server accepted %v, which the CCM or the agents refuse: %v", spec, errors.Join(errs...))
+		}
+	})
+	t.Logf("pools tried: %d; accepted by the API server and by the CCM's and the agents' parsing: %d; refused by the API server: %d", tried, accepted, tried-accepted)
 }
