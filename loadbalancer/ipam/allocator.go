@@ -280,11 +280,11 @@ func (a *Allocator) poolOf(addr netip.Addr) *pool {
 }
 
 // count adds delta to the allocated figure of every pool that counts ip: the usable pool
-// holding it and any shadowed pool whose ranges hold it (shadowed pools are few, and none in
-// a cluster without overlap).
-func (a *Allocator) count(ip netip.Addr, delta int64) {
-	if p := a.poolOf(ip); p != nil && p.counts(ip) {
-		p.allocated[FamilyOf(ip)] += delta
+// holding it (usable, nil when none) and any shadowed pool whose ranges hold it (shadowed
+// pools are few, and none in a cluster without overlap).
+func (a *Allocator) count(ip netip.Addr, usable *pool, delta int64) {
+	if usable != nil && !(usable.AvoidBuggyIPs && buggy(ip)) {
+		usable.allocated[FamilyOf(ip)] += delta
 	}
 	for _, p := range a.shadowed {
 		if p.counts(ip) {
@@ -297,6 +297,9 @@ func (a *Allocator) count(ip netip.Addr, delta int64) {
 func (a *Allocator) orphaned(h *holder) bool {
 	if h.pool == "" {
 		return false
+	}
+	if p := a.poolOf(h.ip); p != nil && p.Name == h.pool {
+		return false // the common case, without a second lookup
 	}
 	p, ok := a.pools[h.pool]
 	return !ok || !p.contains(h.ip)
@@ -775,13 +778,16 @@ func (a *Allocator) Lingering(key string) []netip.Addr {
 func (a *Allocator) hold(s *Service, ip netip.Addr, poolName string) {
 	h := a.held[ip]
 	if h == nil {
-		if q := a.poolOf(ip); q != nil {
+		q := a.poolOf(ip)
+		if q != nil {
 			q.free[FamilyOf(ip)].take(ip)
 		}
 		h = &holder{ip: ip, pool: poolName, users: map[string][]Port{}}
 		a.held[ip] = h
-		a.count(ip, 1)
-		a.trackOrphan(h)
+		a.count(ip, q, 1)
+		if q == nil || q.Name != poolName {
+			a.trackOrphan(h)
+		}
 	}
 	if len(h.users) == 0 || (len(h.users) == 1 && hasUser(h, s.Key)) {
 		// The only holder decides how the address may be shared.
@@ -831,9 +837,10 @@ func (a *Allocator) drop(key string, ip netip.Addr) {
 	}
 	a.unindexKey(h)
 	a.untrackOrphan(h)
-	a.count(ip, -1)
 	delete(a.held, ip)
-	if p := a.poolOf(ip); p != nil {
+	p := a.poolOf(ip)
+	a.count(ip, p, -1)
+	if p != nil {
 		p.free[FamilyOf(ip)].add(Range{ip, ip}) // nothing when ip is a skipped .0 or .255
 	}
 }

@@ -232,6 +232,36 @@ func (m *propModel) check(t *rapid.T) {
 				t.Fatalf("pool %s: %d %s addresses allocated by its figures, %d by a count of the held ones", p.Name, st.Allocated[f], f, n)
 			}
 		}
+		var orphans []netip.Addr
+		for _, o := range st.Orphans {
+			orphans = append(orphans, o.IP)
+		}
+		var want []netip.Addr
+		for ip, h := range m.a.held {
+			if h.pool == p.Name && !p.contains(ip) {
+				want = append(want, ip)
+			}
+		}
+		slices.SortFunc(want, netip.Addr.Compare)
+		if !slices.Equal(orphans, want) {
+			t.Fatalf("pool %s reports orphans %v; held outside it after coming from it: %v", p.Name, orphans, want)
+		}
+	}
+	// Every orphan, of pools that exist or not, and nothing else.
+	var got, want []string
+	for _, o := range m.a.Orphans() {
+		got = append(got, fmt.Sprintf("%s %s %v %v", o.IP, o.Pool, o.PoolDeleted, o.Services))
+	}
+	for ip, h := range m.a.held {
+		p, exists := m.a.pools[h.pool]
+		if h.pool != "" && (!exists || !p.contains(ip)) {
+			want = append(want, fmt.Sprintf("%s %s %v %v", ip, h.pool, !exists, sortedUsers(h)))
+		}
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("orphans %v; held outside the pool they came from: %v", got, want)
 	}
 }
 
