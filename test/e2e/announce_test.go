@@ -68,11 +68,11 @@ func TestAnnouncing(t *testing.T) {
 			}
 			return perNode["node1"] == 2 && perNode["node2"] == 2 && perNode["node3"] == 2
 		})
-		// The answering node is the one the plan named, as the Service's Event says.
+		// The answering node is the one the plan named, as the Service's condition says.
 		for i, v := range vips {
 			want := c.Owner(v)
-			cluster.Eventually(t, 10*time.Second, "the plan's Event names the answering node", func() bool {
-				return strings.Contains(c.Events(fmt.Sprintf("web-%d", i), "Announced"), "answered by "+want)
+			cluster.Eventually(t, 10*time.Second, "the Service's Announced condition names the answering node", func() bool {
+				return strings.Contains(c.Announced(fmt.Sprintf("web-%d", i)), v.String()+" (L2): "+want)
 			})
 		}
 		// And the client reaches each VIP.
@@ -155,14 +155,20 @@ func TestAnnouncing(t *testing.T) {
 			t.Fatal(err)
 		}
 		cluster.Eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
+		st, err := c.Agents["node1"].Client.GetState(ctx, &agentv1.GetStateRequest{})
+		if err != nil || st.GetTerm() == 0 {
+			t.Fatalf("node1's agent holds no term: %v %v", st, err)
+		}
+		oldTerm := st.GetTerm()
 		start := time.Now()
 		c.CCM.Stop(10 * time.Second)
 		c.StartCCM()
-		// Wait until the new CCM has pushed its (higher) term to every agent.
+		// Wait until the new CCM has pushed its (higher) term to every agent: the term comes
+		// from the Lease, which the new CCM's start counts.
 		cluster.Eventually(t, 30*time.Second, "every agent took the new CCM's term", func() bool {
 			for _, a := range c.Agents {
 				st, err := a.Client.GetState(ctx, &agentv1.GetStateRequest{})
-				if err != nil || st.GetTerm() == 0 || time.UnixMicro(int64(st.GetTerm())).Before(start) {
+				if err != nil || st.GetTerm() <= oldTerm {
 					return false
 				}
 			}
