@@ -77,6 +77,10 @@ type Agents struct {
 
 	mu    sync.Mutex
 	conns map[string]*agentConn
+	// seen are nodes' heartbeat keys as other agents hold them (learnt at start), for nodes
+	// whose own agent has not answered yet: a CCM that cannot read one node's keys must not
+	// make its peers count it dead.
+	seen map[string][][]byte
 }
 
 type agentConn struct {
@@ -112,7 +116,7 @@ func NewAgents(cfg AgentConfig, term uint64, hooks AgentHooks) *Agents {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
 	}
-	a := &Agents{cfg: cfg, hooks: hooks, conns: map[string]*agentConn{}}
+	a := &Agents{cfg: cfg, hooks: hooks, conns: map[string]*agentConn{}, seen: map[string][][]byte{}}
 	a.term.Store(term)
 	return a
 }
@@ -253,17 +257,34 @@ func (a *Agents) Applied(node string) (uint64, bool) {
 	return c.gen, c.applied != 0 && c.applied == c.version
 }
 
-// Keys returns the node's heartbeat public keys as its agent last reported them.
+// Keys returns the node's heartbeat public keys as its agent last reported them, else as
+// its peers' agents hold them.
 func (a *Agents) Keys(node string) [][]byte {
 	a.mu.Lock()
-	c := a.conns[node]
+	c, seen := a.conns[node], a.seen[node]
 	a.mu.Unlock()
 	if c == nil {
-		return nil
+		return seen
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if len(c.keys) == 0 {
+		return seen
+	}
 	return c.keys
+}
+
+// SeeKeys records nodes' keys as the agents' held states give them (Discover's answers).
+func (a *Agents) SeeKeys(held map[string]*agentv1.DesiredState) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, st := range held {
+		for _, p := range st.GetHeartbeatPeers() {
+			if len(p.GetPublicKeys()) > 0 {
+				a.seen[p.GetNode()] = p.GetPublicKeys()
+			}
+		}
+	}
 }
 
 // run asks the agent what it holds, then pushes the desired state until the agent holds it,

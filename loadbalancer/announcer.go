@@ -269,6 +269,7 @@ func (a *Announcer) Run(ctx context.Context, fence Fence) {
 	a.agents.SetNodes(ctx, a.loop.addrs)
 	start := time.Now()
 	held := a.agents.Discover(ctx, a.cfg.Discover)
+	a.agents.SeeKeys(held)
 	a.loop.seed = seedPlan(held)
 	klog.InfoS("Learnt what the agents announce", "agents", len(held), "nodes", len(a.loop.nodeList), "vips", len(a.loop.seed), "duration", time.Since(start).Round(time.Millisecond))
 	a.note(func(c *changes) { c.nodes = true })

@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
 	"github.com/metalvip/metalvip/test/kubeapi"
@@ -121,6 +124,40 @@ func TestAnnouncing(t *testing.T) {
 		if len(st.Agents) != 3 || st.Agents[0].Agent != "reachable" || len(st.Services) < 6 {
 			t.Errorf("status -o json: %+v", st)
 		}
+
+		// Events expire (an hour by default): status reads the Services' conditions and the
+		// Nodes', so it shows the same with none left.
+		if err := c.Srv.Client.CoreV1().Events(c.NS).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Srv.Client.CoreV1().Events("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if l, _ := c.Srv.Client.CoreV1().Events(c.NS).List(ctx, metav1.ListOptions{}); len(l.Items) != 0 {
+			t.Fatalf("%d Events left", len(l.Items))
+		}
+		out, err = exec.Command(ctlBinary, "status", "--kubeconfig", kc).CombinedOutput()
+		if err != nil {
+			t.Fatalf("metalvipctl status: %v\n%s", err, out)
+		}
+		for i, v := range vips {
+			line := lineWith(string(out), fmt.Sprintf("%s/web-%d ", c.NS, i))
+			if !strings.Contains(line, v.String()) || !strings.Contains(line, c.Owner(v)) {
+				t.Errorf("with no Event left, status says %q for %s (answered by %s)", line, v, c.Owner(v))
+			}
+		}
+		if strings.Count(string(out), "reachable") < 3 {
+			t.Errorf("with no Event left, status shows no agent reachable:\n%s", out)
+		}
+		svc, err := c.Srv.Client.CoreV1().Services(c.NS).Get(ctx, "web-0", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		y, _ := yaml.Marshal(svc.Status)
+		if !strings.Contains(string(y), "type: metalvip.io/Announced") || !strings.Contains(string(y), c.Owner(vips[0])) {
+			t.Errorf("web-0's status does not show the Announced condition naming %s:\n%s", c.Owner(vips[0]), y)
+		}
+		t.Logf("metalvipctl status with every Event deleted:\n%s\nweb-0 status:\n%s", out, y)
 	})
 
 	t.Run("externalTrafficPolicy Local follows the endpoints", func(t *testing.T) {
