@@ -201,7 +201,7 @@ func readNA(t *testing.T, c *ndpConn, timeout time.Duration, target netip.Addr) 
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		_ = c.pc.SetReadDeadline(deadline)
-		m, _, err := c.read()
+		m, _, _, err := c.ReadFrom()
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
@@ -247,7 +247,7 @@ func TestNDPAnswersOnlyOwnedVIPsAndAdvertisesTakeover(t *testing.T) {
 		ns := &ndp.NeighborSolicitation{TargetAddress: target, Options: []ndp.Option{
 			&ndp.LinkLayerAddress{Direction: ndp.Source, Addr: clientMAC},
 		}}
-		if err := c.write(ns, snm); err != nil {
+		if err := c.WriteTo(ns, nil, snm); err != nil {
 			t.Fatal(err)
 		}
 		for {
@@ -413,6 +413,8 @@ func TestRememberedClientsAreTold(t *testing.T) {
 	b, setB := speakerOn(t, l.Nodes[1])
 	setA(share("node-a", names...))
 	setB(share("node-b", names...))
+	// Clients are kept across a restart once they asked twice.
+	askFrom(t, c, macOf(t, l.Client), vip4, clients)
 	askFrom(t, c, macOf(t, l.Client), vip4, clients)
 	known, _ := b.KnownClients()
 	if len(known) != n {
