@@ -120,12 +120,12 @@ type move struct {
 type verdict uint8
 
 const (
-	learnt     verdict = iota // a new client, in probation
-	refreshed                 // a known client, same station (promoted if it was in probation)
-	moveHeld                  // a known client claimed from another station: not believed yet
-	moved                     // a known client's new station believed
-	throttled                 // its source is over its rate
-	notAdmitted               // a new client over the admission budget
+	learnt      verdict = iota // a new client, in probation
+	refreshed                  // a known client, same station (promoted if it was in probation)
+	moveHeld                   // a known client claimed from another station: not believed yet
+	moved                      // a known client's new station believed
+	throttled                  // its source is over its rate
+	notAdmitted                // a new client over the admission budget
 )
 
 // clientTable is the table; its methods are safe for concurrent use.
