@@ -89,9 +89,13 @@ func table(lim ClientLimits) (*clientTable, *fakeClock) {
 	return newClientTable(lim, c.Now), c
 }
 
-func addrN(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}) }
+func addrN(i int) netip.Addr {
+	return netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
+}
 
-func macN(i int) [6]byte { return [6]byte{0x02, 0xaa, byte(i >> 24), byte(i >> 16), byte(i >> 8), byte(i)} }
+func macN(i int) [6]byte {
+	return [6]byte{0x02, 0xaa, byte(i >> 24), byte(i >> 16), byte(i >> 8), byte(i)}
+}
 
 func seen(i int) sighting {
 	return sighting{vip: vip4, ip: addrN(i), at: station{mac: macN(i), iface: "eth0"}}
@@ -300,7 +304,7 @@ func TestRememberKeepsTheSavedOrderAndRoom(t *testing.T) {
 	tb.remember([]Client{
 		{VIP: vip4, IP: addrN(1), MAC: mac(1), Interface: "eth0"},
 		{VIP: vip4, IP: addrN(2), MAC: net.HardwareAddr{0x01, 0, 0x5e, 0, 0, 1}, Interface: "eth0"}, // multicast: skipped
-		{VIP: vip4, IP: addrN(3), MAC: mac(3), Interface: ""},                                      // no interface: skipped
+		{VIP: vip4, IP: addrN(3), MAC: mac(3), Interface: ""},                                       // no interface: skipped
 		{VIP: vip4, IP: addrN(4), MAC: mac(4), Interface: "eth0"},
 		{VIP: vip4, IP: addrN(5), MAC: mac(5), Interface: "eth0"},
 		{VIP: vip4, IP: addrN(6), MAC: mac(6), Interface: "eth0"}, // no room
