@@ -263,6 +263,15 @@ func TestMACChangeNeedsConsistentSightings(t *testing.T) {
 			t.Error("the MAC changed within the hold")
 		}
 	})
+	t.Run("fewer claims than needed are not believed, however far apart", func(t *testing.T) {
+		tb, clock := table(lim)
+		tb.see(seen(1))
+		claim(tb)
+		clock.Add(time.Hour)
+		if v := claim(tb); v != moveHeld || macOf(tb) != macN(1) {
+			t.Errorf("second claim an hour on: %v; want held with 3 needed", v)
+		}
+	})
 	t.Run("the client asking in between keeps its MAC", func(t *testing.T) {
 		tb, clock := table(lim)
 		tb.see(seen(1))

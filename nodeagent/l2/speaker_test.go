@@ -177,9 +177,9 @@ func TestTakeoverTellsClientsThatAskedTwiceFirst(t *testing.T) {
 	n := newFakeNode(t, Options{})
 	n.set(perClient(vip4, "node-a", members...))
 	once, twice := clientOf(t, "node-b", members, 0), clientOf(t, "node-b", members, 1)
-	n.ask(vip4, once, clientMAC)
 	n.ask(vip4, twice, node2MAC)
 	n.ask(vip4, twice, node2MAC)
+	n.ask(vip4, once, clientMAC) // the most recent, but seen once
 	n.arp["eth0"].reset()
 	n.set(perClient(vip4, "node-a", "node-a"))
 	r := n.replies(vip4)
