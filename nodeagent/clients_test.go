@@ -22,7 +22,7 @@ func someClients(n int) []l2.Client {
 	for i := range out {
 		out[i] = l2.Client{
 			VIP:       netip.MustParseAddr("203.0.113.10"),
-			IP:        netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}),
+			IP:        netip.AddrFrom4([4]byte{198, 18 + byte(i>>16&1), byte(i >> 8), byte(i)}),
 			MAC:       net.HardwareAddr{0x02, 0, 0, byte(i >> 16), byte(i >> 8), byte(i)},
 			Interface: "eth0",
 		}
@@ -77,7 +77,7 @@ func TestUnusableClientFilesAreRefusedWhole(t *testing.T) {
 		if i > 0 {
 			many.WriteByte(',')
 		}
-		fmt.Fprintf(&many, `{"vip":"203.0.113.10","ip":"10.0.%d.%d","mac":"02:00:00:00:00:01","interface":"eth0"}`, i>>8&255, i&255)
+		fmt.Fprintf(&many, `{"vip":"203.0.113.10","ip":"198.18.%d.%d","mac":"02:00:00:00:00:01","interface":"eth0"}`, i>>8&255, i&255)
 	}
 	many.WriteByte(']')
 	for _, tc := range []struct {

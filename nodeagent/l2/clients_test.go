@@ -89,8 +89,9 @@ func table(lim ClientLimits) (*clientTable, *fakeClock) {
 	return newClientTable(lim, c.Now), c
 }
 
+// addrN is the i-th address of 198.18.0.0/15, the range kept for benchmarks (RFC 2544).
 func addrN(i int) netip.Addr {
-	return netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
+	return netip.AddrFrom4([4]byte{198, 18 + byte(i>>16&1), byte(i >> 8), byte(i)})
 }
 
 func macN(i int) [6]byte {
