@@ -12,6 +12,7 @@ import (
 
 	"github.com/mdlayher/arp"
 	"github.com/mdlayher/ethernet"
+	"golang.org/x/sys/unix"
 )
 
 // SpareAddrs returns the segment's IPv4 addresses that no host of this lab uses: not the
@@ -103,20 +104,48 @@ func (c *LinkClient) Ask(vip netip.Addr) error {
 	return c.ARP.WriteTo(p, ethernet.Broadcast)
 }
 
-// ForgeARP broadcasts the given ARP packets from the host's eth0 as fast as one socket can
-// send them, each in a frame from its own sender hardware address (as a forger spoofs both),
-// and returns how long it took. Traffic stays on the lab's segment.
+// ForgeARP broadcasts the given ARP packets from the host's eth0 as fast as one raw socket
+// sends them, each in a frame from its own sender hardware address (as a forger spoofs both),
+// and returns how long the sending took. The frames are built first, so only the sending is
+// timed. Traffic stays on the lab's segment.
 func (h *Host) ForgeARP(packets []*arp.Packet) (time.Duration, error) {
-	c, err := h.DialARP()
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	start := time.Now()
-	for i, p := range packets {
-		if err := c.WriteTo(p, ethernet.Broadcast); err != nil {
-			return time.Since(start), fmt.Errorf("forged packet %d of %d: %w", i, len(packets), err)
+	frames := make([][]byte, 0, len(packets))
+	for _, p := range packets {
+		pb, err := p.MarshalBinary()
+		if err != nil {
+			return 0, err
 		}
+		fb, err := (&ethernet.Frame{Destination: ethernet.Broadcast, Source: p.SenderHardwareAddr, EtherType: ethernet.EtherTypeARP, Payload: pb}).MarshalBinary()
+		if err != nil {
+			return 0, err
+		}
+		frames = append(frames, fb)
 	}
-	return time.Since(start), nil
+	var took time.Duration
+	err := h.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		proto := int(htons(unix.ETH_P_ARP))
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ARP), Ifindex: ifi.Index}); err != nil {
+			return err
+		}
+		start := time.Now()
+		for i, f := range frames {
+			if _, err := unix.Write(fd, f); err != nil {
+				return fmt.Errorf("forged frame %d of %d: %w", i, len(frames), err)
+			}
+		}
+		took = time.Since(start)
+		return nil
+	})
+	return took, err
 }
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
