@@ -19,6 +19,9 @@ import (
 	"github.com/metalvip/metalvip/test/lab"
 )
 
+// The tests in this file use real sockets in the lab's network namespaces (root). The
+// speaker's decisions are tested without root, on fake connections, in the other test files.
+
 func TestMain(m *testing.M) {
 	// The test harness's process starter lives as long as the test binary, by design.
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/metalvip/metalvip/test/testenv.spawner"))

@@ -3,6 +3,7 @@ package agentlab
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -222,7 +223,10 @@ func listenAll(clients []*lab.LinkClient, vip netip.Addr, names map[string]strin
 	return r
 }
 
-func isClosed(err error) bool { return strings.Contains(err.Error(), "closed") }
+// isClosed reports whether a socket's read failed because it was closed (the test ended).
+func isClosed(err error) bool {
+	return errors.Is(err, net.ErrClosed) || strings.Contains(err.Error(), "use of closed")
+}
 
 // nodesSince returns the nodes that replied to client since t, each once.
 func (r *replyLog) nodesSince(client netip.Addr, t time.Time) []string {
