@@ -37,6 +37,11 @@ import (
 //
 // Memory is bounded by the two segments' sizes (about 200 bytes a client) plus fixed rate
 // tables. Only the protected clients are worth keeping across a restart (KnownClients).
+//
+// The limit: a node hears a client's broadcast requests only. A client that keeps its cache
+// entry fresh by unicast to its owner is heard once by the other nodes and stays in their
+// probation, where a long flood can push it out; it then moves by itself when its entry for
+// a dead owner fails.
 
 // ClientLimits bound the client table; a zero field takes its default.
 type ClientLimits struct {
