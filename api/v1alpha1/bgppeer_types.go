@@ -9,17 +9,41 @@ import (
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Cluster,categories=metalvip
+// +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.address`
 // +kubebuilder:printcolumn:name="Peer ASN",type=integer,JSONPath=`.spec.peerASN`
 // +kubebuilder:printcolumn:name="My ASN",type=integer,JSONPath=`.spec.myASN`
 // +kubebuilder:printcolumn:name="BFD",type=boolean,JSONPath=`.spec.bfd.enabled`
+// +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type BGPPeer struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec BGPPeerSpec `json:"spec"`
+	Spec   BGPPeerSpec   `json:"spec"`
+	Status BGPPeerStatus `json:"status,omitempty"`
 }
+
+// BGPPeerStatus is what the controller reports.
+type BGPPeerStatus struct {
+	// ObservedGeneration is the spec generation the status describes.
+	//
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Conditions: Accepted (the sessions run on the nodes the peer selects; False says why
+	// not: an invalid field, a password that cannot be read, an address another peer has on
+	// the same nodes, or an agent's refusal).
+	//
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Condition types of BGPPeer.
+const (
+	PeerAccepted = "Accepted"
+)
 
 // BGPPeerList is a list of BGPPeers.
 //

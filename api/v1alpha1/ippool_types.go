@@ -239,7 +239,8 @@ type IPPoolStatus struct {
 
 	// Conditions: Ready (the pool gives out addresses), Overlaps (it shares addresses with
 	// another pool), AddressesInUseRemoved (addresses removed from the spec are still held by
-	// Services, which keep them).
+	// Services, which keep them), NodesEligible (some node may announce its addresses; False
+	// names the cause), AgentsAccept (no agent refused one of its announcements).
 	//
 	// +listType=map
 	// +listMapKey=type
@@ -252,4 +253,6 @@ const (
 	PoolReady                 = "Ready"
 	PoolOverlaps              = "Overlaps"
 	PoolAddressesInUseRemoved = "AddressesInUseRemoved"
+	PoolNodesEligible         = "NodesEligible"
+	PoolAgentsAccept          = "AgentsAccept"
 )

@@ -22,6 +22,7 @@ import (
 	"k8s.io/component-base/version/verflag"
 
 	"github.com/metalvip/metalvip/provider"
+	providerconfig "github.com/metalvip/metalvip/provider/config"
 )
 
 func main() {
@@ -73,10 +74,7 @@ Settings of its own are in the --cloud-config file, documented in docs/cloud-con
 		if cp.Name != provider.ProviderName {
 			return fmt.Errorf("--cloud-provider=%q: this binary runs only the %q provider; leave the flag out or set it to %q", cp.Name, provider.ProviderName, provider.ProviderName)
 		}
-		le := opts.Generic.LeaderElection
-		provider.LeaderElection.Enabled = le.LeaderElect
-		provider.LeaderElection.Namespace, provider.LeaderElection.Name = le.ResourceNamespace, le.ResourceName
-		if _, err := initCloud(cp.Name, cp.CloudConfigFile); err != nil {
+		if _, err := readConfig(cp.CloudConfigFile); err != nil {
 			// Plain text, not a log line: this is the operator's file and the message is the fix.
 			fmt.Fprintf(os.Stderr, "metalvip-cloud-controller-manager: %v\n", err)
 			os.Exit(1)
@@ -86,28 +84,25 @@ Settings of its own are in the --cloud-config file, documented in docs/cloud-con
 	return cmd, nil
 }
 
-func initCloud(name, file string) (cloudprovider.Interface, error) {
-	cloud, err := cloudprovider.InitCloudProvider(name, file)
-	if err != nil {
-		if file != "" {
-			return nil, fmt.Errorf("--cloud-config %s: %w", file, err)
-		}
-		return nil, err
+func readConfig(file string) (*providerconfig.Config, error) {
+	cfg, err := provider.ReadConfig(file)
+	if err != nil && file != "" {
+		return nil, fmt.Errorf("--cloud-config %s: %w", file, err)
 	}
-	if cloud == nil {
-		return nil, fmt.Errorf("cloud provider %q is not registered", name)
-	}
-	return cloud, nil
+	return cfg, err
 }
 
 // cloudInitializer is called by the framework after it has parsed its flags. The file was
 // already checked in RunE, so an error here means it changed in between.
 func cloudInitializer(c *config.CompletedConfig) cloudprovider.Interface {
 	cp := c.ComponentConfig.KubeCloudShared.CloudProvider
-	cloud, err := initCloud(cp.Name, cp.CloudConfigFile)
+	cfg, err := readConfig(cp.CloudConfigFile)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "metalvip-cloud-controller-manager: %v\n", err)
 		os.Exit(1)
 	}
-	return cloud
+	le := c.ComponentConfig.Generic.LeaderElection
+	return provider.New(cfg, provider.Options{LeaderElection: provider.LeaderElection{
+		Enabled: le.LeaderElect, Namespace: le.ResourceNamespace, Name: le.ResourceName,
+	}})
 }

@@ -32,7 +32,7 @@ const (
 	DefaultHeartbeatInterval  = 50 * time.Millisecond
 	DefaultHeartbeatMisses    = 3
 	DefaultHeartbeatPort      = 7473
-	DefaultKeySecret          = "kube-system/metalvip-heartbeat"
+	DefaultPasswordNamespace  = "metalvip-bgp-secrets"
 	DefaultMaxCandidates      = 4
 	DefaultGratuitousRefresh  = 30 * time.Second
 	DefaultAgentPort          = 7472
@@ -57,6 +57,9 @@ type Config struct {
 
 	// Failover holds the settings of the agents' heartbeats and of L2 announcing.
 	Failover Failover `yaml:"failover"`
+
+	// BGP holds the CCM's settings for BGP peers.
+	BGP BGP `yaml:"bgp"`
 
 	// InstanceTypeLabel names a Node label whose value becomes the node's instance type
 	// (node.kubernetes.io/instance-type). Empty: no instance type.
@@ -86,13 +89,20 @@ type Failover struct {
 	Misses int `yaml:"misses"`
 	// Port: the UDP port of the heartbeats, the same on every node.
 	Port int `yaml:"port"`
-	// KeySecret, "namespace/name": the Secret holding the heartbeats' HMAC key (created when
-	// missing; key "key" signs, key "previous" still verifies during a rotation).
+	// KeySecret is no longer used (every agent has heartbeat keys of its own); a file that
+	// still sets it is read, with a warning in the log.
 	KeySecret string `yaml:"keySecret"`
 	// MaxCandidates caps the ranked candidates of an L2 VIP.
 	MaxCandidates int `yaml:"maxCandidates"`
 	// GratuitousRefresh: how often owned L2 VIPs are announced again.
 	GratuitousRefresh Duration `yaml:"gratuitousRefresh"`
+}
+
+// BGP holds the CCM's settings for BGP peers.
+type BGP struct {
+	// PasswordSecretNamespace is the one namespace BGPPeer password Secrets are read from;
+	// the CCM may read Secrets there and nowhere else.
+	PasswordSecretNamespace string `yaml:"passwordSecretNamespace"`
 }
 
 // Allocation holds the timers of address allocation.
@@ -189,8 +199,8 @@ func (c *Config) setDefaults() {
 	if f.Port == 0 {
 		f.Port = DefaultHeartbeatPort
 	}
-	if f.KeySecret == "" {
-		f.KeySecret = DefaultKeySecret
+	if c.BGP.PasswordSecretNamespace == "" {
+		c.BGP.PasswordSecretNamespace = DefaultPasswordNamespace
 	}
 	if f.MaxCandidates == 0 {
 		f.MaxCandidates = DefaultMaxCandidates
@@ -303,11 +313,8 @@ func (c *Config) validate(root *yaml.Node) error {
 	if fo.Port < 0 || fo.Port > 65535 {
 		add("failover.port", fmt.Sprintf("%d is not a UDP port; write 1 to 65535 (default %d)", fo.Port, DefaultHeartbeatPort))
 	}
-	if fo.KeySecret != "" {
-		ns, name, ok := strings.Cut(fo.KeySecret, "/")
-		if !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {
-			add("failover.keySecret", fmt.Sprintf("%q is not namespace/name; write e.g. %q", fo.KeySecret, DefaultKeySecret))
-		}
+	if ns := c.BGP.PasswordSecretNamespace; ns != "" && len(validation.IsDNS1123Label(ns)) > 0 {
+		add("bgp.passwordSecretNamespace", fmt.Sprintf("%q is not a namespace name; write e.g. %q", ns, DefaultPasswordNamespace))
 	}
 	if fo.MaxCandidates < 0 || fo.MaxCandidates == 1 || fo.MaxCandidates > 16 {
 		add("failover.maxCandidates", fmt.Sprintf("%d: write 2 to 16 (default %d); one candidate has no failover", fo.MaxCandidates, DefaultMaxCandidates))

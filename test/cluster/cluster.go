@@ -32,6 +32,7 @@ import (
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/internal/annotation"
 	"github.com/metalvip/metalvip/internal/certs"
+	"github.com/metalvip/metalvip/loadbalancer/desired"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/lab"
@@ -123,11 +124,10 @@ agent:
 failover:
   interval: 50ms
   misses: 3
-  keySecret: %[2]s/metalvip-heartbeat
 allocation:
   pendingRetry: 1s
   poolStatusInterval: 200ms
-`, c.PKI, c.NS), 0o600); err != nil {
+`, c.PKI), 0o600); err != nil {
 		t.Fatalf("%v", err)
 	}
 	c.StartCCM()
@@ -508,7 +508,22 @@ func SameOwners(a, b map[netip.Addr]string) bool {
 	return true
 }
 
-// events returns the messages of a Service's Events of reason, one a line.
+// Announced returns the message of a Service's metalvip.io/Announced condition, "" when it has
+// none.
+func (c *Cluster) Announced(name string) string {
+	s, err := c.Srv.Client.CoreV1().Services(c.NS).Get(c.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return ""
+	}
+	for _, cd := range s.Status.Conditions {
+		if cd.Type == desired.ConditionAnnounced {
+			return cd.Message
+		}
+	}
+	return ""
+}
+
+// Events returns the messages of a Service's Events of reason, one a line.
 func (c *Cluster) Events(name, reason string) string {
 	l, err := c.Srv.Client.CoreV1().Events(c.NS).List(c.ctx, metav1.ListOptions{
 		FieldSelector: fields.Set{"involvedObject.name": name, "reason": reason}.String(),
