@@ -62,14 +62,14 @@ type BGPPeerList struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || has(self.holdTimeSeconds) || self.keepaliveSeconds <= 30",message="keepaliveSeconds must be at most a third of the hold time, 90 by default: give at most 30, or set holdTimeSeconds to at least three times it"
 type BGPPeerSpec struct {
 	// Address is the router's unicast address, IPv4 or IPv6; not unspecified, loopback,
-	// link-local, multicast or broadcast.
+	// link-local, multicast or broadcast (255.0.0.0/8).
 	//
 	// +kubebuilder:validation:MaxLength=45
 	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="must be an IP address such as 198.51.100.1"
 	// +kubebuilder:validation:XValidation:rule="!isIP(self) || !ip(self).isUnspecified()",message="0.0.0.0 and :: name no router: give the router's own address, such as 198.51.100.1"
 	// +kubebuilder:validation:XValidation:rule="!isIP(self) || !ip(self).isLoopback()",message="a loopback address is the node itself, not a router: give the router's address on the node network, such as 198.51.100.1"
 	// +kubebuilder:validation:XValidation:rule="!isIP(self) || !ip(self).isLinkLocalUnicast()",message="link-local peers (169.254.0.0/16, fe80::/10) are not supported: give a global or unique-local address of the router"
-	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip(self).isGlobalUnicast() || ip(self).isUnspecified() || ip(self).isLoopback() || ip(self).isLinkLocalUnicast()",message="a multicast or broadcast address names no router: give the router's unicast address, such as 198.51.100.1"
+	// +kubebuilder:validation:XValidation:rule="!isIP(self) || (ip(self).isGlobalUnicast() && !self.startsWith('255.')) || ip(self).isUnspecified() || ip(self).isLoopback() || ip(self).isLinkLocalUnicast()",message="a multicast or broadcast address (224.0.0.0/4, 255.0.0.0/8, ff00::/8) names no router: give the router's unicast address, such as 198.51.100.1"
 	Address string `json:"address"`
 
 	// Port is the router's BGP port. Default 179.

@@ -166,7 +166,7 @@ type L2Announce struct {
 	//
 	// +kubebuilder:validation:MaxItems=16
 	// +kubebuilder:validation:items:MaxLength=15
-	// +kubebuilder:validation:items:Pattern=`^[^/\s:]+$`
+	// +kubebuilder:validation:XValidation:rule="self.all(i, i.matches('^[!-.0-9;-~]{1,15}$') && i != '.' && i != '..')",message="an interface name is 1 to 15 ASCII characters without '/', ':' or spaces, and not . or .., such as eth0 or bond0.100"
 	// +listType=set
 	// +optional
 	Interfaces []string `json:"interfaces,omitempty"`

@@ -5,17 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strings"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"pgregory.net/rapid"
 
-	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/loadbalancer/pools"
 	"github.com/metalvip/metalvip/nodeagent/bgp"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
@@ -58,9 +56,10 @@ func TestBGPPeerValidation(t *testing.T) {
 			"spec.address: Invalid value: \"fe80::1\": link-local peers (169.254.0.0/16, fe80::/10) are not supported: give a global or unique-local address of the router"},
 		{"an IPv4 link-local address is refused", `{address: 169.254.0.1, peerASN: 64496, myASN: 64497}`, "link-local peers (169.254.0.0/16, fe80::/10) are not supported"},
 		{"an IPv4 multicast address is refused", `{address: 224.0.0.5, peerASN: 64496, myASN: 64497}`,
-			"spec.address: Invalid value: \"224.0.0.5\": a multicast or broadcast address names no router: give the router's unicast address, such as 198.51.100.1"},
-		{"an IPv6 multicast address is refused", `{address: "ff02::1", peerASN: 64496, myASN: 64497}`, "a multicast or broadcast address names no router"},
-		{"the IPv4 broadcast address is refused", `{address: 255.255.255.255, peerASN: 64496, myASN: 64497}`, "a multicast or broadcast address names no router"},
+			"spec.address: Invalid value: \"224.0.0.5\": a multicast or broadcast address (224.0.0.0/4, 255.0.0.0/8, ff00::/8) names no router: give the router's unicast address, such as 198.51.100.1"},
+		{"an IPv6 multicast address is refused", `{address: "ff02::1", peerASN: 64496, myASN: 64497}`, "a multicast or broadcast address (224.0.0.0/4, 255.0.0.0/8, ff00::/8) names no router"},
+		{"the IPv4 broadcast address is refused", `{address: 255.255.255.255, peerASN: 64496, myASN: 64497}`, "a multicast or broadcast address (224.0.0.0/4, 255.0.0.0/8, ff00::/8) names no router"},
+		{"an address in 255.0.0.0/8 is refused", `{address: 255.1.2.3, peerASN: 64496, myASN: 64497}`, "a multicast or broadcast address (224.0.0.0/4, 255.0.0.0/8, ff00::/8) names no router"},
 		{"a missing ASN is refused", `{address: 198.51.100.1, myASN: 64497}`, "peerASN: Required value"},
 		{"an ASN out of range is refused", `{address: 198.51.100.1, peerASN: 4294967296, myASN: 64497}`, "peerASN"},
 		{"a hold time of 2 is refused", `{` + peer + `, holdTimeSeconds: 2}`, "must be 0 or at least 3"},
@@ -125,55 +124,48 @@ func newValidatingSpeaker(t *testing.T) *validatingSpeaker {
 	return &validatingSpeaker{s}
 }
 
-// peerParseErrors lists what the CCM and the agent would refuse in an accepted peer. The
-// conversion follows loadbalancer's bgpPeers (BGPPeer to the agent's contract) and nodeagent's
-// bgpPeers (the contract to bgp.Peer); the password is left out (it comes from a Secret).
+// peerParseErrors lists what the CCM (its one decoder) and the agent would refuse in an
+// accepted peer. The session the CCM sends is converted to the speaker's peer as the agent
+// converts it (nodeagent's bgpPeers), passive so that nothing is dialled; the password is
+// left out (it comes from a Secret).
 func peerParseErrors(ctx context.Context, v *validatingSpeaker, u *unstructured.Unstructured) []error {
-	p := &v1alpha1.BGPPeer{}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, p); err != nil {
-		return []error{fmt.Errorf("decode: %w", err)}
-	}
+	p := pools.DecodePeer(u)
 	var errs []error
-	if _, err := p.Spec.NodeSelector.AsSelector(); p.Spec.NodeSelector != nil && err != nil {
-		errs = append(errs, fmt.Errorf("nodeSelector: %w", err))
+	for _, pr := range p.Problems {
+		errs = append(errs, fmt.Errorf("the CCM refuses %s", pr))
 	}
-	sp := p.Spec
-	addr, err := netip.ParseAddr(sp.Address)
+	if len(errs) > 0 {
+		return errs
+	}
+	s := p.Session
+	addr, err := netip.ParseAddr(s.GetAddress())
 	if err != nil {
-		return append(errs, fmt.Errorf("the agent cannot parse address %q: %w", sp.Address, err))
+		return append(errs, fmt.Errorf("the agent cannot parse address %q: %w", s.GetAddress(), err))
 	}
-	bp := bgp.Peer{Address: addr, PeerASN: uint32(sp.PeerASN), LocalASN: uint32(sp.MyASN), GracefulRestart: sp.GracefulRestart, Passive: true}
-	if uint64(sp.PeerASN) != uint64(bp.PeerASN) || uint64(sp.MyASN) != uint64(bp.LocalASN) {
-		errs = append(errs, fmt.Errorf("an ASN does not fit 32 bits"))
+	bp := bgp.Peer{
+		Address:         addr,
+		Port:            uint16(s.GetPort()),
+		PeerASN:         s.GetPeerAsn(),
+		LocalASN:        s.GetLocalAsn(),
+		HoldTime:        time.Duration(s.GetHoldTimeSeconds()) * time.Second,
+		Keepalive:       time.Duration(s.GetKeepaliveSeconds()) * time.Second,
+		MultihopTTL:     uint8(s.GetEbgpMultihopTtl()),
+		GracefulRestart: s.GetGracefulRestart(),
+		BFD: bgp.BFD{
+			Enabled:    s.GetBfd().GetEnabled(),
+			MinRx:      time.Duration(s.GetBfd().GetMinRxMs()) * time.Millisecond,
+			MinTx:      time.Duration(s.GetBfd().GetMinTxMs()) * time.Millisecond,
+			Multiplier: s.GetBfd().GetMultiplier(),
+		},
+		Passive: true,
 	}
-	if sp.Port != nil {
-		bp.Port = uint16(*sp.Port)
-	}
-	if sp.HoldTimeSeconds != nil {
-		bp.HoldTime = time.Duration(*sp.HoldTimeSeconds) * time.Second
-	}
-	if sp.KeepaliveSeconds != nil {
-		bp.Keepalive = time.Duration(*sp.KeepaliveSeconds) * time.Second
-	}
-	if sp.EBGPMultihop != nil && *sp.EBGPMultihop > 1 {
-		bp.MultihopTTL = uint8(*sp.EBGPMultihop)
-	}
-	if b := sp.BFD; b != nil && b.Enabled {
-		bp.BFD.Enabled = true
-		if b.MinRxMilliseconds != nil {
-			bp.BFD.MinRx = time.Duration(*b.MinRxMilliseconds) * time.Millisecond
-		}
-		if b.MinTxMilliseconds != nil {
-			bp.BFD.MinTx = time.Duration(*b.MinTxMilliseconds) * time.Millisecond
-		}
-		if b.Multiplier != nil {
-			bp.BFD.Multiplier = uint32(*b.Multiplier)
-		}
+	if s.GetPort() > 65535 || s.GetEbgpMultihopTtl() > 255 {
+		errs = append(errs, fmt.Errorf("the agent refuses port %d or multihop TTL %d", s.GetPort(), s.GetEbgpMultihopTtl()))
 	}
 	if err := v.s.SetPeers(ctx, []bgp.Peer{bp}); err != nil {
 		errs = append(errs, fmt.Errorf("the agent's BGP speaker refuses it: %w", err))
 	}
-	if err := v.s.SetPeers(ctx, nil); err != nil && !strings.Contains(err.Error(), "shut down") {
+	if err := v.s.SetPeers(ctx, nil); err != nil {
 		errs = append(errs, fmt.Errorf("remove the peer again: %w", err))
 	}
 	return errs
@@ -189,7 +181,7 @@ var genPeerAddress = mostly(
 	}),
 	rapid.OneOf(
 		rapid.SampledFrom([]string{"0.0.0.0", "::", "127.0.0.1", "::1", "fe80::1", "169.254.0.1", "224.0.0.5", "ff02::1", "255.255.255.255",
-			"::ffff:198.51.100.1", "fe80::1%eth0", "198.51.100.300", "router"}),
+			"::ffff:198.51.100.1", "fe80::1%eth0", "198.51.100.300", "router", "255.1.2.3", "240.0.0.1"}),
 		rapid.Custom(func(t *rapid.T) string { return genAddr(t, "any").String() })))
 
 // TestAcceptedPeersAreAcceptedByTheCCMAndTheAgents generates peers, near-valid and not, and

@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
-	"github.com/metalvip/metalvip/loadbalancer/ipam"
+	"github.com/metalvip/metalvip/loadbalancer/pools"
 	"github.com/metalvip/metalvip/nodeagent/bgp"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
@@ -137,6 +137,17 @@ announce:
 		{"a negative localPref is refused",
 			`{addresses: [203.0.113.0/24], announce: {mode: BGP, bgp: {localPref: -1}}}`, "should be greater than or equal to 0"},
 		{"a negative priority is refused", `{addresses: [203.0.113.0/24], priority: -1}`, "spec.priority"},
+		{"interface names of 15 ASCII characters are accepted",
+			`{addresses: [203.0.113.0/24], announce: {l2: {interfaces: [eth0, bond0.100, enp0s31f6-abcde, "a@b"]}}}`, ""},
+		{"an interface name of 16 characters is refused",
+			`{addresses: [203.0.113.0/24], announce: {l2: {interfaces: [enp0s31f6-abcdef]}}}`, "Too long: may not be more than 15 bytes"},
+		{"an interface name of 15 characters but more bytes is refused",
+			`{addresses: [203.0.113.0/24], announce: {l2: {interfaces: [ééééééé]}}}`,
+			"spec.announce.l2.interfaces: Invalid value: an interface name is 1 to 15 ASCII characters without '/', ':' or spaces, and not . or .., such as eth0 or bond0.100"},
+		{"an interface alias is refused",
+			`{addresses: [203.0.113.0/24], announce: {l2: {interfaces: ["eth0:1"]}}}`, "an interface name is 1 to 15 ASCII characters without '/', ':' or spaces"},
+		{"the interface name .. is refused",
+			`{addresses: [203.0.113.0/24], announce: {l2: {interfaces: [".."]}}}`, "and not . or .."},
 		{"an invalid namespace name is refused",
 			`{addresses: [203.0.113.0/24], serviceAllocation: {namespaces: [Bad_NS]}}`, "serviceAllocation.namespaces"},
 	}
@@ -238,33 +249,18 @@ func acceptedPoolParses(t *testing.T, u *unstructured.Unstructured) {
 	}
 }
 
-// poolParseErrors lists what the allocator and the agents would refuse in a pool.
+// poolParseErrors lists what the CCM (its one decoder, which parses ranges as the allocator
+// does) and the agents would refuse in a pool.
 func poolParseErrors(p *v1alpha1.IPPool) []error {
 	var errs []error
-	for _, a := range p.Spec.Addresses {
-		if _, err := ipam.ParseRange(string(a)); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	sels := map[string]*v1alpha1.LabelSelector{
-		"announce.nodeSelector": p.Spec.Announce.NodeSelector, "announce.preferredNodeSelector": p.Spec.Announce.PreferredNodeSelector,
-	}
-	if sa := p.Spec.ServiceAllocation; sa != nil {
-		sels["serviceAllocation.namespaceSelector"], sels["serviceAllocation.serviceSelector"] = sa.NamespaceSelector, sa.ServiceSelector
-	}
-	for field, sel := range sels {
-		if _, err := sel.AsSelector(); sel != nil && err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", field, err))
-		}
+	for _, pr := range pools.DecodePool(p).Problems {
+		errs = append(errs, fmt.Errorf("the CCM refuses %s", pr))
 	}
 	if b := p.Spec.Announce.BGP; b != nil {
 		for _, c := range b.Communities {
 			if _, err := bgp.ParseCommunity(c); err != nil {
-				errs = append(errs, err)
+				errs = append(errs, fmt.Errorf("the agent refuses %w", err))
 			}
-		}
-		if lp := b.LocalPref; lp != nil && (*lp < 0 || *lp > math.MaxUint32) {
-			errs = append(errs, fmt.Errorf("localPref %d does not fit the 32 bits of the agent's route", *lp))
 		}
 	}
 	return errs
@@ -371,6 +367,8 @@ var (
 		rapid.OneOf(
 			rapid.SampledFrom([]string{"-x", "x.", "x!", "a b", strings.Repeat("v", 64), strings.Repeat("v", 63)}),
 			rapid.StringMatching(`[a-zA-Z0-9._ -]{0,8}`)))
+	genInterface = mostly(rapid.StringMatching(`[a-z]{1,4}[0-9]{0,3}([.][0-9]{1,4})?`),
+		rapid.SampledFrom([]string{"", ".", "..", "eth0:1", "a/b", "a b", "ééééééé", "enp0s31f6-abcdef", "é"}))
 	genOperator = mostly(rapid.SampledFrom([]string{"In", "NotIn", "Exists", "DoesNotExist"}), rapid.SampledFrom([]string{"Equals", "in", ""}))
 )
 
@@ -500,6 +498,12 @@ func TestAcceptedPoolsAreAcceptedByTheCCMAndTheAgents(t *testing.T) {
 					rapid.OneOf(rapid.SampledFrom([]int64{-1, math.MaxUint32 + 1, math.MaxInt64}), rapid.Int64())).Draw(rt, "localPref")
 			}
 			announce["mode"], announce["bgp"] = "BGP", b
+		} else if rapid.Bool().Draw(rt, "l2") {
+			var ifaces []any
+			for range rapid.IntRange(1, 2).Draw(rt, "interfaces") {
+				ifaces = append(ifaces, genInterface.Draw(rt, "interface"))
+			}
+			announce["l2"] = map[string]any{"interfaces": ifaces, "spreading": mostly(rapid.SampledFrom([]string{"Single", "PerClient"}), rapid.SampledFrom([]string{"", "perclient"})).Draw(rt, "spreading")}
 		}
 		if rapid.Bool().Draw(rt, "nodeSelector") {
 			announce["nodeSelector"] = genSelector(rt, "nodeSelector")
