@@ -133,9 +133,9 @@ func (x *Index) lookup(a netip.Addr) int {
 }
 
 // PoolOf returns the name of the pool that holds a: a usable pool with a range containing
-// it. Shadowed pools hold nothing.
+// it. Shadowed pools hold nothing. An IPv4-mapped IPv6 address is looked up as IPv4.
 func (x *Index) PoolOf(a netip.Addr) (name string, ok bool) {
-	i := x.lookup(a)
+	i := x.lookup(a.Unmap())
 	if i < 0 {
 		return "", false
 	}
