@@ -18,11 +18,11 @@ import (
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
-// TestBGPPeerValidation sends peers straight to the API server: the CRD's schema and CEL rules
+// TestBGPPeerCRDValidation sends peers straight to the API server: the CRD's schema and CEL rules
 // alone must refuse what the agents would refuse, with a message that says what to write
 // instead. Every accepted peer is then given, converted as the CCM and the agent convert it,
 // to a real BGP speaker of the agent, whose own validation must take it.
-func TestBGPPeerValidation(t *testing.T) {
+func TestBGPPeerCRDValidation(t *testing.T) {
 	srv := kubeapi.Get(t)
 	srv.InstallCRDs(t)
 	dyn, err := dynamic.NewForConfig(srv.Config)
@@ -184,10 +184,10 @@ var genPeerAddress = mostly(
 			"::ffff:198.51.100.1", "fe80::1%eth0", "198.51.100.300", "router", "255.1.2.3", "240.0.0.1"}),
 		rapid.Custom(func(t *rapid.T) string { return genAddr(t, "any").String() })))
 
-// TestAcceptedPeersAreAcceptedByTheCCMAndTheAgents generates peers, near-valid and not, and
+// TestPeersTheCRDAcceptsAreAcceptedByTheCCMAndTheAgent generates peers, near-valid and not, and
 // submits them to the real API server: every peer it accepts must be taken by the agent's
 // own BGP speaker, converted as the CCM and the agent convert it.
-func TestAcceptedPeersAreAcceptedByTheCCMAndTheAgents(t *testing.T) {
+func TestPeersTheCRDAcceptsAreAcceptedByTheCCMAndTheAgent(t *testing.T) {
 	srv := kubeapi.Get(t)
 	srv.InstallCRDs(t)
 	dyn, err := dynamic.NewForConfig(srv.Config)

@@ -67,11 +67,11 @@ func checkRefusal(t *testing.T, tc crdCase, err error) {
 	}
 }
 
-// TestIPPoolValidation sends pools straight to the API server: the CRD's schema and CEL rules
+// TestIPPoolCRDValidation sends pools straight to the API server: the CRD's schema and CEL rules
 // alone must accept the good ones and refuse the bad ones with a message that says what is
 // wrong. What it accepts, the allocator and the agents accept too: every accepted pool is
 // converted here as they convert it.
-func TestIPPoolValidation(t *testing.T) {
+func TestIPPoolCRDValidation(t *testing.T) {
 	srv := kubeapi.Get(t)
 	srv.InstallCRDs(t)
 	dyn, err := dynamic.NewForConfig(srv.Config)
@@ -266,7 +266,7 @@ func poolParseErrors(p *v1alpha1.IPPool) []error {
 	return errs
 }
 
-func TestIPPoolDefaults(t *testing.T) {
+func TestIPPoolCRDDefaults(t *testing.T) {
 	srv := kubeapi.Get(t)
 	srv.InstallCRDs(t)
 	dyn, err := dynamic.NewForConfig(srv.Config)
@@ -292,7 +292,7 @@ func TestIPPoolDefaults(t *testing.T) {
 	}
 }
 
-func TestDocumentedPoolExampleIsAccepted(t *testing.T) {
+func TestDocumentedPoolExampleIsAcceptedByTheCRD(t *testing.T) {
 	srv := kubeapi.Get(t)
 	srv.InstallCRDs(t)
 	dyn, err := dynamic.NewForConfig(srv.Config)
@@ -459,10 +459,10 @@ func genAddressRange(t *rapid.T) string {
 	}
 }
 
-// TestAcceptedPoolsAreAcceptedByTheCCMAndTheAgents generates pools, near-valid and not, and
+// TestPoolsTheCRDAcceptsAreAcceptedByTheCCMAndTheAgents generates pools, near-valid and not, and
 // submits them to the real API server: every pool it accepts must parse as the allocator and
 // the agents parse it.
-func TestAcceptedPoolsAreAcceptedByTheCCMAndTheAgents(t *testing.T) {
+func TestPoolsTheCRDAcceptsAreAcceptedByTheCCMAndTheAgents(t *testing.T) {
 	srv := kubeapi.Get(t)
 	srv.InstallCRDs(t)
 	dyn, err := dynamic.NewForConfig(srv.Config)
