@@ -58,7 +58,7 @@ type BGPPeerList struct {
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.bfd) || !self.bfd.enabled || !has(self.ebgpMultihop) || self.ebgpMultihop <= 1",message="BFD here is single-hop: turn bfd off or remove ebgpMultihop"
 // +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || !has(self.holdTimeSeconds) || self.holdTimeSeconds == 0 || self.keepaliveSeconds * 3 <= self.holdTimeSeconds",message="keepaliveSeconds must be at most a third of holdTimeSeconds, such as holdTimeSeconds: 90 with keepaliveSeconds: 30"
-// +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || self.keepaliveSeconds == 0 || !has(self.holdTimeSeconds) || self.holdTimeSeconds != 0",message="holdTimeSeconds 0 means no hold timer, so no keepalives: remove keepaliveSeconds, or set holdTimeSeconds to at least three times it"
+// +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || self.keepaliveSeconds == 0 || !has(self.holdTimeSeconds) || self.holdTimeSeconds != 0",message="holdTimeSeconds 0 takes no keepaliveSeconds: remove keepaliveSeconds, or set holdTimeSeconds to at least three times it"
 // +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || has(self.holdTimeSeconds) || self.keepaliveSeconds <= 30",message="keepaliveSeconds must be at most a third of the hold time, 90 by default: give at most 30, or set holdTimeSeconds to at least three times it"
 type BGPPeerSpec struct {
 	// Address is the router's unicast address, IPv4 or IPv6; not unspecified, loopback,
@@ -96,8 +96,7 @@ type BGPPeerSpec struct {
 	// +optional
 	NodeSelector *LabelSelector `json:"nodeSelector,omitempty"`
 
-	// HoldTimeSeconds proposed in OPEN: 0 (no hold timer, no keepalives), or 3 and more.
-	// Default 90.
+	// HoldTimeSeconds proposed in OPEN: 0, or 3 and more. Default 90.
 	//
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=65535

@@ -39,7 +39,7 @@ func TestBGPPeerCRDValidation(t *testing.T) {
 		{"a unique-local IPv6 peer is accepted", `{address: "fd00::1", peerASN: 64496, myASN: 64497}`, ""},
 		{"GTSM with multihop is accepted", `{` + peer + `, ebgpMultihop: 3, ttlSecurity: true}`, ""},
 		{"a keepalive of a third of the default hold time is accepted", `{` + peer + `, keepaliveSeconds: 30}`, ""},
-		{"hold time 0 without keepalives is accepted", `{` + peer + `, holdTimeSeconds: 0}`, ""},
+		{"hold time 0 without a keepalive is accepted", `{` + peer + `, holdTimeSeconds: 0}`, ""},
 		{"hold time 0 with keepalive 0 is accepted", `{` + peer + `, holdTimeSeconds: 0, keepaliveSeconds: 0}`, ""},
 		{"the shortest hold time with a keepalive is accepted", `{` + peer + `, holdTimeSeconds: 3, keepaliveSeconds: 1}`, ""},
 
@@ -70,7 +70,7 @@ func TestBGPPeerCRDValidation(t *testing.T) {
 			"spec: Invalid value: keepaliveSeconds must be at most a third of the hold time, 90 by default: give at most 30, or set holdTimeSeconds to at least three times it"},
 		{"a keepalive of the default hold time is refused", `{` + peer + `, keepaliveSeconds: 90}`, "at most a third of the hold time, 90 by default"},
 		{"a keepalive with hold time 0 is refused", `{` + peer + `, holdTimeSeconds: 0, keepaliveSeconds: 10}`,
-			"spec: Invalid value: holdTimeSeconds 0 means no hold timer, so no keepalives: remove keepaliveSeconds, or set holdTimeSeconds to at least three times it"},
+			"spec: Invalid value: holdTimeSeconds 0 takes no keepaliveSeconds: remove keepaliveSeconds, or set holdTimeSeconds to at least three times it"},
 		{"BFD with multihop is refused", `{` + peer + `, ebgpMultihop: 3, bfd: {enabled: true}}`, "single-hop"},
 		{"a BFD interval under 10ms is refused", `{` + peer + `, bfd: {enabled: true, minRxMilliseconds: 1}}`, "minRxMilliseconds"},
 		{"a password Secret in a badly named namespace is refused", `{` + peer + `, passwordSecretRef: {namespace: Kube_System, name: bgp, key: password}}`,
