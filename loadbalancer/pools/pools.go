@@ -17,7 +17,6 @@ import (
 	"strings"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -246,11 +245,11 @@ func ValidCommunity(c string) error {
 }
 
 // selector parses a label selector; one that does not parse selects nothing and is reported.
-func selector(ls *metav1.LabelSelector, field string, add func(string, string, ...any)) labels.Selector {
+func selector(ls *v1alpha1.LabelSelector, field string, add func(string, string, ...any)) labels.Selector {
 	if ls == nil {
 		return nil
 	}
-	s, err := metav1.LabelSelectorAsSelector(ls)
+	s, err := ls.AsSelector()
 	if err != nil {
 		add(field, "%v; it selects nothing until fixed", err)
 		return Nothing()
