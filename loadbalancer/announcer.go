@@ -40,7 +40,7 @@ type AnnouncerConfig struct {
 	Objects *Objects
 	// Serves says which Services are metalvip's.
 	Serves desired.Serves
-	Agents  AgentConfig
+	Agents AgentConfig
 	// Options are the node-wide settings every state carries (timers, ports).
 	Options       desired.Options
 	MaxCandidates int
