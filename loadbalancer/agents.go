@@ -6,14 +6,15 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/proto"
+	grpcstatus "google.golang.org/grpc/status"
 	"k8s.io/component-base/metrics"
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
@@ -31,11 +32,15 @@ var (
 	}, []string{"node"})
 	agentApplies = metrics.NewCounterVec(&metrics.CounterOpts{
 		Namespace: "metalvip", Name: "agent_applies_total",
-		Help:           "Desired states pushed to agents, by result.",
+		Help:           "Desired states pushed to agents, by result: ok, refused (items or the whole state), fenced (the agent holds a newer term), error.",
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"result"})
 	registerMetrics sync.Once
 )
+
+// MaxStateBytes bounds a desired state on the wire, both ways: about 100,000 VIPs on one node.
+// The agent serves with the same limit (internal/agentapi).
+const MaxStateBytes = agentapi.MaxMessageBytes
 
 // AgentConfig says how the CCM reaches agents.
 type AgentConfig struct {
@@ -44,22 +49,40 @@ type AgentConfig struct {
 	Insecure bool
 	Timeout  time.Duration
 	// Dial overrides how connections are made (tests in network namespaces); nil dials TCP.
-	Dial func(ctx context.Context, addr string) (netConn, error)
+	Dial func(ctx context.Context, addr string) (net.Conn, error)
 }
 
-// Agents keeps one connection per node's agent, pushes each node's desired state to it
-// (only when it changed; bursts coalesce; failures retry with backoff), knows which agents are
-// reachable, and relays the agents' events.
+// AgentHooks are told what the agents say. Each may be nil; none may block.
+type AgentHooks struct {
+	// Reachability: the CCM reaches (or no longer reaches) the node's agent.
+	Reachability func(node string, reachable bool)
+	// Event: something happened on the node (took over, released, session up/down).
+	Event func(node string, ev *agentv1.Event)
+	// Refused: the items of the node's last state the agent refused (empty: none); whole,
+	// when not empty, says the agent refused the state as a whole, and why.
+	Refused func(node string, items []*agentv1.Refusal, whole string)
+	// Keys: the node's heartbeat public keys, as its agent reported them, changed.
+	Keys func(node string, keys [][]byte)
+	// NewerTerm: the agent holds a term above this leader's (a claim from elsewhere); the
+	// announcer raises its term from the Lease, never from what the agent says alone.
+	NewerTerm func(node string, held uint64)
+}
+
+// Agents keeps one connection per node's agent, pushes each node's desired state to it (only
+// when it changed; bursts coalesce; failures retry with backoff), knows which agents are
+// reachable, and relays what the agents say. A refusal is the object's fault, never the node's:
+// an agent that refuses items is reachable.
 type Agents struct {
-	cfg     AgentConfig
-	term    uint64
-	onReach func(node string, reachable bool)
-	onEvent func(node string, ev *agentv1.Event)
-	onKeys  func(node string) // the node's heartbeat keys changed
+	cfg   AgentConfig
+	hooks AgentHooks
+	term  atomic.Uint64
 
 	mu    sync.Mutex
 	conns map[string]*agentConn
-	ctx   context.Context
+	// seen are nodes' heartbeat keys as other agents hold them (learnt at start), for nodes
+	// whose own agent has not answered yet: a CCM that cannot read one node's keys must not
+	// make its peers count it dead.
+	seen map[string][][]byte
 }
 
 type agentConn struct {
@@ -72,49 +95,54 @@ type agentConn struct {
 	probe  chan struct{} // a broken Watch asks for a reachability check now
 
 	mu        sync.Mutex
-	desired   *agentv1.DesiredState // without term and generation
-	applied   *agentv1.DesiredState
-	pending   *agentv1.DesiredState // the content generation gen was given to
-	gen       uint64
+	desired   NodeState             // without term and generation; never changed once given
+	built     *agentv1.DesiredState // desired, materialised for the version built
+	builtFor  uint64
+	version   uint64 // grows with every Push
+	applied   uint64 // the version the agent holds; 0: none
+	appliedAt uint64 // the term it was applied under
+	gen       uint64 // the generation last given (resumed from the agent)
+	genFor    uint64 // the version gen was given to
+	genTerm   uint64 // and the term
 	reachable bool
 	known     bool                  // reachability decided at least once
 	held      *agentv1.DesiredState // what the agent held when last asked
-	keys      [][]byte              // the agent's heartbeat public keys, newest first
+	keys      [][]byte
 }
 
-// OnKeysChanged registers f, called when a node's agent reports other heartbeat keys than
-// before; call it before SetNodes.
-func (a *Agents) OnKeysChanged(f func(node string)) { a.onKeys = f }
-
-// Keys returns the heartbeat public keys the node's agent last reported.
-func (a *Agents) Keys(node string) [][]byte {
-	if a == nil {
-		return nil
-	}
-	a.mu.Lock()
-	c := a.conns[node]
-	a.mu.Unlock()
-	if c == nil {
-		return nil
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.keys
-}
-
-// NewAgents returns the connections manager; term is this leader's term.
-func NewAgents(ctx context.Context, cfg AgentConfig, term uint64, onReach func(string, bool), onEvent func(string, *agentv1.Event)) *Agents {
+// NewAgents returns the connection manager; term is this leader's term.
+func NewAgents(cfg AgentConfig, term uint64, hooks AgentHooks) *Agents {
 	registerMetrics.Do(func() {
 		legacyregistry.MustRegister(agentReachable, agentApplies)
 	})
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
 	}
-	return &Agents{cfg: cfg, term: term, onReach: onReach, onEvent: onEvent, conns: map[string]*agentConn{}, ctx: ctx}
+	a := &Agents{cfg: cfg, hooks: hooks, conns: map[string]*agentConn{}, seen: map[string][][]byte{}}
+	a.term.Store(term)
+	return a
 }
 
-// SetNodes sets the nodes and their agents' addresses; connections to nodes gone are closed.
-func (a *Agents) SetNodes(addrs map[string]netip.Addr) {
+// Term is the term states are sent with.
+func (a *Agents) Term() uint64 { return a.term.Load() }
+
+// SetTerm changes the term (raised from the Lease) and sends every state again under it.
+func (a *Agents) SetTerm(t uint64) {
+	a.term.Store(t)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range a.conns {
+		c.mu.Lock()
+		c.applied = 0
+		c.mu.Unlock()
+		c.poke()
+	}
+}
+
+// SetNodes sets the nodes and their agents' addresses; connections to nodes gone, or whose
+// address changed, are closed (a new connection resumes from what the agent reports). The
+// connections live until ctx ends or Close.
+func (a *Agents) SetNodes(ctx context.Context, addrs map[string]netip.Addr) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for name, c := range a.conns {
@@ -129,7 +157,7 @@ func (a *Agents) SetNodes(addrs map[string]netip.Addr) {
 		if _, ok := a.conns[name]; ok || !addr.IsValid() {
 			continue
 		}
-		c, err := a.dial(name, addr)
+		c, err := a.dial(ctx, name, addr)
 		if err != nil {
 			klog.ErrorS(err, "Cannot set up the connection to an agent", "node", name)
 			continue
@@ -138,7 +166,7 @@ func (a *Agents) SetNodes(addrs map[string]netip.Addr) {
 	}
 }
 
-func (a *Agents) dial(node string, addr netip.Addr) (*agentConn, error) {
+func (a *Agents) dial(ctx context.Context, node string, addr netip.Addr) (*agentConn, error) {
 	var creds credentials.TransportCredentials
 	if a.cfg.Insecure {
 		creds = insecure.NewCredentials()
@@ -149,25 +177,48 @@ func (a *Agents) dial(node string, addr netip.Addr) (*agentConn, error) {
 		}
 		creds = credentials.NewTLS(cfg)
 	}
-	opts := append(agentapi.ClientOptions(), grpc.WithTransportCredentials(creds))
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxStateBytes), grpc.MaxCallSendMsgSize(MaxStateBytes)),
+	}
 	if a.cfg.Dial != nil {
-		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, s string) (netConn, error) { return a.cfg.Dial(ctx, s) }))
+		opts = append(opts, grpc.WithContextDialer(a.cfg.Dial))
 	}
 	target := "passthrough:///" + netip.AddrPortFrom(addr, uint16(a.cfg.Port)).String()
 	conn, err := grpc.NewClient(target, opts...)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(a.ctx)
+	cctx, cancel := context.WithCancel(ctx)
 	c := &agentConn{node: node, addr: addr, conn: conn, client: agentv1.NewAgentServiceClient(conn), cancel: cancel,
 		kick: make(chan struct{}, 1), probe: make(chan struct{}, 1)}
-	go a.run(ctx, c)
-	go a.watch(ctx, c)
+	go a.run(cctx, c)
+	go a.watch(cctx, c)
 	return c, nil
 }
 
-// Push sets a node's desired state; it is sent when it differs from what the agent applied.
-func (a *Agents) Push(node string, st *agentv1.DesiredState) {
+func (c *agentConn) poke() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// NodeState is a node's desired state as the announcer hands it over: built into the message
+// only when it is sent, so a burst of changes costs one build, on the connection's goroutine.
+type NodeState interface {
+	Build() *agentv1.DesiredState
+}
+
+// StateOf wraps a complete state.
+type StateOf struct{ State *agentv1.DesiredState }
+
+// Build returns the state.
+func (s StateOf) Build() *agentv1.DesiredState { return s.State }
+
+// Push sets a node's desired state; it is sent unless the agent holds it already. st must not
+// be changed afterwards.
+func (a *Agents) Push(node string, st NodeState) {
 	a.mu.Lock()
 	c := a.conns[node]
 	a.mu.Unlock()
@@ -176,11 +227,9 @@ func (a *Agents) Push(node string, st *agentv1.DesiredState) {
 	}
 	c.mu.Lock()
 	c.desired = st
+	c.version++
 	c.mu.Unlock()
-	select {
-	case c.kick <- struct{}{}:
-	default:
-	}
+	c.poke()
 }
 
 // Reachable reports whether the node's agent answered the last call.
@@ -196,7 +245,8 @@ func (a *Agents) Reachable(node string) bool {
 	return c.reachable
 }
 
-// Applied returns the generation the node's agent last accepted.
+// Applied returns the generation the node's agent last acknowledged, and whether it holds the
+// latest state pushed.
 func (a *Agents) Applied(node string) (uint64, bool) {
 	a.mu.Lock()
 	c := a.conns[node]
@@ -206,10 +256,41 @@ func (a *Agents) Applied(node string) (uint64, bool) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.gen, c.applied != nil
+	return c.gen, c.applied != 0 && c.applied == c.version
 }
 
-// run pushes the desired state until it is applied, and probes reachability when idle.
+// Keys returns the node's heartbeat public keys as its agent last reported them, else as
+// its peers' agents hold them.
+func (a *Agents) Keys(node string) [][]byte {
+	a.mu.Lock()
+	c, seen := a.conns[node], a.seen[node]
+	a.mu.Unlock()
+	if c == nil {
+		return seen
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.keys) == 0 {
+		return seen
+	}
+	return c.keys
+}
+
+// SeeKeys records nodes' keys as the agents' held states give them (Discover's answers).
+func (a *Agents) SeeKeys(held map[string]*agentv1.DesiredState) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, st := range held {
+		for _, p := range st.GetHeartbeatPeers() {
+			if len(p.GetPublicKeys()) > 0 {
+				a.seen[p.GetNode()] = p.GetPublicKeys()
+			}
+		}
+	}
+}
+
+// run asks the agent what it holds, then pushes the desired state until the agent holds it,
+// and probes reachability when idle.
 func (a *Agents) run(ctx context.Context, c *agentConn) {
 	backoff := 200 * time.Millisecond
 	const maxBackoff = 10 * time.Second
@@ -229,17 +310,16 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 			}
 		}
 		c.mu.Lock()
-		desired, applied := c.desired, c.applied
+		pending := c.desired != nil && (c.applied != c.version || c.appliedAt != a.Term())
+		known := c.known
 		c.mu.Unlock()
 		var err error
 		switch {
-		case desired != nil && (applied == nil || !proto.Equal(desired, applied)):
-			err = a.apply(ctx, c, desired)
-			if errors.Is(err, errResend) {
-				continue // the agent holds a newer generation of this term: send above it
-			}
-		case !c.isKnown():
+		case !known:
+			// First ask what the agent holds: the generation resumes from it.
 			err = a.probe(ctx, c)
+		case pending:
+			err = a.apply(ctx, c)
 		default:
 			// In step: wait for a change, probing now and then.
 			select {
@@ -256,7 +336,13 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 			return
 		}
 		if err != nil {
-			a.setReachable(c, false, err)
+			var refused *refusedError
+			if errors.As(err, &refused) {
+				// The agent answers; the state (or the term) is at fault, not the node.
+				a.setReachable(c, true, nil)
+			} else {
+				a.setReachable(c, false, err)
+			}
 			wait = backoff
 			backoff = min(2*backoff, maxBackoff)
 			continue
@@ -266,47 +352,79 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 	}
 }
 
-func (c *agentConn) isKnown() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.known
-}
+// refusedError is an answer of the agent that refuses a state: the agent is reachable.
+type refusedError struct{ err error }
 
-func (a *Agents) apply(ctx context.Context, c *agentConn, desired *agentv1.DesiredState) error {
+func (e *refusedError) Error() string { return e.err.Error() }
+func (e *refusedError) Unwrap() error { return e.err }
+
+func (a *Agents) apply(ctx context.Context, c *agentConn) error {
+	term := a.Term()
 	c.mu.Lock()
-	// A new content gets a new generation; a retry of the same content reuses it.
-	if c.pending == nil || !proto.Equal(c.pending, desired) {
+	if c.builtFor != c.version || c.built == nil {
+		c.built, c.builtFor = c.desired.Build(), c.version
+	}
+	desired, version := c.built, c.version
+	// A new content (or a new term) gets a new generation; a retry of the same reuses it.
+	if c.genFor != version || c.genTerm != term {
 		c.gen++
-		c.pending = desired
+		c.genFor, c.genTerm = version, term
 	}
 	gen := c.gen
 	c.mu.Unlock()
-	st := proto.Clone(desired).(*agentv1.DesiredState)
-	st.Term, st.Generation, st.Node = a.term, gen, c.node
+	// A shallow copy: the desired state is never changed once pushed, and sending only reads.
+	st := &agentv1.DesiredState{
+		Term: term, Generation: gen, Node: c.node,
+		Announcements: desired.Announcements, BgpPeers: desired.BgpPeers, L2: desired.L2, Bgp: desired.Bgp,
+		HeartbeatPeers: desired.HeartbeatPeers,
+	}
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
 	resp, err := c.client.Apply(cctx, &agentv1.ApplyRequest{State: st})
-	if err != nil {
+	switch grpcstatus.Code(err) {
+	case codes.OK:
+	case codes.FailedPrecondition:
+		agentApplies.WithLabelValues("fenced").Inc()
+		// The agent holds a newer term: learn it from its state, not from the message.
+		if perr := a.probe(ctx, c); perr != nil {
+			return perr
+		}
+		return &refusedError{fmt.Errorf("apply generation %d under term %d: %w", gen, term, err)}
+	case codes.InvalidArgument:
+		agentApplies.WithLabelValues("refused").Inc()
+		if a.hooks.Refused != nil {
+			a.hooks.Refused(c.node, nil, grpcstatus.Convert(err).Message())
+		}
+		return &refusedError{fmt.Errorf("apply generation %d: %w", gen, err)}
+	default:
 		agentApplies.WithLabelValues("error").Inc()
 		return fmt.Errorf("apply generation %d: %w", gen, err)
 	}
-	agentApplies.WithLabelValues("ok").Inc()
-	if resp.GetTerm() == a.term && resp.GetGeneration() != gen {
-		// A no-op: the agent holds another generation of this term (this CCM restarted, or
-		// lost count). Resume from it.
+	if resp.GetTerm() != term || resp.GetGeneration() != gen {
+		// The agent holds something else than what was sent: a generation it has seen
+		// already under this term (a Node re-created, a CCM restarted without asking). Go on
+		// from the agent's generation and send again.
+		klog.InfoS("Agent acknowledged another generation; sending again", "node", c.node, "sent", gen, "term", term, "heldTerm", resp.GetTerm(), "held", resp.GetGeneration())
 		c.mu.Lock()
-		c.gen, c.pending = max(c.gen, resp.GetGeneration()), nil
+		if resp.GetTerm() == term && resp.GetGeneration() >= c.gen {
+			c.gen = resp.GetGeneration()
+		}
+		c.genFor = 0
 		c.mu.Unlock()
-		klog.V(2).InfoS("Agent holds another generation; sending above it", "node", c.node, "sent", gen, "held", resp.GetGeneration())
-		return errResend
+		agentApplies.WithLabelValues("error").Inc()
+		return &refusedError{fmt.Errorf("agent holds generation %d of term %d, not %d of %d", resp.GetGeneration(), resp.GetTerm(), gen, term)}
 	}
+	agentApplies.WithLabelValues("ok").Inc()
 	c.mu.Lock()
-	c.applied = desired
+	c.applied, c.appliedAt = version, term
 	c.mu.Unlock()
+	if a.hooks.Refused != nil {
+		a.hooks.Refused(c.node, resp.GetRefused(), "")
+	}
 	if len(resp.GetProblems()) > 0 {
 		klog.InfoS("Agent applied the state with problems", "node", c.node, "generation", gen, "problems", resp.GetProblems())
 	}
-	klog.V(2).InfoS("Agent applied state", "node", c.node, "term", a.term, "generation", gen, "changed", resp.GetChanged())
+	klog.V(2).InfoS("Agent applied state", "node", c.node, "term", term, "generation", gen, "changed", resp.GetChanged(), "refused", len(resp.GetRefused()))
 	return nil
 }
 
@@ -317,24 +435,46 @@ func (a *Agents) probe(ctx context.Context, c *agentConn) error {
 	if err != nil {
 		return err
 	}
+	term := a.Term()
 	c.mu.Lock()
 	c.held = resp.GetState()
-	if resp.GetTerm() == a.term && resp.GetGeneration() > c.gen {
-		// A restarted CCM resumes the agent's count; the next content gets a generation above.
-		c.gen, c.pending = resp.GetGeneration(), nil
+	if !c.known || resp.GetTerm() == term && resp.GetGeneration() > c.gen {
+		// Resume the generation from the agent: after a CCM restart, a leader change or a
+		// Node re-created, the agent holds generations this connection never gave.
+		if resp.GetTerm() == term {
+			c.gen = resp.GetGeneration()
+			c.genFor = 0
+		}
 	}
-	keys := resp.GetHeartbeatPublicKeys()
-	changed := !slices.EqualFunc(c.keys, keys, func(x, y []byte) bool { return string(x) == string(y) })
-	c.keys = keys
+	if resp.GetTerm() != term || resp.GetGeneration() != c.gen {
+		c.applied = 0 // the agent does not hold what this leader last gave it
+	}
+	keysChanged := !sameKeys(c.keys, resp.GetHeartbeatPublicKeys())
+	c.keys = resp.GetHeartbeatPublicKeys()
 	c.mu.Unlock()
-	if changed && a.onKeys != nil {
-		a.onKeys(c.node)
+	if keysChanged && a.hooks.Keys != nil {
+		a.hooks.Keys(c.node, resp.GetHeartbeatPublicKeys())
+	}
+	if resp.GetTerm() > term && a.hooks.NewerTerm != nil {
+		a.hooks.NewerTerm(c.node, resp.GetTerm())
+	}
+	if a.hooks.Refused != nil && resp.GetTerm() == term {
+		a.hooks.Refused(c.node, resp.GetRefused(), "")
 	}
 	return nil
 }
 
-// errResend says an Apply was a no-op because the agent holds another generation.
-var errResend = errors.New("the agent holds another generation")
+func sameKeys(a, b [][]byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if string(a[i]) != string(b[i]) {
+			return false
+		}
+	}
+	return true
+}
 
 // Discover waits until every agent's reachability is decided (each is asked for its state
 // before anything is pushed to it), or timeout passes, and returns the states the reachable
@@ -387,8 +527,8 @@ func (a *Agents) setReachable(c *agentConn, ok bool, err error) {
 		} else {
 			klog.ErrorS(err, "Agent unreachable", "node", c.node)
 		}
-		if a.onReach != nil {
-			a.onReach(c.node, ok)
+		if a.hooks.Reachability != nil {
+			a.hooks.Reachability(c.node, ok)
 		}
 	}
 }
@@ -400,11 +540,8 @@ func (a *Agents) watch(ctx context.Context, c *agentConn) {
 		stream, err := c.client.Watch(ctx, &agentv1.WatchRequest{})
 		if err == nil {
 			if _, herr := stream.Header(); herr == nil {
-				// The agent answers, perhaps after a restart: push the state again (the same
-				// generation, a no-op if it has it) and check reachability now.
-				c.mu.Lock()
-				c.applied = nil
-				c.mu.Unlock()
+				// The agent answers, perhaps after a restart: ask what it holds now (the
+				// state is sent again if it lost it) and check reachability.
 				select {
 				case c.probe <- struct{}{}:
 				default:
@@ -421,8 +558,8 @@ func (a *Agents) watch(ctx context.Context, c *agentConn) {
 					break
 				}
 				backoff = 500 * time.Millisecond
-				if a.onEvent != nil {
-					a.onEvent(c.node, resp.GetEvent())
+				if a.hooks.Event != nil {
+					a.hooks.Event(c.node, resp.GetEvent())
 				}
 			}
 		}
@@ -445,6 +582,3 @@ func (a *Agents) Close() {
 		delete(a.conns, name)
 	}
 }
-
-// netConn is what a dialer returns.
-type netConn = net.Conn

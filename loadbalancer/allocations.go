@@ -20,6 +20,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -29,28 +30,13 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
-	cloudproviderapi "k8s.io/cloud-provider/api"
 	"k8s.io/klog/v2"
 
 	"golang.org/x/time/rate"
 
-	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/internal/annotation"
+	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/loadbalancer/ipam"
-)
-
-// Event reasons on Services.
-const (
-	ReasonIPAllocated       = "IPAllocated"
-	ReasonPoolExhausted     = "PoolExhausted"
-	ReasonIPInUse           = "IPInUse"
-	ReasonNoPool            = "NoPool"
-	ReasonSharingConflict   = "SharingConflict"
-	ReasonInvalidRequest    = "InvalidRequest"
-	ReasonInvalidAnnotation = "InvalidAnnotation"
-	ReasonIPConflict        = "IPConflict"
-	ReasonPoolShrunk        = "PoolShrunk"
-	ReasonPoolDeleted       = "PoolDeleted"
 )
 
 // recordRate bounds the deferred allocation records written a second; they are written only
@@ -65,6 +51,10 @@ type Config struct {
 	Client   kubernetes.Interface
 	Dynamic  dynamic.Interface
 	Recorder record.EventRecorder
+	// Objects are the decoded pools and peers, shared with the announcer.
+	Objects *Objects
+	// Serves says which Services are metalvip's.
+	Serves desired.Serves
 	// PendingRetry is how often a Service waiting for an address is tried again (a pool may
 	// have grown or an address been freed meanwhile).
 	PendingRetry time.Duration
@@ -83,6 +73,8 @@ type Allocations struct {
 	warned map[types.UID]string
 	// orphaned holds the orphan warnings given, per Service and address.
 	orphaned map[string]bool
+	// written is the status last applied per pool.
+	written map[string]poolStatus
 
 	ready        chan struct{} // closed once the allocator is rebuilt
 	poolsChanged chan struct{}
@@ -92,7 +84,6 @@ type Allocations struct {
 
 	services   corelisters.ServiceLister
 	namespaces corelisters.NamespaceLister
-	pools      cache.GenericLister
 
 	synced []cache.InformerSynced
 }
@@ -110,6 +101,7 @@ func New(cfg Config) *Allocations {
 		ipam:         ipam.New(),
 		warned:       map[types.UID]string{},
 		orphaned:     map[string]bool{},
+		written:      map[string]poolStatus{},
 		ready:        make(chan struct{}),
 		poolsChanged: make(chan struct{}, 1),
 		later: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
@@ -118,10 +110,8 @@ func New(cfg Config) *Allocations {
 	}
 }
 
-// Start registers the informers it needs with the factories (which the caller starts) and runs
-// until ctx ends: it waits for the caches, rebuilds the allocator from every Service, and
-// then follows pool changes and writes pool status.
-func (a *Allocations) Start(ctx context.Context, factory informers.SharedInformerFactory, dynFactory dynamicinformer.DynamicSharedInformerFactory) {
+// Register registers the informers it needs with the factories (which the caller starts).
+func (a *Allocations) Register(factory informers.SharedInformerFactory, dynFactory dynamicinformer.DynamicSharedInformerFactory) {
 	svcInformer := factory.Core().V1().Services()
 	nsInformer := factory.Core().V1().Namespaces()
 	a.services = svcInformer.Lister()
@@ -131,24 +121,22 @@ func (a *Allocations) Start(ctx context.Context, factory informers.SharedInforme
 		DeleteFunc: a.serviceDeleted,
 	})
 
-	poolInformer := dynFactory.ForResource(v1alpha1.IPPoolResource)
-	a.pools = poolInformer.Lister()
-	notify := func(any) {
+	a.cfg.Objects.Register(dynFactory)
+	a.cfg.Objects.Subscribe(func(c Change) {
+		if c.Pool == "" {
+			return
+		}
 		select {
 		case a.poolsChanged <- struct{}{}:
 		default:
 		}
-	}
-	_, _ = poolInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    notify,
-		UpdateFunc: func(_, cur any) { notify(cur) },
-		DeleteFunc: notify,
 	})
-	a.synced = []cache.InformerSynced{svcInformer.Informer().HasSynced, nsInformer.Informer().HasSynced, poolInformer.Informer().HasSynced}
-	go a.run(ctx)
+	a.synced = []cache.InformerSynced{svcInformer.Informer().HasSynced, nsInformer.Informer().HasSynced, a.cfg.Objects.HasSynced}
 }
 
-func (a *Allocations) run(ctx context.Context) {
+// Run works until ctx ends: it waits for the caches, rebuilds the allocator from every Service,
+// and then follows pool changes and writes pool status.
+func (a *Allocations) Run(ctx context.Context) {
 	if !cache.WaitForCacheSync(ctx.Done(), a.synced...) {
 		return
 	}
@@ -176,20 +164,32 @@ func (a *Allocations) run(ctx context.Context) {
 // Ready is closed once the allocator has been rebuilt from the cluster.
 func (a *Allocations) Ready() <-chan struct{} { return a.ready }
 
-// ours reports whether metalvip serves a Service: type LoadBalancer without a
-// loadBalancerClass (the framework skips those too).
-func ours(svc *v1.Service) bool {
-	return svc.Spec.Type == v1.ServiceTypeLoadBalancer && svc.Spec.LoadBalancerClass == nil
+// ours reports whether metalvip serves a Service.
+func (a *Allocations) ours(svc *v1.Service) bool { return a.cfg.Serves.Ours(svc) }
+
+func serviceKey(svc *v1.Service) string { return desired.Key(svc) }
+
+// RetryError is an allocation that waiting may fix (a pool grows, an address is freed): the
+// caller tries again after After. It unwraps to ErrRetry and to the cause.
+type RetryError struct {
+	Err   error
+	After time.Duration
 }
 
-func serviceKey(svc *v1.Service) string { return svc.Namespace + "/" + svc.Name }
+// ErrRetry is what every RetryError is.
+var ErrRetry = errors.New("retry later")
+
+func (e *RetryError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the cause and ErrRetry.
+func (e *RetryError) Unwrap() []error { return []error{e.Err, ErrRetry} }
 
 // rebuild restores every Service's recorded addresses, before anything is assigned.
 func (a *Allocations) rebuild() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.applyPoolsLocked()
-	svcs, err := a.services.List(everything)
+	svcs, err := a.services.List(labels.Everything())
 	if err != nil {
 		klog.ErrorS(err, "List Services for the rebuild")
 	}
@@ -203,7 +203,7 @@ func (a *Allocations) rebuild() {
 	byKey := map[string]*v1.Service{}
 	for _, svc := range svcs {
 		published := statusIPs(svc)
-		if !ours(svc) || len(published) == 0 {
+		if !a.ours(svc) || len(published) == 0 {
 			continue
 		}
 		req, _ := a.request(svc) // a bad annotation must not lose the address: restore regardless
@@ -270,15 +270,7 @@ func (a *Allocations) request(svc *v1.Service) (ipam.Service, error) {
 }
 
 // statusIPs returns the addresses in a Service's status.
-func statusIPs(svc *v1.Service) []netip.Addr {
-	var out []netip.Addr
-	for _, ing := range svc.Status.LoadBalancer.Ingress {
-		if a, err := netip.ParseAddr(ing.IP); err == nil {
-			out = append(out, a.Unmap())
-		}
-	}
-	return out
-}
+func statusIPs(svc *v1.Service) []netip.Addr { return desired.StatusIPs(svc) }
 
 // Ensure gives a Service its addresses, or says why it cannot.
 func (a *Allocations) Ensure(ctx context.Context, svc *v1.Service) (*v1.LoadBalancerStatus, error) {
@@ -303,7 +295,7 @@ func (a *Allocations) Ensure(ctx context.Context, svc *v1.Service) (*v1.LoadBala
 		reason, retry := classify(err)
 		a.warnOnce(svc, reason, err.Error())
 		if retry {
-			return nil, cloudproviderapi.NewRetryError(err.Error(), a.cfg.PendingRetry)
+			return nil, &RetryError{Err: err, After: a.cfg.PendingRetry}
 		}
 		return nil, err
 	}
@@ -396,7 +388,7 @@ func (a *Allocations) recordLater(ctx context.Context) {
 			}
 			ns, name, _ := strings.Cut(key, "/")
 			svc, err := a.services.Services(ns).Get(name)
-			if err != nil || !ours(svc) || svc.DeletionTimestamp != nil {
+			if err != nil || !a.ours(svc) || svc.DeletionTimestamp != nil {
 				return
 			}
 			a.mu.Lock()
@@ -488,7 +480,7 @@ func (a *Allocations) serviceUpdated(oldObj, curObj any) {
 	}
 	// A status this controller does not know of: written by a previous leader just before it
 	// stopped. Hold its addresses so they are not given twice.
-	if ours(cur) && len(published) > 0 {
+	if a.ours(cur) && len(published) > 0 {
 		req, _ := a.request(cur)
 		pool, _ := annotation.AllocatedPool.Value(cur)
 		if err := a.ipam.Restore(req, ipam.Allocation{Pool: pool, IPs: published}); err != nil {

@@ -1,12 +1,13 @@
-// Package provider is metalvip's thin adapter to k8s.io/cloud-provider: it registers the
-// "metalvip" provider and translates the framework's calls into calls on the domain packages.
-// It decides nothing about IPs or announcements itself (that is loadbalancer/) and never
-// touches the wire (that is nodeagent/).
+// Package provider is metalvip's thin adapter to k8s.io/cloud-provider: it makes the "metalvip"
+// provider and translates the framework's calls into calls on the domain packages. It decides
+// nothing about IPs or announcements itself (that is loadbalancer/) and never touches the wire
+// (that is nodeagent/).
 package provider
 
 import (
 	"context"
-	"io"
+	"os"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/dynamic"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/loadbalancer"
+	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/provider/config"
 )
 
@@ -30,24 +32,23 @@ const ProviderName = "metalvip"
 // ProviderIDPrefix starts every ProviderID metalvip sets: metalvip://<node-name>.
 const ProviderIDPrefix = ProviderName + "://"
 
-func init() {
-	cloudprovider.RegisterCloudProvider(ProviderName, func(r io.Reader) (cloudprovider.Interface, error) {
-		cfg, err := config.Read(r)
-		if err != nil {
-			return nil, err
-		}
-		return New(cfg), nil
-	})
+// Options are the process's settings that come from the framework's flags, not the
+// cloud-config.
+type Options struct {
+	LeaderElection LeaderElection
 }
 
 // Cloud is metalvip's cloudprovider.Interface.
 type Cloud struct {
 	cfg       *config.Config
+	opts      Options
 	instances *instances
 	lb        *loadBalancer
 	announcer *loadbalancer.Announcer
+	classes   *loadbalancer.ClassController
 	dyn       dynamicinformer.DynamicSharedInformerFactory
-	ctx       context.Context // ends when the framework's stop channel closes
+	// registered is closed by SetInformers: the loops started in Initialize wait for it.
+	registered chan struct{}
 }
 
 var (
@@ -55,16 +56,35 @@ var (
 	_ cloudprovider.InformerUser = (*Cloud)(nil)
 )
 
+// ReadConfig reads a cloud-config file ("" gives the defaults).
+func ReadConfig(file string) (*config.Config, error) {
+	if file == "" {
+		return config.Default(), nil
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return config.Read(f)
+}
+
 // New returns the provider for a parsed cloud-config.
-func New(cfg *config.Config) *Cloud {
+func New(cfg *config.Config, opts Options) *Cloud {
+	if cfg.Failover.KeySecret != "" {
+		klog.InfoS("WARNING: failover.keySecret in the cloud-config is no longer used: every agent has heartbeat keys of its own; remove it", "keySecret", cfg.Failover.KeySecret)
+	}
 	return &Cloud{
-		cfg: cfg,
+		cfg:  cfg,
+		opts: opts,
 		// A FakeRecorder without a channel drops events until Initialize gives a real one.
-		instances: &instances{cfg: cfg, recorder: &record.FakeRecorder{}},
+		instances:  &instances{cfg: cfg, recorder: &record.FakeRecorder{}},
+		registered: make(chan struct{}),
 	}
 }
 
-// Initialize starts the provider's own housekeeping; it ends when stop closes.
+// Initialize sets the provider up and starts its loops; they end when stop closes. The loops
+// wait for SetInformers, which the framework calls right after.
 func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, stop <-chan struct{}) {
 	client := clientBuilder.ClientOrDie("metalvip-cloud-provider")
 	broadcaster := record.NewBroadcaster()
@@ -72,67 +92,113 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "metalvip-cloud-controller-manager"})
 	c.instances.recorder = recorder
+	dyn := dynamic.NewForConfigOrDie(clientBuilder.ConfigOrDie("metalvip-cloud-provider"))
+	c.dyn = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
+	objects := loadbalancer.NewObjects()
+	serves := c.Serves()
+	c.lb = &loadBalancer{allocs: loadbalancer.New(loadbalancer.Config{
+		Client:         client,
+		Dynamic:        dyn,
+		Recorder:       recorder,
+		Objects:        objects,
+		Serves:         serves,
+		PendingRetry:   c.cfg.Allocation.PendingRetry.Duration,
+		StatusInterval: c.cfg.Allocation.PoolStatusInterval.Duration,
+	})}
+	ac := c.cfg.Agent
+	switch {
+	case !ac.Insecure && ac.CAFile == "":
+		klog.InfoS("No agent TLS settings in the cloud-config (agent.caFile, certFile, keyFile): addresses are allocated but not announced")
+	default:
+		if ac.Insecure {
+			klog.InfoS("WARNING: talking to agents in plaintext without authenticating them (agent.insecure); for labs only")
+		}
+		f := c.cfg.Failover
+		c.announcer = loadbalancer.NewAnnouncer(loadbalancer.AnnouncerConfig{
+			Client:   client,
+			Dynamic:  dyn,
+			Recorder: recorder,
+			Objects:  objects,
+			Serves:   serves,
+			Agents: loadbalancer.AgentConfig{
+				Port: ac.Port, Insecure: ac.Insecure, Timeout: ac.Timeout.Duration,
+				TLS: certs.Files{CA: ac.CAFile, Cert: ac.CertFile, Key: ac.KeyFile},
+			},
+			Options: desired.Options{
+				GratuitousRefresh: f.GratuitousRefresh.Duration,
+				HeartbeatInterval: f.Interval.Duration,
+				HeartbeatMisses:   f.Misses,
+				HeartbeatPort:     f.Port,
+			},
+			MaxCandidates:     f.MaxCandidates,
+			PasswordNamespace: c.cfg.BGP.PasswordSecretNamespace,
+		})
+	}
+
+	if serves.Class != "" {
+		c.classes = loadbalancer.NewClassController(client, c.lb.allocs, recorder, serves)
+	}
+
 	ctx, cancel := context.WithCancel(context.Background())
-	c.ctx = ctx
 	go func() {
 		<-stop
 		cancel()
 		broadcaster.Shutdown()
 	}()
-	dyn := dynamic.NewForConfigOrDie(clientBuilder.ConfigOrDie("metalvip-cloud-provider"))
-	c.dyn = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
-	c.lb = &loadBalancer{allocs: loadbalancer.New(loadbalancer.Config{
-		Client:         client,
-		Dynamic:        dyn,
-		Recorder:       recorder,
-		PendingRetry:   c.cfg.Allocation.PendingRetry.Duration,
-		StatusInterval: c.cfg.Allocation.PoolStatusInterval.Duration,
-	})}
-	c.announcer = c.newAnnouncer(ctx, client, recorder)
-	klog.InfoS("metalvip provider initialised", "agentPort", c.cfg.Agent.Port, "subnetRules", len(c.cfg.Topology.Subnets))
+	go c.run(ctx, client)
+	klog.InfoS("metalvip provider initialised", "agentPort", ac.Port, "subnetRules", len(c.cfg.Topology.Subnets), "announcing", c.announcer != nil,
+		"loadBalancerClass", serves.Class, "classless", serves.Classless, "initialisesNodes", c.cfg.Nodes.Initializes())
 }
 
-// SetInformers starts the allocator on the framework's shared informers; the framework
-// starts them after its controllers are set up.
+// run starts the allocator and the announcer once the informers are registered.
+func (c *Cloud) run(ctx context.Context, client kubernetes.Interface) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-c.registered:
+	}
+	c.dyn.Start(ctx.Done())
+	go c.lb.allocs.Run(ctx)
+	if c.classes != nil {
+		go c.classes.Run(ctx, 4)
+	}
+	if c.announcer == nil {
+		return
+	}
+	le := c.opts.LeaderElection
+	if le.Namespace == "" {
+		le.Namespace = "kube-system"
+	}
+	if le.Name == "" {
+		le.Name = "metalvip-cloud-controller-manager"
+	}
+	start := time.Now()
+	fence, err := newLeaseFence(ctx, client, le)
+	if err != nil {
+		return // ctx ended
+	}
+	klog.InfoS("Announcing through the agents", "term", fence.Term(), "agentPort", c.cfg.Agent.Port, "waited", time.Since(start).Round(time.Millisecond))
+	c.announcer.Run(ctx, fence)
+}
+
+// SetInformers registers the allocator's and the announcer's informers with the framework's
+// factory (which it starts after its controllers are set up).
 func (c *Cloud) SetInformers(factory informers.SharedInformerFactory) {
 	if c.lb == nil {
 		return
 	}
-	c.lb.allocs.Start(c.ctx, factory, c.dyn)
+	c.lb.allocs.Register(factory, c.dyn)
+	if c.classes != nil {
+		c.classes.Register(factory)
+	}
 	if c.announcer != nil {
-		c.announcer.Start(c.ctx, factory, c.dyn)
+		c.announcer.Register(factory, c.dyn)
 	}
-	c.dyn.Start(c.ctx.Done())
-}
-
-// newAnnouncer sets up the push of plans to the agents; without agent TLS settings (and not
-// insecure) there is nothing to push to, and addresses are only allocated.
-func (c *Cloud) newAnnouncer(ctx context.Context, client kubernetes.Interface, recorder record.EventRecorder) *loadbalancer.Announcer {
-	ac := c.cfg.Agent
-	if !ac.Insecure && ac.CAFile == "" {
-		klog.InfoS("No agent TLS settings in the cloud-config (agent.caFile, certFile, keyFile): addresses are allocated but not announced")
-		return nil
+	select {
+	case <-c.registered:
+	default:
+		close(c.registered)
 	}
-	if ac.Insecure {
-		klog.InfoS("WARNING: talking to agents in plaintext without authenticating them (agent.insecure); for labs only")
-	}
-	t := term(ctx, client)
-	klog.InfoS("Announcing through the agents", "term", t, "agentPort", ac.Port)
-	f := c.cfg.Failover
-	return loadbalancer.NewAnnouncer(loadbalancer.AnnouncerConfig{
-		Client:   client,
-		Recorder: recorder,
-		Agents: loadbalancer.AgentConfig{
-			Port: ac.Port, Insecure: ac.Insecure, Timeout: ac.Timeout.Duration,
-			TLS: certs.Files{CA: ac.CAFile, Cert: ac.CertFile, Key: ac.KeyFile},
-		},
-		Term:              t,
-		HeartbeatInterval: f.Interval.Duration,
-		HeartbeatMisses:   f.Misses,
-		HeartbeatPort:     f.Port,
-		GratuitousRefresh: f.GratuitousRefresh.Duration,
-		MaxCandidates:     f.MaxCandidates,
-	})
 }
 
 // LoadBalancer gives Services of type LoadBalancer addresses from the IP pools.
@@ -146,8 +212,20 @@ func (c *Cloud) LoadBalancer() (cloudprovider.LoadBalancer, bool) {
 // Instances is the legacy interface; InstancesV2 replaces it.
 func (c *Cloud) Instances() (cloudprovider.Instances, bool) { return nil, false }
 
-// InstancesV2 initialises nodes: ProviderID, addresses, zone and region.
-func (c *Cloud) InstancesV2() (cloudprovider.InstancesV2, bool) { return c.instances, true }
+// InstancesV2 initialises nodes: ProviderID, addresses, zone and region. In the
+// LoadBalancer-only mode (nodes.initialize: false) there is none, so the framework's node
+// controllers do not start and Nodes stay as their kubelets made them.
+func (c *Cloud) InstancesV2() (cloudprovider.InstancesV2, bool) {
+	if !c.cfg.Nodes.Initializes() {
+		return nil, false
+	}
+	return c.instances, true
+}
+
+// Serves says which Services this CCM serves.
+func (c *Cloud) Serves() desired.Serves {
+	return desired.Serves{Class: c.cfg.Services.LoadBalancerClass, Classless: c.cfg.Services.ServesClassless()}
+}
 
 // Zones is deprecated in favour of InstancesV2.
 func (c *Cloud) Zones() (cloudprovider.Zones, bool) { return nil, false }

@@ -2,10 +2,12 @@ package provider
 
 import (
 	"context"
+	"errors"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	cloudprovider "k8s.io/cloud-provider"
+	cloudproviderapi "k8s.io/cloud-provider/api"
 
 	"github.com/metalvip/metalvip/loadbalancer"
 )
@@ -29,9 +31,15 @@ func (l *loadBalancer) GetLoadBalancerName(_ context.Context, _ string, svc *v1.
 	return strings.Join([]string{svc.Namespace, svc.Name}, "/")
 }
 
-// EnsureLoadBalancer gives the Service its addresses.
+// EnsureLoadBalancer gives the Service its addresses. An allocation that waiting may fix is
+// the framework's retry error: it tries again later without counting a failure.
 func (l *loadBalancer) EnsureLoadBalancer(ctx context.Context, _ string, svc *v1.Service, _ []*v1.Node) (*v1.LoadBalancerStatus, error) {
-	return l.allocs.Ensure(ctx, svc)
+	st, err := l.allocs.Ensure(ctx, svc)
+	var retry *loadbalancer.RetryError
+	if errors.As(err, &retry) {
+		return nil, cloudproviderapi.NewRetryError(err.Error(), retry.After)
+	}
+	return st, err
 }
 
 // UpdateLoadBalancer is called when the set of nodes changes. Addresses do not depend on

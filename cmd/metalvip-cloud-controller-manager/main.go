@@ -6,6 +6,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -20,8 +21,10 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics
 	_ "k8s.io/component-base/metrics/prometheus/version"  // version metric
 	"k8s.io/component-base/version/verflag"
+	genericcontrollermanager "k8s.io/controller-manager/app"
 
 	"github.com/metalvip/metalvip/provider"
+	providerconfig "github.com/metalvip/metalvip/provider/config"
 )
 
 func main() {
@@ -73,10 +76,12 @@ Settings of its own are in the --cloud-config file, documented in docs/cloud-con
 		if cp.Name != provider.ProviderName {
 			return fmt.Errorf("--cloud-provider=%q: this binary runs only the %q provider; leave the flag out or set it to %q", cp.Name, provider.ProviderName, provider.ProviderName)
 		}
-		le := opts.Generic.LeaderElection
-		provider.LeaderElection.Enabled = le.LeaderElect
-		provider.LeaderElection.Namespace, provider.LeaderElection.Name = le.ResourceNamespace, le.ResourceName
-		if _, err := initCloud(cp.Name, cp.CloudConfigFile); err != nil {
+		cfg, err := readConfig(cp.CloudConfigFile)
+		if err == nil && !cfg.Services.ServesClassless() &&
+			genericcontrollermanager.IsControllerEnabled(names.ServiceLBController, app.ControllersDisabledByDefault, canonical(opts.Generic.Controllers)) {
+			err = fmt.Errorf("--cloud-config: services.classless is false, but the framework's service controller would still serve class-less Services: run with --controllers=*,-%s as well", names.ServiceLBController)
+		}
+		if err != nil {
 			// Plain text, not a log line: this is the operator's file and the message is the fix.
 			fmt.Fprintf(os.Stderr, "metalvip-cloud-controller-manager: %v\n", err)
 			os.Exit(1)
@@ -86,28 +91,43 @@ Settings of its own are in the --cloud-config file, documented in docs/cloud-con
 	return cmd, nil
 }
 
-func initCloud(name, file string) (cloudprovider.Interface, error) {
-	cloud, err := cloudprovider.InitCloudProvider(name, file)
-	if err != nil {
-		if file != "" {
-			return nil, fmt.Errorf("--cloud-config %s: %w", file, err)
+// canonical resolves the framework's controller aliases ("service" for
+// "service-lb-controller") in a --controllers list.
+func canonical(controllers []string) []string {
+	aliases := names.CCMControllerAliases()
+	out := make([]string, 0, len(controllers))
+	for _, c := range controllers {
+		neg, name := strings.HasPrefix(c, "-"), strings.TrimPrefix(c, "-")
+		if a, ok := aliases[name]; ok {
+			name = a
 		}
-		return nil, err
+		if neg {
+			name = "-" + name
+		}
+		out = append(out, name)
 	}
-	if cloud == nil {
-		return nil, fmt.Errorf("cloud provider %q is not registered", name)
+	return out
+}
+
+func readConfig(file string) (*providerconfig.Config, error) {
+	cfg, err := provider.ReadConfig(file)
+	if err != nil && file != "" {
+		return nil, fmt.Errorf("--cloud-config %s: %w", file, err)
 	}
-	return cloud, nil
+	return cfg, err
 }
 
 // cloudInitializer is called by the framework after it has parsed its flags. The file was
 // already checked in RunE, so an error here means it changed in between.
 func cloudInitializer(c *config.CompletedConfig) cloudprovider.Interface {
 	cp := c.ComponentConfig.KubeCloudShared.CloudProvider
-	cloud, err := initCloud(cp.Name, cp.CloudConfigFile)
+	cfg, err := readConfig(cp.CloudConfigFile)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "metalvip-cloud-controller-manager: %v\n", err)
 		os.Exit(1)
 	}
-	return cloud
+	le := c.ComponentConfig.Generic.LeaderElection
+	return provider.New(cfg, provider.Options{LeaderElection: provider.LeaderElection{
+		Enabled: le.LeaderElect, Namespace: le.ResourceNamespace, Name: le.ResourceName,
+	}})
 }

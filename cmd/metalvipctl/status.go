@@ -5,8 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/netip"
-	"regexp"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
@@ -23,7 +23,9 @@ import (
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/internal/annotation"
-	"github.com/metalvip/metalvip/loadbalancer/ipam"
+	"github.com/metalvip/metalvip/loadbalancer"
+	"github.com/metalvip/metalvip/loadbalancer/desired"
+	"github.com/metalvip/metalvip/loadbalancer/pools"
 )
 
 // Status is what `metalvipctl status` reports.
@@ -64,14 +66,16 @@ type AgentStatus struct {
 }
 
 func statusCommand() *cobra.Command {
-	var kubeconfig, output string
+	var kubeconfig, output, class string
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show pools, Services with their addresses and announcing nodes, and agent health",
 		Long: `status reads the cluster (like kubectl: --kubeconfig, else $KUBECONFIG, else ~/.kube/config)
 and shows the IP pools (used and free), every LoadBalancer Service with its addresses and the
-node announcing them (from the CCM's Announced and TookOver Events), and whether the CCM reaches
-each node's agent (from its AgentReachable and AgentUnreachable Events).`,
+nodes announcing them (from the Service's metalvip.io/Announced condition, which the CCM keeps
+up to date), and whether the CCM reaches each node's agent (from the Node's
+metalvip.io/AgentReachable condition). An announcing node whose agent the CCM cannot reach is
+marked stale. For what one node does right now, ask its agent: metalvipctl agent NODE.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
@@ -93,7 +97,7 @@ each node's agent (from its AgentReachable and AgentUnreachable Events).`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 			defer cancel()
-			st, err := gather(ctx, client, dyn)
+			st, err := gather(ctx, client, dyn, desired.Serves{Class: class, Classless: true})
 			if err != nil {
 				return err
 			}
@@ -107,170 +111,66 @@ each node's agent (from its AgentReachable and AgentUnreachable Events).`,
 		},
 	}
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "path of the kubeconfig (default: $KUBECONFIG, else ~/.kube/config)")
+	cmd.Flags().StringVar(&class, "class", desired.DefaultServes.Class, "the loadBalancerClass metalvip serves (its cloud-config services.loadBalancerClass); class-less Services are shown too")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
 	return cmd
 }
 
-var answeredBy = regexp.MustCompile(`is (answered|advertised) by ([^(]+?)(?:, standby ([^(]+?))?(?: \(|$)`)
-
-// eventAddress is the address an Announced or TookOver Event is about: "203.0.113.1 (L2) is
-// answered by ..." or "Node n answers for 203.0.113.1 now: ...".
-func eventAddress(e corev1.Event) string {
-	f := strings.Fields(e.Message)
-	if (e.Reason == "TookOver" || strings.HasPrefix(e.Message, "No node may announce")) && len(f) > 4 {
-		return strings.TrimSuffix(f[4], ":")
-	}
-	if len(f) > 0 {
-		return f[0]
-	}
-	return ""
-}
-
-// announcedBy is who an Announced or TookOver Event says announces its address.
-func announcedBy(e corev1.Event) string {
-	if e.Reason == "TookOver" {
-		return strings.TrimPrefix(strings.SplitN(e.Message, " answers", 2)[0], "Node ") + " (took over)"
-	}
-	m := answeredBy.FindStringSubmatch(e.Message)
-	if m == nil {
-		return e.Message
-	}
-	by := m[2]
+// announcedBy describes who announces one address, from the Service's Announced condition.
+func announcedBy(a desired.Address) string {
+	var by string
 	switch {
-	case strings.Contains(e.Message, "(L2 per client)"):
-		by += " (per client)"
-	case m[3] != "":
-		by += " (standby " + m[3] + ")"
+	case len(a.Nodes) == 0:
+		by = "no eligible node"
+	case a.Mode == desired.ModeL2PerClient:
+		by = strings.Join(a.Nodes, ", ") + " (per client)"
+	case a.Mode == desired.ModeL2 && len(a.Nodes) > 1:
+		by = a.Nodes[0] + " (standby " + strings.Join(a.Nodes[1:], ", ") + ")"
+	default:
+		by = strings.Join(a.Nodes, ", ")
+	}
+	if len(a.RefusedBy) > 0 {
+		by += "; refused by " + strings.Join(a.RefusedBy, ", ")
 	}
 	return by
 }
 
-func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface) (*Status, error) {
+func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface, serves desired.Serves) (*Status, error) {
 	st := &Status{Pools: []PoolStatus{}, Services: []ServiceStatus{}, Agents: []AgentStatus{}}
-	pools, err := dyn.Resource(v1alpha1.IPPoolResource).List(ctx, metav1.ListOptions{})
+	list, err := dyn.Resource(v1alpha1.IPPoolResource).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("list IPPools (are metalvip's CRDs installed?): %w", err)
 	}
-	// poolOf finds the pool holding an address, for Services whose allocation record (written
-	// a moment after the address) is not there yet.
-	type poolRange struct {
-		pool string
-		r    ipam.Range
-	}
-	var ranges []poolRange
-	poolOf := func(a netip.Addr) string {
-		for _, pr := range ranges {
-			if pr.r.Contains(a) {
-				return pr.pool
-			}
-		}
-		return ""
-	}
-	for _, u := range pools.Items {
-		p := &v1alpha1.IPPool{}
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, p); err != nil {
-			continue
-		}
-		for _, s := range p.Spec.Addresses {
-			if r, err := ipam.ParseRange(string(s)); err == nil {
-				ranges = append(ranges, poolRange{p.Name, r})
-			}
-		}
-		ps := PoolStatus{Name: p.Name, Mode: string(p.Spec.Announce.Mode), AllocatedIPv4: p.Status.AllocatedIPv4, AvailableIPv4: p.Status.AvailableIPv4,
-			AllocatedIPv6: p.Status.AllocatedIPv6, AvailableIPv6: p.Status.AvailableIPv6, Ready: "Unknown"}
+	var decoded []*pools.Pool
+	for i := range list.Items {
+		u := &list.Items[i]
+		p := pools.DecodePool(u)
+		decoded = append(decoded, p)
+		var ip v1alpha1.IPPool
+		_ = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &ip)
+		ps := PoolStatus{Name: p.Name, Mode: string(ip.Spec.Announce.Mode), AllocatedIPv4: ip.Status.AllocatedIPv4, AvailableIPv4: ip.Status.AvailableIPv4,
+			AllocatedIPv6: ip.Status.AllocatedIPv6, AvailableIPv6: ip.Status.AvailableIPv6, Ready: "Unknown"}
 		if ps.Mode == "" {
 			ps.Mode = string(v1alpha1.AnnounceL2)
 		}
-		for _, c := range p.Status.Conditions {
-			if c.Type == v1alpha1.PoolReady {
-				ps.Ready = string(c.Status)
-				if c.Status != metav1.ConditionTrue {
-					ps.Message = c.Message
-				}
+		if c := meta.FindStatusCondition(ip.Status.Conditions, v1alpha1.PoolReady); c != nil {
+			ps.Ready = string(c.Status)
+			if c.Status != metav1.ConditionTrue {
+				ps.Message = c.Message
 			}
+		}
+		if c := meta.FindStatusCondition(ip.Status.Conditions, v1alpha1.PoolNodesEligible); c != nil && c.Status == metav1.ConditionFalse && ps.Message == "" {
+			ps.Message = c.Message
 		}
 		st.Pools = append(st.Pools, ps)
 	}
-	events, err := client.CoreV1().Events("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("list Events: %w", err)
-	}
-	latest := map[string]corev1.Event{} // kind/namespace/name/reason-group -> newest
-	for _, e := range events.Items {
-		var group string
-		switch e.Reason {
-		case "Announced", "TookOver":
-			// One per address: a Service with several has one of each per address.
-			group = "announce/" + eventAddress(e)
-		case "AgentReachable", "AgentUnreachable":
-			group = "agent"
-		case "PoolExhausted", "IPInUse", "SharingConflict", "NoPool", "InvalidRequest", "InvalidAnnotation":
-			group = "pending"
-		default:
-			continue
-		}
-		obj := e.InvolvedObject.Kind + "/" + e.InvolvedObject.Namespace + "/" + e.InvolvedObject.Name + "/"
-		keys := []string{obj + group}
-		if e.Reason == "Announced" {
-			keys = append(keys, obj+"announced/"+eventAddress(e))
-		}
-		for _, k := range keys {
-			if old, ok := latest[k]; !ok || newer(e, old) {
-				latest[k] = e
-			}
-		}
-	}
-	svcs, err := client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("list Services: %w", err)
-	}
-	for _, s := range svcs.Items {
-		if s.Spec.Type != corev1.ServiceTypeLoadBalancer || s.Spec.LoadBalancerClass != nil {
-			continue
-		}
-		ss := ServiceStatus{Namespace: s.Namespace, Name: s.Name, Addresses: []string{}}
-		for _, ing := range s.Status.LoadBalancer.Ingress {
-			if a, err := netip.ParseAddr(ing.IP); err == nil {
-				ss.Addresses = append(ss.Addresses, a.String())
-			}
-		}
-		ss.Pool, _ = annotation.AllocatedPool.Value(&s)
-		if ss.Pool == "" && len(ss.Addresses) > 0 {
-			ss.Pool = poolOf(netip.MustParseAddr(ss.Addresses[0]))
-		}
-		var by []string
-		for _, a := range ss.Addresses {
-			e, ok := latest["Service/"+s.Namespace+"/"+s.Name+"/announce/"+a]
-			if !ok {
-				continue
-			}
-			// Every candidate of a per-client VIP answers: the CCM's word on who shares it
-			// says more than the newest agent's TookOver.
-			if pc, ok := latest["Service/"+s.Namespace+"/"+s.Name+"/announced/"+a]; ok && strings.Contains(pc.Message, "(L2 per client)") {
-				e = pc
-			}
-			who := announcedBy(e)
-			if len(ss.Addresses) > 1 {
-				who = a + ": " + who
-			}
-			by = append(by, who)
-		}
-		ss.AnnouncedBy = strings.Join(by, "; ")
-		if len(ss.Addresses) == 0 {
-			ss.Pending = "waiting for an address"
-			if e, ok := latest["Service/"+s.Namespace+"/"+s.Name+"/pending"]; ok {
-				ss.Pending = e.Reason + ": " + e.Message
-			}
-		}
-		st.Services = append(st.Services, ss)
-	}
-	slices.SortFunc(st.Services, func(a, b ServiceStatus) int {
-		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
-	})
+	set := pools.NewSet(decoded, nil)
+
 	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("list Nodes: %w", err)
 	}
+	unreachable := map[string]string{} // node -> since
 	for _, n := range nodes.Items {
 		as := AgentStatus{Node: n.Name, Agent: "unknown"}
 		for _, a := range n.Status.Addresses {
@@ -279,12 +179,97 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 				break
 			}
 		}
-		if e, ok := latest["Node//"+n.Name+"/agent"]; ok {
-			as.Agent = map[string]string{"AgentReachable": "reachable", "AgentUnreachable": "unreachable"}[e.Reason]
-			as.Since = eventTime(e).UTC().Format(time.RFC3339)
+		for _, c := range n.Status.Conditions {
+			if string(c.Type) != loadbalancer.ConditionAgentReachable {
+				continue
+			}
+			as.Agent = map[corev1.ConditionStatus]string{corev1.ConditionTrue: "reachable", corev1.ConditionFalse: "unreachable"}[c.Status]
+			as.Since = c.LastTransitionTime.UTC().Format(time.RFC3339)
+			if c.Status == corev1.ConditionFalse {
+				unreachable[n.Name] = as.Since
+			}
 		}
 		st.Agents = append(st.Agents, as)
 	}
+
+	// Events only for why a Service has no address yet: their reason, and their message as
+	// written; who announces what comes from the Services' conditions.
+	events, err := client.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Service"})
+	if err != nil {
+		return nil, fmt.Errorf("list Events: %w", err)
+	}
+	pending := map[string]corev1.Event{} // namespace/name -> newest
+	for _, e := range events.Items {
+		if !slices.Contains(loadbalancer.PendingReasons, e.Reason) {
+			continue
+		}
+		k := e.InvolvedObject.Namespace + "/" + e.InvolvedObject.Name
+		if old, ok := pending[k]; !ok || newer(e, old) {
+			pending[k] = e
+		}
+	}
+	svcs, err := client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list Services: %w", err)
+	}
+	for i := range svcs.Items {
+		s := &svcs.Items[i]
+		if !serves.Ours(s) {
+			continue
+		}
+		ss := ServiceStatus{Namespace: s.Namespace, Name: s.Name, Addresses: []string{}}
+		ips := desired.StatusIPs(s)
+		for _, a := range ips {
+			ss.Addresses = append(ss.Addresses, a.String())
+		}
+		if len(ips) > 0 {
+			recorded, _ := annotation.AllocatedPool.Value(s)
+			if p := set.PoolOf(recorded, ips[0]); p != nil {
+				ss.Pool = p.Name
+			} else {
+				ss.Pool = recorded
+			}
+		}
+		if c := meta.FindStatusCondition(s.Status.Conditions, desired.ConditionAnnounced); c != nil {
+			addrs, err := desired.ParseAddresses(c.Message)
+			if err != nil {
+				ss.AnnouncedBy = c.Message
+			}
+			var by []string
+			stale := map[string]bool{}
+			for _, a := range addrs {
+				who := announcedBy(a)
+				if len(addrs) > 1 {
+					who = a.Addr.String() + ": " + who
+				}
+				by = append(by, who)
+				for _, n := range a.Nodes {
+					if _, down := unreachable[n]; down {
+						stale[n] = true
+					}
+				}
+			}
+			if len(by) > 0 {
+				ss.AnnouncedBy = strings.Join(by, "; ")
+			}
+			for _, n := range slices.Sorted(maps.Keys(stale)) {
+				ss.AnnouncedBy += fmt.Sprintf(" [stale: the agent of %s is unreachable since %s, it may have stopped]", n, unreachable[n])
+			}
+			if c.ObservedGeneration < s.Generation {
+				ss.AnnouncedBy += " [stale: the CCM has not seen the Service's latest spec]"
+			}
+		}
+		if len(ss.Addresses) == 0 {
+			ss.Pending = "waiting for an address"
+			if e, ok := pending[s.Namespace+"/"+s.Name]; ok {
+				ss.Pending = e.Reason + ": " + e.Message
+			}
+		}
+		st.Services = append(st.Services, ss)
+	}
+	slices.SortFunc(st.Services, func(a, b ServiceStatus) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
 	return st, nil
 }
 

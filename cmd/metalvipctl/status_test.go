@@ -2,29 +2,28 @@ package main
 
 import (
 	"testing"
+
+	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-func TestEventAddressAndAnnouncedBy(t *testing.T) {
-	for _, tc := range []struct {
-		reason, msg, addr, by string
-	}{
-		{"Announced", "203.0.113.5 (L2) is answered by node-a, standby node-b, node-c", "203.0.113.5", "node-a (standby node-b, node-c)"},
-		{"Announced", "203.0.113.5 (L2) is answered by node-a (was node-c; moved to keep the nodes balanced)", "203.0.113.5", "node-a"},
-		{"Announced", "203.0.113.128 (L2 per client) is answered by node1, node2, node3 (each for its share of clients)", "203.0.113.128", "node1, node2, node3 (per client)"},
-		{"Announced", "203.0.113.64 (BGP) is advertised by node1, node2", "203.0.113.64", "node1, node2"},
-		{"Announced", "No node may announce 203.0.113.65: none is eligible (node selector, ...)", "203.0.113.65", "No node may announce 203.0.113.65: none is eligible (node selector, ...)"},
-		{"TookOver", "Node node2 answers for 203.0.113.1 now: first live candidate: higher-ranked candidates are down", "203.0.113.1", "node2 (took over)"},
-	} {
-		e := corev1.Event{Reason: tc.reason, Message: tc.msg}
-		if got := eventAddress(e); got != tc.addr {
-			t.Errorf("eventAddress(%q) = %q, want %q", tc.msg, got, tc.addr)
-		}
-		if got := announcedBy(e); got != tc.by {
-			t.Errorf("announcedBy(%q) = %q, want %q", tc.msg, got, tc.by)
+func TestAnnouncedByReadsTheCondition(t *testing.T) {
+	msg := "203.0.113.5 (L2): node-a, standby node-b, node-c; 203.0.113.128 (L2 per client): node1, node2, node3; " +
+		"203.0.113.64 (BGP): node1, node2; 203.0.113.65 (L2): no eligible node; 203.0.113.66 (BGP): node1, refused by node2"
+	addrs, err := desired.ParseAddresses(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"node-a (standby node-b, node-c)", "node1, node2, node3 (per client)", "node1, node2", "no eligible node", "node1; refused by node2"}
+	if len(addrs) != len(want) {
+		t.Fatalf("%d addresses, want %d", len(addrs), len(want))
+	}
+	for i, a := range addrs {
+		if got := announcedBy(a); got != want[i] {
+			t.Errorf("%s: %q, want %q", a.Addr, got, want[i])
 		}
 	}
 }

@@ -174,10 +174,10 @@ func TestPlanProperties(t *testing.T) {
 		if again := Compute(p, vips, nodes, Options{}); len(Diff(p, again)) != 0 {
 			t.Fatalf("replanning moved %v", Diff(p, again))
 		}
-		// Any change to nodes: the new plan is valid too.
+		// Any change to nodes, or to nodes and VIPs at once: the new plan is valid too.
 		vips2, nodes2 := genScenario(t)
-		_ = vips2
 		checkPlan(t, Compute(p, vips, nodes2, Options{}), vips, nodes2)
+		checkPlan(t, Compute(p, vips2, nodes2, Options{}), vips2, nodes2)
 	})
 }
 
@@ -230,11 +230,22 @@ func TestReturningNodeTakesOnlyWhatBalanceNeeds(t *testing.T) {
 	}
 	nodes[1].AgentReachable = true
 	p3 := Compute(p2, vips, nodes, Options{})
-	moved := len(Diff(p2, p3))
 	if loads(p3)["node-01"] != 10 {
 		t.Errorf("returning node got %d primaries, want 10", loads(p3)["node-01"])
 	}
-	_ = moved
+	// Every primary that moved went to the returning node: nothing else was shuffled.
+	moved := 0
+	for _, v := range vips {
+		if before, after := p2[v.Addr].Primary(), p3[v.Addr].Primary(); before != after {
+			moved++
+			if after != "node-01" {
+				t.Errorf("%s moved from %s to %s, not to the returning node", v.Addr, before, after)
+			}
+		}
+	}
+	if moved != 10 {
+		t.Errorf("%d primaries moved when node-01 returned, want the 10 balance needs", moved)
+	}
 }
 
 func BenchmarkCompute10000VIPs100Nodes(b *testing.B) {

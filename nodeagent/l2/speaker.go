@@ -1,12 +1,19 @@
 // Package l2 answers ARP (IPv4) and NDP (IPv6) for the VIPs this node owns, on the chosen
 // interfaces, and for nothing else; it announces a VIP it takes over with a burst of
 // gratuitous ARPs or unsolicited Neighbor Advertisements, and again periodically so that
-// switches' forwarding tables never age the VIP out. It decides nothing about which node owns
-// what (the agent tells it) and touches no routing or address configuration.
+// switches' forwarding tables never age the VIP out. For a per-client VIP it answers only its
+// share of clients, remembers the clients it hears (clients.go) and tells those it takes over.
+// It decides nothing about which node owns what (the agent tells it) and touches no routing or
+// address configuration.
+//
+// One file per concern: speaker.go holds the VIP set, takeovers, the refresh and the
+// sockets' lifetimes; arp.go and ndp.go what is received and sent for each protocol;
+// clients.go the client table. The packet connections are opened through Options, so the
+// decisions test without root on fake connections; the real sockets are tested in network
+// namespaces.
 package l2
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -15,13 +22,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/mdlayher/arp"
-	"github.com/mdlayher/ethernet"
-	"github.com/mdlayher/ndp"
-	"golang.org/x/net/icmp"
-	"golang.org/x/net/ipv6"
-	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/internal/rendezvous"
 )
@@ -54,15 +54,6 @@ func (sh *Share) equal(o *Share) bool {
 	return sh.Self == o.Self && slices.Equal(sh.Members, o.Members)
 }
 
-// maxClients bounds the clients remembered per per-client VIP.
-const maxClients = 4096
-
-// client is a host seen asking for a per-client VIP.
-type client struct {
-	mac   net.HardwareAddr
-	iface string
-}
-
 // Options configure a Speaker.
 type Options struct {
 	// Refresh is how often owned VIPs are announced again; 0 means 30 s.
@@ -71,6 +62,18 @@ type Options struct {
 	// 100 ms.
 	Burst         int
 	BurstInterval time.Duration
+	// Clients bound the table of per-client VIPs' clients.
+	Clients ClientLimits
+
+	// OpenARP opens an interface's ARP connection; nil means mdlayher/arp's Dial.
+	OpenARP func(*net.Interface) (ARPConn, error)
+	// OpenNDP opens an interface's NDP connection, receiving Neighbor Solicitations with
+	// their hop limit; nil means a raw ICMPv6 socket.
+	OpenNDP func(*net.Interface) (NDPConn, error)
+	// LookupInterface finds an interface by name; nil means net.InterfaceByName.
+	LookupInterface func(string) (*net.Interface, error)
+	// Now is the client table's clock; nil means time.Now.
+	Now func() time.Time
 }
 
 // Counters count the speaker's work.
@@ -81,20 +84,19 @@ type Counters struct {
 	// TargetedReplies are ARP replies and advertisements sent, unasked, to the clients of a
 	// per-client VIP that this node took over.
 	TargetedReplies uint64
+	// Clients counts what the client table did with the requests it heard.
+	Clients ClientStats
 }
 
 // Speaker answers for owned VIPs. Its methods are safe for concurrent use.
 type Speaker struct {
-	opts Options
+	opts    Options
+	clients *clientTable
 
-	mu     sync.Mutex
-	ifaces map[string]*iface // by name
+	mu     sync.Mutex // guards ifaces, owned and shares
+	ifaces map[string]*iface
 	owned  map[netip.Addr][]string
 	shares map[netip.Addr]*Share // of the per-client VIPs in owned
-
-	cmu        sync.Mutex
-	clients    map[netip.Addr]map[netip.Addr]client // per-client VIP -> clients seen asking
-	clientsVer uint64                               // grows with every change to clients
 
 	arpRequests, arpReplies, gratuitous atomic.Uint64
 	nsReceived, naSent, unsolicited     atomic.Uint64
@@ -106,12 +108,12 @@ type Speaker struct {
 	wg   sync.WaitGroup
 }
 
-// iface holds the sockets of one interface; each is opened when a VIP of its family first
-// needs it.
+// iface holds the connections of one interface; each is opened when a VIP of its family
+// first needs it, and lives until Close.
 type iface struct {
 	ifi *net.Interface
-	arp *arp.Client
-	ndp *ndpConn
+	arp ARPConn
+	ndp NDPConn
 	// owned VIPs on this interface, read by the receive loops; a nil share answers everyone.
 	owned atomic.Pointer[map[netip.Addr]*Share]
 	// groups are the solicited-node multicast groups joined.
@@ -129,8 +131,27 @@ func New(opts Options) *Speaker {
 	if opts.BurstInterval <= 0 {
 		opts.BurstInterval = 100 * time.Millisecond
 	}
-	s := &Speaker{opts: opts, ifaces: map[string]*iface{}, owned: map[netip.Addr][]string{}, shares: map[netip.Addr]*Share{},
-		clients: map[netip.Addr]map[netip.Addr]client{}, refresh: make(chan time.Duration, 1), stop: make(chan struct{})}
+	if opts.OpenARP == nil {
+		opts.OpenARP = dialARP
+	}
+	if opts.OpenNDP == nil {
+		opts.OpenNDP = listenNDPSolicitations
+	}
+	if opts.LookupInterface == nil {
+		opts.LookupInterface = net.InterfaceByName
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	s := &Speaker{
+		opts:    opts,
+		clients: newClientTable(opts.Clients, opts.Now),
+		ifaces:  map[string]*iface{},
+		owned:   map[netip.Addr][]string{},
+		shares:  map[netip.Addr]*Share{},
+		refresh: make(chan time.Duration, 1),
+		stop:    make(chan struct{}),
+	}
 	s.wg.Add(1)
 	go s.refreshLoop()
 	return s
@@ -139,6 +160,7 @@ func New(opts Options) *Speaker {
 // Set makes vips the complete set of VIPs the node answers for. VIPs new to the set are
 // announced at once (a burst); VIPs left out are no longer answered. For a per-client VIP, the
 // clients this node owns now and did not before are told at once, each with a unicast reply.
+// A VIP that cannot be answered somewhere is reported in the error and disturbs no other.
 func (s *Speaker) Set(vips []VIP) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -151,6 +173,10 @@ func (s *Speaker) Set(vips []VIP) error {
 			errs = append(errs, fmt.Errorf("VIP %s: no interface to answer on", v.Addr))
 			continue
 		}
+		var sh *Share
+		if v.Share != nil {
+			sh = &Share{Self: v.Share.Self, Members: slices.Sorted(slices.Values(v.Share.Members))}
+		}
 		for _, name := range v.Interfaces {
 			ifc, err := s.open(name, v.Addr.Is6())
 			if err != nil {
@@ -160,11 +186,10 @@ func (s *Speaker) Set(vips []VIP) error {
 			if perIface[name] == nil {
 				perIface[name] = map[netip.Addr]*Share{}
 			}
-			perIface[name][v.Addr] = v.Share
+			perIface[name][v.Addr] = sh
 			want[v.Addr] = append(want[v.Addr], name)
-			if v.Share != nil {
-				sh := &Share{Self: v.Share.Self, Members: slices.Sorted(slices.Values(v.Share.Members))}
-				shares[v.Addr], perIface[name][v.Addr] = sh, sh
+			if sh != nil {
+				shares[v.Addr] = sh
 			}
 			if v.Addr.Is6() {
 				if err := ifc.join(v.Addr); err != nil {
@@ -196,7 +221,7 @@ func (s *Speaker) Set(vips []VIP) error {
 		}
 	}
 	s.owned, s.shares = want, shares
-	s.forgetClients(shares)
+	s.clients.keepOnly(func(vip netip.Addr) bool { return shares[vip] != nil })
 	for _, a := range added {
 		s.wg.Add(1)
 		go s.burst(a, want[a])
@@ -205,126 +230,39 @@ func (s *Speaker) Set(vips []VIP) error {
 }
 
 // tellTakenOver sends each known client of a per-client VIP that this node owns under next
-// and did not under prev a unicast reply, so that it moves at once. The caller holds mu.
+// and did not under prev a unicast reply, so that it moves at once; clients that asked more
+// than once go first. The caller holds mu.
 func (s *Speaker) tellTakenOver(vip netip.Addr, prev, next *Share) {
-	type job struct {
-		ip netip.Addr
-		c  client
-	}
-	var jobs []job
-	s.cmu.Lock()
-	for ip, c := range s.clients[vip] {
-		if next.answers(ip) && (prev == nil || !prev.answers(ip)) {
-			jobs = append(jobs, job{ip, c})
-		}
-	}
-	s.cmu.Unlock()
-	for _, j := range jobs {
-		ifc := s.ifaces[j.c.iface]
+	for _, c := range s.clients.clientsOf(vip, func(ip netip.Addr) bool {
+		return next.answers(ip) && (prev == nil || !prev.answers(ip))
+	}) {
+		ifc := s.ifaces[c.Interface]
 		if ifc == nil {
 			continue
 		}
-		var err error
-		if vip.Is4() {
-			if ifc.arp == nil {
-				continue
-			}
-			var p *arp.Packet
-			if p, err = arp.NewPacket(arp.OperationReply, ifc.ifi.HardwareAddr, vip, j.c.mac, j.ip); err == nil {
-				err = ifc.arp.WriteTo(p, j.c.mac)
-			}
-		} else {
-			if ifc.ndp == nil {
-				continue
-			}
-			err = s.advertise(ifc, vip, j.ip, false)
-		}
-		if err != nil {
-			klog.V(2).InfoS("Targeted reply failed", "vip", vip, "client", j.ip, "err", err)
-			continue
-		}
-		s.targeted.Add(1)
-	}
-}
-
-// forgetClients drops the clients of VIPs no longer answered per client. The caller holds mu.
-func (s *Speaker) forgetClients(shares map[netip.Addr]*Share) {
-	s.cmu.Lock()
-	defer s.cmu.Unlock()
-	for vip := range s.clients {
-		if shares[vip] == nil {
-			delete(s.clients, vip)
-			s.clientsVer++
+		if s.tell(ifc, vip, c) {
+			s.targeted.Add(1)
 		}
 	}
 }
 
-// learn remembers a client asking for a per-client VIP.
-func (s *Speaker) learn(vip, ip netip.Addr, mac net.HardwareAddr, ifc *iface) {
-	if !ip.IsValid() || ip.IsUnspecified() || len(mac) == 0 {
-		return
+// tell sends one client an unasked answer for vip; false when it could not.
+func (s *Speaker) tell(ifc *iface, vip netip.Addr, c Client) bool {
+	if vip.Is4() {
+		return s.tellARP(ifc, vip, c)
 	}
-	s.cmu.Lock()
-	defer s.cmu.Unlock()
-	m := s.clients[vip]
-	if m == nil {
-		m = map[netip.Addr]client{}
-		s.clients[vip] = m
-	}
-	if c, ok := m[ip]; ok && bytes.Equal(c.mac, mac) && c.iface == ifc.ifi.Name {
-		return
-	}
-	s.clientsVer++
-	if _, ok := m[ip]; !ok && len(m) >= maxClients {
-		for old := range m { // full: forget one, any
-			delete(m, old)
-			break
-		}
-	}
-	m[ip] = client{mac: slices.Clone(mac), iface: ifc.ifi.Name}
+	return s.tellNDP(ifc, vip, c)
 }
 
-// Client is a host seen asking for a per-client VIP.
-type Client struct {
-	VIP, IP   netip.Addr
-	MAC       net.HardwareAddr
-	Interface string
-}
+// KnownClients returns the clients worth keeping across a restart (those that asked more than
+// once, most recently seen first), and a version that changes whenever they do, so that they
+// are saved only then. A flood of one-shot senders changes neither.
+func (s *Speaker) KnownClients() ([]Client, uint64) { return s.clients.kept() }
 
-// KnownClients returns the clients of every per-client VIP, and a version that changes
-// whenever they do (to save them only then).
-func (s *Speaker) KnownClients() ([]Client, uint64) {
-	s.cmu.Lock()
-	defer s.cmu.Unlock()
-	var out []Client
-	for vip, m := range s.clients {
-		for ip, c := range m {
-			out = append(out, Client{VIP: vip, IP: ip, MAC: slices.Clone(c.mac), Interface: c.iface})
-		}
-	}
-	return out, s.clientsVer
-}
-
-// Remember adds clients known from before (an agent restart), so that a node that takes
-// clients over can tell those it has not seen asking since. Call it before the first Set: a
-// Set forgets the clients of VIPs it does not answer per client.
-func (s *Speaker) Remember(cs []Client) {
-	s.cmu.Lock()
-	defer s.cmu.Unlock()
-	for _, c := range cs {
-		if !c.VIP.IsValid() || !c.IP.IsValid() || len(c.MAC) == 0 || c.Interface == "" {
-			continue
-		}
-		m := s.clients[c.VIP]
-		if m == nil {
-			m = map[netip.Addr]client{}
-			s.clients[c.VIP] = m
-		}
-		if len(m) < maxClients {
-			m[c.IP] = client{mac: slices.Clone(c.MAC), iface: c.Interface}
-		}
-	}
-}
+// Remember adds clients kept from before a restart, so that a node that takes clients over
+// can tell those it has not seen asking since. Call it before the first Set: a Set forgets
+// the clients of VIPs it does not answer per client.
+func (s *Speaker) Remember(cs []Client) { s.clients.remember(cs) }
 
 // Clients returns how many clients of a per-client VIP the node knows, and how many of those
 // it answers.
@@ -332,15 +270,7 @@ func (s *Speaker) Clients(vip netip.Addr) (known, answered int) {
 	s.mu.Lock()
 	sh := s.shares[vip]
 	s.mu.Unlock()
-	s.cmu.Lock()
-	defer s.cmu.Unlock()
-	for ip := range s.clients[vip] {
-		known++
-		if sh.answers(ip) {
-			answered++
-		}
-	}
-	return known, answered
+	return s.clients.count(vip, sh.answers)
 }
 
 // Owned returns the VIPs answered for now, with their interfaces.
@@ -360,10 +290,11 @@ func (s *Speaker) Counters() Counters {
 		ARPRequests: s.arpRequests.Load(), ARPReplies: s.arpReplies.Load(), GratuitousARPs: s.gratuitous.Load(),
 		NeighborSolicitations: s.nsReceived.Load(), NeighborAdvertisements: s.naSent.Load(),
 		UnsolicitedAdvertisements: s.unsolicited.Load(), TargetedReplies: s.targeted.Load(),
+		Clients: s.clients.statsNow(),
 	}
 }
 
-// Close stops answering and closes every socket.
+// Close stops answering and closes every connection.
 func (s *Speaker) Close() error {
 	s.mu.Lock()
 	select {
@@ -373,26 +304,41 @@ func (s *Speaker) Close() error {
 	default:
 	}
 	close(s.stop)
+	var errs []error
 	for _, ifc := range s.ifaces {
 		empty := map[netip.Addr]*Share{}
 		ifc.owned.Store(&empty)
 		if ifc.arp != nil {
-			ifc.arp.Close()
+			errs = append(errs, ifc.arp.Close())
 		}
 		if ifc.ndp != nil {
-			ifc.ndp.Close()
+			errs = append(errs, ifc.ndp.Close())
 		}
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
-	return nil
+	return errors.Join(errs...)
 }
 
-// open returns the interface's state with the socket for the family open. The caller holds mu.
+// stopped reports whether Close has begun.
+func (s *Speaker) stopped() bool {
+	select {
+	case <-s.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// open returns the interface's state with the connection for the family open, and its
+// receive loop started. The caller holds mu.
 func (s *Speaker) open(name string, v6 bool) (*iface, error) {
+	if s.stopped() {
+		return nil, errors.New("the speaker is closed")
+	}
 	ifc := s.ifaces[name]
 	if ifc == nil {
-		ifi, err := net.InterfaceByName(name)
+		ifi, err := s.opts.LookupInterface(name)
 		if err != nil {
 			return nil, err
 		}
@@ -405,7 +351,7 @@ func (s *Speaker) open(name string, v6 bool) (*iface, error) {
 		s.ifaces[name] = ifc
 	}
 	if !v6 && ifc.arp == nil {
-		c, err := arp.Dial(ifc.ifi)
+		c, err := s.opts.OpenARP(ifc.ifi)
 		if err != nil {
 			return nil, fmt.Errorf("open ARP socket: %w", err)
 		}
@@ -414,7 +360,7 @@ func (s *Speaker) open(name string, v6 bool) (*iface, error) {
 		go s.arpLoop(ifc)
 	}
 	if v6 && ifc.ndp == nil {
-		c, err := listenNDP(ifc.ifi, ipv6.ICMPTypeNeighborSolicitation)
+		c, err := s.opts.OpenNDP(ifc.ifi)
 		if err != nil {
 			return nil, fmt.Errorf("open NDP socket: %w", err)
 		}
@@ -425,141 +371,14 @@ func (s *Speaker) open(name string, v6 bool) (*iface, error) {
 	return ifc, nil
 }
 
-func (ifc *iface) join(vip netip.Addr) error {
-	g, err := ndp.SolicitedNodeMulticast(vip)
-	if err != nil {
-		return err
-	}
-	if ifc.groups[g] {
-		return nil
-	}
-	if err := ifc.ndp.pc.JoinGroup(ifc.ifi, &net.IPAddr{IP: g.AsSlice()}); err != nil {
-		return err
-	}
-	ifc.groups[g] = true
-	return nil
+// readFailed decides what a receive loop does after a read error: end (true) when the
+// connection is closed, go on otherwise (a malformed frame is not ours to care about).
+func (s *Speaker) readFailed(err error) bool {
+	return s.stopped() || errors.Is(err, net.ErrClosed)
 }
 
-// leaveUnused leaves the groups no owned VIP needs.
-func (ifc *iface) leaveUnused(owned map[netip.Addr]*Share) {
-	if ifc.ndp == nil {
-		return
-	}
-	need := map[netip.Addr]bool{}
-	for a := range owned {
-		if a.Is6() {
-			if g, err := ndp.SolicitedNodeMulticast(a); err == nil {
-				need[g] = true
-			}
-		}
-	}
-	for g := range ifc.groups {
-		if !need[g] {
-			_ = ifc.ndp.pc.LeaveGroup(ifc.ifi, &net.IPAddr{IP: g.AsSlice()})
-			delete(ifc.groups, g)
-		}
-	}
-}
-
-func (s *Speaker) arpLoop(ifc *iface) {
-	defer s.wg.Done()
-	for {
-		p, _, err := ifc.arp.Read()
-		if err != nil {
-			select {
-			case <-s.stop:
-				return
-			default:
-			}
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			continue // a malformed frame: not ours to care about
-		}
-		if p.Operation != arp.OperationRequest {
-			continue
-		}
-		s.arpRequests.Add(1)
-		sh, ok := (*ifc.owned.Load())[p.TargetIP]
-		if !ok {
-			continue
-		}
-		if sh != nil {
-			s.learn(p.TargetIP, p.SenderIP, p.SenderHardwareAddr, ifc)
-			if !sh.answers(p.SenderIP) {
-				continue
-			}
-		}
-		if err := ifc.arp.Reply(p, ifc.ifi.HardwareAddr, p.TargetIP); err != nil {
-			klog.V(2).InfoS("ARP reply failed", "vip", p.TargetIP, "interface", ifc.ifi.Name, "err", err)
-			continue
-		}
-		s.arpReplies.Add(1)
-	}
-}
-
-func (s *Speaker) ndpLoop(ifc *iface) {
-	defer s.wg.Done()
-	for {
-		m, from, err := ifc.ndp.read()
-		if err != nil {
-			select {
-			case <-s.stop:
-				return
-			default:
-			}
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			continue
-		}
-		ns, ok := m.(*ndp.NeighborSolicitation)
-		if !ok {
-			continue
-		}
-		s.nsReceived.Add(1)
-		sh, ok := (*ifc.owned.Load())[ns.TargetAddress]
-		if !ok {
-			continue
-		}
-		if sh != nil {
-			var mac net.HardwareAddr
-			for _, o := range ns.Options {
-				if l, ok := o.(*ndp.LinkLayerAddress); ok && l.Direction == ndp.Source {
-					mac = l.Addr
-				}
-			}
-			s.learn(ns.TargetAddress, from, mac, ifc)
-			if !sh.answers(from) {
-				continue
-			}
-		}
-		// A solicitation from the unspecified address is duplicate address detection: the
-		// answer goes to all nodes and is not solicited (RFC 4861 7.2.4).
-		dst, solicited := from, true
-		if !from.IsValid() || from.IsUnspecified() {
-			dst, solicited = netip.IPv6LinkLocalAllNodes(), false
-		}
-		if err := s.advertise(ifc, ns.TargetAddress, dst, solicited); err != nil {
-			klog.V(2).InfoS("Neighbor advertisement failed", "vip", ns.TargetAddress, "interface", ifc.ifi.Name, "err", err)
-			continue
-		}
-		s.naSent.Add(1)
-	}
-}
-
-func (s *Speaker) advertise(ifc *iface, vip, dst netip.Addr, solicited bool) error {
-	na := &ndp.NeighborAdvertisement{
-		Solicited:     solicited,
-		Override:      true,
-		TargetAddress: vip,
-		Options:       []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: ifc.ifi.HardwareAddr}},
-	}
-	return ifc.ndp.write(na, dst)
-}
-
-// announce tells the segment once that this node has vip: a gratuitous ARP request and reply
-// for IPv4 (some hosts heed only one of the two), an unsolicited advertisement for IPv6.
+// announce tells the segment once that this node has vip, on each of names where it is owned
+// and answered for every client (per-client VIPs are never announced).
 func (s *Speaker) announce(vip netip.Addr, names []string) {
 	s.mu.Lock()
 	ifcs := make([]*iface, 0, len(names))
@@ -568,7 +387,6 @@ func (s *Speaker) announce(vip netip.Addr, names []string) {
 		if ifc == nil {
 			continue
 		}
-		// Owned here, and answered for every client (per-client VIPs are never announced).
 		if sh, own := (*ifc.owned.Load())[vip]; own && sh == nil {
 			ifcs = append(ifcs, ifc)
 		}
@@ -576,30 +394,10 @@ func (s *Speaker) announce(vip netip.Addr, names []string) {
 	s.mu.Unlock()
 	for _, ifc := range ifcs {
 		if vip.Is4() {
-			if ifc.arp == nil {
-				continue
-			}
-			for _, op := range []arp.Operation{arp.OperationRequest, arp.OperationReply} {
-				p, err := arp.NewPacket(op, ifc.ifi.HardwareAddr, vip, ethernet.Broadcast, vip)
-				if err == nil {
-					err = ifc.arp.WriteTo(p, ethernet.Broadcast)
-				}
-				if err != nil {
-					klog.V(2).InfoS("Gratuitous ARP failed", "vip", vip, "interface", ifc.ifi.Name, "err", err)
-					continue
-				}
-				s.gratuitous.Add(1)
-			}
-			continue
+			s.announceARP(ifc, vip)
+		} else {
+			s.announceNDP(ifc, vip)
 		}
-		if ifc.ndp == nil {
-			continue
-		}
-		if err := s.advertise(ifc, vip, netip.IPv6LinkLocalAllNodes(), false); err != nil {
-			klog.V(2).InfoS("Unsolicited advertisement failed", "vip", vip, "interface", ifc.ifi.Name, "err", err)
-			continue
-		}
-		s.unsolicited.Add(1)
 	}
 }
 
@@ -652,83 +450,3 @@ func (s *Speaker) refreshLoop() {
 		}
 	}
 }
-
-// ndpConn is a raw ICMPv6 socket for NDP. github.com/mdlayher/ndp's Conn names the interface
-// in every destination address, which is turned into an index through a process-wide cache:
-// with sockets in several network namespaces in one process (as in tests) the index can be
-// another namespace's. This one names the interface by index in a control message only, and
-// works from any goroutine once open. Messages are still marshalled and parsed by package ndp.
-type ndpConn struct {
-	pc  *ipv6.PacketConn
-	raw *icmp.PacketConn
-	cm  *ipv6.ControlMessage
-}
-
-// listenNDP opens the socket on ifi, receiving only the ICMPv6 types given.
-func listenNDP(ifi *net.Interface, accept ...ipv6.ICMPType) (*ndpConn, error) {
-	addrs, err := ifi.Addrs()
-	if err != nil {
-		return nil, err
-	}
-	var src netip.Addr
-	for _, a := range addrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is6() && p.Addr().IsLinkLocalUnicast() {
-			src = p.Addr()
-			break
-		}
-	}
-	if !src.IsValid() {
-		return nil, fmt.Errorf("interface %s has no IPv6 link-local address", ifi.Name)
-	}
-	raw, err := icmp.ListenPacket("ip6:ipv6-icmp", src.WithZone(ifi.Name).String())
-	if err != nil {
-		return nil, err
-	}
-	pc := raw.IPv6PacketConn()
-	var f ipv6.ICMPFilter
-	f.SetAll(true)
-	for _, typ := range accept {
-		f.Accept(typ)
-	}
-	for _, set := range []func() error{
-		func() error { return pc.SetHopLimit(ndp.HopLimit) },
-		func() error { return pc.SetMulticastHopLimit(ndp.HopLimit) },
-		func() error { return pc.SetChecksum(true, 2) },
-		func() error { return pc.SetICMPFilter(&f) },
-	} {
-		if err := set(); err != nil {
-			raw.Close()
-			return nil, err
-		}
-	}
-	return &ndpConn{pc: pc, raw: raw, cm: &ipv6.ControlMessage{HopLimit: ndp.HopLimit, Src: src.AsSlice(), IfIndex: ifi.Index}}, nil
-}
-
-func (c *ndpConn) read() (ndp.Message, netip.Addr, error) {
-	b := make([]byte, 1500)
-	n, _, from, err := c.pc.ReadFrom(b)
-	if err != nil {
-		return nil, netip.Addr{}, err
-	}
-	m, err := ndp.ParseMessage(b[:n])
-	if err != nil {
-		return nil, netip.Addr{}, err
-	}
-	var src netip.Addr
-	if ia, ok := from.(*net.IPAddr); ok {
-		src, _ = netip.AddrFromSlice(ia.IP)
-	}
-	return m, src, nil
-}
-
-func (c *ndpConn) write(m ndp.Message, dst netip.Addr) error {
-	b, err := ndp.MarshalMessage(m)
-	if err != nil {
-		return err
-	}
-	_, err = c.pc.WriteTo(b, c.cm, &net.IPAddr{IP: dst.WithZone("").AsSlice()})
-	return err
-}
-
-// Close closes the socket.
-func (c *ndpConn) Close() error { return c.raw.Close() }

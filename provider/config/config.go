@@ -32,7 +32,8 @@ const (
 	DefaultHeartbeatInterval  = 50 * time.Millisecond
 	DefaultHeartbeatMisses    = 3
 	DefaultHeartbeatPort      = 7473
-	DefaultKeySecret          = "kube-system/metalvip-heartbeat"
+	DefaultPasswordNamespace  = "metalvip-bgp-secrets"
+	DefaultLoadBalancerClass  = "metalvip.io/vip"
 	DefaultMaxCandidates      = 4
 	DefaultGratuitousRefresh  = 30 * time.Second
 	DefaultAgentPort          = 7472
@@ -57,6 +58,15 @@ type Config struct {
 
 	// Failover holds the settings of the agents' heartbeats and of L2 announcing.
 	Failover Failover `yaml:"failover"`
+
+	// BGP holds the CCM's settings for BGP peers.
+	BGP BGP `yaml:"bgp"`
+
+	// Nodes says whether the CCM initialises nodes.
+	Nodes Nodes `yaml:"nodes"`
+
+	// Services says which Services of type LoadBalancer the CCM serves.
+	Services Services `yaml:"services"`
 
 	// InstanceTypeLabel names a Node label whose value becomes the node's instance type
 	// (node.kubernetes.io/instance-type). Empty: no instance type.
@@ -86,13 +96,46 @@ type Failover struct {
 	Misses int `yaml:"misses"`
 	// Port: the UDP port of the heartbeats, the same on every node.
 	Port int `yaml:"port"`
-	// KeySecret, "namespace/name": the Secret holding the heartbeats' HMAC key (created when
-	// missing; key "key" signs, key "previous" still verifies during a rotation).
+	// KeySecret is no longer used (every agent has heartbeat keys of its own); a file that
+	// still sets it is read, with a warning in the log.
 	KeySecret string `yaml:"keySecret"`
 	// MaxCandidates caps the ranked candidates of an L2 VIP.
 	MaxCandidates int `yaml:"maxCandidates"`
 	// GratuitousRefresh: how often owned L2 VIPs are announced again.
 	GratuitousRefresh Duration `yaml:"gratuitousRefresh"`
+}
+
+// Nodes says whether the CCM initialises nodes.
+type Nodes struct {
+	// Initialize: the CCM initialises nodes (providerID, addresses, zone and region; the
+	// kubelets run with --cloud-provider=external). false is the LoadBalancer-only mode: the
+	// kubelets stay as they are, the node controllers do not run, and Services are announced
+	// from the Nodes as they are. Default true.
+	Initialize *bool `yaml:"initialize"`
+}
+
+// Initializes reports whether the CCM initialises nodes.
+func (n Nodes) Initializes() bool { return n.Initialize == nil || *n.Initialize }
+
+// Services says which Services of type LoadBalancer the CCM serves.
+type Services struct {
+	// LoadBalancerClass is the class metalvip serves besides class-less Services: Services of
+	// another class are another implementation's and metalvip never touches them. Default
+	// metalvip.io/vip.
+	LoadBalancerClass string `yaml:"loadBalancerClass"`
+	// Classless: serve Services without a loadBalancerClass too (through the framework's
+	// service controller). false leaves them to another implementation. Default true.
+	Classless *bool `yaml:"classless"`
+}
+
+// ServesClassless reports whether class-less Services are served.
+func (s Services) ServesClassless() bool { return s.Classless == nil || *s.Classless }
+
+// BGP holds the CCM's settings for BGP peers.
+type BGP struct {
+	// PasswordSecretNamespace is the one namespace BGPPeer password Secrets are read from;
+	// the CCM may read Secrets there and nowhere else.
+	PasswordSecretNamespace string `yaml:"passwordSecretNamespace"`
 }
 
 // Allocation holds the timers of address allocation.
@@ -189,8 +232,11 @@ func (c *Config) setDefaults() {
 	if f.Port == 0 {
 		f.Port = DefaultHeartbeatPort
 	}
-	if f.KeySecret == "" {
-		f.KeySecret = DefaultKeySecret
+	if c.BGP.PasswordSecretNamespace == "" {
+		c.BGP.PasswordSecretNamespace = DefaultPasswordNamespace
+	}
+	if c.Services.LoadBalancerClass == "" {
+		c.Services.LoadBalancerClass = DefaultLoadBalancerClass
 	}
 	if f.MaxCandidates == 0 {
 		f.MaxCandidates = DefaultMaxCandidates
@@ -303,11 +349,11 @@ func (c *Config) validate(root *yaml.Node) error {
 	if fo.Port < 0 || fo.Port > 65535 {
 		add("failover.port", fmt.Sprintf("%d is not a UDP port; write 1 to 65535 (default %d)", fo.Port, DefaultHeartbeatPort))
 	}
-	if fo.KeySecret != "" {
-		ns, name, ok := strings.Cut(fo.KeySecret, "/")
-		if !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {
-			add("failover.keySecret", fmt.Sprintf("%q is not namespace/name; write e.g. %q", fo.KeySecret, DefaultKeySecret))
-		}
+	if lc := c.Services.LoadBalancerClass; lc != "" && (!strings.Contains(lc, "/") || len(validation.IsQualifiedName(lc)) > 0) {
+		add("services.loadBalancerClass", fmt.Sprintf("%q is not a class name; write a domain-prefixed name such as %q (Kubernetes requires the prefix)", lc, DefaultLoadBalancerClass))
+	}
+	if ns := c.BGP.PasswordSecretNamespace; ns != "" && len(validation.IsDNS1123Label(ns)) > 0 {
+		add("bgp.passwordSecretNamespace", fmt.Sprintf("%q is not a namespace name; write e.g. %q", ns, DefaultPasswordNamespace))
 	}
 	if fo.MaxCandidates < 0 || fo.MaxCandidates == 1 || fo.MaxCandidates > 16 {
 		add("failover.maxCandidates", fmt.Sprintf("%d: write 2 to 16 (default %d); one candidate has no failover", fo.MaxCandidates, DefaultMaxCandidates))

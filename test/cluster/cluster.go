@@ -32,6 +32,7 @@ import (
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/internal/annotation"
 	"github.com/metalvip/metalvip/internal/certs"
+	"github.com/metalvip/metalvip/loadbalancer/desired"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/lab"
@@ -44,6 +45,11 @@ type Options struct {
 	ClientAddrs int // extra addresses on the client (lab.Options)
 	// CCMBinary and AgentBinary are the built binaries (see Build).
 	CCMBinary, AgentBinary string
+	// CloudConfig is added to the CCM's cloud-config (YAML, top-level fields not set here).
+	CloudConfig string
+	// Controllers is the CCM's --controllers (default service-lb-controller: the lab's nodes
+	// have no kubelet).
+	Controllers string
 }
 
 // Build builds the CCM and agent binaries into dir.
@@ -90,6 +96,9 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 	if opts.Nodes == 0 {
 		opts.Nodes = 3
 	}
+	if opts.Controllers == "" {
+		opts.Controllers = "service-lb-controller"
+	}
 	srv.InstallCRDs(t)
 	l := lab.New(t, lab.Options{Nodes: opts.Nodes, ClientAddrs: opts.ClientAddrs})
 	dyn, err := dynamic.NewForConfig(srv.Config)
@@ -123,11 +132,11 @@ agent:
 failover:
   interval: 50ms
   misses: 3
-  keySecret: %[2]s/metalvip-heartbeat
 allocation:
   pendingRetry: 1s
   poolStatusInterval: 200ms
-`, c.PKI, c.NS), 0o600); err != nil {
+%[2]s
+`, c.PKI, opts.CloudConfig), 0o600); err != nil {
 		t.Fatalf("%v", err)
 	}
 	c.StartCCM()
@@ -221,7 +230,7 @@ func (c *Cluster) StartCCM() {
 // election settings) and returns it.
 func (c *Cluster) StartCCMReplica(name string, extra ...string) *testenv.Proc {
 	args := append([]string{"--kubeconfig", c.kcfg, "--cloud-config", c.ccmCfg,
-		"--secure-port=0", "--controllers=service-lb-controller", "--v=2"}, extra...)
+		"--secure-port=0", "--controllers=" + c.opts.Controllers, "--v=2"}, extra...)
 	return c.Lab.Control.Start(c.Root, name, c.opts.CCMBinary, args...)
 }
 
@@ -508,7 +517,22 @@ func SameOwners(a, b map[netip.Addr]string) bool {
 	return true
 }
 
-// events returns the messages of a Service's Events of reason, one a line.
+// Announced returns the message of a Service's metalvip.io/Announced condition, "" when it has
+// none.
+func (c *Cluster) Announced(name string) string {
+	s, err := c.Srv.Client.CoreV1().Services(c.NS).Get(c.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return ""
+	}
+	for _, cd := range s.Status.Conditions {
+		if cd.Type == desired.ConditionAnnounced {
+			return cd.Message
+		}
+	}
+	return ""
+}
+
+// Events returns the messages of a Service's Events of reason, one a line.
 func (c *Cluster) Events(name, reason string) string {
 	l, err := c.Srv.Client.CoreV1().Events(c.NS).List(c.ctx, metav1.ListOptions{
 		FieldSelector: fields.Set{"involvedObject.name": name, "reason": reason}.String(),

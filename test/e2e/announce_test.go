@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
 	"github.com/metalvip/metalvip/test/kubeapi"
@@ -68,11 +71,11 @@ func TestAnnouncing(t *testing.T) {
 			}
 			return perNode["node1"] == 2 && perNode["node2"] == 2 && perNode["node3"] == 2
 		})
-		// The answering node is the one the plan named, as the Service's Event says.
+		// The answering node is the one the plan named, as the Service's condition says.
 		for i, v := range vips {
 			want := c.Owner(v)
-			cluster.Eventually(t, 10*time.Second, "the plan's Event names the answering node", func() bool {
-				return strings.Contains(c.Events(fmt.Sprintf("web-%d", i), "Announced"), "answered by "+want)
+			cluster.Eventually(t, 10*time.Second, "the Service's Announced condition names the answering node", func() bool {
+				return strings.Contains(c.Announced(fmt.Sprintf("web-%d", i)), v.String()+" (L2): "+want)
 			})
 		}
 		// And the client reaches each VIP.
@@ -121,6 +124,40 @@ func TestAnnouncing(t *testing.T) {
 		if len(st.Agents) != 3 || st.Agents[0].Agent != "reachable" || len(st.Services) < 6 {
 			t.Errorf("status -o json: %+v", st)
 		}
+
+		// Events expire (an hour by default): status reads the Services' conditions and the
+		// Nodes', so it shows the same with none left.
+		if err := c.Srv.Client.CoreV1().Events(c.NS).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Srv.Client.CoreV1().Events("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if l, _ := c.Srv.Client.CoreV1().Events(c.NS).List(ctx, metav1.ListOptions{}); len(l.Items) != 0 {
+			t.Fatalf("%d Events left", len(l.Items))
+		}
+		out, err = exec.Command(ctlBinary, "status", "--kubeconfig", kc).CombinedOutput()
+		if err != nil {
+			t.Fatalf("metalvipctl status: %v\n%s", err, out)
+		}
+		for i, v := range vips {
+			line := lineWith(string(out), fmt.Sprintf("%s/web-%d ", c.NS, i))
+			if !strings.Contains(line, v.String()) || !strings.Contains(line, c.Owner(v)) {
+				t.Errorf("with no Event left, status says %q for %s (answered by %s)", line, v, c.Owner(v))
+			}
+		}
+		if strings.Count(string(out), "reachable") < 3 {
+			t.Errorf("with no Event left, status shows no agent reachable:\n%s", out)
+		}
+		svc, err := c.Srv.Client.CoreV1().Services(c.NS).Get(ctx, "web-0", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		y, _ := yaml.Marshal(svc.Status)
+		if !strings.Contains(string(y), "type: metalvip.io/Announced") || !strings.Contains(string(y), c.Owner(vips[0])) {
+			t.Errorf("web-0's status does not show the Announced condition naming %s:\n%s", c.Owner(vips[0]), y)
+		}
+		t.Logf("metalvipctl status with every Event deleted:\n%s\nweb-0 status:\n%s", out, y)
 	})
 
 	t.Run("externalTrafficPolicy Local follows the endpoints", func(t *testing.T) {
@@ -155,23 +192,20 @@ func TestAnnouncing(t *testing.T) {
 			t.Fatal(err)
 		}
 		cluster.Eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
-		held := map[string]uint64{}
-		for n, a := range c.Agents {
-			st, err := a.Client.GetState(ctx, &agentv1.GetStateRequest{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			held[n] = st.GetGeneration()
+		st, err := c.Agents["node1"].Client.GetState(ctx, &agentv1.GetStateRequest{})
+		if err != nil || st.GetTerm() == 0 {
+			t.Fatalf("node1's agent holds no term: %v %v", st, err)
 		}
+		oldTerm := st.GetTerm()
 		start := time.Now()
 		c.CCM.Stop(10 * time.Second)
 		c.StartCCM()
-		// Wait until the new CCM has pushed to every agent: it resumes each agent's
-		// generation (terms come from the leader Lease; without leader election it is 1).
-		cluster.Eventually(t, 30*time.Second, "every agent took a state from the new CCM", func() bool {
-			for n, a := range c.Agents {
+		// Wait until the new CCM has pushed its (higher) term to every agent: the term comes
+		// from the Lease, which the new CCM's start counts.
+		cluster.Eventually(t, 30*time.Second, "every agent took the new CCM's term", func() bool {
+			for _, a := range c.Agents {
 				st, err := a.Client.GetState(ctx, &agentv1.GetStateRequest{})
-				if err != nil || st.GetTerm() == 0 || st.GetGeneration() <= held[n] {
+				if err != nil || st.GetTerm() <= oldTerm {
 					return false
 				}
 			}

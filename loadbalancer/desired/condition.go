@@ -1,0 +1,139 @@
+package desired
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/metalvip/metalvip/loadbalancer/planner"
+)
+
+// ConditionAnnounced is the type of the Service condition that says which nodes announce
+// each of its addresses, in what mode. It is durable (Events expire after an hour) and
+// written only when it changes.
+const ConditionAnnounced = "metalvip.io/Announced"
+
+// Reasons of the Announced condition.
+const (
+	// ReasonAnnounced: every address has a node announcing it.
+	ReasonAnnounced = "Announced"
+	// ReasonNoEligibleNode: some address has no node that may announce it.
+	ReasonNoEligibleNode = "NoEligibleNode"
+	// ReasonRefusedByAgent: an agent refused an address's announcement (see the Service's
+	// Events and the pool's conditions for the field at fault).
+	ReasonRefusedByAgent = "RefusedByAgent"
+)
+
+// Modes as the condition writes them.
+const (
+	ModeL2          = "L2"
+	ModeL2PerClient = "L2 per client"
+	ModeBGP         = "BGP"
+)
+
+// Address is who announces one address of a Service.
+type Address struct {
+	Addr netip.Addr
+	Mode string // ModeL2, ModeL2PerClient or ModeBGP
+	// Nodes: in mode L2 the first answers and the others stand by, in order; in the other
+	// modes every node answers (or advertises). Empty: no node may announce it.
+	Nodes []string
+	// RefusedBy names the nodes whose agents refused the announcement.
+	RefusedBy []string
+}
+
+// AddressOf describes one address from its plan entry.
+func AddressOf(addr netip.Addr, e planner.Entry, perClient bool, refusedBy []string) Address {
+	a := Address{Addr: addr, Mode: ModeL2, Nodes: slices.Clone(e.Nodes), RefusedBy: slices.Sorted(slices.Values(refusedBy))}
+	switch {
+	case e.Mode == planner.BGP:
+		a.Mode = ModeBGP
+	case perClient:
+		a.Mode = ModeL2PerClient
+		slices.Sort(a.Nodes)
+	}
+	return a
+}
+
+// Condition is the Announced condition for a Service's addresses (sorted by the caller as its
+// status lists them). The caller sets LastTransitionTime.
+func Condition(addrs []Address, generation int64) metav1.Condition {
+	c := metav1.Condition{Type: ConditionAnnounced, Status: metav1.ConditionTrue, Reason: ReasonAnnounced, ObservedGeneration: generation}
+	for _, a := range addrs {
+		if len(a.RefusedBy) > 0 {
+			c.Status, c.Reason = metav1.ConditionFalse, ReasonRefusedByAgent
+		}
+		if len(a.Nodes) == 0 && c.Reason != ReasonRefusedByAgent {
+			c.Status, c.Reason = metav1.ConditionFalse, ReasonNoEligibleNode
+		}
+	}
+	c.Message = FormatAddresses(addrs)
+	return c
+}
+
+// FormatAddresses writes addresses as the condition's message, one clause per address:
+//
+//	203.0.113.1 (L2): node1, standby node2, node3; 203.0.113.9 (BGP): node1, node2
+//
+// ParseAddresses reads it back; the two are the only codec of that text.
+func FormatAddresses(addrs []Address) string {
+	parts := make([]string, 0, len(addrs))
+	for _, a := range addrs {
+		var who string
+		switch {
+		case len(a.Nodes) == 0:
+			who = "no eligible node"
+		case a.Mode == ModeL2 && len(a.Nodes) > 1:
+			who = a.Nodes[0] + ", standby " + strings.Join(a.Nodes[1:], ", ")
+		default:
+			who = strings.Join(a.Nodes, ", ")
+		}
+		if len(a.RefusedBy) > 0 {
+			who += ", refused by " + strings.Join(a.RefusedBy, " and ")
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s): %s", a.Addr, a.Mode, who))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// ParseAddresses reads what FormatAddresses wrote.
+func ParseAddresses(msg string) ([]Address, error) {
+	if msg == "" {
+		return nil, nil
+	}
+	var out []Address
+	for clause := range strings.SplitSeq(msg, "; ") {
+		head, who, ok := strings.Cut(clause, "): ")
+		if !ok {
+			return nil, fmt.Errorf("clause %q: no \"(mode): nodes\"", clause)
+		}
+		ip, mode, ok := strings.Cut(head, " (")
+		if !ok {
+			return nil, fmt.Errorf("clause %q: no mode", clause)
+		}
+		addr, err := netip.ParseAddr(ip)
+		if err != nil {
+			return nil, fmt.Errorf("clause %q: %w", clause, err)
+		}
+		if mode != ModeL2 && mode != ModeL2PerClient && mode != ModeBGP {
+			return nil, fmt.Errorf("clause %q: mode %q", clause, mode)
+		}
+		a := Address{Addr: addr, Mode: mode}
+		if w, refused, ok := strings.Cut(who, ", refused by "); ok {
+			who = w
+			a.RefusedBy = strings.Split(refused, " and ")
+		}
+		if who != "no eligible node" {
+			first, standby, _ := strings.Cut(who, ", standby ")
+			a.Nodes = strings.Split(first, ", ")
+			if standby != "" {
+				a.Nodes = append(a.Nodes, strings.Split(standby, ", ")...)
+			}
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}

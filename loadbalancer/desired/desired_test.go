@@ -1,0 +1,169 @@
+package desired
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"pgregory.net/rapid"
+
+	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/loadbalancer/planner"
+	"github.com/metalvip/metalvip/loadbalancer/pools"
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+)
+
+func TestConditionTextReadsBackAsWritten(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		node := rapid.StringMatching(`[a-z][a-z0-9-]{0,12}`)
+		n := rapid.IntRange(1, 5).Draw(t, "addresses")
+		var in []Address
+		for i := range n {
+			a := Address{
+				Addr: netip.AddrFrom4([4]byte{203, 0, 113, byte(i)}),
+				Mode: rapid.SampledFrom([]string{ModeL2, ModeL2PerClient, ModeBGP}).Draw(t, "mode"),
+			}
+			if rapid.Bool().Draw(t, "v6") {
+				a.Addr = netip.MustParseAddr("2001:db8:100::1").Next()
+			}
+			a.Nodes = rapid.SliceOfNDistinct(node, 0, 4, func(s string) string { return s }).Draw(t, "nodes")
+			if rapid.Bool().Draw(t, "refused") {
+				a.RefusedBy = rapid.SliceOfNDistinct(node, 1, 2, func(s string) string { return s }).Draw(t, "refusedBy")
+			}
+			in = append(in, a)
+		}
+		out, err := ParseAddresses(FormatAddresses(in))
+		if err != nil {
+			t.Fatalf("%q: %v", FormatAddresses(in), err)
+		}
+		if len(out) != len(in) {
+			t.Fatalf("%d addresses back, want %d", len(out), len(in))
+		}
+		for i := range in {
+			if out[i].Addr != in[i].Addr || out[i].Mode != in[i].Mode || !slices.Equal(out[i].Nodes, in[i].Nodes) && len(in[i].Nodes)+len(out[i].Nodes) > 0 || !slices.Equal(out[i].RefusedBy, in[i].RefusedBy) && len(in[i].RefusedBy)+len(out[i].RefusedBy) > 0 {
+				t.Fatalf("%+v came back as %+v", in[i], out[i])
+			}
+		}
+	})
+}
+
+func TestConditionSaysWhyAnAddressIsNotAnnounced(t *testing.T) {
+	ip := netip.MustParseAddr("203.0.113.1")
+	for _, tc := range []struct {
+		name   string
+		addrs  []Address
+		status metav1.ConditionStatus
+		reason string
+	}{
+		{"every address announced is True", []Address{AddressOf(ip, planner.Entry{Mode: planner.L2, Nodes: []string{"a", "b"}}, false, nil)}, metav1.ConditionTrue, ReasonAnnounced},
+		{"an address with no node is NoEligibleNode", []Address{AddressOf(ip, planner.Entry{Mode: planner.L2}, false, nil)}, metav1.ConditionFalse, ReasonNoEligibleNode},
+		{"an agent's refusal wins", []Address{AddressOf(ip, planner.Entry{Mode: planner.L2}, false, nil), AddressOf(ip.Next(), planner.Entry{Mode: planner.BGP, Nodes: []string{"a"}}, false, []string{"a"})}, metav1.ConditionFalse, ReasonRefusedByAgent},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Condition(tc.addrs, 3)
+			if c.Status != tc.status || c.Reason != tc.reason || c.ObservedGeneration != 3 || c.Type != ConditionAnnounced {
+				t.Errorf("condition %+v", c)
+			}
+		})
+	}
+	if got := FormatAddresses([]Address{AddressOf(ip, planner.Entry{Mode: planner.L2, Nodes: []string{"c", "a", "b"}}, true, nil)}); got != "203.0.113.1 (L2 per client): a, b, c" {
+		t.Errorf("per client: %q", got)
+	}
+}
+
+func svc(name string, local bool, ips ...string) *v1.Service {
+	s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}, Spec: v1.ServiceSpec{Type: v1.ServiceTypeLoadBalancer}}
+	if local {
+		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	}
+	for _, ip := range ips {
+		s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, v1.LoadBalancerIngress{IP: ip})
+	}
+	return s
+}
+
+func TestVIPFromItsServicesAndPool(t *testing.T) {
+	ip := netip.MustParseAddr("203.0.113.1")
+	bgp := pools.DecodePool(&v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: v1alpha1.IPPoolSpec{
+		Addresses: []v1alpha1.AddressRange{"203.0.113.0/28"},
+		Announce:  v1alpha1.Announce{Mode: v1alpha1.AnnounceBGP, NodeSelector: &v1alpha1.LabelSelector{MatchLabels: map[string]v1alpha1.LabelValue{"rack": "a"}}},
+	}})
+	invalid := pools.DecodePool(&v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "bad"}, Spec: v1alpha1.IPPoolSpec{
+		Addresses: []v1alpha1.AddressRange{"203.0.113.0/28"},
+		Announce:  v1alpha1.Announce{NodeSelector: &v1alpha1.LabelSelector{MatchExpressions: []v1alpha1.LabelSelectorRequirement{{Key: "x", Operator: "In"}}}},
+	}})
+	t.Run("sharing Local Services announce from the nodes of either's endpoints", func(t *testing.T) {
+		v := VIP(ip, []Sharer{{svc("a", true, "203.0.113.1"), []string{"n2"}}, {svc("b", true, "203.0.113.1"), []string{"n1", "n2"}}}, bgp)
+		if v.Mode != planner.BGP || !v.Local || !slices.Equal(v.EndpointNodes, []string{"n1", "n2"}) || v.Group != "" {
+			t.Errorf("%+v", v)
+		}
+		if !v.NodeSelector.Matches(map[string]string{"rack": "a"}) || v.NodeSelector.Matches(map[string]string{"rack": "b"}) {
+			t.Error("the pool's node selector is not kept")
+		}
+	})
+	t.Run("a Service's two IPv4 addresses form a group", func(t *testing.T) {
+		v := VIP(ip, []Sharer{{Service: svc("a", false, "203.0.113.1", "203.0.113.2", "2001:db8::1")}}, nil)
+		if v.Group != "ns/a/IPv4" || v.Mode != planner.L2 {
+			t.Errorf("%+v", v)
+		}
+	})
+	t.Run("an invalid pool is announced from no node", func(t *testing.T) {
+		v := VIP(ip, []Sharer{{Service: svc("a", false, "203.0.113.1")}}, invalid)
+		if v.NodeSelector == nil || v.NodeSelector.Matches(map[string]string{}) || v.NodeSelector.Matches(map[string]string{"x": "y"}) {
+			t.Error("an invalid pool's VIP selects nodes")
+		}
+		if SameVIP(v, VIP(ip, []Sharer{{Service: svc("a", false, "203.0.113.1")}}, nil)) {
+			t.Error("a VIP of an invalid pool is the same as one selecting every node")
+		}
+	})
+}
+
+func TestNodeStateNamesItsHeartbeatPeersWithKeys(t *testing.T) {
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"rack": "a"}},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "198.51.100.11"}}}}
+	addrs := map[string]netip.Addr{"n1": netip.MustParseAddr("198.51.100.11"), "n2": netip.MustParseAddr("198.51.100.12")}
+	keys := func(n string) [][]byte {
+		if n == "n2" {
+			return [][]byte{[]byte("k2")}
+		}
+		return nil
+	}
+	set := pools.NewSet(nil, []*pools.Peer{
+		pools.DecodePeer(&v1alpha1.BGPPeer{ObjectMeta: metav1.ObjectMeta{Name: "old", CreationTimestamp: metav1.Unix(1, 0)}, Spec: v1alpha1.BGPPeerSpec{Address: "198.51.100.1", PeerASN: 64496, MyASN: 64497}}),
+		pools.DecodePeer(&v1alpha1.BGPPeer{ObjectMeta: metav1.ObjectMeta{Name: "new", CreationTimestamp: metav1.Unix(2, 0)}, Spec: v1alpha1.BGPPeerSpec{Address: "198.51.100.1", PeerASN: 64499, MyASN: 64497}}),
+		pools.DecodePeer(&v1alpha1.BGPPeer{ObjectMeta: metav1.ObjectMeta{Name: "pw"}, Spec: v1alpha1.BGPPeerSpec{Address: "198.51.100.2", PeerASN: 64496, MyASN: 64497,
+			PasswordSecretRef: &v1alpha1.SecretKeyRef{Namespace: "s", Name: "x", Key: "k"}}}),
+		pools.DecodePeer(&v1alpha1.BGPPeer{ObjectMeta: metav1.ObjectMeta{Name: "elsewhere"}, Spec: v1alpha1.BGPPeerSpec{Address: "198.51.100.3", PeerASN: 64496, MyASN: 64497,
+			NodeSelector: &v1alpha1.LabelSelector{MatchLabels: map[string]v1alpha1.LabelValue{"rack": "b"}}}}),
+	})
+	peers, conflicts := Peers(node, set, func(*pools.Peer) (string, bool) { return "", false })
+	if len(peers) != 1 || peers[0].GetPeerAsn() != 64496 {
+		t.Errorf("peers %v: want only the older of the same address, none whose password cannot be read, none for other nodes", peers)
+	}
+	if len(conflicts) != 1 || conflicts[0].Peer != "new" || conflicts[0].Older != "old" {
+		t.Errorf("conflicts %+v", conflicts)
+	}
+	an := &agentv1.Announcement{Vip: "203.0.113.1", Mode: agentv1.Mode_MODE_L2, L2: &agentv1.L2Announcement{Candidates: []*agentv1.Candidate{{Node: "n2"}, {Node: "n1"}}}}
+	st := NodeState(node, []*agentv1.Announcement{an}, peers, []string{"n2", "n1"}, Options{}, func(n string) netip.Addr { return addrs[n] }, keys)
+	if len(st.GetHeartbeatPeers()) != 1 || st.GetHeartbeatPeers()[0].GetNode() != "n2" || st.GetHeartbeatPeers()[0].GetAddress() != "198.51.100.12" || string(st.GetHeartbeatPeers()[0].GetPublicKeys()[0]) != "k2" {
+		t.Errorf("heartbeat peers %v", st.GetHeartbeatPeers())
+	}
+	if st.GetBgp().GetRouterId() != "198.51.100.11" || st.GetBgp().GetAsn() != 64497 {
+		t.Errorf("bgp options %v", st.GetBgp())
+	}
+}
+
+func TestNodesDifferOnlyByWhatThePlanReads(t *testing.T) {
+	a := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{"x": "1"}}, Status: v1.NodeStatus{Conditions: []v1.NodeCondition{{Type: v1.NodeReady}}}}
+	b := a.DeepCopy()
+	b.Status.Conditions[0].LastHeartbeatTime = metav1.Now()
+	if !SameNode(a, b) {
+		t.Error("a kubelet heartbeat changes the node")
+	}
+	b.Labels[LabelExcludeLB] = ""
+	if SameNode(a, b) || !Node(b, true).Excluded {
+		t.Error("excluding the node is not a change")
+	}
+}

@@ -1,0 +1,434 @@
+// Package pools decodes IPPools and BGPPeers once, validates them once, and answers "which pool
+// holds this address" once, for every reader: the allocator, the announcer and metalvipctl. It
+// is pure: objects in, values out; no clients, no clocks.
+//
+// It fails closed: an object the API server accepted but metalvip cannot use (an object stored
+// under an older schema, a selector the label parser refuses) gives no addresses and is
+// announced from no node, and its Problems name the field and say why. Nothing else is
+// disturbed.
+package pools
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/loadbalancer/ipam"
+	"github.com/metalvip/metalvip/loadbalancer/planner"
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+)
+
+// Problem is one field of an object that metalvip cannot use, and why.
+type Problem struct {
+	Field   string // e.g. "spec.announce.nodeSelector"
+	Message string // what is wrong and what to write instead
+}
+
+func (p Problem) String() string { return p.Field + ": " + p.Message }
+
+// Problems joins problems into one message.
+func Problems(ps []Problem) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, "; ")
+}
+
+// Pool is an IPPool as metalvip uses it.
+type Pool struct {
+	Name       string
+	UID        types.UID
+	Generation int64
+	Created    time.Time
+	// Allocation is what the allocator needs; used only when the pool is Valid.
+	Allocation ipam.Pool
+	Announce   Announce
+	// Problems, when any, make the pool unusable: it gives no addresses and is announced
+	// from no node.
+	Problems []Problem
+}
+
+// Valid reports whether the pool has no problem.
+func (p *Pool) Valid() bool { return p != nil && len(p.Problems) == 0 }
+
+// Announce is how and from where a pool's addresses are announced.
+type Announce struct {
+	Mode planner.Mode
+	// NodeSelector picks the nodes that may announce; nil: every node.
+	NodeSelector labels.Selector
+	// Preferred nodes win ties; nil: none.
+	Preferred  labels.Selector
+	Interfaces []string
+	// PerClient: every live candidate answers its share of clients.
+	PerClient   bool
+	Communities []string
+	LocalPref   uint32
+}
+
+// Peer is a BGPPeer as metalvip uses it.
+type Peer struct {
+	Name       string
+	UID        types.UID
+	Generation int64
+	Created    time.Time
+	// Session is the session to send to the agents, without its password.
+	Session *agentv1.BGPPeer
+	// Password names the Secret key holding the session's password; nil: none.
+	Password *v1alpha1.SecretKeyRef
+	// NodeSelector picks the nodes that peer; nil: every node.
+	NodeSelector labels.Selector
+	// Problems, when any, keep the session off every node.
+	Problems []Problem
+}
+
+// Valid reports whether the peer has no problem.
+func (p *Peer) Valid() bool { return p != nil && len(p.Problems) == 0 }
+
+// Selects reports whether the peer's sessions run on a node with these labels. An invalid
+// peer selects nothing.
+func (p *Peer) Selects(nodeLabels map[string]string) bool {
+	return p.Valid() && (p.NodeSelector == nil || p.NodeSelector.Matches(labels.Set(nodeLabels)))
+}
+
+// nothing is the selector of an object that failed to decode: it matches no node.
+type nothing struct{ labels.Selector }
+
+func (nothing) Matches(labels.Labels) bool { return false }
+
+// String tells nothing from everything (both are "" to package labels).
+func (nothing) String() string { return "<nothing>" }
+
+// Nothing returns a selector that matches no labels.
+func Nothing() labels.Selector { return nothing{labels.Nothing()} }
+
+// toTyped converts what an informer or a list holds into the typed object.
+func toTyped(obj any, into runtime.Object) error {
+	switch o := obj.(type) {
+	case *unstructured.Unstructured:
+		return runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, into)
+	case nil:
+		return errors.New("no object")
+	default:
+		return fmt.Errorf("unexpected object %T", obj)
+	}
+}
+
+// DecodePool decodes and validates an IPPool (typed or unstructured). The result always names
+// the pool; an object that does not decode at all is a pool with a problem.
+func DecodePool(obj any) *Pool {
+	if t, ok := obj.(*v1alpha1.IPPool); ok {
+		return decodePool(t)
+	}
+	var ip v1alpha1.IPPool
+	if err := toTyped(obj, &ip); err != nil {
+		name := ""
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			name = u.GetName()
+		}
+		return &Pool{Name: name, Problems: []Problem{{"spec", fmt.Sprintf("does not decode: %v", err)}}}
+	}
+	return decodePool(&ip)
+}
+
+func decodePool(ip *v1alpha1.IPPool) *Pool {
+	p := &Pool{Name: ip.Name, UID: ip.UID, Generation: ip.Generation, Created: ip.CreationTimestamp.Time}
+	add := func(field, format string, args ...any) {
+		p.Problems = append(p.Problems, Problem{field, fmt.Sprintf(format, args...)})
+	}
+	sp := ip.Spec
+	p.Allocation = ipam.Pool{
+		Name:          ip.Name,
+		AutoAssign:    sp.AutoAssign == nil || *sp.AutoAssign,
+		AvoidBuggyIPs: sp.AvoidBuggyIPs,
+		Priority:      sp.Priority,
+		Order:         ip.CreationTimestamp.UnixNano(),
+	}
+	if len(sp.Addresses) == 0 {
+		add("spec.addresses", "empty; give at least one CIDR or first-last range")
+	}
+	for i, s := range sp.Addresses {
+		r, err := ipam.ParseRange(string(s))
+		if err != nil {
+			add(fmt.Sprintf("spec.addresses[%d]", i), "%v", err)
+			continue
+		}
+		p.Allocation.Ranges = append(p.Allocation.Ranges, r)
+	}
+	if sa := sp.ServiceAllocation; sa != nil {
+		p.Allocation.Namespaces = sa.Namespaces
+		p.Allocation.NamespaceSelector = selector(sa.NamespaceSelector, "spec.serviceAllocation.namespaceSelector", add)
+		p.Allocation.ServiceSelector = selector(sa.ServiceSelector, "spec.serviceAllocation.serviceSelector", add)
+	}
+	an := sp.Announce
+	switch an.Mode {
+	case v1alpha1.AnnounceL2, "":
+		p.Announce.Mode = planner.L2
+	case v1alpha1.AnnounceBGP:
+		p.Announce.Mode = planner.BGP
+	default:
+		add("spec.announce.mode", "%q is not a mode; write L2 or BGP", an.Mode)
+	}
+	p.Announce.NodeSelector = selector(an.NodeSelector, "spec.announce.nodeSelector", add)
+	p.Announce.Preferred = selector(an.PreferredNodeSelector, "spec.announce.preferredNodeSelector", add)
+	if l2 := an.L2; l2 != nil {
+		if p.Announce.Mode != planner.L2 {
+			add("spec.announce.l2", "applies only to mode L2; remove it or set mode: L2")
+		}
+		p.Announce.Interfaces = slices.Clone(l2.Interfaces)
+		for i, name := range l2.Interfaces {
+			if name == "" || len(name) > 15 || strings.ContainsAny(name, "/: \t\n") {
+				add(fmt.Sprintf("spec.announce.l2.interfaces[%d]", i), "%q is not an interface name (1 to 15 characters, no '/', ':' or spaces)", name)
+			}
+		}
+		switch l2.Spreading {
+		case v1alpha1.SpreadPerClient:
+			p.Announce.PerClient = true
+		case v1alpha1.SpreadSingle, "":
+		default:
+			add("spec.announce.l2.spreading", "%q; write Single or PerClient", l2.Spreading)
+		}
+	}
+	if b := an.BGP; b != nil {
+		if p.Announce.Mode != planner.BGP {
+			add("spec.announce.bgp", "applies only to mode BGP; remove it or set mode: BGP")
+		}
+		for i, c := range b.Communities {
+			if err := ValidCommunity(c); err != nil {
+				add(fmt.Sprintf("spec.announce.bgp.communities[%d]", i), "%v", err)
+			}
+		}
+		p.Announce.Communities = slices.Clone(b.Communities)
+		if lp := b.LocalPref; lp != nil {
+			if *lp < 0 || *lp > 1<<32-1 {
+				add("spec.announce.bgp.localPref", "%d is out of range; give 0 to 4294967295", *lp)
+			} else {
+				p.Announce.LocalPref = uint32(*lp)
+			}
+		}
+	}
+	return p
+}
+
+// ValidCommunity checks a standard BGP community "ASN:value", two numbers of 0 to 65535.
+func ValidCommunity(c string) error {
+	hi, lo, ok := strings.Cut(c, ":")
+	if !ok {
+		return fmt.Errorf("community %q: write two numbers of 0 to 65535 as ASN:value, e.g. 64500:100", c)
+	}
+	for _, part := range []string{hi, lo} {
+		n := 0
+		if part == "" || len(part) > 5 {
+			return fmt.Errorf("community %q: write two numbers of 0 to 65535 as ASN:value, e.g. 64500:100", c)
+		}
+		for _, r := range part {
+			if r < '0' || r > '9' {
+				return fmt.Errorf("community %q: write two numbers of 0 to 65535 as ASN:value, e.g. 64500:100", c)
+			}
+			n = n*10 + int(r-'0')
+		}
+		if n > 65535 {
+			return fmt.Errorf("community %q: %d is above 65535; each half is a 16-bit number", c, n)
+		}
+	}
+	return nil
+}
+
+// selector parses a label selector; one that does not parse selects nothing and is reported.
+func selector(ls *v1alpha1.LabelSelector, field string, add func(string, string, ...any)) labels.Selector {
+	if ls == nil {
+		return nil
+	}
+	s, err := ls.AsSelector()
+	if err != nil {
+		add(field, "%v; it selects nothing until fixed", err)
+		return Nothing()
+	}
+	return s
+}
+
+// DecodePeer decodes and validates a BGPPeer (typed or unstructured).
+func DecodePeer(obj any) *Peer {
+	if t, ok := obj.(*v1alpha1.BGPPeer); ok {
+		return decodePeer(t)
+	}
+	var bp v1alpha1.BGPPeer
+	if err := toTyped(obj, &bp); err != nil {
+		name := ""
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			name = u.GetName()
+		}
+		return &Peer{Name: name, Problems: []Problem{{"spec", fmt.Sprintf("does not decode: %v", err)}}}
+	}
+	return decodePeer(&bp)
+}
+
+func decodePeer(bp *v1alpha1.BGPPeer) *Peer {
+	p := &Peer{Name: bp.Name, UID: bp.UID, Generation: bp.Generation, Created: bp.CreationTimestamp.Time}
+	add := func(field, format string, args ...any) {
+		p.Problems = append(p.Problems, Problem{field, fmt.Sprintf(format, args...)})
+	}
+	sp := bp.Spec
+	s := &agentv1.BGPPeer{Address: sp.Address, GracefulRestart: sp.GracefulRestart, TtlSecurity: sp.TTLSecurity}
+	addr, err := netip.ParseAddr(sp.Address)
+	switch {
+	case err != nil:
+		add("spec.address", "%q is not an IP address; write the router's address, e.g. 198.51.100.1", sp.Address)
+	case addr.Zone() != "" || addr.IsLinkLocalUnicast():
+		add("spec.address", "%s is link-local; give the router's global or unique-local address", sp.Address)
+	case addr.IsUnspecified() || addr.IsMulticast() || addr.IsLoopback() || addr.Is4() && addr.As4()[0] == 255:
+		add("spec.address", "%s is not a router's unicast address", sp.Address)
+	default:
+		s.Address = addr.Unmap().String()
+	}
+	asn := func(field string, v int64) uint32 {
+		if v < 1 || v > 1<<32-1 {
+			add(field, "%d is out of range; give 1 to 4294967295", v)
+			return 0
+		}
+		return uint32(v)
+	}
+	s.PeerAsn = asn("spec.peerASN", sp.PeerASN)
+	s.LocalAsn = asn("spec.myASN", sp.MyASN)
+	if sp.Port != nil {
+		if *sp.Port < 1 || *sp.Port > 65535 {
+			add("spec.port", "%d is out of range; give 1 to 65535", *sp.Port)
+		} else {
+			s.Port = uint32(*sp.Port)
+		}
+	}
+	hold := int32(90)
+	if sp.HoldTimeSeconds != nil {
+		h := *sp.HoldTimeSeconds
+		if h < 0 || h > 65535 || (h != 0 && h < 3) {
+			add("spec.holdTimeSeconds", "%d; give 0 or 3 to 65535", h)
+		} else {
+			s.HoldTimeSeconds = uint32(h)
+			if h != 0 {
+				hold = h
+			}
+		}
+	}
+	if sp.KeepaliveSeconds != nil {
+		k := *sp.KeepaliveSeconds
+		switch {
+		case k < 0 || k > 21845:
+			add("spec.keepaliveSeconds", "%d is out of range; give 0 to 21845", k)
+		case k >= hold:
+			add("spec.keepaliveSeconds", "%d is not shorter than the hold time %d; give at most a third of it", k, hold)
+		default:
+			s.KeepaliveSeconds = uint32(k)
+		}
+	}
+	if m := sp.EBGPMultihop; m != nil {
+		if *m < 1 || *m > 255 {
+			add("spec.ebgpMultihop", "%d is out of range; give 1 to 255", *m)
+		} else if *m > 1 {
+			s.EbgpMultihopTtl = uint32(*m)
+		}
+	}
+	if b := sp.BFD; b != nil && b.Enabled {
+		if s.EbgpMultihopTtl > 0 {
+			add("spec.bfd", "BFD here is single-hop: turn bfd off or remove ebgpMultihop")
+		}
+		s.Bfd = &agentv1.BFD{Enabled: true}
+		ms := func(field string, v *int32, lo, hi int32) uint32 {
+			if v == nil {
+				return 0
+			}
+			if *v < lo || *v > hi {
+				add(field, "%d is out of range; give %d to %d", *v, lo, hi)
+				return 0
+			}
+			return uint32(*v)
+		}
+		s.Bfd.MinRxMs = ms("spec.bfd.minRxMilliseconds", b.MinRxMilliseconds, 10, 60000)
+		s.Bfd.MinTxMs = ms("spec.bfd.minTxMilliseconds", b.MinTxMilliseconds, 10, 60000)
+		s.Bfd.Multiplier = ms("spec.bfd.multiplier", b.Multiplier, 2, 255)
+	}
+	if ref := sp.PasswordSecretRef; ref != nil {
+		if ref.Name == "" || ref.Key == "" {
+			add("spec.passwordSecretRef", "give the Secret's name and key")
+		}
+		r := *ref
+		p.Password = &r
+	}
+	p.NodeSelector = selector(sp.NodeSelector, "spec.nodeSelector", add)
+	p.Session = s
+	return p
+}
+
+// Set is a consistent view of every pool and peer.
+type Set struct {
+	pools  map[string]*Pool
+	peers  []*Peer // oldest first
+	index  *ipam.Index
+}
+
+// NewSet indexes pools and peers, with the allocator's own overlap rule (ipam.Index): O(ranges)
+// per pool, whatever their size.
+func NewSet(pools []*Pool, peers []*Peer) *Set {
+	s := &Set{pools: make(map[string]*Pool, len(pools))}
+	for _, p := range pools {
+		s.pools[p.Name] = p
+	}
+	s.index = ipam.NewIndex(s.AllocatorPools())
+	s.peers = slices.Clone(peers)
+	slices.SortFunc(s.peers, func(a, b *Peer) int {
+		if c := a.Created.Compare(b.Created); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Name, b.Name)
+	})
+	return s
+}
+
+// Pool returns a pool by name, valid or not; nil when there is none.
+func (s *Set) Pool(name string) *Pool { return s.pools[name] }
+
+// Pools returns every pool, sorted by name.
+func (s *Set) Pools() []*Pool {
+	out := make([]*Pool, 0, len(s.pools))
+	for _, p := range s.pools {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b *Pool) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Peers returns every peer, oldest first (the order in which duplicates are resolved).
+func (s *Set) Peers() []*Peer { return s.peers }
+
+// AllocatorPools returns what the allocator needs of the valid pools.
+func (s *Set) AllocatorPools() []ipam.Pool {
+	var out []ipam.Pool
+	for _, p := range s.Pools() {
+		if p.Valid() {
+			out = append(out, p.Allocation)
+		}
+	}
+	return out
+}
+
+// PoolOf returns the pool an address belongs to: the one named by the Service's allocation
+// record when given and known, else the valid pool whose ranges hold the address (of
+// overlapping pools the older). nil when none.
+func (s *Set) PoolOf(recorded string, addr netip.Addr) *Pool {
+	if p := s.pools[recorded]; p != nil && recorded != "" {
+		return p
+	}
+	if name, ok := s.index.PoolOf(addr.Unmap()); ok {
+		return s.pools[name]
+	}
+	return nil
+}

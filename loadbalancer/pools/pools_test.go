@@ -1,0 +1,144 @@
+package pools
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/loadbalancer/planner"
+)
+
+func pool(name string, age time.Duration, spec v1alpha1.IPPoolSpec) *v1alpha1.IPPool {
+	return &v1alpha1.IPPool{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Generation: 1, CreationTimestamp: metav1.NewTime(time.Unix(1e9, 0).Add(-age))},
+		Spec:       spec,
+	}
+}
+
+func addrs(s ...string) []v1alpha1.AddressRange {
+	var out []v1alpha1.AddressRange
+	for _, a := range s {
+		out = append(out, v1alpha1.AddressRange(a))
+	}
+	return out
+}
+
+func TestAPoolWithASelectorTheParserRefusesFailsClosed(t *testing.T) {
+	bad := &v1alpha1.LabelSelector{MatchExpressions: []v1alpha1.LabelSelectorRequirement{{Key: "rack", Operator: metav1.LabelSelectorOpIn}}}
+	for _, tc := range []struct {
+		name  string
+		spec  v1alpha1.IPPoolSpec
+		field string
+	}{
+		{"an In with no values in announce.nodeSelector", v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.0/28"), Announce: v1alpha1.Announce{Mode: v1alpha1.AnnounceL2, NodeSelector: bad}}, "spec.announce.nodeSelector"},
+		{"the same in preferredNodeSelector", v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.0/28"), Announce: v1alpha1.Announce{PreferredNodeSelector: bad}}, "spec.announce.preferredNodeSelector"},
+		{"the same in serviceAllocation.serviceSelector", v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.0/28"), ServiceAllocation: &v1alpha1.ServiceAllocation{ServiceSelector: bad}}, "spec.serviceAllocation.serviceSelector"},
+		{"a community above 65535", v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.0/28"), Announce: v1alpha1.Announce{Mode: v1alpha1.AnnounceBGP, BGP: &v1alpha1.BGPAnnounce{Communities: []string{"65536:1"}}}}, "spec.announce.bgp.communities[0]"},
+		{"a localPref above 32 bits", v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.0/28"), Announce: v1alpha1.Announce{Mode: v1alpha1.AnnounceBGP, BGP: &v1alpha1.BGPAnnounce{LocalPref: ptr(int64(1) << 33)}}}, "spec.announce.bgp.localPref"},
+		{"a range that does not parse", v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.9-203.0.113.1")}, "spec.addresses[0]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := DecodePool(pool("p", 0, tc.spec))
+			if p.Valid() {
+				t.Fatal("pool is valid")
+			}
+			if !strings.Contains(Problems(p.Problems), tc.field+":") {
+				t.Errorf("problems %q do not name %s", Problems(p.Problems), tc.field)
+			}
+			set := NewSet([]*Pool{p}, nil)
+			if len(set.AllocatorPools()) != 0 {
+				t.Error("an invalid pool is given to the allocator")
+			}
+			if sel := p.Announce.NodeSelector; strings.HasSuffix(tc.field, "nodeSelector") && tc.field == "spec.announce.nodeSelector" && sel.Matches(labels.Set{"rack": "a"}) {
+				t.Error("the refused selector selects a node")
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestDecodingTypedAndUnstructuredAgree(t *testing.T) {
+	ip := pool("web", 0, v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.0/28", "2001:db8:100::/120"), Announce: v1alpha1.Announce{Mode: v1alpha1.AnnounceBGP, BGP: &v1alpha1.BGPAnnounce{Communities: []string{"64500:1"}, LocalPref: ptr(int64(200))}}})
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := DecodePool(ip), DecodePool(&unstructured.Unstructured{Object: obj})
+	if !a.Valid() || !b.Valid() || a.Announce.Mode != planner.BGP || b.Announce.LocalPref != 200 || len(b.Allocation.Ranges) != 2 {
+		t.Errorf("typed %+v, unstructured %+v", a, b)
+	}
+}
+
+func TestPoolOfPrefersTheRecordAndTheOlderOfOverlappingPools(t *testing.T) {
+	older := DecodePool(pool("older", time.Hour, v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.0/24")}))
+	younger := DecodePool(pool("younger", 0, v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.0/28")}))
+	other := DecodePool(pool("other", 0, v1alpha1.IPPoolSpec{Addresses: addrs("198.51.100.0/28")}))
+	set := NewSet([]*Pool{younger, older, other}, nil)
+	ip := netip.MustParseAddr("203.0.113.5")
+	if got := set.PoolOf("", ip); got != older {
+		t.Errorf("PoolOf(%s) = %v, want the older pool", ip, got)
+	}
+	if got := set.PoolOf("younger", ip); got != younger {
+		t.Errorf("the allocation record names younger, got %v", got)
+	}
+	if got := set.PoolOf("gone", netip.MustParseAddr("198.51.100.2")); got != other {
+		t.Errorf("a record naming a deleted pool falls back to the range, got %v", got)
+	}
+	if got := set.PoolOf("", netip.MustParseAddr("192.0.2.1")); got != nil {
+		t.Errorf("an address in no pool has pool %v", got)
+	}
+}
+
+func TestPeersAreCheckedAsTheAgentChecksThem(t *testing.T) {
+	base := func() v1alpha1.BGPPeerSpec {
+		return v1alpha1.BGPPeerSpec{Address: "198.51.100.1", PeerASN: 64496, MyASN: 64497}
+	}
+	for _, tc := range []struct {
+		name  string
+		edit  func(*v1alpha1.BGPPeerSpec)
+		field string
+	}{
+		{"the unspecified address", func(s *v1alpha1.BGPPeerSpec) { s.Address = "0.0.0.0" }, "spec.address"},
+		{"a link-local address", func(s *v1alpha1.BGPPeerSpec) { s.Address = "fe80::1" }, "spec.address"},
+		{"a multicast address", func(s *v1alpha1.BGPPeerSpec) { s.Address = "224.0.0.5" }, "spec.address"},
+		{"a keepalive not below the default hold time", func(s *v1alpha1.BGPPeerSpec) { s.KeepaliveSeconds = ptr(int32(90)) }, "spec.keepaliveSeconds"},
+		{"a keepalive not below the hold time", func(s *v1alpha1.BGPPeerSpec) {
+			s.HoldTimeSeconds, s.KeepaliveSeconds = ptr(int32(9)), ptr(int32(9))
+		}, "spec.keepaliveSeconds"},
+		{"BFD with multihop", func(s *v1alpha1.BGPPeerSpec) {
+			s.EBGPMultihop, s.BFD = ptr(int32(2)), &v1alpha1.BFDSettings{Enabled: true}
+		}, "spec.bfd"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := base()
+			tc.edit(&s)
+			p := DecodePeer(&v1alpha1.BGPPeer{ObjectMeta: metav1.ObjectMeta{Name: "r"}, Spec: s})
+			if p.Valid() || !strings.Contains(Problems(p.Problems), tc.field) {
+				t.Errorf("problems %q, want one at %s", Problems(p.Problems), tc.field)
+			}
+			if p.Selects(map[string]string{}) {
+				t.Error("an invalid peer selects a node")
+			}
+		})
+	}
+	ok := DecodePeer(&v1alpha1.BGPPeer{ObjectMeta: metav1.ObjectMeta{Name: "r"}, Spec: base()})
+	if !ok.Valid() || !ok.Selects(nil) || ok.Session.GetPeerAsn() != 64496 {
+		t.Errorf("a valid peer: %+v", ok)
+	}
+}
+
+func TestCommunities(t *testing.T) {
+	for c, ok := range map[string]bool{"0:0": true, "65535:65535": true, "65536:1": false, "1:65536": false, "1": false, "a:b": false, ":1": false, "123456:1": false} {
+		if err := ValidCommunity(c); (err == nil) != ok {
+			t.Errorf("ValidCommunity(%q) = %v", c, err)
+		}
+	}
+}

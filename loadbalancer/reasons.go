@@ -1,0 +1,33 @@
+package loadbalancer
+
+// Event reasons, every one metalvip gives, in one place: metalvipctl and the docs refer to these.
+const (
+	// On Services, from allocation.
+	ReasonIPAllocated       = "IPAllocated"
+	ReasonPoolExhausted     = "PoolExhausted"
+	ReasonIPInUse           = "IPInUse"
+	ReasonNoPool            = "NoPool"
+	ReasonSharingConflict   = "SharingConflict"
+	ReasonInvalidRequest    = "InvalidRequest"
+	ReasonInvalidAnnotation = "InvalidAnnotation"
+	ReasonIPConflict        = "IPConflict"
+	ReasonPoolShrunk        = "PoolShrunk"
+	ReasonPoolDeleted       = "PoolDeleted"
+	ReasonPoolInvalid       = "PoolInvalid"
+
+	// On Services, from announcing. Who announces each address is in the Service's
+	// metalvip.io/Announced condition; Events tell changes.
+	ReasonMoved               = "Moved"
+	ReasonNoEligibleNode      = "NoEligibleNode"
+	ReasonTookOver            = "TookOver"
+	ReasonAnnouncementRefused = "AnnouncementRefused"
+	ReasonVIPsShareNodes      = "VIPsShareNodes"
+	ReasonVIPsSpread          = "VIPsSpread"
+
+	// On Nodes.
+	ReasonAgentReachable   = "AgentReachable"
+	ReasonAgentUnreachable = "AgentUnreachable"
+)
+
+// PendingReasons are the Service Events that say why it has no address yet.
+var PendingReasons = []string{ReasonPoolExhausted, ReasonIPInUse, ReasonSharingConflict, ReasonNoPool, ReasonInvalidRequest, ReasonInvalidAnnotation}

@@ -1,0 +1,107 @@
+package l2
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+
+	"github.com/mdlayher/arp"
+	"github.com/mdlayher/ethernet"
+	"k8s.io/klog/v2"
+)
+
+// ARPConn is the ARP connection of one interface. mdlayher/arp's *Client is one; tests give
+// fakes.
+type ARPConn interface {
+	// Read returns the next ARP packet and the frame it came in.
+	Read() (*arp.Packet, *ethernet.Frame, error)
+	// WriteTo sends p in a frame to addr, from p's sender hardware address.
+	WriteTo(p *arp.Packet, addr net.HardwareAddr) error
+	Close() error
+}
+
+var _ ARPConn = (*arp.Client)(nil)
+
+func dialARP(ifi *net.Interface) (ARPConn, error) { return arp.Dial(ifi) }
+
+func (s *Speaker) arpLoop(ifc *iface) {
+	defer s.wg.Done()
+	for {
+		p, eth, err := ifc.arp.Read()
+		if err != nil {
+			if s.readFailed(err) {
+				return
+			}
+			continue
+		}
+		s.receiveARP(ifc, p, eth)
+	}
+}
+
+// receiveARP answers a request for a VIP owned on the interface: every request for an
+// ordinary VIP, and for a per-client VIP only those of this node's share of clients, whose
+// senders it also learns (see clients.go).
+func (s *Speaker) receiveARP(ifc *iface, p *arp.Packet, eth *ethernet.Frame) {
+	if p.Operation != arp.OperationRequest {
+		return
+	}
+	s.arpRequests.Add(1)
+	sh, ok := (*ifc.owned.Load())[p.TargetIP]
+	if !ok {
+		return
+	}
+	if sh != nil {
+		// A sender that names another MAC than its frame's is not learnt: its answer would go
+		// where the request did not come from.
+		if eth != nil && bytes.Equal(eth.Source, p.SenderHardwareAddr) && saneSender(p.TargetIP, p.SenderIP, p.SenderHardwareAddr) {
+			s.clients.see(sighting{vip: p.TargetIP, ip: p.SenderIP, at: station{mac: [6]byte(p.SenderHardwareAddr), iface: ifc.ifi.Name}})
+		}
+		if !sh.answers(p.SenderIP) {
+			return
+		}
+	}
+	reply, err := arp.NewPacket(arp.OperationReply, ifc.ifi.HardwareAddr, p.TargetIP, p.SenderHardwareAddr, p.SenderIP)
+	if err == nil {
+		err = ifc.arp.WriteTo(reply, p.SenderHardwareAddr)
+	}
+	if err != nil {
+		klog.V(2).InfoS("ARP reply failed", "vip", p.TargetIP, "interface", ifc.ifi.Name, "err", err)
+		return
+	}
+	s.arpReplies.Add(1)
+}
+
+// announceARP sends a gratuitous ARP request and reply for vip (some hosts heed only one of
+// the two).
+func (s *Speaker) announceARP(ifc *iface, vip netip.Addr) {
+	if ifc.arp == nil {
+		return
+	}
+	for _, op := range []arp.Operation{arp.OperationRequest, arp.OperationReply} {
+		p, err := arp.NewPacket(op, ifc.ifi.HardwareAddr, vip, ethernet.Broadcast, vip)
+		if err == nil {
+			err = ifc.arp.WriteTo(p, ethernet.Broadcast)
+		}
+		if err != nil {
+			klog.V(2).InfoS("Gratuitous ARP failed", "vip", vip, "interface", ifc.ifi.Name, "err", err)
+			continue
+		}
+		s.gratuitous.Add(1)
+	}
+}
+
+// tellARP sends a client of a per-client VIP just taken over an unasked reply, to its MAC.
+func (s *Speaker) tellARP(ifc *iface, vip netip.Addr, c Client) bool {
+	if ifc.arp == nil {
+		return false
+	}
+	p, err := arp.NewPacket(arp.OperationReply, ifc.ifi.HardwareAddr, vip, c.MAC, c.IP)
+	if err == nil {
+		err = ifc.arp.WriteTo(p, c.MAC)
+	}
+	if err != nil {
+		klog.V(2).InfoS("Targeted reply failed", "vip", vip, "client", c.IP, "err", err)
+		return false
+	}
+	return true
+}
