@@ -446,8 +446,10 @@ func (a *Agents) probe(ctx context.Context, c *agentConn) error {
 			c.genFor = 0
 		}
 	}
-	if resp.GetTerm() != term || resp.GetGeneration() != c.gen {
-		c.applied = 0 // the agent does not hold what this leader last gave it
+	if resp.GetTerm() != term || resp.GetGeneration() != c.gen || resp.GetRestored() {
+		// The agent does not hold what this leader last gave it, or holds it only from its
+		// disk (it restarted): send it again, so that it knows the leader is in touch.
+		c.applied = 0
 	}
 	keysChanged := !sameKeys(c.keys, resp.GetHeartbeatPublicKeys())
 	c.keys = resp.GetHeartbeatPublicKeys()
