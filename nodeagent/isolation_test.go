@@ -120,6 +120,9 @@ func TestABadItemIsRefusedAloneAndTheRestApplied(t *testing.T) {
 				t.Fatal(err)
 			}
 			check("GetState", got.GetRefused())
+			if refused, err := CheckState(st, "node-a"); err != nil || len(refused) != 1 {
+				t.Errorf("CheckState = %v, %v; want the one refusal Apply made", refused, err)
+			}
 
 			// Everything else is applied.
 			if l := h.l2.last(); !slices.ContainsFunc(l, func(v l2.VIP) bool { return v.Addr == netip.MustParseAddr("203.0.113.10") }) {

@@ -57,6 +57,16 @@ func checkWhole(st *agentv1.DesiredState, node string) error {
 	return errors.New(strings.Join(errs, "; "))
 }
 
+// CheckState says what the agent of node would refuse of st: the whole of it (the error, as
+// Apply's INVALID_ARGUMENT), or items alone (as Apply's refused). For parity tests: what the
+// API server accepts, the agent must take.
+func CheckState(st *agentv1.DesiredState, node string) ([]*agentv1.Refusal, error) {
+	if err := checkWhole(st, node); err != nil {
+		return nil, err
+	}
+	return checkItems(st).refused, nil
+}
+
 // checkedState is a state split by the per-item checks: what to apply, and what is refused.
 // A refused item costs only itself.
 type checkedState struct {
