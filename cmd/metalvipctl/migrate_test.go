@@ -134,7 +134,7 @@ metadata: {name: %s, namespace: metallb-system%s}
 spec: %s
 `
 
-func pool(name, spec string) string  { return fmt.Sprintf(header, name, "", spec) + "---\n" }
+func pool(name, spec string) string { return fmt.Sprintf(header, name, "", spec) + "---\n" }
 func labelled(name, labels, spec string) string {
 	return fmt.Sprintf(header, name, ", labels: "+labels, spec) + "---\n"
 }
