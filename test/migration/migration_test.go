@@ -8,7 +8,9 @@ package migration
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -165,7 +167,7 @@ func readObjects(t *testing.T, data []byte) []*unstructured.Unstructured {
 	for {
 		var m map[string]any
 		if err := dec.Decode(&m); err != nil {
-			if err.Error() == "EOF" {
+			if errors.Is(err, io.EOF) {
 				return out
 			}
 			t.Fatalf("decode: %v", err)
@@ -204,6 +206,15 @@ func TestMigrationFromMetalLB(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
+	t.Run("without MetalLB's CRDs the converter says so and prints nothing", func(t *testing.T) {
+		var stdout, stderr bytes.Buffer
+		cmd := exec.Command(bins.ctl, "migrate", "metallb", "--kubeconfig", srv.Kubeconfig(t, nil))
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		if err == nil || stdout.Len() != 0 || !strings.Contains(stderr.String(), "MetalLB's CRDs are not installed") {
+			t.Errorf("exit %v, stdout %q, stderr %q; want a failure saying MetalLB's CRDs are not installed", err, stdout.String(), stderr.String())
+		}
+	})
 	installCRDs(t, srv, dyn, bins.metalLBCRDs)
 	for _, ns := range []string{"metallb-system", "apps", "team-c"} {
 		if _, err := srv.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
