@@ -53,6 +53,8 @@ type Config struct {
 	Recorder record.EventRecorder
 	// Objects are the decoded pools and peers, shared with the announcer.
 	Objects *Objects
+	// Serves says which Services are metalvip's.
+	Serves desired.Serves
 	// PendingRetry is how often a Service waiting for an address is tried again (a pool may
 	// have grown or an address been freed meanwhile).
 	PendingRetry time.Duration
@@ -163,7 +165,7 @@ func (a *Allocations) Run(ctx context.Context) {
 func (a *Allocations) Ready() <-chan struct{} { return a.ready }
 
 // ours reports whether metalvip serves a Service.
-func ours(svc *v1.Service) bool { return desired.Ours(svc) }
+func (a *Allocations) ours(svc *v1.Service) bool { return a.cfg.Serves.Ours(svc) }
 
 func serviceKey(svc *v1.Service) string { return desired.Key(svc) }
 
@@ -201,7 +203,7 @@ func (a *Allocations) rebuild() {
 	byKey := map[string]*v1.Service{}
 	for _, svc := range svcs {
 		published := statusIPs(svc)
-		if !ours(svc) || len(published) == 0 {
+		if !a.ours(svc) || len(published) == 0 {
 			continue
 		}
 		req, _ := a.request(svc) // a bad annotation must not lose the address: restore regardless
@@ -386,7 +388,7 @@ func (a *Allocations) recordLater(ctx context.Context) {
 			}
 			ns, name, _ := strings.Cut(key, "/")
 			svc, err := a.services.Services(ns).Get(name)
-			if err != nil || !ours(svc) || svc.DeletionTimestamp != nil {
+			if err != nil || !a.ours(svc) || svc.DeletionTimestamp != nil {
 				return
 			}
 			a.mu.Lock()
@@ -478,7 +480,7 @@ func (a *Allocations) serviceUpdated(oldObj, curObj any) {
 	}
 	// A status this controller does not know of: written by a previous leader just before it
 	// stopped. Hold its addresses so they are not given twice.
-	if ours(cur) && len(published) > 0 {
+	if a.ours(cur) && len(published) > 0 {
 		req, _ := a.request(cur)
 		pool, _ := annotation.AllocatedPool.Value(cur)
 		if err := a.ipam.Restore(req, ipam.Allocation{Pool: pool, IPs: published}); err != nil {
