@@ -377,7 +377,7 @@ func convertServiceAllocation(sa *mlbServiceAllocation, known []kubeNamespace, a
 	case len(listed) == 0:
 		sel, exact := mergeSelectors(sels)
 		if exact {
-			out.NamespaceSelector = sel
+			out.NamespaceSelector = apiSelector(sel)
 			break
 		}
 		if ns := resolve(); len(ns) > 0 {
@@ -385,7 +385,7 @@ func convertServiceAllocation(sa *mlbServiceAllocation, known []kubeNamespace, a
 			add("spec.serviceAllocation.namespaces", "CHECK: the namespaces matching MetalLB's namespaceSelectors %s when converted; a namespace labelled later is not added", formatSelectors(sels))
 			break
 		}
-		out.NamespaceSelector = sel
+		out.NamespaceSelector = apiSelector(sel)
 		add("spec.serviceAllocation.namespaceSelector", "CHECK: MetalLB admitted namespaces matching any of %s; metalvip takes one selector, the first is kept. Give those namespaces one common label and select it", formatSelectors(sels))
 	default:
 		if ns := resolve(); len(ns) > 0 {
@@ -398,7 +398,7 @@ func convertServiceAllocation(sa *mlbServiceAllocation, known []kubeNamespace, a
 	}
 	if len(sa.ServiceSelectors) > 0 {
 		sel, exact := mergeSelectors(sa.ServiceSelectors)
-		out.ServiceSelector = sel
+		out.ServiceSelector = apiSelector(sel)
 		if !exact {
 			add("spec.serviceAllocation.serviceSelector", "CHECK: MetalLB admitted Services matching any of %s; metalvip takes one selector, the first is kept. Give those Services one common label and select it", formatSelectors(sa.ServiceSelectors))
 		}
@@ -461,7 +461,7 @@ func convertL2Advertisements(an *v1alpha1.Announce, ads []*mlbL2Advertisement, a
 	if len(preferred) > 0 {
 		slices.SortStableFunc(preferred, func(a, b mlbPreferredNodeSelector) int { return cmp.Compare(b.Weight, a.Weight) })
 		p := preferred[0].Preference
-		an.PreferredNodeSelector = &p
+		an.PreferredNodeSelector = apiSelector(&p)
 		msg := "MetalLB preferred these nodes as the announcing one; metalvip spreads the pool's addresses evenly first and prefers these nodes where the spread leaves a choice"
 		if len(preferred) > 1 {
 			msg = fmt.Sprintf("CHECK: of MetalLB's weighted preferences %s the heaviest is kept. ", formatPreferences(preferred)) + msg
@@ -552,7 +552,7 @@ func nodeSelector(an *v1alpha1.Announce, perAd [][]metav1.LabelSelector, add fun
 		all = append(all, sels...)
 	}
 	sel, exact := mergeSelectors(all)
-	an.NodeSelector = sel
+	an.NodeSelector = apiSelector(sel)
 	if !exact {
 		add("spec.announce.nodeSelector", "CHECK: MetalLB announced from nodes matching any of %s; metalvip takes one selector, the first is kept. Give those nodes one common label and select it", formatSelectors(all))
 	}
@@ -592,6 +592,29 @@ func mergeSelectors(sels []metav1.LabelSelector) (sel *metav1.LabelSelector, exa
 	return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 		Key: key, Operator: metav1.LabelSelectorOpIn, Values: sortedKeys(values),
 	}}}, true
+}
+
+// apiSelector writes a selector as metalvip's API holds it; nil stays nil (every node or
+// object).
+func apiSelector(s *metav1.LabelSelector) *v1alpha1.LabelSelector {
+	if s == nil {
+		return nil
+	}
+	out := &v1alpha1.LabelSelector{}
+	if s.MatchLabels != nil {
+		out.MatchLabels = make(map[string]v1alpha1.LabelValue, len(s.MatchLabels))
+		for k, v := range s.MatchLabels {
+			out.MatchLabels[k] = v1alpha1.LabelValue(v)
+		}
+	}
+	for _, r := range s.MatchExpressions {
+		req := v1alpha1.LabelSelectorRequirement{Key: r.Key, Operator: r.Operator}
+		for _, v := range r.Values {
+			req.Values = append(req.Values, v1alpha1.LabelValue(v))
+		}
+		out.MatchExpressions = append(out.MatchExpressions, req)
+	}
+	return out
 }
 
 // oneLabel returns the label and values of a selector that asks only for a label to have one
@@ -692,7 +715,7 @@ func convertPeer(p mlbPeer, in metalLBConfig, passwordNamespace string) (o conve
 	}
 	if len(sp.NodeSelectors) > 0 {
 		sel, exact := mergeSelectors(sp.NodeSelectors)
-		spec.NodeSelector = sel
+		spec.NodeSelector = apiSelector(sel)
 		if !exact {
 			add("spec.nodeSelector", "CHECK: MetalLB peered from nodes matching any of %s; metalvip takes one selector, the first is kept. Give those nodes one common label and select it", formatSelectors(sp.NodeSelectors))
 		}
