@@ -370,9 +370,9 @@ func decodePeer(bp *v1alpha1.BGPPeer) *Peer {
 
 // Set is a consistent view of every pool and peer.
 type Set struct {
-	pools  map[string]*Pool
-	peers  []*Peer // oldest first
-	index  *ipam.Index
+	pools map[string]*Pool
+	peers []*Peer // oldest first
+	index *ipam.Index
 }
 
 // NewSet indexes pools and peers, with the allocator's own overlap rule (ipam.Index): O(ranges)
