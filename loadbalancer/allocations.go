@@ -71,6 +71,8 @@ type Allocations struct {
 	dirty bool // pool figures changed since the last status write
 	// warned holds the last warning given per Service, so a retry does not repeat it.
 	warned map[types.UID]string
+	// annotated holds the last annotation warning given per Service.
+	annotated map[types.UID]string
 	// orphaned holds the orphan warnings given, per Service and address.
 	orphaned map[string]bool
 	// written is the status last applied per pool.
@@ -100,6 +102,7 @@ func New(cfg Config) *Allocations {
 		cfg:          cfg,
 		ipam:         ipam.New(),
 		warned:       map[types.UID]string{},
+		annotated:    map[types.UID]string{},
 		orphaned:     map[string]bool{},
 		written:      map[string]poolStatus{},
 		ready:        make(chan struct{}),
@@ -284,6 +287,7 @@ func (a *Allocations) Ensure(ctx context.Context, svc *v1.Service) (*v1.LoadBala
 		a.warnOnce(svc, ReasonInvalidAnnotation, err.Error()+"; fix the annotation")
 		return nil, err
 	}
+	a.annotationWarnings(svc)
 	a.mu.Lock()
 	prev, _ := a.ipam.Get(req.Key)
 	al, err := a.ipam.Assign(req)
@@ -503,12 +507,30 @@ func (a *Allocations) serviceDeleted(obj any) {
 	defer a.mu.Unlock()
 	a.ipam.Release(serviceKey(svc))
 	delete(a.warned, svc.UID)
+	delete(a.annotated, svc.UID)
 	for k := range a.orphaned {
 		if strings.HasPrefix(k, serviceKey(svc)+"|") {
 			delete(a.orphaned, k)
 		}
 	}
 	a.dirty = true
+}
+
+// annotationWarnings tells, once per distinct text, what of a Service's annotations is not
+// honoured (MetalLB's overruled by metalvip's, rewritten, or unknown).
+func (a *Allocations) annotationWarnings(svc *v1.Service) {
+	w := annotation.Warnings(svc)
+	if len(w) == 0 {
+		return
+	}
+	msg := strings.Join(w, "; ")
+	a.mu.Lock()
+	last := a.annotated[svc.UID]
+	a.annotated[svc.UID] = msg
+	a.mu.Unlock()
+	if last != msg {
+		a.cfg.Recorder.Event(svc, v1.EventTypeWarning, ReasonAnnotationIgnored, msg)
+	}
 }
 
 // warnOnce emits a Warning Event unless the same one was the last given to the Service.
