@@ -227,4 +227,3 @@ func (c *ServiceController) patch(ctx context.Context, svc *v1.Service, body map
 	}
 	return got, nil
 }
-
