@@ -43,12 +43,13 @@ import (
 )
 
 var (
-	out    = flag.String("out", "docs/benchmarks.md", "the report to write")
-	sizes  = flag.String("sizes", "1000,5000,10000", "numbers of Services to allocate")
-	trials = flag.Int("trials", 20, "failover trials")
-	noLab  = flag.Bool("no-lab", false, "only the Go benchmarks and the allocation (for quick runs; the report is not written)")
-	ccmArg = flag.String("ccm-flags", "", "extra CCM flags for the allocation runs, space-separated")
-	ccmBin = flag.String("ccm", "", "a CCM binary to measure the allocation of instead of this tree's (e.g. an older build, for before and after)")
+	out     = flag.String("out", "docs/benchmarks.md", "the report to write")
+	sizes   = flag.String("sizes", "1000,5000,10000", "numbers of Services to allocate")
+	trials  = flag.Int("trials", 20, "failover trials")
+	noLab   = flag.Bool("no-lab", false, "only the Go benchmarks and the allocation (for quick runs; the report is not written)")
+	ccmArg  = flag.String("ccm-flags", "", "extra CCM flags for the allocation runs, space-separated")
+	goBench = flag.Bool("go-bench", true, "run the Go benchmarks (false for quick allocation runs)")
+	ccmBin  = flag.String("ccm", "", "a CCM binary to measure the allocation of instead of this tree's (e.g. an older build, for before and after)")
 )
 
 var begin = time.Now()
@@ -84,8 +85,10 @@ func main() {
 	defer m.Close()
 	r := &report{}
 
-	step("Go benchmarks of the allocator and the planner")
-	goBenchmarks(m, r)
+	if *goBench {
+		step("Go benchmarks of the allocator, the planner and the announcer")
+		goBenchmarks(m, r)
+	}
 
 	step("building the binaries")
 	ccm, agent, err := cluster.Build(m.TempDir())
