@@ -156,6 +156,13 @@ func NewControlPlane(opts ControlPlaneOptions) (*ControlPlane, error) {
 	return cp, nil
 }
 
+// Node is the node the file is for.
+func (cp *ControlPlane) Node() string {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return cp.spec.Self.Name
+}
+
 // ownKey checks that the file gives this node the key it has.
 func (cp *ControlPlane) ownKey(s *controlplane.Spec) error {
 	if s.Self.Key == nil || bytes.Equal(s.Self.Key, cp.identity.PublicKeys()[0]) {

@@ -299,7 +299,7 @@ func (c *Config) Check() (*Spec, error) {
 		switch {
 		case err != nil || a.Zone() != "":
 			bad(at+".address", "%q is not an IP address; give the node's data-plane address", n.Address)
-		case !a.IsGlobalUnicast():
+		case a.IsUnspecified() || a.IsMulticast() || a.IsLinkLocalUnicast() || a.Is4In6():
 			bad(at+".address", "%s is not a unicast address heartbeats can come from", a)
 		case a == vip:
 			bad(at+".address", "%s is the VIP; give the node's own address", a)
