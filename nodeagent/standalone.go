@@ -216,15 +216,17 @@ func (cp *ControlPlane) openLocked() error {
 	if s.Mode != controlplane.ModeL2 || len(s.Members) < 2 {
 		return nil
 	}
-	cfg := func(port uint16) failover.Config {
+	cfg := func(port uint16, misses int) failover.Config {
 		return failover.Config{Node: s.Self.Name, Listen: netip.AddrPortFrom(s.Self.Addr, port),
-			Interval: s.Interval, Misses: s.Misses, Identity: cp.identity, OnChange: cp.reconsider}
+			Interval: s.Interval, Misses: misses, Identity: cp.identity, OnChange: cp.reconsider}
 	}
-	q, err := cp.opts.NewLiveness(cfg(s.QuorumPort))
+	q, err := cp.opts.NewLiveness(cfg(s.QuorumPort, s.Misses))
 	if err != nil {
 		return fmt.Errorf("control-plane quorum heartbeats: %w", err)
 	}
-	c, err := cp.opts.NewLiveness(cfg(s.CandidatePort))
+	// The candidates wait one heartbeat longer than the majority does: a holder cut off from
+	// the others has let go (it lost its majority) before another takes over.
+	c, err := cp.opts.NewLiveness(cfg(s.CandidatePort, s.Misses+1))
 	if err != nil {
 		_ = q.Close()
 		return fmt.Errorf("control-plane candidate heartbeats: %w", err)

@@ -113,7 +113,7 @@ func TestTheControlPlaneVIP(t *testing.T) {
 		}
 		m50, m99, mmax := percentiles(f.moves)
 		o50, o99, omax := percentiles(f.outage)
-		t.Logf("FIGURES %s, %d trials: VIP moved (first ARP answer of the new holder) p50 %s p99 %s max %s; client outage (fault to the first request after which none failed) p50 %s p99 %s max %s",
+		t.Logf("FIGURES %s, %d trials: VIP moved (first ARP answer of the new holder) p50 %s p99 %s max %s; client outage (longest time without a successful answer) p50 %s p99 %s max %s",
 			f.what, len(f.moves), ms(m50), ms(m99), ms(mmax), ms(o50), ms(o99), ms(omax))
 	}
 
@@ -203,7 +203,7 @@ func (e *env) fault(t *testing.T, w *arpWatch, l *lister, kind string) (move, ou
 	if move <= 0 || move > moveBound {
 		t.Errorf("%s answered %s after the fault; want within %s", holder, ms(move), moveBound)
 	}
-	t.Logf("%s killed: %s answered for the VIP %s later; the client's outage %s (%d requests failed; first error: %v)",
+	t.Logf("%s killed: %s answered for the VIP %s later; the client went %s without an answer (%d requests failed; first error: %v)",
 		kind, holder, ms(move), ms(outage), failed, firstErr)
 
 	switch kind {
@@ -260,8 +260,9 @@ func (e *env) partition(t *testing.T, w *arpWatch, l *lister) {
 	_, lastIsolated := w.span(victim, t0, t1)
 	firstNew, _ := w.span(holder, t0, t1)
 	during := w.answerers(t0, t0.Add(moveBound))
-	t.Logf("partition: node1 (ready, %s) answered last %s after it, %s first %s after it; answers in the first %s: %v, after: %v",
-		e.controlPlane(victim).GetVip().GetReason(), ms(lastIsolated.Sub(t0)), holder, ms(firstNew.Sub(t0)), moveBound, during, after)
+	overlap := max(lastIsolated.Sub(firstNew), 0)
+	t.Logf("FIGURES partition: node1 (ready, %q) answered last %s after it, %s first %s after it (both answered for %s); answers in the first %s: %v, after: %v",
+		e.controlPlane(victim).GetVip().GetReason(), ms(lastIsolated.Sub(t0)), holder, ms(firstNew.Sub(t0)), ms(overlap), moveBound, during, after)
 	if out, err := h.Run(context.Background(), "nft", "delete", "table", "inet", "mvpartition"); err != nil {
 		t.Fatalf("nft: %v: %s", err, out)
 	}

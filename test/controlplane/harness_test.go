@@ -506,26 +506,36 @@ func (l *lister) steady(d time.Duration) bool {
 	return true
 }
 
-// outage is what the client saw of one fault at t0, observed until t1: the time from t0 to
-// the first request after which none failed, the requests that failed, and the first error.
+// outage is what the client saw of one fault at t0, observed until t1: the longest time
+// without a successful answer around t0 (between two successive successful requests'
+// answers), how many requests failed, and the first error. In steady state the gap is the
+// listing interval.
 func (l *lister) outage(t0, t1 time.Time) (time.Duration, int, error) {
-	rs := l.between(t0, t1)
-	last := -1
+	var ends []time.Time
 	failed := 0
 	var first error
-	for i, r := range rs {
-		if r.err != nil {
-			last = i
+	for _, r := range l.between(t0.Add(-time.Second), t1) {
+		switch {
+		case r.err == nil:
+			ends = append(ends, r.end)
+		case !r.start.Before(t0):
 			failed++
 			if first == nil {
 				first = r.err
 			}
 		}
 	}
-	if last+1 >= len(rs) {
-		return t1.Sub(t0), failed, first
+	slices.SortFunc(ends, time.Time.Compare)
+	var gap time.Duration
+	for i := 1; i < len(ends); i++ {
+		if ends[i].After(t0) {
+			gap = max(gap, ends[i].Sub(ends[i-1]))
+		}
 	}
-	return rs[last+1].start.Sub(t0), failed, first
+	if len(ends) == 0 || ends[len(ends)-1].Before(t0) {
+		gap = t1.Sub(t0)
+	}
+	return gap, failed, first
 }
 
 // arpWatch asks for the VIP by ARP from the client every 20 ms and records who answers.
