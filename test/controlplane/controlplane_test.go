@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -119,6 +120,9 @@ func TestTheControlPlaneVIP(t *testing.T) {
 
 	t.Run("a partition isolating the holder: within one failover bound exactly one other node answers, and the isolated one stops", func(t *testing.T) {
 		e.partition(t, w, l)
+	})
+	t.Run("standby on the holder (before an upgrade) hands the VIP to the next node while its API server still answers", func(t *testing.T) {
+		e.standby(t, w, l)
 	})
 	l.Stop()
 
@@ -298,4 +302,38 @@ func (e *env) nextHops(t *testing.T) []string {
 	}
 	slices.Sort(hops)
 	return hops
+}
+
+// standby sets standby in node1's file with metalvipctl, as an operator does before upgrading
+// it, and measures what the client sees; then turns it off again.
+func (e *env) standby(t *testing.T, w *arpWatch, l *lister) {
+	const victim = "node1"
+	eventually(t, 2*time.Minute, "node1 holds the VIP and the client is served", func() bool {
+		return w.owner() == victim && l.steady(2*time.Second)
+	})
+	file := e.files + "/" + victim + "/controlplane.yaml"
+	set := func(on string) {
+		if out, err := exec.Command(ctlBinary, "controlplane", "standby", "--config", file, on).CombinedOutput(); err != nil {
+			t.Fatalf("metalvipctl controlplane standby %s: %v\n%s", on, err, out)
+		}
+	}
+	t0 := time.Now()
+	set("on")
+	took := eventually(t, 10*time.Second, "another node holds the VIP", func() bool { o := w.owner(); return o != "" && o != victim })
+	time.Sleep(observe)
+	t1 := time.Now()
+	gap, failed, firstErr := l.outage(t0, t1)
+	_, lastOld := w.span(victim, t0, t1)
+	holder := w.owner()
+	firstNew, _ := w.span(holder, t0, t1)
+	t.Logf("FIGURES standby: node1 stopped answering ARP %s after the file changed, %s answered %s after it (%s after node1 stopped; both answered for %s); the client went %s without an answer (%d requests failed; first error: %v)",
+		ms(lastOld.Sub(t0)), holder, ms(firstNew.Sub(t0)), ms(firstNew.Sub(lastOld)), ms(max(lastOld.Sub(firstNew), 0)), ms(gap), failed, firstErr)
+	if took > 5*time.Second {
+		t.Errorf("the VIP moved %s after standby; want within 5 s (the file is read every second)", ms(took))
+	}
+	if cp := e.controlPlane(victim); !strings.Contains(cp.GetVip().GetReason(), "standby") || !cp.GetApiServerReady() {
+		t.Errorf("node1 says %v", cp)
+	}
+	set("off")
+	eventually(t, 30*time.Second, "node1 holds the VIP again after standby off", func() bool { return w.owner() == victim })
 }
