@@ -712,7 +712,7 @@ func (a *Agent) retryLoop() {
 		case <-t.C:
 			a.applyMu.Lock()
 			a.mu.Lock()
-			if a.state != nil && len(a.problems) > 0 {
+			if (a.state != nil || a.opts.ControlPlane != nil) && len(a.problems) > 0 {
 				ctx, cancel := context.WithTimeout(context.Background(), a.opts.RetryInterval)
 				a.applyLocked(ctx)
 				cancel()

@@ -16,6 +16,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/metalvip/metalvip/nodeagent/bgp"
 	"github.com/metalvip/metalvip/nodeagent/controlplane"
 	"github.com/metalvip/metalvip/nodeagent/l2"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
@@ -361,4 +362,61 @@ func TestTheTwoSourcesStayApart(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor("after the CCM removed everything", vip)
+}
+
+// TestInBGPModeTheVIPIsAdvertisedWhileTheAPIServerIsReady: the file's routers get sessions at
+// once, with the file's ASN; the /32 comes and goes with readiness.
+func TestInBGPModeTheVIPIsAdvertisedWhileTheAPIServerIsReady(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "controlplane.yaml")
+	if err := os.WriteFile(file, []byte("apiVersion: metalvip.io/v1alpha1\nkind: ControlPlane\nnode: node-a\nvip: "+cpTestVIP+
+		"\nmode: BGP\nnodes: [{name: node-a, address: 198.51.100.11}, {name: node-b, address: 198.51.100.12}]\n"+
+		"apiServer: {interval: 20ms, rise: 1, fall: 1}\nbgp: {asn: 64497, peers: [{address: 198.51.100.1, peerASN: 64496}]}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var ready atomic.Bool
+	cp, err := NewControlPlane(ControlPlaneOptions{File: file, StateDir: filepath.Join(dir, "state"), Check: func(context.Context) error {
+		if ready.Load() {
+			return nil
+		}
+		return errors.New("503")
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	speaker := &fakeBGP{}
+	var cfg bgp.Config
+	a, err := New(context.Background(), Options{Node: "node-a", StateDir: filepath.Join(dir, "state"), L2: &fakeL2{},
+		NewBGP: func(_ context.Context, c bgp.Config) (BGP, error) { cfg = c; return speaker, nil }, ControlPlane: cp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close(context.Background())
+	advertised := func() bool {
+		speaker.mu.Lock()
+		defer speaker.mu.Unlock()
+		return slices.ContainsFunc(speaker.routes, func(r bgp.Route) bool { return r.Prefix == netip.MustParsePrefix(cpTestVIP+"/32") })
+	}
+	wait := func(what string, want bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for advertised() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: advertised %v", what, !want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	ready.Store(true)
+	wait("ready", true)
+	speaker.mu.Lock()
+	peers := slices.Clone(speaker.peers)
+	speaker.mu.Unlock()
+	if cfg.ASN != 64497 || len(peers) != 1 || peers[0].Address != netip.MustParseAddr("198.51.100.1") {
+		t.Errorf("speaker ASN %d, peers %+v; want the file's", cfg.ASN, peers)
+	}
+	ready.Store(false)
+	wait("not ready", false)
+	ready.Store(true)
+	wait("ready again", true)
 }
