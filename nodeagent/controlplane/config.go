@@ -41,7 +41,7 @@ const (
 
 	defaultHeartbeatInterval = 50 * time.Millisecond
 	defaultHeartbeatMisses   = 3
-	defaultProbeInterval     = 200 * time.Millisecond
+	defaultProbeInterval     = 100 * time.Millisecond
 	defaultProbeTimeout      = time.Second
 	defaultRise              = 3
 	defaultFall              = 2
@@ -93,7 +93,7 @@ type APIServer struct {
 	// CAFile verifies the API server's certificate; default /etc/kubernetes/pki/ca.crt. Until
 	// it can be read (before `kubeadm init` writes it) the API server counts as not ready.
 	CAFile string `json:"caFile,omitempty"`
-	// Interval between checks (default 200ms) and Timeout of one (default 1s).
+	// Interval between checks (default 100ms) and Timeout of one (default 1s).
 	Interval metav1.Duration `json:"interval,omitempty"`
 	Timeout  metav1.Duration `json:"timeout,omitempty"`
 	// Rise successes in a row make it ready (default 3); Fall failures in a row not (default 2).

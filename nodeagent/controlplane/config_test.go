@@ -43,7 +43,7 @@ func TestAValidFileGetsItsDefaultsAndItsRanking(t *testing.T) {
 		t.Errorf("majority %d, others %v", s.Majority(), s.Others())
 	}
 	h := s.Health
-	if h.URL != "https://198.51.100.12:6443/readyz" || h.CAFile != DefaultCAFile || h.Interval != 200*time.Millisecond ||
+	if h.URL != "https://198.51.100.12:6443/readyz" || h.CAFile != DefaultCAFile || h.Interval != 100*time.Millisecond ||
 		h.Timeout != time.Second || h.Rise != 3 || h.Fall != 2 {
 		t.Errorf("health defaults %+v", h)
 	}

@@ -173,6 +173,7 @@ func (e *env) fault(t *testing.T, w *arpWatch, l *lister, kind string) (move, ou
 		return w.owner() == victim && l.steady(2*time.Second)
 	})
 	h := e.node(victim)
+	marks := e.logMarks()
 	t0 := time.Now()
 	switch kind {
 	case "kube-apiserver":
@@ -209,6 +210,9 @@ func (e *env) fault(t *testing.T, w *arpWatch, l *lister, kind string) (move, ou
 	}
 	t.Logf("%s killed: %s answered for the VIP %s later; the client went %s without an answer (%d requests failed; first error: %v)",
 		kind, holder, ms(move), ms(outage), failed, firstErr)
+	if move > moveBound/2 {
+		t.Logf("a slow move: what the agents logged of the control-plane VIP since the fault:\n%s", e.logSince(marks))
+	}
 
 	switch kind {
 	case "kube-apiserver":
@@ -336,4 +340,34 @@ func (e *env) standby(t *testing.T, w *arpWatch, l *lister) {
 	}
 	set("off")
 	eventually(t, 30*time.Second, "node1 holds the VIP again after standby off", func() bool { return w.owner() == victim })
+}
+
+// logMarks returns how long each agent's log is now.
+func (e *env) logMarks() map[string]int {
+	out := map[string]int{}
+	for n, p := range e.agents {
+		out[n] = len(p.Output())
+	}
+	return out
+}
+
+// logSince returns the control-plane lines each agent logged after marks.
+func (e *env) logSince(marks map[string]int) string {
+	var b strings.Builder
+	for _, n := range e.lab.Nodes {
+		p := e.agents[n.Name]
+		if p == nil {
+			continue
+		}
+		out := p.Output()
+		if m := marks[n.Name]; m <= len(out) {
+			out = out[m:]
+		}
+		for line := range strings.SplitSeq(out, "\n") {
+			if strings.Contains(line, "Control-plane") {
+				b.WriteString(n.Name + ": " + line + "\n")
+			}
+		}
+	}
+	return b.String()
 }

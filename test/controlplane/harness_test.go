@@ -226,8 +226,8 @@ func (e *env) stateDir(node string) string { return filepath.Join(e.dir, "state-
 
 // writeFiles collects each node's heartbeat key as an operator would (metalvip-agent
 // --print-heartbeat-key on the node) and writes every node's file with metalvipctl; then points
-// the readiness check at the lab's CA (kubeadm's default path does not exist here) and sets
-// the checks' timers.
+// the readiness check at the lab's CA (kubeadm's default path does not exist here); every
+// timer keeps its default.
 func (e *env) writeFiles(extra ...string) {
 	t := e.t
 	args := []string{"controlplane", "files", "--vip", vip.String(), "--bootstrap", "node1", "--interface", "eth0", "--out", filepath.Join(e.dir, "files")}
@@ -262,8 +262,6 @@ func (e *env) writeFiles(extra ...string) {
 			t.Fatal(err)
 		}
 		c.APIServer.CAFile = e.path("ca.crt")
-		c.APIServer.Interval = metav1.Duration{Duration: 100 * time.Millisecond}
-		c.APIServer.Timeout = metav1.Duration{Duration: 500 * time.Millisecond}
 		if data, err = controlplane.Encode(c); err != nil {
 			t.Fatal(err)
 		}
