@@ -130,6 +130,9 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 	if opts.NewLiveness == nil {
 		opts.NewLiveness = func(c failover.Config) (Liveness, error) { return failover.New(c) }
 	}
+	if cp := opts.ControlPlane; cp != nil && cp.Node() != opts.Node {
+		return nil, fmt.Errorf("the control-plane file is for node %q; this agent is %q", cp.Node(), opts.Node)
+	}
 	a := &Agent{
 		opts:     opts,
 		views:    map[netip.Addr]*agentv1.AnnouncedVIP{},
