@@ -311,12 +311,13 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 		}
 		c.mu.Lock()
 		pending := c.desired != nil && (c.applied != c.version || c.appliedAt != a.Term())
-		known := c.known
+		known, reachable := c.known, c.reachable
 		c.mu.Unlock()
 		var err error
 		switch {
-		case !known:
-			// First ask what the agent holds: the generation resumes from it.
+		case !known || !reachable:
+			// First ask what the agent holds: the generation resumes from it (and its keys
+			// come from it). An agent that did not answer is asked again after the backoff.
 			err = a.probe(ctx, c)
 		case pending:
 			err = a.apply(ctx, c)

@@ -557,7 +557,7 @@ func (a *Allocator) candidates(s *Service, cur Allocation) ([]*pool, error) {
 	if s.Pool != "" {
 		p, ok := a.pools[s.Pool]
 		if !ok {
-			return nil, errorf(ErrNoPool, "IP pool %q named by metalvip.io/pool does not exist; create it or name another pool", s.Pool)
+			return nil, errorf(ErrNoPool, "IP pool %q named by the Service (metalvip.io/pool, or MetalLB's address-pool) does not exist; create it or name another pool", s.Pool)
 		}
 		if !p.usable() {
 			return nil, errorf(ErrPoolUnusable, "IP pool %q overlaps the older pool %q and is not used until the overlap is removed", p.Name, p.shadowedBy)

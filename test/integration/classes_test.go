@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,13 +36,26 @@ func serviceOf(t *testing.T, e *env, ns, name string) *corev1.Service {
 	return s
 }
 
+// eventsOf returns the Events a load balancer gave a Service: metalvip's, or the framework's
+// service controller's (the API server's own, such as its ClusterIP repairs, are not ours).
 func eventsOf(t *testing.T, e *env, ns, name string) []corev1.Event {
 	t.Helper()
 	l, err := e.srv.Client.CoreV1().Events(ns).List(e.ctx, metav1.ListOptions{FieldSelector: fields.Set{"involvedObject.name": name}.String()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return l.Items
+	var out []corev1.Event
+	for _, ev := range l.Items {
+		switch ev.Source.Component + ev.ReportingController {
+		case "metalvip-cloud-controller-manager", "service-controller", "service-lb-controller":
+			out = append(out, ev)
+		default:
+			if strings.Contains(ev.Source.Component+ev.ReportingController, "metalvip") || strings.Contains(ev.Source.Component+ev.ReportingController, "service") {
+				out = append(out, ev)
+			}
+		}
+	}
+	return out
 }
 
 // TestTwoImplementationsSideBySide: a Service of metalvip's class is served by metalvip's own
