@@ -3,8 +3,10 @@
 // that put it on the wire (l2 for ARP/NDP, bgp for BGP) and the heartbeat exchange (failover).
 // It decides which of the L2 VIPs it answers for from the ranked candidates it is given
 // (ownership.go), and which items of a state it takes: an invalid announcement or BGP peer is
-// refused alone, with the reason, and the rest applied (validate.go). It holds no Kubernetes
-// credentials, decides nothing about which VIPs exist, and never returns a secret.
+// refused alone, with the reason, and the rest applied (validate.go). With a local file it also
+// serves the control-plane VIP in front of the kube-apiservers (standalone.go), a second source
+// kept apart from the CCM's state. It holds no Kubernetes credentials, decides nothing about
+// which Service VIPs exist, and never returns a secret.
 package nodeagent
 
 import (
