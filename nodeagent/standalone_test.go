@@ -303,7 +303,8 @@ func TestAFileWithAnotherKeyForThisNodeIsRefusedAtStart(t *testing.T) {
 }
 
 // TestTheTwoSourcesStayApart: the CCM's Apply neither takes nor removes the control-plane
-// VIP, and the file touches no Service VIP; GetState shows each in its place.
+// VIP, and the control-plane VIP coming and going touches no Service VIP; GetState shows each
+// in its place.
 func TestTheTwoSourcesStayApart(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "controlplane.yaml")
@@ -312,7 +313,13 @@ func TestTheTwoSourcesStayApart(t *testing.T) {
 		t.Fatal(err)
 	}
 	stateDir := filepath.Join(dir, "state")
-	cp, err := NewControlPlane(ControlPlaneOptions{File: file, StateDir: stateDir, Check: func(context.Context) error { return nil }})
+	var down atomic.Bool
+	cp, err := NewControlPlane(ControlPlaneOptions{File: file, StateDir: stateDir, Check: func(context.Context) error {
+		if down.Load() {
+			return errors.New("connection refused")
+		}
+		return nil
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,6 +364,11 @@ func TestTheTwoSourcesStayApart(t *testing.T) {
 	if v := st.GetControlPlane().GetVip(); v.GetVip() != vip.String() || !v.GetActive() || st.GetControlPlane().GetConfigFile() != file {
 		t.Errorf("control_plane %v", st.GetControlPlane())
 	}
+
+	down.Store(true)
+	waitFor("the file's VIP let go, the Service's kept", service)
+	down.Store(false)
+	waitFor("the file's VIP back, the Service's kept", vip, service)
 
 	if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(1, 2)}); err != nil {
 		t.Fatal(err)
