@@ -190,8 +190,10 @@ func containsNode(nodes []controlplane.Node, name string) bool {
 }
 
 // staticPod is the agent's static pod for kubelet: the host's network, the capabilities of
-// the DaemonSet's agent, the local file, the state folder (keys, bootstrap record) and the
-// cluster CA (to check the API server), and no Kubernetes credentials.
+// the DaemonSet's agent, the local file's folder (a folder, not the file: a file replaced by
+// rename, as standby writes it, shows through a folder mount only), the state folder (keys,
+// bootstrap record) and the cluster CA (to check the API server), and no Kubernetes
+// credentials.
 func staticPod(o *cpFilesOptions, node string) string {
 	args := []string{
 		"--control-plane-config=" + cpConfigDir + "/" + cpConfigName,
