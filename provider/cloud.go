@@ -6,16 +6,19 @@ package provider
 
 import (
 	"context"
+	"maps"
 	"os"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	cloudprovider "k8s.io/cloud-provider"
 	"k8s.io/klog/v2"
@@ -184,6 +187,20 @@ func (c *Cloud) SetInformers(factory informers.SharedInformerFactory) {
 	if c.allocs == nil {
 		return
 	}
+	// The caches hold every Service, Node, EndpointSlice and Namespace: keep out what nothing
+	// here reads (managed fields, and but for Nodes kubectl's last-applied copy).
+	for inf, f := range map[cache.SharedIndexInformer]cache.TransformFunc{
+		factory.Core().V1().Services().Informer():            trim,
+		factory.Discovery().V1().EndpointSlices().Informer(): trim,
+		factory.Core().V1().Namespaces().Informer():          trim,
+		// The framework's node controller updates whole Nodes from its cache: only what an
+		// update leaves alone when missing (managed fields) may go.
+		factory.Core().V1().Nodes().Informer(): trimManaged,
+	} {
+		if err := inf.SetTransform(f); err != nil {
+			klog.ErrorS(err, "An informer started before the provider could trim its objects")
+		}
+	}
 	c.allocs.Register(factory, c.dyn)
 	c.services.Register(factory)
 	if c.announcer != nil {
@@ -237,3 +254,30 @@ func (c *Cloud) ProviderName() string { return ProviderName }
 func (c *Cloud) HasClusterID() bool { return true }
 
 func providerID(nodeName string) string { return ProviderIDPrefix + nodeName }
+
+// trimManaged drops an object's managed fields from the cache: an update made from the
+// trimmed copy leaves them as they are on the server.
+func trimManaged(obj any) (any, error) {
+	if acc, err := meta.Accessor(obj); err == nil {
+		acc.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// trim drops what no controller of this process reads from objects it only patches (never
+// updates whole): managed fields and kubectl's last-applied copy.
+func trim(obj any) (any, error) {
+	if acc, err := meta.Accessor(obj); err == nil {
+		acc.SetManagedFields(nil)
+		if a := acc.GetAnnotations(); a != nil {
+			if _, ok := a[lastApplied]; ok {
+				a = maps.Clone(a)
+				delete(a, lastApplied)
+				acc.SetAnnotations(a)
+			}
+		}
+	}
+	return obj, nil
+}
+
+const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"

@@ -156,3 +156,19 @@ func TestInstancesNeverDeleteOrShutDownANode(t *testing.T) {
 		}
 	}
 }
+
+func TestTrimKeepsWhatAnUpdateWouldLose(t *testing.T) {
+	obj := func() *v1.Node {
+		return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
+			Annotations:   map[string]string{lastApplied: "{...}", "keep": "me"},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}}}
+	}
+	n, _ := trimManaged(obj())
+	if got := n.(*v1.Node); got.ManagedFields != nil || got.Annotations[lastApplied] == "" {
+		t.Errorf("a Node keeps its annotations (the framework updates whole Nodes) and loses managed fields: %+v", got.ObjectMeta)
+	}
+	s, _ := trim(&v1.Service{ObjectMeta: obj().ObjectMeta})
+	if got := s.(*v1.Service); got.ManagedFields != nil || got.Annotations[lastApplied] != "" || got.Annotations["keep"] != "me" {
+		t.Errorf("a Service loses managed fields and the last-applied copy, nothing else: %+v", got.ObjectMeta)
+	}
+}
