@@ -49,6 +49,7 @@ var (
 	noLab   = flag.Bool("no-lab", false, "only the Go benchmarks and the allocation (for quick runs; the report is not written)")
 	ccmArg  = flag.String("ccm-flags", "", "extra CCM flags for the allocation runs, space-separated")
 	goBench = flag.Bool("go-bench", true, "run the Go benchmarks (false for quick allocation runs)")
+	heapOut = flag.String("ccm-heap", "", "write the CCM's heap profile after each allocation run to this file prefix (profiling on a loopback port)")
 	ccmBin  = flag.String("ccm", "", "a CCM binary to measure the allocation of instead of this tree's (e.g. an older build, for before and after)")
 )
 
@@ -282,6 +283,12 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 		m.Fatalf("%v", err)
 	}
 	args := []string{"--kubeconfig", kc, "--cloud-config", cfg, "--leader-elect=false", "--secure-port=0", "--controllers=service-lb-controller"}
+	profPort := 0
+	if *heapOut != "" {
+		profPort = 16000 + i
+		args = append(args, fmt.Sprintf("--secure-port=%d", profPort), "--bind-address=127.0.0.1", "--profiling",
+			"--authentication-skip-lookup", "--authorization-always-allow-paths=/healthz,/debug/pprof/heap")
+	}
 	if *ccmArg != "" {
 		args = append(args, strings.Fields(*ccmArg)...)
 	}
@@ -366,6 +373,15 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	}
 	all := last.Sub(start)
 	rss := rssOf(proc.Cmd.Process.Pid)
+	if profPort != 0 {
+		heap := fmt.Sprintf("%s-%d.pprof", *heapOut, n)
+		cmd := exec.Command("curl", "-sk", "-o", heap, fmt.Sprintf("https://127.0.0.1:%d/debug/pprof/heap", profPort))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			step("  heap profile: %v %s", err, out)
+		} else {
+			step("  heap profile in %s", heap)
+		}
+	}
 	step("  all allocated after %s (API server alone: %s), announced after %s, CCM writes %.2f per Service (%s)", all.Round(time.Millisecond), alone.Round(time.Millisecond),
 		lastAnn.Sub(start).Round(time.Millisecond), ccmWrites.total()/float64(n), ccmWrites.perService(n))
 	// The CCM removes its finalizers as the Services go: later runs and the lab start clean.
