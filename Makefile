@@ -6,7 +6,14 @@ SHELL := /usr/bin/env bash
 GO        ?= go
 TOOL      := $(GO) tool -modfile=hack/tools/go.mod
 VERSION   ?= $(shell git describe --tags --match 'v*' --dirty 2>/dev/null || echo v0.0.0-$$(git rev-parse --short HEAD 2>/dev/null || echo unknown))
-LDFLAGS   := -X k8s.io/component-base/version.gitVersion=$(VERSION)
+COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+# The one definition of a build's identity: `make build` and `make images` both link with it.
+# internal/version is what --version prints; component-base's is what the CCM's framework logs
+# and exports as kubernetes_build_info.
+LDFLAGS   := -X github.com/metalvip/metalvip/internal/version.version=$(VERSION) \
+             -X github.com/metalvip/metalvip/internal/version.commit=$(COMMIT) \
+             -X k8s.io/component-base/version.gitVersion=$(VERSION) \
+             -X k8s.io/component-base/version.gitCommit=$(COMMIT)
 BINARIES  := metalvip-cloud-controller-manager metalvip-agent metalvipctl
 # Whole packages run in parallel; the e2e and lab packages bound their own times.
 TEST_FLAGS ?= -count=1 -timeout 40m

@@ -20,7 +20,9 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics
 	_ "k8s.io/component-base/metrics/prometheus/version"  // version metric
 	"k8s.io/component-base/version/verflag"
+	"k8s.io/klog/v2"
 
+	"github.com/metalvip/metalvip/internal/version"
 	"github.com/metalvip/metalvip/provider"
 	providerconfig "github.com/metalvip/metalvip/provider/config"
 )
@@ -69,7 +71,14 @@ Settings of its own are in the --cloud-config file, documented in docs/cloud-con
 	// in it is reported first and alone.
 	run := cmd.RunE
 	cmd.RunE = func(c *cobra.Command, args []string) error {
+		// --version prints metalvip's build; --version=raw keeps the framework's Kubernetes
+		// version details.
+		if f := c.Flags().Lookup("version"); f != nil && f.Value.String() == "true" {
+			fmt.Fprintln(c.OutOrStdout(), version.String(cmd.Use))
+			return nil
+		}
 		verflag.PrintAndExitIfRequested()
+		klog.InfoS("Starting", "binary", cmd.Use, "version", version.Get().Version, "commit", version.Get().Commit)
 		cp := opts.KubeCloudShared.CloudProvider
 		if cp.Name != provider.ProviderName {
 			return fmt.Errorf("--cloud-provider=%q: this binary runs only the %q provider; leave the flag out or set it to %q", cp.Name, provider.ProviderName, provider.ProviderName)
