@@ -59,6 +59,14 @@ func newCommand() (*cobra.Command, error) {
 	opts.Generic.ClientConnection.Burst = defaultKubeAPIBurst
 	opts.ServiceController.ConcurrentServiceSyncs = defaultConcurrentServiceSyncs
 	opts.Generic.LeaderElection.ResourceName = "metalvip-cloud-controller-manager"
+	// Start while the API server is unreachable (a node cut off, a control plane restarting)
+	// and wait for it in leader election, instead of exiting at once because the
+	// front-proxy CA (extension-apiserver-authentication) could not be read: a pod that exits
+	// goes into CrashLoopBackOff and comes back minutes after the API server does. Without it,
+	// only front-proxy (request-header) authentication stays off for the process's life;
+	// tokens are still checked by TokenReview and client certificates by the cluster's CA,
+	// which is read again as soon as it can be.
+	opts.Authentication.TolerateInClusterLookupFailure = true
 
 	cmd := app.NewCloudControllerManagerCommand(opts, cloudInitializer, app.DefaultInitFuncConstructors,
 		names.CCMControllerAliases(), cliflag.NamedFlagSets{}, wait.NeverStop)
