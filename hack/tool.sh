@@ -6,6 +6,7 @@
 #
 #   hack/tool.sh helm      # helm v4, pinned in hack/tools/go.mod (a `go tool` there)
 #   hack/tool.sh kubectl   # kubectl of the tests' Kubernetes release, hack/tools/kubectl
+#   hack/tool.sh kubeadm   # kubeadm of that release (validates the install docs' configuration)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 case "${1:-}" in
@@ -13,13 +14,13 @@ case "${1:-}" in
     module="$root/hack/tools" pkg=helm.sh/helm/v4/cmd/helm
     version=$(awk '$1 == "helm.sh/helm/v4" {print $2}' "$module/go.mod")
     ldflags="-X helm.sh/helm/v4/internal/version.version=$version" ;;
-  kubectl)
-    module="$root/hack/tools/kubectl" pkg=k8s.io/kubernetes/cmd/kubectl
+  kubectl|kubeadm)
+    module="$root/hack/tools/kubectl" pkg=k8s.io/kubernetes/cmd/$1
     version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$module/go.mod")
     ldflags="-X k8s.io/component-base/version.gitVersion=$version"
     ldflags+=" -X k8s.io/component-base/version.gitMajor=$(echo "${version#v}" | cut -d. -f1)"
     ldflags+=" -X k8s.io/component-base/version.gitMinor=$(echo "$version" | cut -d. -f2)" ;;
-  *) echo "usage: hack/tool.sh helm|kubectl" >&2; exit 2 ;;
+  *) echo "usage: hack/tool.sh helm|kubectl|kubeadm" >&2; exit 2 ;;
 esac
 out="$root/.cache/bin/$1"
 want=$(cat "$module/go.mod" "$module/go.sum" | sha256sum | cut -d' ' -f1)
