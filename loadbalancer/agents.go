@@ -19,6 +19,7 @@ import (
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
 
+	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
@@ -38,7 +39,8 @@ var (
 )
 
 // MaxStateBytes bounds a desired state on the wire, both ways: about 100,000 VIPs on one node.
-const MaxStateBytes = 64 << 20
+// The agent serves with the same limit (internal/agentapi).
+const MaxStateBytes = agentapi.MaxMessageBytes
 
 // AgentConfig says how the CCM reaches agents.
 type AgentConfig struct {
@@ -309,12 +311,13 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 		}
 		c.mu.Lock()
 		pending := c.desired != nil && (c.applied != c.version || c.appliedAt != a.Term())
-		known := c.known
+		known, reachable := c.known, c.reachable
 		c.mu.Unlock()
 		var err error
 		switch {
-		case !known:
-			// First ask what the agent holds: the generation resumes from it.
+		case !known || !reachable:
+			// First ask what the agent holds: the generation resumes from it (and its keys
+			// come from it). An agent that did not answer is asked again after the backoff.
 			err = a.probe(ctx, c)
 		case pending:
 			err = a.apply(ctx, c)
@@ -444,8 +447,10 @@ func (a *Agents) probe(ctx context.Context, c *agentConn) error {
 			c.genFor = 0
 		}
 	}
-	if resp.GetTerm() != term || resp.GetGeneration() != c.gen {
-		c.applied = 0 // the agent does not hold what this leader last gave it
+	if resp.GetTerm() != term || resp.GetGeneration() != c.gen || resp.GetRestored() {
+		// The agent does not hold what this leader last gave it, or holds it only from its
+		// disk (it restarted): send it again, so that it knows the leader is in touch.
+		c.applied = 0
 	}
 	keysChanged := !sameKeys(c.keys, resp.GetHeartbeatPublicKeys())
 	c.keys = resp.GetHeartbeatPublicKeys()

@@ -53,6 +53,8 @@ type Config struct {
 	Recorder record.EventRecorder
 	// Objects are the decoded pools and peers, shared with the announcer.
 	Objects *Objects
+	// Serves says which Services are metalvip's.
+	Serves desired.Serves
 	// PendingRetry is how often a Service waiting for an address is tried again (a pool may
 	// have grown or an address been freed meanwhile).
 	PendingRetry time.Duration
@@ -69,6 +71,8 @@ type Allocations struct {
 	dirty bool // pool figures changed since the last status write
 	// warned holds the last warning given per Service, so a retry does not repeat it.
 	warned map[types.UID]string
+	// annotated holds the last annotation warning given per Service.
+	annotated map[types.UID]string
 	// orphaned holds the orphan warnings given, per Service and address.
 	orphaned map[string]bool
 	// written is the status last applied per pool.
@@ -98,6 +102,7 @@ func New(cfg Config) *Allocations {
 		cfg:          cfg,
 		ipam:         ipam.New(),
 		warned:       map[types.UID]string{},
+		annotated:    map[types.UID]string{},
 		orphaned:     map[string]bool{},
 		written:      map[string]poolStatus{},
 		ready:        make(chan struct{}),
@@ -163,7 +168,7 @@ func (a *Allocations) Run(ctx context.Context) {
 func (a *Allocations) Ready() <-chan struct{} { return a.ready }
 
 // ours reports whether metalvip serves a Service.
-func ours(svc *v1.Service) bool { return desired.Ours(svc) }
+func (a *Allocations) ours(svc *v1.Service) bool { return a.cfg.Serves.Ours(svc) }
 
 func serviceKey(svc *v1.Service) string { return desired.Key(svc) }
 
@@ -201,7 +206,7 @@ func (a *Allocations) rebuild() {
 	byKey := map[string]*v1.Service{}
 	for _, svc := range svcs {
 		published := statusIPs(svc)
-		if !ours(svc) || len(published) == 0 {
+		if !a.ours(svc) || len(published) == 0 {
 			continue
 		}
 		req, _ := a.request(svc) // a bad annotation must not lose the address: restore regardless
@@ -282,6 +287,7 @@ func (a *Allocations) Ensure(ctx context.Context, svc *v1.Service) (*v1.LoadBala
 		a.warnOnce(svc, ReasonInvalidAnnotation, err.Error()+"; fix the annotation")
 		return nil, err
 	}
+	a.annotationWarnings(svc)
 	a.mu.Lock()
 	prev, _ := a.ipam.Get(req.Key)
 	al, err := a.ipam.Assign(req)
@@ -386,7 +392,7 @@ func (a *Allocations) recordLater(ctx context.Context) {
 			}
 			ns, name, _ := strings.Cut(key, "/")
 			svc, err := a.services.Services(ns).Get(name)
-			if err != nil || !ours(svc) || svc.DeletionTimestamp != nil {
+			if err != nil || !a.ours(svc) || svc.DeletionTimestamp != nil {
 				return
 			}
 			a.mu.Lock()
@@ -478,7 +484,7 @@ func (a *Allocations) serviceUpdated(oldObj, curObj any) {
 	}
 	// A status this controller does not know of: written by a previous leader just before it
 	// stopped. Hold its addresses so they are not given twice.
-	if ours(cur) && len(published) > 0 {
+	if a.ours(cur) && len(published) > 0 {
 		req, _ := a.request(cur)
 		pool, _ := annotation.AllocatedPool.Value(cur)
 		if err := a.ipam.Restore(req, ipam.Allocation{Pool: pool, IPs: published}); err != nil {
@@ -501,12 +507,30 @@ func (a *Allocations) serviceDeleted(obj any) {
 	defer a.mu.Unlock()
 	a.ipam.Release(serviceKey(svc))
 	delete(a.warned, svc.UID)
+	delete(a.annotated, svc.UID)
 	for k := range a.orphaned {
 		if strings.HasPrefix(k, serviceKey(svc)+"|") {
 			delete(a.orphaned, k)
 		}
 	}
 	a.dirty = true
+}
+
+// annotationWarnings tells, once per distinct text, what of a Service's annotations is not
+// honoured (MetalLB's overruled by metalvip's, rewritten, or unknown).
+func (a *Allocations) annotationWarnings(svc *v1.Service) {
+	w := annotation.Warnings(svc)
+	if len(w) == 0 {
+		return
+	}
+	msg := strings.Join(w, "; ")
+	a.mu.Lock()
+	last := a.annotated[svc.UID]
+	a.annotated[svc.UID] = msg
+	a.mu.Unlock()
+	if last != msg {
+		a.cfg.Recorder.Event(svc, v1.EventTypeWarning, ReasonAnnotationIgnored, msg)
+	}
 }
 
 // warnOnce emits a Warning Event unless the same one was the last given to the Service.

@@ -54,7 +54,7 @@ func (a *Announcer) addresses(key string) []desired.Address {
 func (a *Announcer) writeCondition(key string) {
 	s := &a.loop
 	svc := a.service(key)
-	if svc == nil || !desired.Ours(svc) {
+	if svc == nil || !a.cfg.Serves.Ours(svc) {
 		delete(s.conds, key)
 		if svc == nil {
 			return

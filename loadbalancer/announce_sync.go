@@ -303,7 +303,7 @@ func (a *Announcer) service(key string) *v1.Service {
 func (a *Announcer) serviceRound(key string, r *round) {
 	s := &a.loop
 	var now []netip.Addr
-	if svc := a.service(key); svc != nil && desired.Ours(svc) {
+	if svc := a.service(key); svc != nil && a.cfg.Serves.Ours(svc) {
 		now = desired.StatusIPs(svc)
 	}
 	old := s.svcAddrs[key]

@@ -38,7 +38,9 @@ type AnnouncerConfig struct {
 	Recorder record.EventRecorder
 	// Objects are the decoded pools and peers, shared with the allocator.
 	Objects *Objects
-	Agents  AgentConfig
+	// Serves says which Services are metalvip's.
+	Serves desired.Serves
+	Agents AgentConfig
 	// Options are the node-wide settings every state carries (timers, ports).
 	Options       desired.Options
 	MaxCandidates int

@@ -100,7 +100,7 @@ func newHarness(t testing.TB, nodes int) *harness {
 	})
 	h.factory = informers.NewSharedInformerFactory(h.client, 0)
 	dynF := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
-	h.a = NewAnnouncer(AnnouncerConfig{Client: h.client, Dynamic: dyn, Recorder: h.rec, Objects: h.objects, MaxCandidates: 3})
+	h.a = NewAnnouncer(AnnouncerConfig{Client: h.client, Dynamic: dyn, Recorder: h.rec, Objects: h.objects, MaxCandidates: 3, Serves: desired.DefaultServes})
 	h.a.Register(h.factory, dynF)
 	h.factory.Start(ctx.Done())
 	dynF.Start(ctx.Done())

@@ -10,6 +10,7 @@ const (
 	ReasonSharingConflict   = "SharingConflict"
 	ReasonInvalidRequest    = "InvalidRequest"
 	ReasonInvalidAnnotation = "InvalidAnnotation"
+	ReasonAnnotationIgnored = "AnnotationIgnored"
 	ReasonIPConflict        = "IPConflict"
 	ReasonPoolShrunk        = "PoolShrunk"
 	ReasonPoolDeleted       = "PoolDeleted"

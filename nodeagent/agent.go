@@ -1,8 +1,10 @@
 // Package nodeagent is metalvip-agent: it takes the desired state of its node from the CCM
 // (the gRPC contract in proto/metalvip/agent/v1), keeps it on disk, and drives the speakers
-// that put it on the wire (l2 for ARP/NDP, bgp for BGP). It decides which of the L2 VIPs it
-// answers for from the ranked candidates it is given; it holds no Kubernetes credentials and
-// decides nothing about which VIPs exist.
+// that put it on the wire (l2 for ARP/NDP, bgp for BGP) and the heartbeat exchange (failover).
+// It decides which of the L2 VIPs it answers for from the ranked candidates it is given
+// (ownership.go), and which items of a state it takes: an invalid announcement or BGP peer is
+// refused alone, with the reason, and the rest applied (validate.go). It holds no Kubernetes
+// credentials, decides nothing about which VIPs exist, and never returns a secret.
 package nodeagent
 
 import (
@@ -48,7 +50,8 @@ type BGP interface {
 type Options struct {
 	// Node is this node's name; states for other nodes are refused.
 	Node string
-	// StateDir holds the last applied state, so that a restart resumes announcing.
+	// StateDir holds the last applied state, so that a restart resumes announcing, and the
+	// node's heartbeat identity (keys and boot counter).
 	StateDir string
 	// Interfaces are where L2 VIPs are answered when an announcement names none.
 	Interfaces []string
@@ -63,42 +66,56 @@ type Options struct {
 	RetryInterval time.Duration
 	// NewLiveness starts the heartbeat exchange among L2 candidates; nil means failover.New.
 	NewLiveness func(failover.Config) (Liveness, error)
+	// HeartbeatKeyLifetime is how old the heartbeat key may grow before a new one is made
+	// (see failover.Identity.Rotate); 0 means never by age.
+	HeartbeatKeyLifetime time.Duration
 }
 
 // Liveness is the seam to the heartbeat exchange.
 type Liveness interface {
-	SetKeys([][]byte)
+	LivenessFacts
 	SetPeers([]failover.Peer)
-	Alive(node string) bool
-	Sees(node string) bool
+	Counters() failover.Counters
 	Close() error
 }
 
 // Agent applies desired states. It implements agentv1.AgentServiceServer.
 type Agent struct {
 	agentv1.UnimplementedAgentServiceServer
-	opts Options
+	opts     Options
+	identity *failover.Identity
 
+	// applyMu serializes whoever drives the speakers (Apply, the retries, the start), so that
+	// applyLocked may let go of mu while it waits for a heartbeat monitor to close.
+	applyMu  sync.Mutex
 	mu       sync.Mutex
-	state    *agentv1.DesiredState // the last accepted state; nil before the first
+	state    *agentv1.DesiredState // the last accepted state, as given; nil before the first
+	checked  checkedState          // state's items, checked
 	restored bool
 	problems []string
-	views    map[netip.Addr]*agentv1.AnnouncedVIP // what each VIP is to this node now
-	bgp      BGP
-	bgpCfg   bgp.Config
-	live     Liveness
-	liveCfg  failover.Config
+	// startProblems are what went wrong reading the state directory at start; they are
+	// reported until the next accepted Apply.
+	startProblems []string
+	views         map[netip.Addr]*agentv1.AnnouncedVIP // what each VIP is to this node now
+	bgp           BGP
+	bgpCfg        bgp.Config
+	live          Liveness
+	liveCfg       failover.Config
+	hbBase        failover.Counters // of the heartbeat monitors closed so far
 
 	watchMu  sync.Mutex
 	watchers map[chan *agentv1.Event]struct{}
 
-	stop chan struct{}
-	done chan struct{}
+	rotate chan struct{}
+	stop   chan struct{}
+	done   chan struct{}
 }
 
 var _ agentv1.AgentServiceServer = (*Agent)(nil)
 
-// New returns an agent, resuming the state in StateDir if there is one.
+// New returns an agent, resuming the state in StateDir if there is one. A state directory it
+// cannot read costs the state it held, never the agent: it starts with no announcements from
+// it, says why in its log and in GetState, and takes the next Apply.
 func New(ctx context.Context, opts Options) (*Agent, error) {
 	if opts.Node == "" {
 		return nil, errors.New("a node name is required")
@@ -113,28 +130,74 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 		opts:     opts,
 		views:    map[netip.Addr]*agentv1.AnnouncedVIP{},
 		watchers: map[chan *agentv1.Event]struct{}{},
+		rotate:   make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
-	st, err := loadState(opts.StateDir)
-	if err != nil {
-		return nil, err
+	id, err := failover.LoadIdentity(opts.StateDir, time.Now())
+	if id == nil {
+		return nil, fmt.Errorf("heartbeat identity: %w", err)
 	}
+	if err != nil {
+		klog.ErrorS(err, "Heartbeat identity")
+		a.startProblems = append(a.startProblems, "heartbeat identity: "+err.Error())
+	}
+	a.identity = id
+	klog.InfoS("Heartbeat identity", "boot", id.Boot(), "keys", len(id.PublicKeys()))
+
 	a.rememberClients() // before the restored state's first Set
-	if st != nil {
-		if err := validate(st, opts.Node); err != nil {
-			klog.ErrorS(err, "Ignoring the saved state: it does not validate", "dir", opts.StateDir)
-		} else {
-			a.mu.Lock()
-			a.state, a.restored = st, true
-			a.applyLocked(ctx)
-			a.mu.Unlock()
-			klog.InfoS("Resumed the saved state", "term", st.GetTerm(), "generation", st.GetGeneration(), "announcements", len(st.GetAnnouncements()))
-			a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_APPLIED, Generation: st.GetGeneration(), Detail: "restored from disk"})
-		}
+	if st, problem := a.restore(); st != nil {
+		a.applyMu.Lock()
+		a.mu.Lock()
+		a.state, a.checked, a.restored = st, checkItems(st), true
+		a.applyLocked(ctx)
+		a.mu.Unlock()
+		a.applyMu.Unlock()
+		klog.InfoS("Resumed the saved state", "term", st.GetTerm(), "generation", st.GetGeneration(),
+			"announcements", len(st.GetAnnouncements()), "refused", len(a.checked.refused))
+		a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_APPLIED, Generation: st.GetGeneration(), Detail: "restored from disk"})
+	} else if problem != "" {
+		klog.ErrorS(nil, "Starting without the saved state", "problem", problem)
+		a.startProblems = append(a.startProblems, problem)
 	}
 	go a.retryLoop()
 	return a, nil
+}
+
+// restore reads the saved state. A file that cannot be used is moved aside, and the problem
+// returned.
+func (a *Agent) restore() (*agentv1.DesiredState, string) {
+	st, err := loadState(a.opts.StateDir)
+	if err == nil && st != nil {
+		if st.GetTerm() > MaxTerm {
+			// Saved by an agent of the clock-term era: keep announcing what it held, and let
+			// the first leader's term (from the Lease) replace it.
+			klog.InfoS("The saved state has a clock-based term; any leader's term will replace it", "term", st.GetTerm())
+			st.Term = 0
+			err = checkWhole(withTerm(st, 1), a.opts.Node)
+		} else {
+			err = checkWhole(st, a.opts.Node)
+		}
+		if err != nil {
+			err = fmt.Errorf("%w: it does not validate: %v", errUnusable, err)
+		}
+	}
+	if err == nil {
+		return st, ""
+	}
+	problem := fmt.Sprintf("%s: %v; no announcements from it until the next Apply", stateFile, err)
+	if errors.Is(err, errUnusable) {
+		if moved, merr := moveStateAside(a.opts.StateDir); merr == nil {
+			problem += "; moved to " + moved
+		}
+	}
+	return nil, problem
+}
+
+func withTerm(st *agentv1.DesiredState, term uint64) *agentv1.DesiredState {
+	c := proto.Clone(st).(*agentv1.DesiredState)
+	c.Term = term
+	return c
 }
 
 // Apply accepts a desired state; see the contract in agent.proto.
@@ -143,9 +206,11 @@ func (a *Agent) Apply(ctx context.Context, req *agentv1.ApplyRequest) (*agentv1.
 	if st == nil {
 		return nil, status.Error(codes.InvalidArgument, "state: missing")
 	}
-	if err := validate(st, a.opts.Node); err != nil {
+	if err := checkWhole(st, a.opts.Node); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	a.applyMu.Lock()
+	defer a.applyMu.Unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	cur := a.state
@@ -155,23 +220,51 @@ func (a *Agent) Apply(ctx context.Context, req *agentv1.ApplyRequest) (*agentv1.
 				"term %d is older than the accepted term %d: another leader is in charge", st.GetTerm(), cur.GetTerm())
 		}
 		if st.GetTerm() == cur.GetTerm() && st.GetGeneration() <= cur.GetGeneration() {
-			// Idempotent: the generation (or a newer one) is applied already. The leader is
-			// in touch, so the state is no longer only the one restored from disk.
+			// Idempotent: the generation (or a newer one) is applied already; the answer says
+			// which, so that a CCM that lost count resumes from it. The leader is in touch, so
+			// the state is no longer only the one restored from disk.
 			a.restored = false
-			return &agentv1.ApplyResponse{Term: cur.GetTerm(), Generation: cur.GetGeneration(), Problems: slices.Clone(a.problems)}, nil
+			return a.answerLocked(false), nil
 		}
 	}
 	if err := saveState(a.opts.StateDir, st); err != nil {
 		return nil, status.Errorf(codes.Internal, "persist the state: %v", err)
 	}
 	changed := cur == nil || !sameContent(cur, st)
-	a.state, a.restored = proto.Clone(st).(*agentv1.DesiredState), false
+	a.state, a.restored, a.startProblems = proto.Clone(st).(*agentv1.DesiredState), false, nil
 	if changed {
+		a.checked = checkItems(a.state)
 		a.applyLocked(ctx)
 	}
-	klog.V(2).InfoS("Applied state", "term", st.GetTerm(), "generation", st.GetGeneration(), "changed", changed, "problems", len(a.problems))
+	klog.V(2).InfoS("Applied state", "term", st.GetTerm(), "generation", st.GetGeneration(), "changed", changed,
+		"problems", len(a.problems), "refused", len(a.checked.refused))
+	for _, r := range a.checked.refused {
+		if changed {
+			klog.InfoS("Refused an item of the state", "kind", r.GetKind(), "key", r.GetKey(), "field", r.GetField(), "reason", r.GetReason())
+		}
+	}
 	a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_APPLIED, Generation: st.GetGeneration()})
-	return &agentv1.ApplyResponse{Term: st.GetTerm(), Generation: st.GetGeneration(), Changed: changed, Problems: slices.Clone(a.problems)}, nil
+	return a.answerLocked(changed), nil
+}
+
+// answerLocked says what the agent holds. The caller holds mu.
+func (a *Agent) answerLocked(changed bool) *agentv1.ApplyResponse {
+	return &agentv1.ApplyResponse{
+		Term: a.state.GetTerm(), Generation: a.state.GetGeneration(), Changed: changed,
+		Problems: a.problemsLocked(), Refused: cloneRefusals(a.checked.refused),
+	}
+}
+
+func (a *Agent) problemsLocked() []string {
+	return append(slices.Clone(a.startProblems), a.problems...)
+}
+
+func cloneRefusals(rs []*agentv1.Refusal) []*agentv1.Refusal {
+	out := make([]*agentv1.Refusal, len(rs))
+	for i, r := range rs {
+		out[i] = proto.Clone(r).(*agentv1.Refusal)
+	}
+	return out
 }
 
 // sameContent compares two states without their term and generation.
@@ -181,10 +274,11 @@ func sameContent(x, y *agentv1.DesiredState) bool {
 	return proto.Equal(x, y)
 }
 
-// applyLocked drives the speakers to a.state. The caller holds mu.
+// applyLocked drives the speakers to the checked items of a.state. The caller holds applyMu
+// and mu.
 func (a *Agent) applyLocked(ctx context.Context) {
 	st := a.state
-	var problems []string
+	problems := slices.Clone(a.checked.problems)
 	views := map[netip.Addr]*agentv1.AnnouncedVIP{}
 	if err := a.applyLivenessLocked(st); err != nil {
 		problems = append(problems, "failover: "+err.Error())
@@ -192,7 +286,7 @@ func (a *Agent) applyLocked(ctx context.Context) {
 
 	var vips []l2.VIP
 	var routes []bgp.Route
-	for _, an := range st.GetAnnouncements() {
+	for _, an := range a.checked.announcements {
 		vip, _ := netip.ParseAddr(an.GetVip())
 		view := &agentv1.AnnouncedVIP{Vip: vip.String(), Mode: an.GetMode()}
 		views[vip] = view
@@ -221,9 +315,7 @@ func (a *Agent) applyLocked(ctx context.Context) {
 			problems = append(problems, "L2: "+err.Error())
 		}
 	}
-	if err := a.applyBGPLocked(ctx, st, routes); err != nil {
-		problems = append(problems, "BGP: "+err.Error())
-	}
+	problems = append(problems, a.applyBGPLocked(ctx, st, routes)...)
 
 	a.emitChanges(views)
 	a.views, a.problems = views, problems
@@ -250,72 +342,27 @@ func (a *Agent) emitChanges(views map[netip.Addr]*agentv1.AnnouncedVIP) {
 	}
 }
 
-// decideL2 decides this node's part in an L2 VIP, writes it into view, and returns what the
-// speaker should answer for, if anything. The caller holds mu.
+// decideL2 decides this node's part in an L2 VIP (ownership.go), writes it into view, and
+// returns what the speaker should answer for, if anything. The caller holds mu.
 func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agentv1.AnnouncedVIP) (l2.VIP, bool) {
-	view.Sharing = nil
-	if !an.GetPerClient() {
-		view.Active, view.Reason = a.owns(an.GetCandidates())
-		return l2.VIP{Addr: vip, Interfaces: view.Interfaces}, view.Active
-	}
-	var members, others []string
+	cands := make([]string, 0, len(an.GetCandidates()))
 	for _, c := range an.GetCandidates() {
-		switch {
-		case c.GetNode() == a.opts.Node:
-			members = append(members, c.GetNode())
-		case a.live == nil || a.live.Alive(c.GetNode()):
-			members = append(members, c.GetNode())
-			others = append(others, c.GetNode())
-		}
+		cands = append(cands, c.GetNode())
 	}
-	if !slices.Contains(members, a.opts.Node) {
-		view.Active, view.Reason = false, "not a candidate"
+	var live LivenessFacts
+	if a.live != nil {
+		live = a.live
+	}
+	d := decideL2(a.opts.Node, cands, an.GetPerClient(), live)
+	view.Active, view.Reason, view.Sharing = d.Active, d.Reason, d.Sharing
+	if !d.Active {
 		return l2.VIP{}, false
 	}
-	slices.Sort(members)
-	view.Active, view.Sharing = true, members
-	if len(others) == 0 {
-		view.Reason = "answers every client: no other candidate is alive"
-	} else {
-		view.Reason = "answers its share of clients with " + strings.Join(others, ", ")
+	v := l2.VIP{Addr: vip, Interfaces: view.Interfaces}
+	if an.GetPerClient() {
+		v.Share = &l2.Share{Self: a.opts.Node, Members: d.Sharing}
 	}
-	return l2.VIP{Addr: vip, Interfaces: view.Interfaces, Share: &l2.Share{Self: a.opts.Node, Members: members}}, true
-}
-
-// owns decides whether this node answers for an L2 VIP with the given ranked candidates:
-//   - a live candidate ranked higher than this node answers, not this one;
-//   - otherwise this node answers, once every live lower-ranked candidate shows (in its
-//     heartbeats) that it sees this node: such a candidate stops answering as soon as it sees
-//     a higher one, before its heartbeats show it, so two nodes never answer at once beyond
-//     the time a heartbeat takes;
-//   - without heartbeats (no keys), the first candidate answers.
-//
-// The caller holds mu.
-func (a *Agent) owns(cands []*agentv1.Candidate) (bool, string) {
-	me := slices.IndexFunc(cands, func(c *agentv1.Candidate) bool { return c.GetNode() == a.opts.Node })
-	if a.live == nil {
-		if me == 0 {
-			return true, "first candidate"
-		}
-		return false, "standby for " + cands[0].GetNode()
-	}
-	for _, c := range cands[:max(me, 0)] {
-		if a.live.Alive(c.GetNode()) {
-			return false, "standby: " + c.GetNode() + " is alive and ranks higher"
-		}
-	}
-	if me < 0 {
-		return false, "not a candidate"
-	}
-	for _, c := range cands[me+1:] {
-		if a.live.Alive(c.GetNode()) && !a.live.Sees(c.GetNode()) {
-			return false, "taking over: waiting for " + c.GetNode() + " to release"
-		}
-	}
-	if me == 0 {
-		return true, "first candidate"
-	}
-	return true, "first live candidate: higher-ranked candidates are down"
+	return v, true
 }
 
 // livenessChanged re-decides every L2 VIP when the set of live candidates changes. It runs
@@ -331,7 +378,7 @@ func (a *Agent) livenessChanged() {
 	for vip, v := range a.views {
 		views[vip] = proto.Clone(v).(*agentv1.AnnouncedVIP)
 	}
-	for _, an := range a.state.GetAnnouncements() {
+	for _, an := range a.checked.announcements {
 		if an.GetMode() != agentv1.Mode_MODE_L2 {
 			continue
 		}
@@ -354,14 +401,15 @@ func (a *Agent) livenessChanged() {
 }
 
 // applyLivenessLocked configures the heartbeat exchange for the state: the peers are every
-// other candidate of this node's L2 VIPs, at the addresses the state gives. The caller holds
-// mu.
+// other candidate of this node's L2 VIPs, with the keys and addresses of heartbeat_peers (a
+// candidate without keys cannot be heard, so it counts as dead). A state without any
+// heartbeat peer (a CCM that hands out no keys) runs no heartbeats: then only first
+// candidates answer. The caller holds mu.
 func (a *Agent) applyLivenessLocked(st *agentv1.DesiredState) error {
 	opts := st.GetL2()
-	keys := opts.GetHeartbeatKeys()
 	var self netip.Addr
-	peers := map[string]netip.Addr{}
-	for _, an := range st.GetAnnouncements() {
+	peers := map[string]failover.Peer{}
+	for _, an := range a.checked.announcements {
 		if an.GetMode() != agentv1.Mode_MODE_L2 {
 			continue
 		}
@@ -372,21 +420,28 @@ func (a *Agent) applyLivenessLocked(st *agentv1.DesiredState) error {
 		for _, c := range cands {
 			addr, _ := netip.ParseAddr(c.GetAddress())
 			if c.GetNode() == a.opts.Node {
-				self = addr
-			} else if addr.IsValid() {
-				peers[c.GetNode()] = addr
+				if addr.IsValid() {
+					self = addr
+				}
+				continue
+			}
+			p := a.checked.hbPeers[c.GetNode()]
+			p.Node = c.GetNode()
+			if !p.Addr.IsValid() {
+				p.Addr = addr
+			}
+			if p.Addr.IsValid() {
+				peers[p.Node] = p
 			}
 		}
 	}
-	if len(keys) == 0 || len(peers) == 0 {
-		if a.live != nil {
-			_ = a.live.Close() // no one to watch: the first candidate rule applies
-			a.live = nil
-		}
+	if len(st.GetHeartbeatPeers()) == 0 || len(peers) == 0 {
+		a.closeLivenessLocked() // no one to watch: the first candidate rule applies
 		return nil
 	}
 	if !self.IsValid() {
-		return errors.New("no data-plane address for this node among the candidates")
+		a.closeLivenessLocked()
+		return errors.New("no data-plane address for this node among the candidates: only first candidates answer")
 	}
 	port := uint16(opts.GetHeartbeatPort())
 	if port == 0 {
@@ -397,91 +452,94 @@ func (a *Agent) applyLivenessLocked(st *agentv1.DesiredState) error {
 		Listen:   netip.AddrPortFrom(self, port),
 		Interval: time.Duration(opts.GetHeartbeatIntervalMs()) * time.Millisecond,
 		Misses:   int(opts.GetHeartbeatMisses()),
+		Identity: a.identity,
 		OnChange: a.livenessChanged,
 	}
 	if a.live != nil && (a.liveCfg.Listen != cfg.Listen || a.liveCfg.Interval != cfg.Interval || a.liveCfg.Misses != cfg.Misses) {
-		_ = a.live.Close()
-		a.live = nil
+		a.closeLivenessLocked()
 	}
 	if a.live == nil {
 		l, err := a.opts.NewLiveness(cfg)
 		if err != nil {
-			return err
+			return fmt.Errorf("%w: only first candidates answer", err)
 		}
 		a.live, a.liveCfg = l, cfg
 	}
-	a.live.SetKeys(keys)
 	list := make([]failover.Peer, 0, len(peers))
-	for n, addr := range peers {
-		list = append(list, failover.Peer{Node: n, Addr: addr})
+	for _, p := range peers {
+		list = append(list, p)
 	}
 	a.live.SetPeers(list)
 	return nil
 }
 
-func (a *Agent) applyBGPLocked(ctx context.Context, st *agentv1.DesiredState, routes []bgp.Route) error {
-	peers, err := bgpPeers(st)
-	if err != nil {
-		return err
+// closeLivenessLocked stops the heartbeat exchange, keeping its counters. The caller holds
+// applyMu and mu. The monitor's OnChange takes mu and Close waits for it, so mu is let go
+// meanwhile; applyMu keeps every other applier out.
+func (a *Agent) closeLivenessLocked() {
+	if a.live == nil {
+		return
 	}
+	live := a.live
+	a.live = nil
+	a.hbBase = addCounters(a.hbBase, live.Counters())
+	a.mu.Unlock()
+	_ = live.Close()
+	a.mu.Lock()
+}
+
+func addCounters(x, y failover.Counters) failover.Counters {
+	out := failover.Counters{Sent: x.Sent + y.Sent, Accepted: x.Accepted + y.Accepted, Unproven: x.Unproven + y.Unproven, Refused: map[string]uint64{}}
+	for _, m := range []map[string]uint64{x.Refused, y.Refused} {
+		for k, v := range m {
+			out.Refused[k] += v
+		}
+	}
+	return out
+}
+
+// applyBGPLocked gives the speaker the valid peers and the routes, and returns what it could
+// not do. A peer gobgp refuses costs only that peer's session: the routes are set all the
+// same. The caller holds mu.
+func (a *Agent) applyBGPLocked(ctx context.Context, st *agentv1.DesiredState, routes []bgp.Route) []string {
+	peers := a.checked.peers
 	if len(peers) == 0 && len(routes) == 0 && a.bgp == nil {
 		return nil
 	}
 	cfg := bgp.Config{ASN: st.GetBgp().GetAsn(), RouterID: a.opts.RouterID, ListenPort: -1}
+	if cfg.ASN == 0 && len(peers) > 0 {
+		cfg.ASN = peers[0].LocalASN // every valid peer has one when the state gives no default
+	}
 	if id := st.GetBgp().GetRouterId(); id != "" {
 		cfg.RouterID, _ = netip.ParseAddr(id)
 	}
-	if a.bgp != nil && (a.bgpCfg.ASN != cfg.ASN || a.bgpCfg.RouterID != cfg.RouterID) {
+	if a.bgp != nil && (a.bgpCfg.ASN != cfg.ASN || a.bgpCfg.RouterID != cfg.RouterID) && cfg.ASN != 0 {
 		// Global settings cannot change under a running server: restart it.
 		_ = a.bgp.Shutdown(ctx)
 		a.bgp = nil
 	}
 	if a.bgp == nil {
 		if a.opts.NewBGP == nil {
-			return errors.New("this agent has no BGP speaker")
+			return []string{"BGP: this agent has no BGP speaker"}
 		}
 		if cfg.ASN == 0 {
-			return errors.New("bgp.asn is not set")
+			return []string{"BGP: bgp.asn is not set and no peer gives a local ASN: nothing to speak BGP as"}
 		}
 		s, err := a.opts.NewBGP(ctx, cfg)
 		if err != nil {
-			return fmt.Errorf("start the BGP speaker: %w", err)
+			return []string{fmt.Sprintf("BGP: start the speaker: %v", err)}
 		}
 		s.OnSessionChange(a.sessionChanged)
 		a.bgp, a.bgpCfg = s, cfg
 	}
+	var problems []string
 	if err := a.bgp.SetPeers(ctx, peers); err != nil {
-		return err
+		problems = append(problems, "BGP peers: "+err.Error())
 	}
-	return a.bgp.SetRoutes(ctx, routes)
-}
-
-func bgpPeers(st *agentv1.DesiredState) ([]bgp.Peer, error) {
-	var out []bgp.Peer
-	for _, p := range st.GetBgpPeers() {
-		addr, err := netip.ParseAddr(p.GetAddress())
-		if err != nil {
-			return nil, fmt.Errorf("peer %q: not an IP address", p.GetAddress())
-		}
-		out = append(out, bgp.Peer{
-			Address:         addr,
-			Port:            uint16(p.GetPort()),
-			PeerASN:         p.GetPeerAsn(),
-			LocalASN:        p.GetLocalAsn(),
-			HoldTime:        time.Duration(p.GetHoldTimeSeconds()) * time.Second,
-			Keepalive:       time.Duration(p.GetKeepaliveSeconds()) * time.Second,
-			Password:        p.GetPassword(),
-			MultihopTTL:     uint8(p.GetEbgpMultihopTtl()),
-			GracefulRestart: p.GetGracefulRestart(),
-			BFD: bgp.BFD{
-				Enabled:    p.GetBfd().GetEnabled(),
-				MinRx:      time.Duration(p.GetBfd().GetMinRxMs()) * time.Millisecond,
-				MinTx:      time.Duration(p.GetBfd().GetMinTxMs()) * time.Millisecond,
-				Multiplier: p.GetBfd().GetMultiplier(),
-			},
-		})
+	if err := a.bgp.SetRoutes(ctx, routes); err != nil {
+		problems = append(problems, "BGP routes: "+err.Error())
 	}
-	return out, nil
+	return problems
 }
 
 func (a *Agent) sessionChanged(s bgp.SessionState) {
@@ -492,22 +550,22 @@ func (a *Agent) sessionChanged(s bgp.SessionState) {
 	a.emit(&agentv1.Event{Kind: kind, Peer: s.Peer.String(), Detail: strings.TrimSpace(s.State + " " + s.LastError)})
 }
 
-// GetState reports what the agent applied and does now.
+// GetState reports what the agent applied and does now. It never returns a secret: BGP
+// passwords are blanked, the heartbeat keys are public halves.
 func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.GetStateResponse, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	resp := &agentv1.GetStateResponse{
-		Node:       a.opts.Node,
-		Term:       a.state.GetTerm(),
-		Generation: a.state.GetGeneration(),
-		Restored:   a.restored,
-		Problems:   slices.Clone(a.problems),
+		Node:                a.opts.Node,
+		Term:                a.state.GetTerm(),
+		Generation:          a.state.GetGeneration(),
+		Restored:            a.restored,
+		Problems:            a.problemsLocked(),
+		Refused:             cloneRefusals(a.checked.refused),
+		HeartbeatPublicKeys: a.identity.PublicKeys(),
 	}
 	if a.state != nil {
-		resp.State = proto.Clone(a.state).(*agentv1.DesiredState)
-		if resp.State.L2 != nil {
-			resp.State.L2.HeartbeatKeys = nil // secrets stay in the agent
-		}
+		resp.State = withoutSecrets(a.state)
 	}
 	for vip, v := range a.views {
 		c := proto.Clone(v).(*agentv1.AnnouncedVIP)
@@ -535,7 +593,25 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 			UnsolicitedAdvertisements: c.UnsolicitedAdvertisements, TargetedReplies: c.TargetedReplies,
 		}
 	}
+	hb := a.hbBase
+	if a.live != nil {
+		hb = addCounters(hb, a.live.Counters())
+	}
+	resp.Heartbeats = &agentv1.HeartbeatCounters{Sent: hb.Sent, Accepted: hb.Accepted, Unproven: hb.Unproven, Refused: hb.Refused}
 	return resp, nil
+}
+
+// withoutSecrets returns a copy of st without BGP passwords or the deprecated shared keys.
+func withoutSecrets(st *agentv1.DesiredState) *agentv1.DesiredState {
+	out := proto.Clone(st).(*agentv1.DesiredState)
+	if out.L2 != nil {
+		//lint:ignore SA1019 an older CCM may still send the shared key: it must not come back out
+		out.L2.HeartbeatKeys = nil
+	}
+	for _, p := range out.BgpPeers {
+		p.Password = ""
+	}
+	return out
 }
 
 // Watch streams events until the client goes away or the agent closes.
@@ -581,12 +657,26 @@ func (a *Agent) emit(ev *agentv1.Event) {
 	}
 }
 
+// RotateHeartbeatKey makes a new heartbeat key now (metalvip-agent does on SIGHUP); see
+// failover.Identity.Rotate. It does nothing while an earlier rotation is under way.
+func (a *Agent) RotateHeartbeatKey() {
+	select {
+	case a.rotate <- struct{}{}:
+	default:
+	}
+}
+
+// rotationCheck is how often the heartbeat key's age is looked at.
+const rotationCheck = time.Minute
+
 func (a *Agent) retryLoop() {
 	defer close(a.done)
 	t := time.NewTicker(a.opts.RetryInterval)
 	defer t.Stop()
 	saveClients := time.NewTicker(clientsSaveInterval)
 	defer saveClients.Stop()
+	age := time.NewTicker(rotationCheck)
+	defer age.Stop()
 	var savedClients uint64
 	for {
 		select {
@@ -594,7 +684,16 @@ func (a *Agent) retryLoop() {
 			return
 		case <-saveClients.C:
 			savedClients = a.saveClientsIfChanged(savedClients)
+		case <-age.C:
+			if a.identity.RotationDue(time.Now(), a.opts.HeartbeatKeyLifetime) {
+				a.rotateKey("age")
+			}
+			a.settleRotation()
+		case <-a.rotate:
+			a.rotateKey("asked")
+			a.settleRotation()
 		case <-t.C:
+			a.applyMu.Lock()
 			a.mu.Lock()
 			if a.state != nil && len(a.problems) > 0 {
 				ctx, cancel := context.WithTimeout(context.Background(), a.opts.RetryInterval)
@@ -602,6 +701,31 @@ func (a *Agent) retryLoop() {
 				cancel()
 			}
 			a.mu.Unlock()
+			a.applyMu.Unlock()
+		}
+	}
+}
+
+func (a *Agent) rotateKey(why string) {
+	ok, err := a.identity.Rotate(time.Now())
+	switch {
+	case err != nil:
+		klog.ErrorS(err, "Heartbeat key rotation: the new key is not saved; it is used for this run")
+	case ok:
+		klog.InfoS("Heartbeat key rotation started: a new key is published; the old one is kept until every peer uses the new one", "why", why)
+	default:
+		klog.InfoS("Heartbeat key rotation not started: the previous one is still under way", "why", why)
+	}
+}
+
+// settleRotation ends a rotation when no heartbeats run: no peer can still need the old key.
+func (a *Agent) settleRotation() {
+	a.mu.Lock()
+	idle := a.live == nil
+	a.mu.Unlock()
+	if idle && len(a.identity.PublicKeys()) > 1 {
+		if err := a.identity.Settle(); err != nil {
+			klog.ErrorS(err, "Cannot save the heartbeat keys")
 		}
 	}
 }

@@ -76,6 +76,7 @@ func (f *fakeL2) calls() int { f.mu.Lock(); defer f.mu.Unlock(); return len(f.se
 
 type fakeBGP struct {
 	mu       sync.Mutex
+	refuse   error // SetPeers takes the peers but reports this, as gobgp refusing one would
 	peers    []bgp.Peer
 	routes   []bgp.Route
 	onChange func(bgp.SessionState)
@@ -86,7 +87,7 @@ func (f *fakeBGP) SetPeers(_ context.Context, p []bgp.Peer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.peers = p
-	return nil
+	return f.refuse
 }
 func (f *fakeBGP) SetRoutes(_ context.Context, r []bgp.Route) error {
 	f.mu.Lock()
@@ -127,7 +128,7 @@ func newPKI(t *testing.T) pki {
 		t.Fatal(err)
 	}
 	write("ca", ca)
-	for name, usage := range map[string]certs.Usage{certs.CCMName: certs.Client, "node-a": certs.Server, "node-b": certs.Server} {
+	for name, usage := range map[string]certs.Usage{certs.CCMName: certs.Client, certs.ViewerName: certs.Client, "node-a": certs.Server, "node-b": certs.Server} {
 		p, err := certs.Issue(ca, name, usage, time.Hour)
 		if err != nil {
 			t.Fatal(err)
@@ -167,24 +168,27 @@ type harness struct {
 }
 
 // serve starts an agent for node-a behind real mutual TLS on loopback.
-func serve(t *testing.T, stateDir string) *harness {
+func serve(t *testing.T, stateDir string, with ...func(*Options)) *harness {
 	t.Helper()
 	h := &harness{l2: &fakeL2{}, bgp: &fakeBGP{}, pki: newPKI(t), dir: stateDir}
-	var err error
-	h.agent, err = New(context.Background(), Options{
+	opts := Options{
 		Node: "node-a", StateDir: stateDir, Interfaces: []string{"eth0"},
 		RouterID: netip.MustParseAddr("198.51.100.11"), L2: h.l2,
 		NewBGP: func(context.Context, bgp.Config) (BGP, error) { return h.bgp, nil },
-	})
+	}
+	for _, f := range with {
+		f(&opts)
+	}
+	var err error
+	h.agent, err = New(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tlsCfg, err := certs.ServerConfig(h.pki.files("node-a", "ca"), certs.CCMName)
+	tlsCfg, err := certs.ServerConfig(h.pki.files("node-a", "ca"), certs.CCMName, certs.ViewerName)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)))
-	agentv1.RegisterAgentServiceServer(srv, h.agent)
+	srv := NewServer(h.agent, credentials.NewTLS(tlsCfg), true)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -216,6 +220,10 @@ func (h *harness) client(t *testing.T, name, ca, node string) agentv1.AgentServi
 
 func (h *harness) ccm(t *testing.T) agentv1.AgentServiceClient {
 	return h.client(t, certs.CCMName, "ca", "node-a")
+}
+
+func (h *harness) viewer(t *testing.T) agentv1.AgentServiceClient {
+	return h.client(t, certs.ViewerName, "ca", "node-a")
 }
 
 func ctx(t *testing.T) context.Context {
@@ -253,7 +261,9 @@ func TestApplyAndGetState(t *testing.T) {
 		l2VIP("203.0.113.11", "node-b", "node-a"),
 		bgpVIP("203.0.113.20"),
 	)
+	//lint:ignore SA1019 an older CCM's shared key must not come back out of GetState
 	applied.L2 = &agentv1.L2Options{HeartbeatKeys: [][]byte{[]byte("secret-key-0123456789abcdef0123")}, HeartbeatIntervalMs: 50}
+	applied.BgpPeers[0].Password = "md5-secret"
 	resp, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: applied})
 	if err != nil || !resp.GetChanged() || resp.GetGeneration() != 1 || len(resp.GetProblems()) != 0 {
 		t.Fatalf("Apply = %v, %v", resp, err)
@@ -295,14 +305,22 @@ func TestApplyAndGetState(t *testing.T) {
 	if len(st.GetPeers()) != 1 || st.GetPeers()[0].GetState() != "Established" || st.GetL2().GetArpReplies() != 7 {
 		t.Errorf("GetState peers %v, L2 %v", st.GetPeers(), st.GetL2())
 	}
-	// The held state comes back (a new leader plans from it), without the heartbeat keys.
+	// The held state comes back (a new leader plans from it), without secrets.
 	held := st.GetState()
+	//lint:ignore SA1019 see above
 	if len(held.GetL2().GetHeartbeatKeys()) != 0 || held.GetL2().GetHeartbeatIntervalMs() != 50 {
 		t.Errorf("held L2 options %v; want the interval and no keys", held.GetL2())
 	}
+	if pw := held.GetBgpPeers()[0].GetPassword(); pw != "" {
+		t.Errorf("GetState returned the BGP password %q", pw)
+	}
 	held.L2, applied.L2 = nil, nil
+	applied.BgpPeers[0].Password = ""
 	if !proto.Equal(held, applied) {
 		t.Errorf("held state %v, want what was applied %v", held, applied)
+	}
+	if keys := st.GetHeartbeatPublicKeys(); len(keys) != 1 || len(keys[0]) != 32 {
+		t.Errorf("GetState heartbeat keys %x; want one X25519 public key", keys)
 	}
 }
 
@@ -341,23 +359,28 @@ func TestApplyIsIdempotentAndFencedByTerm(t *testing.T) {
 	}
 }
 
-func TestApplyRefusesBadStatesNamingTheField(t *testing.T) {
+func TestAStateWrongAsAWholeIsRefusedNamingTheField(t *testing.T) {
 	h := serve(t, t.TempDir())
 	c := h.ccm(t)
 	if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(1, 1, l2VIP("203.0.113.10", "node-a"))}); err != nil {
 		t.Fatal(err)
+	}
+	with := func(f func(s *agentv1.DesiredState)) *agentv1.DesiredState {
+		s := state(1, 2, l2VIP("203.0.113.10", "node-a"))
+		f(s)
+		return s
 	}
 	for _, tc := range []struct {
 		name string
 		st   *agentv1.DesiredState
 		want string
 	}{
-		{"a bad address", state(1, 2, l2VIP("203.0.113.300", "node-a")), `announcements[0].vip: "203.0.113.300" is not an IP address`},
-		{"an L2 VIP without candidates", state(1, 2, l2VIP("203.0.113.10")), "announcements[0].l2.candidates"},
-		{"a VIP twice", state(1, 2, l2VIP("203.0.113.10", "node-a"), bgpVIP("203.0.113.10")), "announcements[1].vip: 203.0.113.10 is also announcements[0]"},
-		{"no mode", state(1, 2, &agentv1.Announcement{Vip: "203.0.113.12"}), "announcements[0].mode"},
-		{"a bad community", state(1, 2, &agentv1.Announcement{Vip: "203.0.113.12", Mode: agentv1.Mode_MODE_BGP, Bgp: &agentv1.BGPAnnouncement{Communities: []string{"no-export"}}}), "communities"},
-		{"another node's state", func() *agentv1.DesiredState { s := state(1, 2); s.Node = "node-b"; return s }(), `the state is for "node-b"`},
+		{"a state for another node is refused", with(func(s *agentv1.DesiredState) { s.Node = "node-b" }), `node: the state is for "node-b"`},
+		{"a state without a term is refused", with(func(s *agentv1.DesiredState) { s.Term = 0 }), "term: 0 is out of range"},
+		{"a term from a clock is refused", with(func(s *agentv1.DesiredState) { s.Term = 1764578400000000 }), "1 to 2147483648"},
+		{"a router ID that is not IPv4 is refused", with(func(s *agentv1.DesiredState) { s.Bgp.RouterId = "2001:db8::1" }), "bgp.router_id"},
+		{"a heartbeat interval of 1 ms is refused", with(func(s *agentv1.DesiredState) { s.L2 = &agentv1.L2Options{HeartbeatIntervalMs: 1} }), "l2.heartbeat_interval_ms: 1 is out of range"},
+		{"one heartbeat miss is refused", with(func(s *agentv1.DesiredState) { s.L2 = &agentv1.L2Options{HeartbeatMisses: 1} }), "l2.heartbeat_misses"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: tc.st})
@@ -369,6 +392,11 @@ func TestApplyRefusesBadStatesNamingTheField(t *testing.T) {
 			}
 		})
 	}
+	t.Run("the highest term a Lease can give is taken", func(t *testing.T) {
+		if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(MaxTerm, 1)}); err != nil {
+			t.Errorf("Apply with term %d = %v", uint64(MaxTerm), err)
+		}
+	})
 }
 
 func TestWatchStreamsEvents(t *testing.T) {

@@ -45,6 +45,7 @@ type Cloud struct {
 	instances *instances
 	lb        *loadBalancer
 	announcer *loadbalancer.Announcer
+	classes   *loadbalancer.ClassController
 	dyn       dynamicinformer.DynamicSharedInformerFactory
 	// registered is closed by SetInformers: the loops started in Initialize wait for it.
 	registered chan struct{}
@@ -94,11 +95,13 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 	dyn := dynamic.NewForConfigOrDie(clientBuilder.ConfigOrDie("metalvip-cloud-provider"))
 	c.dyn = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
 	objects := loadbalancer.NewObjects()
+	serves := c.Serves()
 	c.lb = &loadBalancer{allocs: loadbalancer.New(loadbalancer.Config{
 		Client:         client,
 		Dynamic:        dyn,
 		Recorder:       recorder,
 		Objects:        objects,
+		Serves:         serves,
 		PendingRetry:   c.cfg.Allocation.PendingRetry.Duration,
 		StatusInterval: c.cfg.Allocation.PoolStatusInterval.Duration,
 	})}
@@ -116,6 +119,7 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 			Dynamic:  dyn,
 			Recorder: recorder,
 			Objects:  objects,
+			Serves:   serves,
 			Agents: loadbalancer.AgentConfig{
 				Port: ac.Port, Insecure: ac.Insecure, Timeout: ac.Timeout.Duration,
 				TLS: certs.Files{CA: ac.CAFile, Cert: ac.CertFile, Key: ac.KeyFile},
@@ -131,6 +135,10 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 		})
 	}
 
+	if serves.Class != "" {
+		c.classes = loadbalancer.NewClassController(client, c.lb.allocs, recorder, serves)
+	}
+
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		<-stop
@@ -138,7 +146,8 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 		broadcaster.Shutdown()
 	}()
 	go c.run(ctx, client)
-	klog.InfoS("metalvip provider initialised", "agentPort", ac.Port, "subnetRules", len(c.cfg.Topology.Subnets), "announcing", c.announcer != nil)
+	klog.InfoS("metalvip provider initialised", "agentPort", ac.Port, "subnetRules", len(c.cfg.Topology.Subnets), "announcing", c.announcer != nil,
+		"loadBalancerClass", serves.Class, "classless", serves.Classless, "initialisesNodes", c.cfg.Nodes.Initializes())
 }
 
 // run starts the allocator and the announcer once the informers are registered.
@@ -150,6 +159,9 @@ func (c *Cloud) run(ctx context.Context, client kubernetes.Interface) {
 	}
 	c.dyn.Start(ctx.Done())
 	go c.lb.allocs.Run(ctx)
+	if c.classes != nil {
+		go c.classes.Run(ctx, 4)
+	}
 	if c.announcer == nil {
 		return
 	}
@@ -176,6 +188,9 @@ func (c *Cloud) SetInformers(factory informers.SharedInformerFactory) {
 		return
 	}
 	c.lb.allocs.Register(factory, c.dyn)
+	if c.classes != nil {
+		c.classes.Register(factory)
+	}
 	if c.announcer != nil {
 		c.announcer.Register(factory, c.dyn)
 	}
@@ -197,8 +212,20 @@ func (c *Cloud) LoadBalancer() (cloudprovider.LoadBalancer, bool) {
 // Instances is the legacy interface; InstancesV2 replaces it.
 func (c *Cloud) Instances() (cloudprovider.Instances, bool) { return nil, false }
 
-// InstancesV2 initialises nodes: ProviderID, addresses, zone and region.
-func (c *Cloud) InstancesV2() (cloudprovider.InstancesV2, bool) { return c.instances, true }
+// InstancesV2 initialises nodes: ProviderID, addresses, zone and region. In the
+// LoadBalancer-only mode (nodes.initialize: false) there is none, so the framework's node
+// controllers do not start and Nodes stay as their kubelets made them.
+func (c *Cloud) InstancesV2() (cloudprovider.InstancesV2, bool) {
+	if !c.cfg.Nodes.Initializes() {
+		return nil, false
+	}
+	return c.instances, true
+}
+
+// Serves says which Services this CCM serves.
+func (c *Cloud) Serves() desired.Serves {
+	return desired.Serves{Class: c.cfg.Services.LoadBalancerClass, Classless: c.cfg.Services.ServesClassless()}
+}
 
 // Zones is deprecated in favour of InstancesV2.
 func (c *Cloud) Zones() (cloudprovider.Zones, bool) { return nil, false }

@@ -57,12 +57,19 @@ type BGPPeerList struct {
 // BGPPeerSpec describes the session.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.bfd) || !self.bfd.enabled || !has(self.ebgpMultihop) || self.ebgpMultihop <= 1",message="BFD here is single-hop: turn bfd off or remove ebgpMultihop"
-// +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || !has(self.holdTimeSeconds) || self.keepaliveSeconds * 3 <= self.holdTimeSeconds",message="keepaliveSeconds must be at most a third of holdTimeSeconds"
+// +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || !has(self.holdTimeSeconds) || self.holdTimeSeconds == 0 || self.keepaliveSeconds * 3 <= self.holdTimeSeconds",message="keepaliveSeconds must be at most a third of holdTimeSeconds, such as holdTimeSeconds: 90 with keepaliveSeconds: 30"
+// +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || self.keepaliveSeconds == 0 || !has(self.holdTimeSeconds) || self.holdTimeSeconds != 0",message="holdTimeSeconds 0 takes no keepaliveSeconds: remove keepaliveSeconds, or set holdTimeSeconds to at least three times it"
+// +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || has(self.holdTimeSeconds) || self.keepaliveSeconds <= 30",message="keepaliveSeconds must be at most a third of the hold time, 90 by default: give at most 30, or set holdTimeSeconds to at least three times it"
 type BGPPeerSpec struct {
-	// Address is the router's address, IPv4 or IPv6.
+	// Address is the router's unicast address, IPv4 or IPv6; not unspecified, loopback,
+	// link-local, multicast or broadcast (255.0.0.0/8).
 	//
 	// +kubebuilder:validation:MaxLength=45
 	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="must be an IP address such as 198.51.100.1"
+	// +kubebuilder:validation:XValidation:rule="!isIP(self) || !ip(self).isUnspecified()",message="0.0.0.0 and :: name no router: give the router's own address, such as 198.51.100.1"
+	// +kubebuilder:validation:XValidation:rule="!isIP(self) || !ip(self).isLoopback()",message="a loopback address is the node itself, not a router: give the router's address on the node network, such as 198.51.100.1"
+	// +kubebuilder:validation:XValidation:rule="!isIP(self) || !ip(self).isLinkLocalUnicast()",message="link-local peers (169.254.0.0/16, fe80::/10) are not supported: give a global or unique-local address of the router"
+	// +kubebuilder:validation:XValidation:rule="!isIP(self) || (ip(self).isGlobalUnicast() && !self.startsWith('255.')) || ip(self).isUnspecified() || ip(self).isLoopback() || ip(self).isLinkLocalUnicast()",message="a multicast or broadcast address (224.0.0.0/4, 255.0.0.0/8, ff00::/8) names no router: give the router's unicast address, such as 198.51.100.1"
 	Address string `json:"address"`
 
 	// Port is the router's BGP port. Default 179.
@@ -87,7 +94,7 @@ type BGPPeerSpec struct {
 	// NodeSelector picks the nodes that peer with this router. Unset: every node.
 	//
 	// +optional
-	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+	NodeSelector *LabelSelector `json:"nodeSelector,omitempty"`
 
 	// HoldTimeSeconds proposed in OPEN: 0, or 3 and more. Default 90.
 	//
@@ -97,7 +104,8 @@ type BGPPeerSpec struct {
 	// +optional
 	HoldTimeSeconds *int32 `json:"holdTimeSeconds,omitempty"`
 
-	// KeepaliveSeconds between KEEPALIVEs. Default a third of the hold time.
+	// KeepaliveSeconds between KEEPALIVEs: at most a third of the hold time (of 90 when
+	// holdTimeSeconds is not given), none with hold time 0. Default a third of the hold time.
 	//
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=21845
@@ -126,15 +134,33 @@ type BGPPeerSpec struct {
 	//
 	// +optional
 	GracefulRestart bool `json:"gracefulRestart,omitempty"`
+
+	// TTLSecurity turns on GTSM (RFC 5082): the nodes send to the router with TTL 255 and
+	// accept only packets that arrive with TTL 255, so a host farther away than the router
+	// cannot reach the session even with a forged source address. With ebgpMultihop N the
+	// router may be N hops away: packets must arrive with TTL 256-N or more. The router must
+	// turn it on too (FRR: neighbor X ttl-security hops 1).
+	//
+	// +optional
+	TTLSecurity bool `json:"ttlSecurity,omitempty"`
 }
 
 // SecretKeyRef names one key of a Secret.
 type SecretKeyRef struct {
-	// +kubebuilder:validation:MaxLength=253
+	// Namespace of the Secret.
+	//
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="must be a namespace name: lower-case letters, digits and '-', such as kube-system"
 	Namespace string `json:"namespace"`
+	// Name of the Secret.
+	//
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="must be a Secret name: lower-case letters, digits, '-' and '.', such as bgp-password"
 	Name string `json:"name"`
+	// Key in the Secret's data.
+	//
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[-._a-zA-Z0-9]+$')",message="must be a Secret key: letters, digits, '-', '_' and '.', such as password"
 	Key string `json:"key"`
 }
 

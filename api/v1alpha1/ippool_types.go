@@ -106,12 +106,12 @@ type ServiceAllocation struct {
 	// NamespaceSelector the Service's namespace must match.
 	//
 	// +optional
-	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+	NamespaceSelector *LabelSelector `json:"namespaceSelector,omitempty"`
 
 	// ServiceSelector the Service must match.
 	//
 	// +optional
-	ServiceSelector *metav1.LabelSelector `json:"serviceSelector,omitempty"`
+	ServiceSelector *LabelSelector `json:"serviceSelector,omitempty"`
 }
 
 // AnnounceMode is how a pool's addresses reach the network.
@@ -140,13 +140,13 @@ type Announce struct {
 	// NodeSelector picks the nodes that may announce the pool's addresses. Unset: every node.
 	//
 	// +optional
-	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+	NodeSelector *LabelSelector `json:"nodeSelector,omitempty"`
 
 	// PreferredNodeSelector picks nodes that win ties when L2 addresses are spread over the
 	// nodes (a pool of nodes for high-traffic Services). Balance still comes first.
 	//
 	// +optional
-	PreferredNodeSelector *metav1.LabelSelector `json:"preferredNodeSelector,omitempty"`
+	PreferredNodeSelector *LabelSelector `json:"preferredNodeSelector,omitempty"`
 
 	// L2 options; only with mode L2.
 	//
@@ -166,7 +166,7 @@ type L2Announce struct {
 	//
 	// +kubebuilder:validation:MaxItems=16
 	// +kubebuilder:validation:items:MaxLength=15
-	// +kubebuilder:validation:items:Pattern=`^[^/\s:]+$`
+	// +kubebuilder:validation:XValidation:rule="self.all(i, i.matches('^[!-.0-9;-~]{1,15}$') && i != '.' && i != '..')",message="an interface name is 1 to 15 ASCII characters without '/', ':' or spaces, and not . or .., such as eth0 or bond0.100"
 	// +listType=set
 	// +optional
 	Interfaces []string `json:"interfaces,omitempty"`
@@ -195,16 +195,22 @@ const (
 
 // BGPAnnounce holds the options of mode BGP.
 type BGPAnnounce struct {
-	// Communities attached to the pool's routes, each "ASN:value" (two 16-bit numbers).
+	// Communities attached to the pool's routes, each "ASN:value", two numbers from 0 to
+	// 65535 (RFC 1997), such as 64496:100.
 	//
 	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=11
 	// +kubebuilder:validation:items:Pattern=`^[0-9]{1,5}:[0-9]{1,5}$`
+	// +kubebuilder:validation:XValidation:rule="self.all(c, !c.matches('^[0-9]{1,5}:[0-9]{1,5}$') || (int(c.substring(0, c.indexOf(':'))) <= 65535 && int(c.substring(c.indexOf(':') + 1)) <= 65535))",message="each half of a community is a number from 0 to 65535: write ASN:value such as 64496:100"
 	// +listType=set
 	// +optional
 	Communities []string `json:"communities,omitempty"`
 
-	// LocalPref attached to the pool's routes (iBGP peers only).
+	// LocalPref attached to the pool's routes (iBGP peers only): 0 to 4294967295, a 32-bit
+	// number.
 	//
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4294967295
 	// +optional
 	LocalPref *int64 `json:"localPref,omitempty"`
 }

@@ -16,17 +16,17 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/klog/v2"
 
+	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
+	"github.com/metalvip/metalvip/internal/connlimit"
 	"github.com/metalvip/metalvip/internal/version"
 	"github.com/metalvip/metalvip/nodeagent"
 	"github.com/metalvip/metalvip/nodeagent/bgp"
 	"github.com/metalvip/metalvip/nodeagent/l2"
-	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
 type flags struct {
@@ -36,6 +36,7 @@ type flags struct {
 	interfaces                string
 	routerID                  string
 	refresh, shutdownTimeout  time.Duration
+	keyLifetime               time.Duration
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -52,6 +53,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.routerID, "router-id", "", "BGP router ID when the CCM gives none (default: the first IPv4 address of the first interface)")
 	fs.DurationVar(&f.refresh, "gratuitous-refresh", 30*time.Second, "how often owned L2 VIPs are announced again (keep under the switches' FDB ageing)")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 5*time.Second, "how long a SIGTERM may take to withdraw routes and close sessions")
+	fs.DurationVar(&f.keyLifetime, "heartbeat-key-lifetime", 30*24*time.Hour, "how old this node's heartbeat key may grow before a new one replaces it, without a failover (0: never by age; SIGHUP rotates at once)")
 	klog.InitFlags(fs)
 	fs.BoolFunc("version", "print the version and exit", func(string) error { fmt.Println(version.String("metalvip-agent")); os.Exit(0); return nil })
 	if err := fs.Parse(args); err != nil {
@@ -69,6 +71,9 @@ func parseFlags(args []string) (*flags, error) {
 		return nil, errors.New("--insecure turns TLS off; remove it or the --tls-* flags")
 	case !f.insecure && (f.caFile == "" || f.certFile == "" || f.keyFile == ""):
 		return nil, errors.New("--tls-ca, --tls-cert and --tls-key are required (see docs/agent-tls.md), or --insecure for a lab")
+	}
+	if f.keyLifetime != 0 && f.keyLifetime < time.Hour {
+		return nil, fmt.Errorf("--heartbeat-key-lifetime=%s is too short; give 0 or at least 1h (peers learn a new key through the CCM)", f.keyLifetime)
 	}
 	if f.refresh < time.Second {
 		return nil, fmt.Errorf("--gratuitous-refresh=%s is too short; give at least 1s", f.refresh)
@@ -116,7 +121,8 @@ func run(f *flags) error {
 	speaker := l2.New(l2.Options{Refresh: f.refresh})
 	agent, err := nodeagent.New(ctx, nodeagent.Options{
 		Node: f.node, StateDir: f.stateDir, Interfaces: ifaces, RouterID: routerID, L2: speaker,
-		NewBGP: func(ctx context.Context, cfg bgp.Config) (nodeagent.BGP, error) { return bgp.New(ctx, cfg) },
+		NewBGP:               func(ctx context.Context, cfg bgp.Config) (nodeagent.BGP, error) { return bgp.New(ctx, cfg) },
+		HeartbeatKeyLifetime: f.keyLifetime,
 	})
 	if err != nil {
 		speaker.Close()
@@ -128,22 +134,36 @@ func run(f *flags) error {
 		klog.InfoS("WARNING: serving plaintext with no client authentication (--insecure); anyone who reaches this port can make this node announce addresses")
 		creds = insecure.NewCredentials()
 	} else {
-		cfg, err := certs.ServerConfig(certs.Files{CA: f.caFile, Cert: f.certFile, Key: f.keyFile}, certs.CCMName)
+		cfg, err := certs.ServerConfig(certs.Files{CA: f.caFile, Cert: f.certFile, Key: f.keyFile}, certs.CCMName, certs.ViewerName)
 		if err != nil {
+			_ = agent.Close(context.Background())
 			return fmt.Errorf("TLS: %w", err)
 		}
 		creds = credentials.NewTLS(cfg)
 	}
-	srv := grpc.NewServer(grpc.Creds(creds))
-	agentv1.RegisterAgentServiceServer(srv, agent)
-	lis, err := net.Listen("tcp", f.listen)
+	srv := nodeagent.NewServer(agent, creds, !f.insecure)
+	tcp, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		_ = agent.Close(context.Background())
 		return err
 	}
+	lis := connlimit.New(tcp, agentapi.MaxConnsPerAddr, agentapi.MaxPendingHandshakes)
 	klog.InfoS("metalvip-agent serving", "node", f.node, "address", lis.Addr().String(), "interfaces", ifaces, "routerID", routerID, "tls", !f.insecure)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				agent.RotateHeartbeatKey()
+			}
+		}
+	}()
 
 	select {
 	case <-ctx.Done():

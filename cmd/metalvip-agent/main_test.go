@@ -23,6 +23,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--node-name", "n1", "--insecure", "--gratuitous-refresh", "10ms"}, "too short"},
 		{[]string{"--node-name", "n1", "--insecure", "--listen-address", "7472"}, "--listen-address"},
 		{[]string{"--node-name", "n1", "--insecure", "extra"}, "unexpected arguments"},
+		{[]string{"--node-name", "n1", "--insecure", "--heartbeat-key-lifetime", "10m"}, "at least 1h"},
 	} {
 		if _, err := parseFlags(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("parseFlags(%v) = %v; want an error with %q", tc.args, err, tc.want)

@@ -6,6 +6,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -20,6 +21,7 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics
 	_ "k8s.io/component-base/metrics/prometheus/version"  // version metric
 	"k8s.io/component-base/version/verflag"
+	genericcontrollermanager "k8s.io/controller-manager/app"
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/internal/version"
@@ -91,7 +93,12 @@ Settings of its own are in the --cloud-config file, documented in docs/cloud-con
 		if cp.Name != provider.ProviderName {
 			return fmt.Errorf("--cloud-provider=%q: this binary runs only the %q provider; leave the flag out or set it to %q", cp.Name, provider.ProviderName, provider.ProviderName)
 		}
-		if _, err := readConfig(cp.CloudConfigFile); err != nil {
+		cfg, err := readConfig(cp.CloudConfigFile)
+		if err == nil && !cfg.Services.ServesClassless() &&
+			genericcontrollermanager.IsControllerEnabled(names.ServiceLBController, app.ControllersDisabledByDefault, canonical(opts.Generic.Controllers)) {
+			err = fmt.Errorf("--cloud-config: services.classless is false, but the framework's service controller would still serve class-less Services: run with --controllers=*,-%s as well", names.ServiceLBController)
+		}
+		if err != nil {
 			// Plain text, not a log line: this is the operator's file and the message is the fix.
 			fmt.Fprintf(os.Stderr, "metalvip-cloud-controller-manager: %v\n", err)
 			os.Exit(1)
@@ -99,6 +106,24 @@ Settings of its own are in the --cloud-config file, documented in docs/cloud-con
 		return run(c, args)
 	}
 	return cmd, nil
+}
+
+// canonical resolves the framework's controller aliases ("service" for
+// "service-lb-controller") in a --controllers list.
+func canonical(controllers []string) []string {
+	aliases := names.CCMControllerAliases()
+	out := make([]string, 0, len(controllers))
+	for _, c := range controllers {
+		neg, name := strings.HasPrefix(c, "-"), strings.TrimPrefix(c, "-")
+		if a, ok := aliases[name]; ok {
+			name = a
+		}
+		if neg {
+			name = "-" + name
+		}
+		out = append(out, name)
+	}
+	return out
 }
 
 func readConfig(file string) (*providerconfig.Config, error) {

@@ -31,9 +31,11 @@ func certsCommand() *cobra.Command {
 		Use:   "certs --nodes NODE[,NODE...] [--out DIR | --manifests]",
 		Short: "Create the CA and the certificates for the CCM and the agents",
 		Long: `certs creates (or reuses, with --ca-cert and --ca-key) the CA of metalvip's mutual TLS, the
-CCM's client certificate (named metalvip-cloud-controller-manager) and one server certificate
-per node (named after the node). With --out it writes PEM files; with --manifests it prints two
-Secrets to apply: metalvip-ccm-tls for the CCM and metalvip-agent-tls for the agents. Run it
+CCM's client certificate (named metalvip-cloud-controller-manager), a viewer's client certificate
+(named metalvip-viewer: it may read an agent's state with "metalvipctl agent" but never change
+it) and one server certificate per node (named after the node). With --out it writes PEM files;
+with --manifests it prints three Secrets to apply: metalvip-ccm-tls for the CCM,
+metalvip-viewer-tls for operators, and metalvip-agent-tls for the agents. Run it
 again with the same CA when nodes join. See docs/agent-tls.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -82,6 +84,7 @@ again with the same CA when nodes join. See docs/agent-tls.md.`,
 type certSet struct {
 	ca     certs.Pair
 	ccm    certs.Pair
+	viewer certs.Pair // metalvipctl agent's: reads state, may not Apply
 	agents map[string]certs.Pair
 }
 
@@ -101,6 +104,9 @@ func issueAll(nodes []string, caCert, caKey string, validity time.Duration) (*ce
 	if set.ccm, err = certs.Issue(set.ca, certs.CCMName, certs.Client, validity); err != nil {
 		return nil, fmt.Errorf("CCM certificate: %w", err)
 	}
+	if set.viewer, err = certs.Issue(set.ca, certs.ViewerName, certs.Client, validity); err != nil {
+		return nil, fmt.Errorf("viewer certificate: %w", err)
+	}
 	for _, n := range nodes {
 		if set.agents[n], err = certs.Issue(set.ca, n, certs.Server, validity); err != nil {
 			return nil, fmt.Errorf("certificate of %s: %w", n, err)
@@ -116,6 +122,7 @@ func writeFiles(dir string, set *certSet) error {
 	files := map[string][]byte{
 		"ca.crt": set.ca.Cert, "ca.key": set.ca.Key,
 		"ccm.crt": set.ccm.Cert, "ccm.key": set.ccm.Key,
+		"viewer.crt": set.viewer.Cert, "viewer.key": set.viewer.Key,
 	}
 	for n, p := range set.agents {
 		files[n+".crt"], files[n+".key"] = p.Cert, p.Key
@@ -146,12 +153,24 @@ data:
 apiVersion: v1
 kind: Secret
 metadata:
+  name: metalvip-viewer-tls
+  namespace: %s
+type: Opaque
+data:
+  ca.crt: %s
+  tls.crt: %s
+  tls.key: %s
+---
+apiVersion: v1
+kind: Secret
+metadata:
   name: metalvip-agent-tls
   namespace: %s
 type: Opaque
 data:
   ca.crt: %s
-`, namespace, b64(set.ca.Cert), b64(set.ccm.Cert), b64(set.ccm.Key), namespace, b64(set.ca.Cert))
+`, namespace, b64(set.ca.Cert), b64(set.ccm.Cert), b64(set.ccm.Key),
+		namespace, b64(set.ca.Cert), b64(set.viewer.Cert), b64(set.viewer.Key), namespace, b64(set.ca.Cert))
 	names := make([]string, 0, len(set.agents))
 	for n := range set.agents {
 		names = append(names, n)

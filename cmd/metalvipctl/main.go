@@ -1,6 +1,6 @@
 // Command metalvipctl is metalvip's command-line tool: it creates the TLS material of the
-// CCM and the agents (certs) and shows what metalvip does (status) and what one node's agent
-// announces (agent).
+// CCM and the agents (certs), shows what metalvip does (status) and what one node's agent
+// announces (agent), and converts MetalLB's configuration (migrate metallb).
 package main
 
 import (
@@ -21,7 +21,7 @@ func main() {
 		Version:       version.String("metalvipctl"),
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
-	root.AddCommand(certsCommand(), statusCommand(), agentCommand())
+	root.AddCommand(certsCommand(), statusCommand(), agentCommand(), migrateCommand())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "metalvipctl: %v\n", err)
 		os.Exit(1)

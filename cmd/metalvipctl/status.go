@@ -66,7 +66,7 @@ type AgentStatus struct {
 }
 
 func statusCommand() *cobra.Command {
-	var kubeconfig, output string
+	var kubeconfig, output, class string
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show pools, Services with their addresses and announcing nodes, and agent health",
@@ -97,7 +97,7 @@ marked stale. For what one node does right now, ask its agent: metalvipctl agent
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 			defer cancel()
-			st, err := gather(ctx, client, dyn)
+			st, err := gather(ctx, client, dyn, desired.Serves{Class: class, Classless: true})
 			if err != nil {
 				return err
 			}
@@ -111,6 +111,7 @@ marked stale. For what one node does right now, ask its agent: metalvipctl agent
 		},
 	}
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "path of the kubeconfig (default: $KUBECONFIG, else ~/.kube/config)")
+	cmd.Flags().StringVar(&class, "class", desired.DefaultServes.Class, "the loadBalancerClass metalvip serves (its cloud-config services.loadBalancerClass); class-less Services are shown too")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
 	return cmd
 }
@@ -134,7 +135,7 @@ func announcedBy(a desired.Address) string {
 	return by
 }
 
-func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface) (*Status, error) {
+func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface, serves desired.Serves) (*Status, error) {
 	st := &Status{Pools: []PoolStatus{}, Services: []ServiceStatus{}, Agents: []AgentStatus{}}
 	list, err := dyn.Resource(v1alpha1.IPPoolResource).List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -213,7 +214,7 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 	}
 	for i := range svcs.Items {
 		s := &svcs.Items[i]
-		if !desired.Ours(s) {
+		if !serves.Ours(s) {
 			continue
 		}
 		ss := ServiceStatus{Namespace: s.Namespace, Name: s.Name, Addresses: []string{}}

@@ -1,5 +1,7 @@
-// Package annotation names every metalvip Service annotation and parses them, in one place,
-// so that no second spelling can exist.
+// Package annotation names every Service annotation metalvip reads or writes, its own and the
+// MetalLB ones it honours (metallb.go), and parses them, in one place, so that no second
+// spelling can exist. It decides which spelling wins and what a value means; it must not
+// decide allocations or touch the API.
 package annotation
 
 import (
@@ -46,28 +48,32 @@ func (n Name) Value(svc *v1.Service) (string, bool) {
 	return v, ok
 }
 
-// PoolFromService returns the requested pool, or "".
+// PoolFromService returns the requested pool, or "": metalvip.io/pool, else MetalLB's
+// address-pool (the converter names IPPools as MetalLB named its pools).
 func PoolFromService(svc *v1.Service) (string, error) {
-	v, ok := Pool.Value(svc)
-	if !ok {
+	from, v, ok := lookup(svc, Pool)
+	if !ok || blankMetalLB(from, v) {
 		return "", nil
 	}
 	v = strings.TrimSpace(v)
 	if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
-		return "", fmt.Errorf("annotation %s=%q is not an IPPool name: %s", Pool, v, strings.Join(errs, "; "))
+		return "", fmt.Errorf("annotation %s=%q is not an IPPool name: %s", from, v, strings.Join(errs, "; "))
 	}
 	return v, nil
 }
 
-// IPsFromService returns the requested addresses: the metalvip.io/ips annotation, else
-// spec.loadBalancerIP. Both set and different is an error.
+// IPsFromService returns the requested addresses: the metalvip.io/ips annotation (else
+// MetalLB's loadBalancerIPs), else spec.loadBalancerIP. Both set and different is an error.
 func IPsFromService(svc *v1.Service) ([]netip.Addr, error) {
 	var out []netip.Addr
-	v, ok := IPs.Value(svc)
+	from, v, ok := lookup(svc, IPs)
+	if blankMetalLB(from, v) {
+		ok = false
+	}
 	if ok {
 		var err error
 		if out, err = ParseIPs(v); err != nil {
-			return nil, fmt.Errorf("annotation %s: %w", IPs, err)
+			return nil, fmt.Errorf("annotation %s: %w", from, err)
 		}
 	}
 	if lb := strings.TrimSpace(svc.Spec.LoadBalancerIP); lb != "" {
@@ -76,7 +82,7 @@ func IPsFromService(svc *v1.Service) ([]netip.Addr, error) {
 			return nil, fmt.Errorf("spec.loadBalancerIP: %w", err)
 		}
 		if ok && !containsAddr(out, a) {
-			return nil, fmt.Errorf("spec.loadBalancerIP %s is not among annotation %s=%q; set one of the two", a, IPs, v)
+			return nil, fmt.Errorf("spec.loadBalancerIP %s is not among annotation %s=%q; set one of the two", a, from, v)
 		}
 		if !ok {
 			out = []netip.Addr{a}
@@ -151,11 +157,16 @@ func VIPCountFromService(svc *v1.Service) (int, error) {
 	return n, nil
 }
 
-// SharingKeyFromService returns the sharing key, or "".
+// SharingKeyFromService returns the sharing key, or "": metalvip.io/sharing-key, else MetalLB's
+// allow-shared-ip, which is never refused (see metalLBSharingKey).
 func SharingKeyFromService(svc *v1.Service) (string, error) {
-	v, ok := SharingKey.Value(svc)
+	from, v, ok := lookup(svc, SharingKey)
 	if !ok {
 		return "", nil
+	}
+	if isMetalLB(from) {
+		key, _ := metalLBSharingKey(v)
+		return key, nil
 	}
 	if errs := validation.IsValidLabelValue(v); len(errs) > 0 || v == "" {
 		return "", fmt.Errorf("annotation %s=%q: a sharing key is 1 to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit", SharingKey, v)

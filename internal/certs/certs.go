@@ -1,10 +1,12 @@
 // Package certs holds the mutual TLS between the CCM and the agents: creating a CA and the
 // certificates it signs (for `metalvipctl certs`), and the TLS configurations that check them.
 //
-// Identities: the CCM's client certificate names "metalvip-cloud-controller-manager"; each
-// agent's server certificate names its node. An agent serves only clients whose certificate
-// chains to the CA and names the CCM; the CCM accepts an agent only if its certificate chains
-// to the CA and names the node it dialled.
+// Identities: the CCM's client certificate names "metalvip-cloud-controller-manager"; a
+// viewer's (metalvipctl agent, people) names "metalvip-viewer"; each agent's server
+// certificate names its node. An agent serves only clients whose certificate chains to the CA
+// and names the CCM or the viewer, and lets the viewer only read (the agent's interceptor
+// checks the role per call); the CCM accepts an agent only if its certificate chains to the
+// CA and names the node it dialled.
 package certs
 
 import (
@@ -26,6 +28,10 @@ import (
 
 // CCMName is the identity in the CCM's client certificate.
 const CCMName = "metalvip-cloud-controller-manager"
+
+// ViewerName is the identity in a viewer's client certificate: it may read an agent's state
+// and events, never change them. Issue one with Issue(ca, ViewerName, Client, validity).
+const ViewerName = "metalvip-viewer"
 
 // Pair is a PEM certificate and its PEM key.
 type Pair struct {
@@ -170,8 +176,11 @@ func (l *loader) load() (*tls.Certificate, *x509.CertPool, error) {
 }
 
 // ServerConfig is the agent's TLS: its own certificate, and only clients whose certificate
-// chains to the CA and names allowed.
-func ServerConfig(f Files, allowed string) (*tls.Config, error) {
+// chains to the CA and names one of allowed (client usage).
+func ServerConfig(f Files, allowed ...string) (*tls.Config, error) {
+	if len(allowed) == 0 {
+		return nil, errors.New("no client identity allowed")
+	}
 	l := &loader{files: f}
 	if _, _, err := l.load(); err != nil {
 		return nil, err
@@ -189,7 +198,8 @@ func ServerConfig(f Files, allowed string) (*tls.Config, error) {
 				ClientAuth:   tls.RequireAndVerifyClientCert,
 				ClientCAs:    pool,
 				VerifyConnection: func(cs tls.ConnectionState) error {
-					return names(cs, allowed)
+					_, err := Identity(cs, allowed...)
+					return err
 				},
 			}, nil
 		},
@@ -215,14 +225,17 @@ func ClientConfig(f Files, node string) (*tls.Config, error) {
 	}, nil
 }
 
-// names checks that the peer's certificate (already verified against the CA) names want.
-func names(cs tls.ConnectionState, want string) error {
+// Identity returns which of want the peer's certificate (already verified against the CA)
+// names, by common name or DNS name.
+func Identity(cs tls.ConnectionState, want ...string) (string, error) {
 	if len(cs.PeerCertificates) == 0 {
-		return errors.New("no client certificate")
+		return "", errors.New("no client certificate")
 	}
 	leaf := cs.PeerCertificates[0]
-	if leaf.Subject.CommonName == want || slices.Contains(leaf.DNSNames, want) {
-		return nil
+	for _, w := range want {
+		if leaf.Subject.CommonName == w || slices.Contains(leaf.DNSNames, w) {
+			return w, nil
+		}
 	}
-	return fmt.Errorf("client certificate names %q, not %q", leaf.Subject.CommonName, want)
+	return "", fmt.Errorf("client certificate names %q, none of %q", leaf.Subject.CommonName, want)
 }

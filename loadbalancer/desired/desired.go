@@ -29,10 +29,33 @@ const (
 	TaintToDelete  = "ToBeDeletedByClusterAutoscaler"
 )
 
-// Ours reports whether metalvip serves a Service: type LoadBalancer without a
-// loadBalancerClass (the framework skips those too).
-func Ours(svc *v1.Service) bool {
-	return svc.Spec.Type == v1.ServiceTypeLoadBalancer && svc.Spec.LoadBalancerClass == nil
+// Serves says which Services metalvip serves: of type LoadBalancer, of its class, and without
+// a class when Classless. Services of another class are another implementation's: metalvip
+// never touches them, not even with an Event.
+type Serves struct {
+	Class     string
+	Classless bool
+}
+
+// DefaultServes is what a CCM serves unless its cloud-config says otherwise.
+var DefaultServes = Serves{Class: "metalvip.io/vip", Classless: true}
+
+// Ours reports whether metalvip serves svc.
+func (s Serves) Ours(svc *v1.Service) bool {
+	if svc.Spec.Type != v1.ServiceTypeLoadBalancer {
+		return false
+	}
+	if c := svc.Spec.LoadBalancerClass; c != nil {
+		return s.Class != "" && *c == s.Class
+	}
+	return s.Classless
+}
+
+// Classed reports whether svc is of metalvip's class (served by metalvip's own controller;
+// the framework's service controller skips every classed Service).
+func (s Serves) Classed(svc *v1.Service) bool {
+	c := svc.Spec.LoadBalancerClass
+	return c != nil && s.Class != "" && *c == s.Class
 }
 
 // Key is a Service's namespace/name.

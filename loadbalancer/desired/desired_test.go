@@ -88,11 +88,11 @@ func TestVIPFromItsServicesAndPool(t *testing.T) {
 	ip := netip.MustParseAddr("203.0.113.1")
 	bgp := pools.DecodePool(&v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: v1alpha1.IPPoolSpec{
 		Addresses: []v1alpha1.AddressRange{"203.0.113.0/28"},
-		Announce:  v1alpha1.Announce{Mode: v1alpha1.AnnounceBGP, NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"rack": "a"}}},
+		Announce:  v1alpha1.Announce{Mode: v1alpha1.AnnounceBGP, NodeSelector: &v1alpha1.LabelSelector{MatchLabels: map[string]v1alpha1.LabelValue{"rack": "a"}}},
 	}})
 	invalid := pools.DecodePool(&v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "bad"}, Spec: v1alpha1.IPPoolSpec{
 		Addresses: []v1alpha1.AddressRange{"203.0.113.0/28"},
-		Announce:  v1alpha1.Announce{NodeSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "x", Operator: "In"}}}},
+		Announce:  v1alpha1.Announce{NodeSelector: &v1alpha1.LabelSelector{MatchExpressions: []v1alpha1.LabelSelectorRequirement{{Key: "x", Operator: "In"}}}},
 	}})
 	t.Run("sharing Local Services announce from the nodes of either's endpoints", func(t *testing.T) {
 		v := VIP(ip, []Sharer{{svc("a", true, "203.0.113.1"), []string{"n2"}}, {svc("b", true, "203.0.113.1"), []string{"n1", "n2"}}}, bgp)
@@ -136,7 +136,7 @@ func TestNodeStateNamesItsHeartbeatPeersWithKeys(t *testing.T) {
 		pools.DecodePeer(&v1alpha1.BGPPeer{ObjectMeta: metav1.ObjectMeta{Name: "pw"}, Spec: v1alpha1.BGPPeerSpec{Address: "198.51.100.2", PeerASN: 64496, MyASN: 64497,
 			PasswordSecretRef: &v1alpha1.SecretKeyRef{Namespace: "s", Name: "x", Key: "k"}}}),
 		pools.DecodePeer(&v1alpha1.BGPPeer{ObjectMeta: metav1.ObjectMeta{Name: "elsewhere"}, Spec: v1alpha1.BGPPeerSpec{Address: "198.51.100.3", PeerASN: 64496, MyASN: 64497,
-			NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"rack": "b"}}}}),
+			NodeSelector: &v1alpha1.LabelSelector{MatchLabels: map[string]v1alpha1.LabelValue{"rack": "b"}}}}),
 	})
 	peers, conflicts := Peers(node, set, func(*pools.Peer) (string, bool) { return "", false })
 	if len(peers) != 1 || peers[0].GetPeerAsn() != 64496 {

@@ -16,8 +16,15 @@
 //   - Services with the same sharing key share an address when their ports do not collide
 //     and their externalTrafficPolicy is the same.
 //
-// Cost: finding, taking and giving back an address is O(log n) in the number of free
-// intervals of the pool (at most one more than its allocated addresses), whatever its size.
+// Cost, whatever the size of a pool (0.0.0.0/0 and ::/0 included, avoidBuggyIPs or not):
+// finding, taking and giving back an address is O(log n) in the number of free intervals of
+// the pool (at most one more than its allocated addresses); a pool's status figures cost
+// O(1) and its orphans O(k log k) for k orphans; a pool change (SetPools) costs
+// O((r + h) log(r + h)) for r ranges and h held addresses. No cost grows with the number of
+// addresses a range spans: .0 and .255 are skipped by arithmetic, never by splitting ranges.
+//
+// The package must not touch the Kubernetes API or any clock: the caller converts objects
+// to Pool and Service values and serialises calls.
 package ipam
 
 import (
@@ -125,22 +132,35 @@ func errorf(kind error, format string, args ...any) *Error {
 }
 
 type pool struct {
-	Pool
-	free       map[Family]*freeSet // nil for a pool that is not used
-	capacity   map[Family]*big.Int
+	Pool                         // Ranges merged and sorted
+	free     map[Family]*freeSet // nil for a pool that is not used
+	capacity map[Family]*big.Int
+	// allocated counts the held addresses in the pool's ranges that it could give (not .0 or
+	// .255 with avoidBuggyIPs), whoever gave them.
+	allocated  map[Family]int64
 	shadowedBy string   // an older pool this one overlaps: this one is not used
-	overlaps   []string // every pool this one overlaps
+	overlaps   []string // every pool this one overlaps, sorted (shared with the Index)
 }
 
 func (p *pool) usable() bool { return p.shadowedBy == "" }
 
+// contains reports whether one of the pool's ranges holds a: O(log r).
 func (p *pool) contains(a netip.Addr) bool {
-	for _, r := range p.Ranges {
-		if r.Contains(a) {
-			return true
+	i, found := slices.BinarySearchFunc(p.Ranges, a, func(r Range, t netip.Addr) int {
+		if c := cmp.Compare(r.BitLen(), t.BitLen()); c != 0 {
+			return c
 		}
+		return r.First.Compare(t)
+	})
+	if !found {
+		i--
 	}
-	return false
+	return i >= 0 && p.Ranges[i].Contains(a)
+}
+
+// counts reports whether a held a counts as allocated in p.
+func (p *pool) counts(a netip.Addr) bool {
+	return p.contains(a) && !(p.AvoidBuggyIPs && buggy(a))
 }
 
 func (p *pool) hasFamily(f Family) bool {
@@ -182,26 +202,32 @@ type record struct {
 // Allocator holds every pool and every address held by a Service.
 type Allocator struct {
 	pools    map[string]*pool
-	index    []indexEntry // ranges of usable pools, sorted, disjoint
+	index    *Index
+	byIndex  []*pool // the pools in the index's order
+	shadowed []*pool // the pools not used because they overlap an older one
 	held     map[netip.Addr]*holder
 	services map[string]*record
 	byKey    map[string]map[netip.Addr]*holder
-}
-
-type indexEntry struct {
-	r    Range
-	pool *pool
+	// orphans are, per pool name, the held addresses given from (or restored with) a pool
+	// that no longer exists or no longer holds them.
+	orphans map[string]map[netip.Addr]*holder
 }
 
 // New returns an empty allocator.
 func New() *Allocator {
 	return &Allocator{
 		pools:    map[string]*pool{},
+		index:    NewIndex(nil),
 		held:     map[netip.Addr]*holder{},
 		services: map[string]*record{},
 		byKey:    map[string]map[netip.Addr]*holder{},
+		orphans:  map[string]map[netip.Addr]*holder{},
 	}
 }
+
+// Index returns the pool index of the last SetPools: which pool holds an address, which
+// pools overlap. It is immutable and stays valid after later calls.
+func (a *Allocator) Index() *Index { return a.index }
 
 // Get returns a Service's allocation.
 func (a *Allocator) Get(key string) (Allocation, bool) {
@@ -247,19 +273,57 @@ func sortedUsers(h *holder) []string {
 
 // poolOf returns the usable pool whose ranges hold addr.
 func (a *Allocator) poolOf(addr netip.Addr) *pool {
-	i, found := slices.BinarySearchFunc(a.index, addr, func(e indexEntry, t netip.Addr) int {
-		if e.r.Contains(t) {
-			return 0
-		}
-		if e.r.BitLen() != t.BitLen() {
-			return cmp.Compare(e.r.BitLen(), t.BitLen())
-		}
-		return e.r.First.Compare(t)
-	})
-	if !found {
-		return nil
+	if i := a.index.lookup(addr); i >= 0 {
+		return a.byIndex[i]
 	}
-	return a.index[i].pool
+	return nil
+}
+
+// count adds delta to the allocated figure of every pool that counts ip: the usable pool
+// holding it (usable, nil when none) and any shadowed pool whose ranges hold it (shadowed
+// pools are few, and none in a cluster without overlap).
+func (a *Allocator) count(ip netip.Addr, usable *pool, delta int64) {
+	if usable != nil && !(usable.AvoidBuggyIPs && buggy(ip)) {
+		usable.allocated[FamilyOf(ip)] += delta
+	}
+	for _, p := range a.shadowed {
+		if p.counts(ip) {
+			p.allocated[FamilyOf(ip)] += delta
+		}
+	}
+}
+
+// orphaned reports whether h is held outside the pool it came from.
+func (a *Allocator) orphaned(h *holder) bool {
+	if h.pool == "" {
+		return false
+	}
+	if p := a.poolOf(h.ip); p != nil && p.Name == h.pool {
+		return false // the common case, without a second lookup
+	}
+	p, ok := a.pools[h.pool]
+	return !ok || !p.contains(h.ip)
+}
+
+func (a *Allocator) trackOrphan(h *holder) {
+	if !a.orphaned(h) {
+		return
+	}
+	m := a.orphans[h.pool]
+	if m == nil {
+		m = map[netip.Addr]*holder{}
+		a.orphans[h.pool] = m
+	}
+	m[h.ip] = h
+}
+
+func (a *Allocator) untrackOrphan(h *holder) {
+	if m := a.orphans[h.pool]; m != nil {
+		delete(m, h.ip)
+		if len(m) == 0 {
+			delete(a.orphans, h.pool)
+		}
+	}
 }
 
 // BitLen is 32 or 128.
@@ -493,7 +557,7 @@ func (a *Allocator) candidates(s *Service, cur Allocation) ([]*pool, error) {
 	if s.Pool != "" {
 		p, ok := a.pools[s.Pool]
 		if !ok {
-			return nil, errorf(ErrNoPool, "IP pool %q named by metalvip.io/pool does not exist; create it or name another pool", s.Pool)
+			return nil, errorf(ErrNoPool, "IP pool %q named by the Service (metalvip.io/pool, or MetalLB's address-pool) does not exist; create it or name another pool", s.Pool)
 		}
 		if !p.usable() {
 			return nil, errorf(ErrPoolUnusable, "IP pool %q overlaps the older pool %q and is not used until the overlap is removed", p.Name, p.shadowedBy)
@@ -714,11 +778,16 @@ func (a *Allocator) Lingering(key string) []netip.Addr {
 func (a *Allocator) hold(s *Service, ip netip.Addr, poolName string) {
 	h := a.held[ip]
 	if h == nil {
-		if q := a.poolOf(ip); q != nil {
+		q := a.poolOf(ip)
+		if q != nil {
 			q.free[FamilyOf(ip)].take(ip)
 		}
 		h = &holder{ip: ip, pool: poolName, users: map[string][]Port{}}
 		a.held[ip] = h
+		a.count(ip, q, 1)
+		if q == nil || q.Name != poolName {
+			a.trackOrphan(h)
+		}
 	}
 	if len(h.users) == 0 || (len(h.users) == 1 && hasUser(h, s.Key)) {
 		// The only holder decides how the address may be shared.
@@ -767,9 +836,12 @@ func (a *Allocator) drop(key string, ip netip.Addr) {
 		return
 	}
 	a.unindexKey(h)
+	a.untrackOrphan(h)
 	delete(a.held, ip)
-	if p := a.poolOf(ip); p != nil && !(p.AvoidBuggyIPs && buggy(ip)) {
-		p.free[FamilyOf(ip)].add(Range{ip, ip})
+	p := a.poolOf(ip)
+	a.count(ip, p, -1)
+	if p != nil {
+		p.free[FamilyOf(ip)].add(Range{ip, ip}) // nothing when ip is a skipped .0 or .255
 	}
 }
 
@@ -862,69 +934,56 @@ func (a *Allocator) Fits(s Service, al Allocation) bool {
 // SetPools replaces the set of pools. Held addresses are never taken away, also when their
 // pool shrank or went: the report lists them.
 func (a *Allocator) SetPools(in []Pool) Report {
-	ps := make([]*pool, 0, len(in))
+	a.index = NewIndex(in)
+	a.pools = make(map[string]*pool, len(a.index.pools))
+	a.byIndex = make([]*pool, len(a.index.pools))
+	a.shadowed = nil
+	byName := make(map[string]Pool, len(in))
 	for _, p := range in {
-		ranges := mergeRanges(p.Ranges)
-		p.Ranges = ranges
-		ps = append(ps, &pool{Pool: p})
-	}
-	slices.SortFunc(ps, func(x, y *pool) int {
-		if c := cmp.Compare(x.Order, y.Order); c != 0 {
-			return c
-		}
-		return strings.Compare(x.Name, y.Name)
-	})
-	a.pools = make(map[string]*pool, len(ps))
-	a.index = a.index[:0]
-	for i, p := range ps {
-		a.pools[p.Name] = p
-		for _, q := range ps[:i] {
-			if rangesOverlap(p.Ranges, q.Ranges) {
-				p.overlaps = append(p.overlaps, q.Name)
-				q.overlaps = append(q.overlaps, p.Name)
-				if p.shadowedBy == "" && q.usable() {
-					p.shadowedBy = q.Name
-				}
-			}
-		}
-		if p.usable() {
-			for _, r := range p.Ranges {
-				a.index = append(a.index, indexEntry{r, p})
-			}
+		if q, dup := byName[p.Name]; !dup || p.Order < q.Order {
+			byName[p.Name] = p
 		}
 	}
-	slices.SortFunc(a.index, func(x, y indexEntry) int {
-		if c := cmp.Compare(x.r.BitLen(), y.r.BitLen()); c != 0 {
-			return c
+	for i, ip := range a.index.pools {
+		p := &pool{Pool: byName[ip.name], shadowedBy: ip.shadowedBy, overlaps: ip.overlaps}
+		p.Ranges = ip.ranges
+		a.pools[p.Name], a.byIndex[i] = p, p
+		if !p.usable() {
+			a.shadowed = append(a.shadowed, p)
 		}
-		return x.r.First.Compare(y.r.First)
-	})
+	}
 
-	// Free sets: the usable pools' ranges minus held and avoided addresses.
+	// Free sets and figures: each pool's ranges minus the held addresses (and the avoided
+	// ones), walking the held addresses in order beside the ranges.
 	heldSorted := make([]netip.Addr, 0, len(a.held))
 	for ip := range a.held {
 		heldSorted = append(heldSorted, ip)
 	}
-	slices.SortFunc(heldSorted, func(x, y netip.Addr) int { return x.Compare(y) })
-	for _, p := range ps {
+	slices.SortFunc(heldSorted, netip.Addr.Compare)
+	for _, p := range a.byIndex {
 		p.capacity = map[Family]*big.Int{IPv4: new(big.Int), IPv6: new(big.Int)}
-		for _, r := range p.Ranges {
-			p.capacity[r.Family()].Add(p.capacity[r.Family()], usableSize(r, p.AvoidBuggyIPs))
+		p.allocated = map[Family]int64{IPv4: 0, IPv6: 0}
+		if p.usable() {
+			p.free = map[Family]*freeSet{IPv4: newFreeSet(p.AvoidBuggyIPs), IPv6: newFreeSet(false)}
 		}
-		if !p.usable() {
-			continue
-		}
-		p.free = map[Family]*freeSet{IPv4: newFreeSet(), IPv6: newFreeSet()}
 		for _, r := range p.Ranges {
-			fillFree(p.free[r.Family()], r, heldSorted, p.AvoidBuggyIPs)
+			f := r.Family()
+			p.capacity[f].Add(p.capacity[f], usableSize(r, p.AvoidBuggyIPs))
+			var fs *freeSet
+			if p.usable() {
+				fs = p.free[f]
+			}
+			p.allocated[f] += fillFree(fs, r, heldSorted, p.AvoidBuggyIPs)
 		}
 	}
+	a.orphans = map[string]map[netip.Addr]*holder{}
 	for _, h := range a.held {
 		if h.pool == "" {
 			if p := a.poolOf(h.ip); p != nil {
 				h.pool = p.Name
 			}
 		}
+		a.trackOrphan(h)
 	}
 	return a.report()
 }
@@ -954,39 +1013,32 @@ func u32(a netip.Addr) uint64 {
 	return uint64(b[0])<<24 | uint64(b[1])<<16 | uint64(b[2])<<8 | uint64(b[3])
 }
 
-// fillFree adds r minus the held addresses (and the buggy ones) to fs.
-func fillFree(fs *freeSet, r Range, held []netip.Addr, avoidBuggy bool) {
-	i, _ := slices.BinarySearchFunc(held, r.First, func(x, t netip.Addr) int { return x.Compare(t) })
+// fillFree adds r minus the held addresses to fs (when fs is not nil; fs skips the avoided
+// ones itself) and returns how many held addresses of r count as allocated. It costs
+// O(k log n) for the k held addresses in r.
+func fillFree(fs *freeSet, r Range, held []netip.Addr, avoidBuggy bool) int64 {
+	i, _ := slices.BinarySearchFunc(held, r.First, netip.Addr.Compare)
+	var allocated int64
 	start := r.First
-	emit := func(end netip.Addr) { // adds [start, end] minus buggy addresses
-		for start.IsValid() && start.Compare(end) <= 0 {
-			if !avoidBuggy || !start.Is4() {
-				fs.add(Range{start, end})
-				return
-			}
-			if buggy(start) {
-				start = start.Next()
-				continue
-			}
-			b := start.As4()
-			stop := netip.AddrFrom4([4]byte{b[0], b[1], b[2], 254})
-			if stop.Compare(end) > 0 {
-				stop = end
-			}
-			fs.add(Range{start, stop})
-			start = stop.Next()
+	emit := func(end netip.Addr) {
+		if fs != nil {
+			fs.add(Range{start, end})
 		}
 	}
 	for ; i < len(held) && r.Contains(held[i]); i++ {
+		if !(avoidBuggy && buggy(held[i])) {
+			allocated++
+		}
 		if held[i] != start {
 			emit(held[i].Prev())
 		}
 		start = held[i].Next()
 		if !start.IsValid() || held[i] == r.Last {
-			return
+			return allocated // the last address of r is held: nothing after it
 		}
 	}
 	emit(r.Last)
+	return allocated
 }
 
 func mergeRanges(rs []Range) []Range {
@@ -1013,17 +1065,6 @@ func mergeRanges(rs []Range) []Range {
 	return merged
 }
 
-func rangesOverlap(a, b []Range) bool {
-	for _, x := range a {
-		for _, y := range b {
-			if x.Overlaps(y) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // Report describes the pools after SetPools.
 type Report struct {
 	// Orphans are addresses held by Services that are no longer in the pool they came from.
@@ -1040,15 +1081,11 @@ type Orphan struct {
 
 func (a *Allocator) report() Report {
 	var r Report
-	for _, h := range a.held {
-		if h.pool == "" {
-			continue
+	for name, m := range a.orphans {
+		_, exists := a.pools[name]
+		for _, h := range m {
+			r.Orphans = append(r.Orphans, Orphan{IP: h.ip, Pool: name, PoolDeleted: !exists, Services: sortedUsers(h)})
 		}
-		p, ok := a.pools[h.pool]
-		if ok && p.contains(h.ip) {
-			continue
-		}
-		r.Orphans = append(r.Orphans, Orphan{IP: h.ip, Pool: h.pool, PoolDeleted: !ok, Services: sortedUsers(h)})
 	}
 	slices.SortFunc(r.Orphans, func(x, y Orphan) int { return x.IP.Compare(y.IP) })
 	return r
@@ -1070,26 +1107,21 @@ type Stats struct {
 	Orphans []Orphan
 }
 
-// PoolStats computes a pool's figures; it costs O(held addresses).
+// PoolStats computes a pool's figures; it costs O(1), plus O(k log k) for k orphans.
 func (a *Allocator) PoolStats(name string) (Stats, bool) {
 	p, ok := a.pools[name]
 	if !ok {
 		return Stats{}, false
 	}
 	st := Stats{
-		Allocated:  map[Family]int64{IPv4: 0, IPv6: 0},
+		Allocated:  map[Family]int64{IPv4: p.allocated[IPv4], IPv6: p.allocated[IPv6]},
 		Available:  map[Family]int64{},
 		Usable:     p.usable(),
 		ShadowedBy: p.shadowedBy,
-		Overlaps:   slices.Sorted(slices.Values(p.overlaps)),
+		Overlaps:   slices.Clone(p.overlaps),
 	}
-	for ip, h := range a.held {
-		if p.contains(ip) && !(p.AvoidBuggyIPs && buggy(ip)) {
-			st.Allocated[FamilyOf(ip)]++
-		}
-		if h.pool == name && !p.contains(ip) {
-			st.Orphans = append(st.Orphans, Orphan{IP: ip, Pool: name, Services: sortedUsers(h)})
-		}
+	for ip, h := range a.orphans[name] {
+		st.Orphans = append(st.Orphans, Orphan{IP: ip, Pool: name, Services: sortedUsers(h)})
 	}
 	slices.SortFunc(st.Orphans, func(x, y Orphan) int { return x.IP.Compare(y.IP) })
 	for _, f := range []Family{IPv4, IPv6} {

@@ -107,3 +107,56 @@ func BenchmarkSetPools10000Held(b *testing.B) {
 		a.SetPools([]Pool{p})
 	}
 }
+
+// BenchmarkPoolSize measures what a pool's size must not change: a pool change (SetPools), one
+// more Service (Assign, then Release) and the status figures (PoolStats), for pools from a /8
+// to the whole IPv4 and IPv6 space with avoidBuggyIPs, 1,000 Services already held.
+func BenchmarkPoolSize(b *testing.B) {
+	for _, tc := range []struct {
+		name, cidr string
+		fam        Family
+	}{
+		{"v4-slash8", "10.0.0.0/8", IPv4},
+		{"v4-slash0", "0.0.0.0/0", IPv4},
+		{"v6-slash0", "::/0", IPv6},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			r, err := ParseRange(tc.cidr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			p := Pool{Name: "big", Ranges: []Range{r}, AutoAssign: true, AvoidBuggyIPs: true}
+			a := New()
+			a.SetPools([]Pool{p})
+			for _, k := range benchKeys[:1_000] {
+				if _, err := a.Assign(Service{Key: k, Families: []Family{tc.fam}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.Run("SetPools", func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					a.SetPools([]Pool{p})
+				}
+			})
+			b.Run("Assign", func(b *testing.B) {
+				b.ReportAllocs()
+				s := Service{Key: "bench/one", Families: []Family{tc.fam}}
+				for b.Loop() {
+					if _, err := a.Assign(s); err != nil {
+						b.Fatal(err)
+					}
+					a.Release(s.Key)
+				}
+			})
+			b.Run("PoolStats", func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if st, ok := a.PoolStats(p.Name); !ok || st.Allocated[tc.fam] != 1_000 {
+						b.Fatalf("stats %+v", st)
+					}
+				}
+			})
+		})
+	}
+}

@@ -144,21 +144,55 @@ func buggy(a netip.Addr) bool {
 // intervals ordered by their first address: taking the lowest free address, taking a given
 // address and giving one back all cost O(log n) in the number of intervals, however large the
 // pool.
+//
+// With skipBuggy (an IPv4 pool with avoidBuggyIPs) addresses ending in .0 or .255 are never
+// free, and that is arithmetic, not splitting: an interval starts and ends on an address that
+// may be given, the .0 and .255 addresses inside it are not free, and two intervals with only
+// such addresses between them are one. A /0 is then one interval, as it is without the option.
 type freeSet struct {
-	t *btree.BTreeG[Range]
+	t         *btree.BTreeG[Range]
+	skipBuggy bool
 }
 
-func newFreeSet() *freeSet {
-	return &freeSet{t: btree.NewG(16, func(a, b Range) bool { return a.First.Less(b.First) })}
+func newFreeSet(skipBuggy bool) *freeSet {
+	return &freeSet{t: btree.NewG(16, func(a, b Range) bool { return a.First.Less(b.First) }), skipBuggy: skipBuggy}
 }
 
-// add adds r, which must not overlap any interval of the set, merging neighbours.
+// givable reports whether a may ever be free in this set.
+func (s *freeSet) givable(a netip.Addr) bool { return !s.skipBuggy || !buggy(a) }
+
+// up returns the lowest givable address at or after a; invalid when there is none.
+func (s *freeSet) up(a netip.Addr) netip.Addr {
+	for a.IsValid() && !s.givable(a) {
+		a = a.Next()
+	}
+	return a
+}
+
+// down returns the highest givable address at or before a; invalid when there is none.
+func (s *freeSet) down(a netip.Addr) netip.Addr {
+	for a.IsValid() && !s.givable(a) {
+		a = a.Prev()
+	}
+	return a
+}
+
+// joins reports whether nothing givable lies strictly between lo and hi (lo before hi), so
+// that intervals ending at lo and starting at hi are one.
+func (s *freeSet) joins(lo, hi netip.Addr) bool { return s.up(lo.Next()) == hi }
+
+// add adds the givable addresses of r, which must not overlap the free addresses of the set,
+// merging neighbours.
 func (s *freeSet) add(r Range) {
-	if prev, ok := s.before(r.First); ok && prev.Last.Next() == r.First {
+	r.First, r.Last = s.up(r.First), s.down(r.Last)
+	if !r.First.IsValid() || !r.Last.IsValid() || r.Last.Less(r.First) {
+		return
+	}
+	if prev, ok := s.before(r.First); ok && s.joins(prev.Last, r.First) {
 		s.t.Delete(prev)
 		r.First = prev.First
 	}
-	if n := r.Last.Next(); n.IsValid() {
+	if n := s.up(r.Last.Next()); n.IsValid() {
 		if next, ok := s.t.Get(Range{First: n}); ok {
 			s.t.Delete(next)
 			r.Last = next.Last
@@ -181,7 +215,7 @@ func (s *freeSet) before(a netip.Addr) (Range, bool) {
 	return out, found
 }
 
-// containing returns the interval holding a, if any.
+// containing returns the interval whose span holds a, if any (a may still be ungivable).
 func (s *freeSet) containing(a netip.Addr) (Range, bool) {
 	var out Range
 	var found bool
@@ -202,21 +236,22 @@ func (s *freeSet) lowest() (netip.Addr, bool) {
 func (s *freeSet) lowestNotIn(skip []netip.Addr) (netip.Addr, bool) {
 	var out netip.Addr
 	s.t.Ascend(func(r Range) bool {
-		for a := r.First; ; a = a.Next() {
+		for a := r.First; a.IsValid() && !r.Last.Less(a); a = s.up(a.Next()) {
 			if !slices.Contains(skip, a) {
 				out = a
 				return false
 			}
-			if a == r.Last {
-				return true
-			}
 		}
+		return true
 	})
 	return out, out.IsValid()
 }
 
 // take removes a; it reports false when a is not free.
 func (s *freeSet) take(a netip.Addr) bool {
+	if !s.givable(a) {
+		return false
+	}
 	r, ok := s.containing(a)
 	if !ok {
 		return false
@@ -225,19 +260,22 @@ func (s *freeSet) take(a netip.Addr) bool {
 	return true
 }
 
-// cut removes a from r, an interval of the set that holds it.
+// cut removes a, a givable address, from r, an interval of the set that holds it.
 func (s *freeSet) cut(r Range, a netip.Addr) {
 	s.t.Delete(r)
 	if r.First != a {
-		s.t.ReplaceOrInsert(Range{r.First, a.Prev()})
+		s.t.ReplaceOrInsert(Range{r.First, s.down(a.Prev())})
 	}
 	if r.Last != a {
-		s.t.ReplaceOrInsert(Range{a.Next(), r.Last})
+		s.t.ReplaceOrInsert(Range{s.up(a.Next()), r.Last})
 	}
 }
 
 // has reports whether a is free.
 func (s *freeSet) has(a netip.Addr) bool {
+	if !s.givable(a) {
+		return false
+	}
 	_, ok := s.containing(a)
 	return ok
 }

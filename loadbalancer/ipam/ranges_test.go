@@ -6,7 +6,7 @@ import (
 )
 
 func TestFreeSetMergesAndSplits(t *testing.T) {
-	s := newFreeSet()
+	s := newFreeSet(false)
 	s.add(Range{ip("203.0.113.0"), ip("203.0.113.3")})
 	s.add(Range{ip("203.0.113.8"), ip("203.0.113.9")})
 	if !s.take(ip("203.0.113.1")) || s.take(ip("203.0.113.1")) || s.take(ip("203.0.113.5")) {
@@ -31,7 +31,7 @@ func TestFreeSetMergesAndSplits(t *testing.T) {
 		}
 	}
 	// The last address of the space is handled (Next is invalid there).
-	top := newFreeSet()
+	top := newFreeSet(false)
 	top.add(Range{ip("255.255.255.254"), netip.MustParseAddr("255.255.255.255")})
 	if !top.take(ip("255.255.255.255")) {
 		t.Error("taking 255.255.255.255 failed")

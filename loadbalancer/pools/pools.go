@@ -17,7 +17,6 @@ import (
 	"strings"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -246,11 +245,11 @@ func ValidCommunity(c string) error {
 }
 
 // selector parses a label selector; one that does not parse selects nothing and is reported.
-func selector(ls *metav1.LabelSelector, field string, add func(string, string, ...any)) labels.Selector {
+func selector(ls *v1alpha1.LabelSelector, field string, add func(string, string, ...any)) labels.Selector {
 	if ls == nil {
 		return nil
 	}
-	s, err := metav1.LabelSelectorAsSelector(ls)
+	s, err := ls.AsSelector()
 	if err != nil {
 		add(field, "%v; it selects nothing until fixed", err)
 		return Nothing()
@@ -280,7 +279,7 @@ func decodePeer(bp *v1alpha1.BGPPeer) *Peer {
 		p.Problems = append(p.Problems, Problem{field, fmt.Sprintf(format, args...)})
 	}
 	sp := bp.Spec
-	s := &agentv1.BGPPeer{Address: sp.Address, GracefulRestart: sp.GracefulRestart}
+	s := &agentv1.BGPPeer{Address: sp.Address, GracefulRestart: sp.GracefulRestart, TtlSecurity: sp.TTLSecurity}
 	addr, err := netip.ParseAddr(sp.Address)
 	switch {
 	case err != nil:
@@ -371,19 +370,19 @@ func decodePeer(bp *v1alpha1.BGPPeer) *Peer {
 
 // Set is a consistent view of every pool and peer.
 type Set struct {
-	pools  map[string]*Pool
-	peers  []*Peer // oldest first
-	lookup *ipam.Allocator
+	pools map[string]*Pool
+	peers []*Peer // oldest first
+	index *ipam.Index
 }
 
-// NewSet indexes pools and peers. Its cost is that of the allocator's SetPools on the valid
-// pools: O(ranges) per pool, whatever their size.
+// NewSet indexes pools and peers, with the allocator's own overlap rule (ipam.Index): O(ranges)
+// per pool, whatever their size.
 func NewSet(pools []*Pool, peers []*Peer) *Set {
-	s := &Set{pools: make(map[string]*Pool, len(pools)), lookup: ipam.New()}
+	s := &Set{pools: make(map[string]*Pool, len(pools))}
 	for _, p := range pools {
 		s.pools[p.Name] = p
 	}
-	s.lookup.SetPools(s.AllocatorPools())
+	s.index = ipam.NewIndex(s.AllocatorPools())
 	s.peers = slices.Clone(peers)
 	slices.SortFunc(s.peers, func(a, b *Peer) int {
 		if c := a.Created.Compare(b.Created); c != 0 {
@@ -428,7 +427,7 @@ func (s *Set) PoolOf(recorded string, addr netip.Addr) *Pool {
 	if p := s.pools[recorded]; p != nil && recorded != "" {
 		return p
 	}
-	if name, ok := s.lookup.PoolOf(addr); ok {
+	if name, ok := s.index.PoolOf(addr.Unmap()); ok {
 		return s.pools[name]
 	}
 	return nil

@@ -31,7 +31,7 @@ func addrs(s ...string) []v1alpha1.AddressRange {
 }
 
 func TestAPoolWithASelectorTheParserRefusesFailsClosed(t *testing.T) {
-	bad := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "rack", Operator: metav1.LabelSelectorOpIn}}}
+	bad := &v1alpha1.LabelSelector{MatchExpressions: []v1alpha1.LabelSelectorRequirement{{Key: "rack", Operator: metav1.LabelSelectorOpIn}}}
 	for _, tc := range []struct {
 		name  string
 		spec  v1alpha1.IPPoolSpec

@@ -58,6 +58,10 @@ type Peer struct {
 	Password string
 	// MultihopTTL allows an eBGP peer that many hops away; 0 = directly connected (TTL 1).
 	MultihopTTL uint8
+	// TTLSecurity (GTSM, RFC 5082): the session's packets are sent with TTL 255 and only
+	// those that arrive with at least 256 minus the hops (MultihopTTL, 1 when 0) are taken, so
+	// that nothing farther away can reach the session, not even to reset it.
+	TTLSecurity bool
 	// BFD turns on fast failure detection. Single hop only: not with MultihopTTL.
 	BFD BFD
 	// GracefulRestart advertises the graceful restart capability (RFC 4724), so that the peer
@@ -117,6 +121,27 @@ func (c Config) validate() error {
 // peerKey is a peer's identity: one session per address.
 type peerKey = netip.Addr
 
+// FieldError says which field of a Peer is wrong, and what to write instead.
+type FieldError struct {
+	// Field is the Peer field at fault, as Go names it: "Address", "Keepalive", "BFD.MinRx".
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+func fieldErr(field, format string, args ...any) error {
+	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// CheckPeer reports whether SetPeers would take p on a speaker whose Config.ASN is asn: nil,
+// or a *FieldError naming the field. It is the one place these rules live, so that a caller
+// can refuse a peer alone, with the reason, before it reaches the speaker.
+func CheckPeer(asn uint32, p Peer) error {
+	_, err := normalizePeer(Config{ASN: asn, ListenPort: -1}, p)
+	return err
+}
+
 // normalizePeers validates peers and returns them keyed by address, with defaults filled in
 // so that comparing two values tells whether the session's configuration changed.
 func normalizePeers(cfg Config, peers []Peer) (map[peerKey]Peer, error) {
@@ -142,49 +167,46 @@ func normalizePeers(cfg Config, peers []Peer) (map[peerKey]Peer, error) {
 
 func normalizePeer(cfg Config, p Peer) (Peer, error) {
 	if !p.Address.IsValid() {
-		return p, errors.New("no address")
+		return p, fieldErr("Address", "missing; give the peer's IP address")
 	}
-	if p.Address.Zone() != "" {
-		return p, errors.New("zoned (link-local) addresses are not supported")
+	if p.Address.Zone() != "" || p.Address.Unmap().IsLinkLocalUnicast() {
+		return p, fieldErr("Address", "%s is link-local, which is not supported; give the peer's global or unique local address", p.Address)
 	}
 	p.Address = p.Address.Unmap()
 	if p.Address.IsUnspecified() || p.Address.IsMulticast() {
-		return p, errors.New("not a unicast address")
+		return p, fieldErr("Address", "%s is not a unicast address; give the peer's own address", p.Address)
 	}
 	if p.PeerASN == 0 {
-		return p, errors.New("peer ASN is 0")
+		return p, fieldErr("PeerASN", "missing; give the peer's AS number, 1 to 4294967295")
 	}
 	if p.LocalASN == 0 {
 		p.LocalASN = cfg.ASN
 	}
-	if p.Address.IsLinkLocalUnicast() {
-		return p, errors.New("link-local peers are not supported")
+	if p.LocalASN == 0 {
+		return p, fieldErr("LocalASN", "missing, and the speaker has no default; give this side's AS number, 1 to 4294967295")
 	}
-	if p.HoldTime < 0 || p.HoldTime%time.Second != 0 || p.HoldTime > 65535*time.Second {
-		return p, fmt.Errorf("hold time %s: want whole seconds, at most 65535s", p.HoldTime)
-	}
-	if p.HoldTime != 0 && p.HoldTime < 3*time.Second {
-		return p, fmt.Errorf("hold time %s: want 0 (default) or at least 3s (RFC 4271)", p.HoldTime)
+	if p.HoldTime < 0 || p.HoldTime%time.Second != 0 || p.HoldTime > 65535*time.Second || (p.HoldTime != 0 && p.HoldTime < 3*time.Second) {
+		return p, fieldErr("HoldTime", "%s: give 0 (the default, %s) or whole seconds from 3s to 65535s (RFC 4271)", p.HoldTime, defaultHoldTime)
 	}
 	if p.Keepalive < 0 || p.Keepalive%time.Second != 0 {
-		return p, fmt.Errorf("keepalive %s: want whole seconds", p.Keepalive)
+		return p, fieldErr("Keepalive", "%s: give whole seconds", p.Keepalive)
 	}
 	hold := p.HoldTime
 	if hold == 0 {
 		hold = defaultHoldTime
 	}
 	if p.Keepalive >= hold {
-		return p, fmt.Errorf("keepalive %s: must be shorter than the hold time %s", p.Keepalive, hold)
+		return p, fieldErr("Keepalive", "%s is not shorter than the hold time %s; give a keepalive under the hold time, usually a third of it", p.Keepalive, hold)
 	}
 	if p.Passive && cfg.ListenPort <= 0 {
-		return p, errors.New("passive, but the speaker does not listen (Config.ListenPort)")
+		return p, fieldErr("Passive", "the speaker does not listen (Config.ListenPort); turn Passive off")
 	}
 	if !p.BFD.Enabled {
 		p.BFD = BFD{}
 		return p, nil
 	}
 	if p.MultihopTTL > 0 {
-		return p, errors.New("BFD is single hop only (RFC 5881): not with a multihop TTL")
+		return p, fieldErr("BFD.Enabled", "BFD is single hop only (RFC 5881); turn BFD off or remove the multihop TTL")
 	}
 	if p.BFD.MinRx == 0 {
 		p.BFD.MinRx = defaultBFDInterval
@@ -193,18 +215,18 @@ func normalizePeer(cfg Config, p Peer) (Peer, error) {
 		p.BFD.MinTx = defaultBFDInterval
 	}
 	for _, iv := range []struct {
-		name string
-		d    time.Duration
-	}{{"BFD MinRx", p.BFD.MinRx}, {"BFD MinTx", p.BFD.MinTx}} {
+		field string
+		d     time.Duration
+	}{{"BFD.MinRx", p.BFD.MinRx}, {"BFD.MinTx", p.BFD.MinTx}} {
 		if iv.d < time.Millisecond || iv.d > time.Minute || iv.d%time.Microsecond != 0 {
-			return p, fmt.Errorf("%s %s: want whole microseconds from 1ms to 1m", iv.name, iv.d)
+			return p, fieldErr(iv.field, "%s: give 0 (the default, %s) or whole microseconds from 1ms to 1m", iv.d, defaultBFDInterval)
 		}
 	}
 	if p.BFD.Multiplier == 0 {
 		p.BFD.Multiplier = defaultBFDMultiplier
 	}
 	if p.BFD.Multiplier > 255 {
-		return p, fmt.Errorf("BFD multiplier %d: at most 255", p.BFD.Multiplier)
+		return p, fieldErr("BFD.Multiplier", "%d: give 0 (the default, %d) or 1 to 255", p.BFD.Multiplier, defaultBFDMultiplier)
 	}
 	return p, nil
 }

@@ -1,6 +1,7 @@
 package bgp
 
 import (
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
@@ -13,34 +14,60 @@ func TestPeerValidation(t *testing.T) {
 	router := netip.MustParseAddr("198.51.100.1")
 	ok := Peer{Address: router, PeerASN: 64496}
 	tests := []struct {
-		name    string
-		cfg     Config
-		peer    func(p *Peer)
-		wantErr string
+		name      string
+		peer      func(p *Peer)
+		wantField string
+		wantErr   string
 	}{
-		{"a peer with an address and an ASN is valid", testConfig, func(*Peer) {}, ""},
-		{"a peer without an address is refused", testConfig, func(p *Peer) { p.Address = netip.Addr{} }, "no address"},
-		{"a peer without an ASN is refused", testConfig, func(p *Peer) { p.PeerASN = 0 }, "peer ASN is 0"},
-		{"a link-local peer is refused", testConfig, func(p *Peer) { p.Address = netip.MustParseAddr("fe80::1") }, "link-local"},
-		{"a zoned peer is refused", testConfig, func(p *Peer) { p.Address = netip.MustParseAddr("fe80::1%eth0") }, "zoned"},
-		{"a multicast peer is refused", testConfig, func(p *Peer) { p.Address = netip.MustParseAddr("224.0.0.5") }, "unicast"},
-		{"a fractional hold time is refused", testConfig, func(p *Peer) { p.HoldTime = 1500 * time.Millisecond }, "whole seconds"},
-		{"a hold time under 3s is refused", testConfig, func(p *Peer) { p.HoldTime = 2 * time.Second }, "at least 3s"},
-		{"a keepalive as long as the hold time is refused", testConfig, func(p *Peer) { p.HoldTime, p.Keepalive = 9*time.Second, 9*time.Second }, "shorter than the hold time"},
-		{"a keepalive as long as the default hold time is refused", testConfig, func(p *Peer) { p.Keepalive = 90 * time.Second }, "shorter than the hold time 1m30s"},
-		{"a passive peer needs a listening speaker", testConfig, func(p *Peer) { p.Passive = true }, "does not listen"},
-		{"BFD with multihop is refused", testConfig, func(p *Peer) { p.MultihopTTL = 2; p.BFD.Enabled = true }, "single hop"},
-		{"a BFD interval under 1ms is refused", testConfig, func(p *Peer) { p.BFD = BFD{Enabled: true, MinRx: 500 * time.Microsecond} }, "BFD MinRx"},
-		{"a BFD multiplier over 255 is refused", testConfig, func(p *Peer) { p.BFD = BFD{Enabled: true, Multiplier: 256} }, "at most 255"},
-		{"disabled BFD settings are ignored", testConfig, func(p *Peer) { p.BFD = BFD{MinRx: time.Nanosecond} }, ""},
+		{"a peer with an address and an ASN is valid", func(*Peer) {}, "", ""},
+		{"a peer without an address is refused", func(p *Peer) { p.Address = netip.Addr{} }, "Address", "give the peer's IP address"},
+		{"a peer without an ASN is refused", func(p *Peer) { p.PeerASN = 0 }, "PeerASN", "give the peer's AS number"},
+		{"a link-local peer is refused", func(p *Peer) { p.Address = netip.MustParseAddr("fe80::1") }, "Address", "link-local"},
+		{"a zoned peer is refused", func(p *Peer) { p.Address = netip.MustParseAddr("fe80::1%eth0") }, "Address", "link-local"},
+		{"an IPv4 link-local peer is refused", func(p *Peer) { p.Address = netip.MustParseAddr("169.254.0.1") }, "Address", "link-local"},
+		{"a multicast peer is refused", func(p *Peer) { p.Address = netip.MustParseAddr("224.0.0.5") }, "Address", "not a unicast address"},
+		{"the unspecified address is refused", func(p *Peer) { p.Address = netip.MustParseAddr("0.0.0.0") }, "Address", "not a unicast address"},
+		{"the IPv6 unspecified address is refused", func(p *Peer) { p.Address = netip.MustParseAddr("::") }, "Address", "not a unicast address"},
+		{"a fractional hold time is refused", func(p *Peer) { p.HoldTime = 1500 * time.Millisecond }, "HoldTime", "whole seconds from 3s"},
+		{"a hold time under 3s is refused", func(p *Peer) { p.HoldTime = 2 * time.Second }, "HoldTime", "whole seconds from 3s to 65535s"},
+		{"a hold time over 65535s is refused", func(p *Peer) { p.HoldTime = 65536 * time.Second }, "HoldTime", "to 65535s"},
+		{"a keepalive as long as the hold time is refused", func(p *Peer) { p.HoldTime, p.Keepalive = 9*time.Second, 9*time.Second }, "Keepalive", "not shorter than the hold time 9s"},
+		{"a keepalive as long as the default hold time is refused", func(p *Peer) { p.Keepalive = 90 * time.Second }, "Keepalive", "not shorter than the hold time 1m30s"},
+		{"a passive peer needs a listening speaker", func(p *Peer) { p.Passive = true }, "Passive", "does not listen"},
+		{"BFD with multihop is refused", func(p *Peer) { p.MultihopTTL = 2; p.BFD.Enabled = true }, "BFD.Enabled", "single hop"},
+		{"a BFD interval under 1ms is refused", func(p *Peer) { p.BFD = BFD{Enabled: true, MinRx: 500 * time.Microsecond} }, "BFD.MinRx", "from 1ms to 1m"},
+		{"a BFD multiplier over 255 is refused", func(p *Peer) { p.BFD = BFD{Enabled: true, Multiplier: 256} }, "BFD.Multiplier", "1 to 255"},
+		{"disabled BFD settings are ignored", func(p *Peer) { p.BFD = BFD{MinRx: time.Nanosecond} }, "", ""},
+		{"TTL security with multihop is valid", func(p *Peer) { p.MultihopTTL, p.TTLSecurity = 2, true }, "", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := ok
 			tt.peer(&p)
-			_, err := normalizePeers(tt.cfg, []Peer{p})
+			_, err := normalizePeers(testConfig, []Peer{p})
 			checkErr(t, err, tt.wantErr)
+			// CheckPeer gives the same verdict, with the field at fault.
+			cerr := CheckPeer(testConfig.ASN, p)
+			var fe *FieldError
+			switch {
+			case tt.wantField == "" && cerr != nil:
+				t.Errorf("CheckPeer = %v; want nil", cerr)
+			case tt.wantField != "" && (!errors.As(cerr, &fe) || fe.Field != tt.wantField):
+				t.Errorf("CheckPeer = %v; want a FieldError on %s", cerr, tt.wantField)
+			}
 		})
+	}
+}
+
+func TestAPeerWithoutALocalASNIsRefusedWhenTheSpeakerHasNone(t *testing.T) {
+	p := Peer{Address: netip.MustParseAddr("198.51.100.1"), PeerASN: 64496}
+	var fe *FieldError
+	if err := CheckPeer(0, p); !errors.As(err, &fe) || fe.Field != "LocalASN" {
+		t.Errorf("CheckPeer with no ASN = %v; want a FieldError on LocalASN", err)
+	}
+	p.LocalASN = 64497
+	if err := CheckPeer(0, p); err != nil {
+		t.Errorf("CheckPeer with the peer's own local ASN = %v", err)
 	}
 }
 

@@ -1,12 +1,14 @@
 package bgp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
@@ -38,6 +40,7 @@ type speakerSpec struct {
 	Generation int
 	RouterID   netip.Addr
 	ASN        uint32
+	ListenPort int32 // 0: does not listen
 	Peers      []Peer
 	Routes     []Route
 }
@@ -59,7 +62,7 @@ func TestHelperSpeakerProcess(t *testing.T) {
 
 	ctx := context.Background()
 	spec := readSpec(t, path)
-	s, err := New(ctx, Config{RouterID: spec.RouterID, ASN: spec.ASN})
+	s, err := New(ctx, Config{RouterID: spec.RouterID, ASN: spec.ASN, ListenPort: spec.ListenPort})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,6 +169,18 @@ func (sp *labSpeaker) setRoutes(t *testing.T, routes []Route) {
 	t.Helper()
 	sp.spec.Generation++
 	sp.spec.Routes = routes
+	sp.write(t)
+	if err := sp.proc.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	sp.waitLog(t, fmt.Sprintf("APPLIED generation=%d ", sp.spec.Generation), 10*time.Second)
+}
+
+// setPeers makes the speaker's sessions peers (SIGHUP) and waits until it has applied them.
+func (sp *labSpeaker) setPeers(t *testing.T, peers []Peer) {
+	t.Helper()
+	sp.spec.Generation++
+	sp.spec.Peers = peers
 	sp.write(t)
 	if err := sp.proc.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
@@ -488,4 +503,94 @@ func lastLine(out, prefix string) string {
 		}
 	}
 	return ""
+}
+
+// TestLabTTLSecurityKeepsFartherPacketsOut runs GTSM (RFC 5082). Against FRR's `neighbor X
+// ttl-security hops 1`: a speaker with TTLSecurity peers, one without (eBGP sends TTL 1) is
+// refused. Against a speaker two hops away (in the remote namespace, behind the router), whose
+// packets arrive with TTL 254: refused while the speaker expects a direct peer, taken once it
+// allows two hops.
+func TestLabTTLSecurityKeepsFartherPacketsOut(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 2})
+	// GTSM on FRR's side, for neighbors it knows by address (it leaves the sessions it
+	// accepts from a listen range alone).
+	vty := []string{"--vty_socket", l.Dir, "-c", "configure terminal", "-c", "router bgp 64496"}
+	for _, n := range l.Nodes {
+		for _, a := range []netip.Addr{n.IPv4, n.IPv6} {
+			vty = append(vty, "-c", fmt.Sprintf("neighbor %s remote-as 64497", a), "-c", fmt.Sprintf("neighbor %s ttl-security hops 1", a),
+				"-c", fmt.Sprintf("neighbor %s timers connect 1", a))
+			af := "ipv4"
+			if a.Is6() {
+				af = "ipv6"
+			}
+			vty = append(vty, "-c", "address-family "+af+" unicast", "-c", fmt.Sprintf("neighbor %s activate", a), "-c", "exit-address-family")
+		}
+	}
+	if out, err := exec.Command("vtysh", vty...).CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) > 0 {
+		t.Fatalf("configure FRR's GTSM: %v: %s", err, out)
+	}
+	gtsm := func(on bool) []Peer {
+		peers := routerPeers(l, false)
+		for i := range peers {
+			peers[i].TTLSecurity = on
+		}
+		return peers
+	}
+	node1, node2 := l.Nodes[0], l.Nodes[1]
+	const remoteASN = 64499
+	remote := Peer{Address: l.Remote.IPv4, PeerASN: remoteASN, TTLSecurity: true}
+	sp1 := startSpeaker(t, node1, append(gtsm(true), remote), []Route{{Prefix: labVIP4}})
+	startSpeaker(t, node2, gtsm(false), []Route{{Prefix: labVIP4}})
+	// The remote speaker listens, two hops from node1, and runs GTSM for two hops.
+	far := startSpeakerSpec(t, l.Remote, speakerSpec{RouterID: l.Remote.IPv4, ASN: remoteASN, ListenPort: 179,
+		Peers: []Peer{{Address: node1.IPv4, PeerASN: 64497, TTLSecurity: true, MultihopTTL: 2, Passive: true}}})
+
+	// Long enough for several connect attempts on each side (FRR 1 s, the speakers 5 s).
+	const refusedFor = 12 * time.Second
+	start := time.Now()
+	deadline := start.Add(30 * time.Second)
+	for {
+		out, err := l.Vtysh("show bgp summary json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if established(out, node1.IPv4) && established(out, node1.IPv6) && time.Since(start) >= refusedFor {
+			for _, a := range []netip.Addr{node2.IPv4, node2.IPv6} {
+				if established(out, a) {
+					t.Fatalf("FRR runs GTSM, yet its session with %s (TTL 1) is established:\n%s", a, out)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("FRR's GTSM sessions with node1 are not up within 30s:\n%s", out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("FRR with GTSM: node1 (TTL security) peers, node2 (TTL 1) still refused after %s", time.Since(start).Round(time.Millisecond))
+	openRouterFIB(t, l).waitNextHops(t, labVIP4, []netip.Addr{node1.IPv4}, 10*time.Second)
+	farUp := "SESSION " + l.Remote.IPv4.String() + " Established"
+	if strings.Contains(sp1.proc.Output(), farUp) || strings.Contains(far.proc.Output(), "SESSION "+node1.IPv4.String()+" Established") {
+		t.Fatalf("node1 took a session from two hops away while expecting a direct peer:\n%s", sp1.proc.Tail(20))
+	}
+	t.Logf("node1 refused the speaker two hops away for %s", time.Since(start).Round(time.Millisecond))
+
+	t.Log("node1 allows two hops for the remote peer: the session comes up")
+	remote.MultihopTTL = 2
+	sp1.setPeers(t, append(gtsm(true), remote))
+	sp1.waitLog(t, farUp, 30*time.Second)
+}
+
+func startSpeakerSpec(t *testing.T, h *lab.Host, spec speakerSpec) *labSpeaker {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := &labSpeaker{node: h, spec: spec, path: filepath.Join(t.TempDir(), h.Name+"-speaker.json")}
+	sp.write(t)
+	sp.proc = h.Start(t, "speaker", "/usr/bin/env", speakerSpecEnv+"="+sp.path,
+		exe, "-test.run=^TestHelperSpeakerProcess$", "-test.v", "-test.timeout=30m")
+	sp.waitLog(t, "READY", 30*time.Second)
+	return sp
 }

@@ -96,7 +96,12 @@ func apiPeer(p Peer, bfd bool) *api.Peer {
 		},
 		AfiSafis: []*api.AfiSafi{afiSafi},
 	}
-	if p.MultihopTTL > 0 {
+	switch {
+	case p.TTLSecurity:
+		// gobgp sends with TTL 255 and sets IP_MINTTL (IPV6_MINHOPCOUNT) on the session's
+		// socket; it refuses multihop alongside, which TTL 255 makes needless anyway.
+		out.TtlSecurity = &api.TtlSecurity{Enabled: true, TtlMin: uint32(minTTL(p.MultihopTTL))}
+	case p.MultihopTTL > 0:
 		out.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: uint32(p.MultihopTTL)}
 	}
 	if p.BFD.Enabled && bfd {
@@ -114,6 +119,10 @@ func apiPeer(p Peer, bfd bool) *api.Peer {
 	}
 	return out
 }
+
+// minTTL is the lowest TTL a packet from a peer hops away (1 when 0: directly connected) has
+// when it was sent with 255 (RFC 5082).
+func minTTL(hops uint8) uint8 { return 255 - (max(hops, 1) - 1) }
 
 // familyOf returns the address family that carries a route to or a session with a.
 func familyOf(a netip.Addr) bgp.Family {

@@ -1,26 +1,35 @@
 // Package failover tells an agent which other candidate nodes are alive, by authenticated UDP
 // heartbeats over the data-plane network, every few tens of milliseconds. It decides nothing
 // about VIPs (the agent ranks candidates); it only answers "is node X alive" and "does node X
-// see me", the two facts an ordered hand-over needs. The CCM is not in this loop.
+// see me", the two facts an ordered hand-over needs. The CCM is not in this loop. It must not
+// touch anything but its own socket and its identity file.
 //
-// A heartbeat carries the sender's node name, a boot id and a sequence number (so replays are
-// refused), the names of the nodes whose heartbeats the sender receives, and an HMAC-SHA256 over
-// all of it with a key the CCM distributes. A node counts as alive while its heartbeats arrive;
-// Misses intervals without one and it is dead.
+// Every node has keys of its own (Identity); a heartbeat from A to B is signed with the MAC key
+// of the pair A→B, derived from A's and B's X25519 keys, so that no node can speak for another.
+// A heartbeat counts for liveness only when it echoes the random nonce of one of the
+// receiver's own recent heartbeats to that sender: a captured heartbeat, replayed later in any
+// order, echoes an old one and keeps no dead node alive, and a third node never sees the
+// nonces of a pair. Heartbeats are sent with TTL 255 and taken only with TTL 255 (on-link). A
+// datagram meets the cheap checks first (size, TTL, a known peer's source address, the frame's
+// keys, replay and freshness pre-checks) and only then the MAC, which costs less than the
+// kernel's delivery of the datagram (BenchmarkRefusingAFlood), so every datagram that passes the
+// pre-checks is verified: a per-source budget of MAC checks would let anyone who spoofs a
+// peer's address crowd out that peer's real heartbeats, the very failover it must not cause.
+// Refusals are counted by reason.
 package failover
 
 import (
-	"bytes"
-	"crypto/hmac"
+	"crypto/ecdh"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"net"
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -30,6 +39,9 @@ import (
 type Peer struct {
 	Node string
 	Addr netip.Addr
+	// PublicKeys are the peer's heartbeat keys as its agent reported them, newest first. A
+	// peer without a usable key cannot be heard: it counts as dead.
+	PublicKeys [][]byte
 }
 
 // Config configures a Monitor.
@@ -42,41 +54,106 @@ type Config struct {
 	Interval time.Duration
 	// Misses is how many intervals without a heartbeat make a node dead; 0 means 3.
 	Misses int
+	// Identity holds this node's keys and boot counter; nil makes one in memory (tests).
+	Identity *Identity
 	// OnChange is called, never concurrently, after the set of alive nodes, or of the nodes
-	// that see this one, changed; the
-	// heartbeats this node sends show the change only after OnChange returns, so a node that
-	// stops answering for a VIP in OnChange has stopped before its peers learn that it sees
-	// the new node.
+	// that see this one, changed; the heartbeats this node sends show the change only after
+	// OnChange returns, so a node that stops answering for a VIP in OnChange has stopped
+	// before its peers learn that it sees the new node.
 	OnChange func()
+
+	// sent, when set (tests), sees every heartbeat this monitor sends.
+	sent func(b []byte, to netip.AddrPort)
 }
+
+// Refusal reasons, in the order the checks run.
+const (
+	RefusedSize    = "size"    // not the size of a heartbeat
+	RefusedTTL     = "ttl"     // arrived with a TTL (hop limit) under 255: not from the segment
+	RefusedSource  = "source"  // not from the address of a peer
+	RefusedVersion = "version" // not a heartbeat of this version
+	RefusedKey     = "key"     // made with a key the peer does not have, or this node does not
+	RefusedReplay  = "replay"  // not newer than the last verified from that peer and key
+	RefusedStale   = "stale"   // echoes no nonce this node sent that peer recently
+	RefusedMAC     = "mac"     // the MAC does not verify: forged or damaged
+)
+
+var reasons = []string{RefusedSize, RefusedTTL, RefusedSource, RefusedVersion, RefusedKey, RefusedReplay, RefusedStale, RefusedMAC}
+
+// Counters count the heartbeats of a Monitor.
+type Counters struct {
+	Sent uint64
+	// Accepted heartbeats verified and counted for liveness; Unproven verified but echoing
+	// nothing recent (the sender had not heard this node yet), so not counted.
+	Accepted, Unproven uint64
+	// Refused by reason (the Refused* constants).
+	Refused map[string]uint64
+}
+
+const (
+	sendRing        = 16 // this node's recent heartbeats to each peer, to check echoes against
+	maxEchoAgeRatio = 2  // an echo older than deadline + this many intervals is stale
+)
 
 // Monitor exchanges heartbeats with peers.
 type Monitor struct {
-	cfg    Config
-	conn   *net.UDPConn
-	bootID uint64
+	cfg  Config
+	id   *Identity
+	conn *hbConn
 
 	mu        sync.Mutex
-	keys      [][]byte
-	peers     map[string]netip.Addr
-	added     map[string]time.Time // when each peer was added
-	last      map[string]time.Time // last valid heartbeat per node
-	lastSeq   map[string]seqKey    // replay protection
-	sees      map[string][]string  // whom each peer says it sees
-	alive     map[string]bool      // as OnChange last saw it
-	newPeers  bool                 // SetPeers added a peer since the last evaluation
-	seesMe    map[string]bool      // peers whose heartbeats list this node, as OnChange last saw it
-	announced []string             // alive nodes this node's heartbeats show
-	seq       uint64
+	peers     map[string]*peer
+	byAddr    map[netip.Addr]*peer
+	alive     map[string]bool // as OnChange last saw it
+	seesMe    map[string]bool // peers whose heartbeats say they count this node alive
+	newPeers  bool            // SetPeers added a peer since the last evaluation
+	announced map[string]bool // alive nodes this node's heartbeats show
 
-	kick chan struct{} // asks the evaluator to run
+	sent, accepted, unproven atomic.Uint64
+	refused                  [8]atomic.Uint64 // by index in reasons
+
+	kick chan struct{}
 	stop chan struct{}
 	wg   sync.WaitGroup
 }
 
-type seqKey struct{ boot, seq uint64 }
+type sentHeartbeat struct {
+	nonce uint64
+	at    time.Time
+}
 
-// New opens the heartbeat socket. Call SetKeys and SetPeers, then the monitor runs until Close.
+type peer struct {
+	node  string
+	addr  netip.Addr
+	keys  []peerKey // newest first
+	added time.Time
+
+	pairs    map[[2]keyID]*pair // (mine, theirs)
+	last     map[keyID]seqKey   // per key of the peer: the highest (boot, seq) verified
+	verified time.Time          // the last verified heartbeat
+	echo     uint64             // what this node echoes back: the peer's latest verified nonce
+	usesMine keyID              // the key of this node the peer last used
+	usesOK   bool
+	proof    time.Time // the peer was alive then, by a fresh echo
+	proven   bool
+	sees     bool // the last proven heartbeat says the peer counts this node alive
+
+	sent  [sendRing]sentHeartbeat // this node's recent heartbeats to the peer
+	sentN int
+}
+
+type peerKey struct {
+	id  keyID
+	pub *ecdh.PublicKey
+}
+
+// pair holds the MACs of a pair of keys, one per direction. Each is used under Monitor.mu only.
+type pair struct {
+	send, recv hash.Hash
+	sum        [macSize]byte
+}
+
+// New opens the heartbeat socket. Call SetPeers, then the monitor runs until Close.
 func New(cfg Config) (*Monitor, error) {
 	if cfg.Interval <= 0 {
 		cfg.Interval = 50 * time.Millisecond
@@ -87,16 +164,21 @@ func New(cfg Config) (*Monitor, error) {
 	if cfg.OnChange == nil {
 		cfg.OnChange = func() {}
 	}
-	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(cfg.Listen))
+	id := cfg.Identity
+	if id == nil {
+		var err error
+		if id, err = LoadIdentity("", time.Now()); err != nil {
+			return nil, err
+		}
+	}
+	conn, err := listen(cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("heartbeat socket on %s: %w", cfg.Listen, err)
 	}
-	var b [8]byte
-	_, _ = rand.Read(b[:])
 	m := &Monitor{
-		cfg: cfg, conn: conn, bootID: binary.BigEndian.Uint64(b[:]),
-		peers: map[string]netip.Addr{}, added: map[string]time.Time{}, last: map[string]time.Time{}, lastSeq: map[string]seqKey{},
-		sees: map[string][]string{}, alive: map[string]bool{}, seesMe: map[string]bool{},
+		cfg: cfg, id: id, conn: conn,
+		peers: map[string]*peer{}, byAddr: map[netip.Addr]*peer{},
+		alive: map[string]bool{}, seesMe: map[string]bool{}, announced: map[string]bool{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{}),
 	}
 	// Sending, receiving and evaluating run apart, so that a slow OnChange delays no
@@ -108,52 +190,78 @@ func New(cfg Config) (*Monitor, error) {
 	return m, nil
 }
 
-// SetKeys sets the HMAC keys: the first signs, any verifies (so keys can be rotated).
-func (m *Monitor) SetKeys(keys [][]byte) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.keys = nil
-	for _, k := range keys {
-		if len(k) > 0 {
-			m.keys = append(m.keys, bytes.Clone(k))
-		}
-	}
-}
-
-// SetPeers sets the nodes to exchange heartbeats with. It does not call OnChange.
+// SetPeers sets the nodes to exchange heartbeats with. It does not call OnChange. Keys that
+// are not usable are left out; a peer left with none counts as dead.
 func (m *Monitor) SetPeers(peers []Peer) {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	now := time.Now()
-	next := map[string]netip.Addr{}
+	next := map[string]*peer{}
 	for _, p := range peers {
-		if p.Node != m.cfg.Node && p.Addr.IsValid() {
-			next[p.Node] = p.Addr.Unmap()
-			if _, known := m.added[p.Node]; !known {
-				m.added[p.Node] = now
-				// Alive from now, not from the next tick: the caller decides at once, and a
-				// peer it has not had the time to hear must not look dead (every candidate of
-				// a new VIP would answer until the tick).
-				m.alive[p.Node] = true
-				m.newPeers = true
+		if p.Node == m.cfg.Node || !p.Addr.IsValid() || next[p.Node] != nil {
+			continue
+		}
+		addr := p.Addr.Unmap()
+		old := m.peers[p.Node]
+		np := &peer{node: p.Node, addr: addr, added: now, pairs: map[[2]keyID]*pair{}, last: map[keyID]seqKey{}}
+		if old != nil && old.addr == addr {
+			*np = *old
+			np.keys, np.pairs = nil, map[[2]keyID]*pair{}
+		}
+		for _, b := range p.PublicKeys {
+			if pub, ok := usableKey(b); ok {
+				np.keys = append(np.keys, peerKey{id: idOf(b), pub: pub})
 			}
 		}
-	}
-	for n := range m.peers {
-		if _, ok := next[n]; !ok {
-			delete(m.added, n)
-			delete(m.last, n)
-			delete(m.sees, n)
-			delete(m.lastSeq, n)
+		for id := range np.last {
+			if !slices.ContainsFunc(np.keys, func(k peerKey) bool { return k.id == id }) {
+				delete(np.last, id)
+			}
 		}
+		if old == nil || old.addr != addr {
+			// Alive from now, not from the next tick: the caller decides at once, and a peer
+			// it has not had the time to hear must not look dead (every candidate of a new
+			// VIP would answer until the tick).
+			if len(np.keys) > 0 {
+				m.alive[p.Node] = true
+			} else {
+				delete(m.alive, p.Node)
+			}
+			m.newPeers = true
+		}
+		next[p.Node] = np
 	}
 	m.peers = next
-	m.mu.Unlock()
+	m.byAddr = make(map[netip.Addr]*peer, len(next))
+	for _, p := range next {
+		m.byAddr[p.addr] = p
+	}
+	for n := range m.alive {
+		if next[n] == nil {
+			delete(m.alive, n)
+		}
+	}
 	// The next tick evaluates: evaluating here would call OnChange from the caller's
 	// goroutine, which may hold the lock OnChange needs.
 }
 
+// pairOf returns the MAC keys of this node's key mine with the peer's key theirs, derived once.
+func (m *Monitor) pairOf(p *peer, mine *ownKey, theirs peerKey) *pair {
+	k := [2]keyID{mine.id, theirs.id}
+	if pr := p.pairs[k]; pr != nil {
+		return pr
+	}
+	send, recv, err := pairKeys(mine.priv, theirs.pub, m.cfg.Node, p.node)
+	if err != nil {
+		return nil // a low-order key: no pair can be made with it
+	}
+	pr := &pair{send: newMAC(send), recv: newMAC(recv)}
+	p.pairs[k] = pr
+	return pr
+}
+
 // Alive reports whether a node is alive; this node always is. A peer not heard from yet counts
-// as alive for Misses intervals after it was added.
+// as alive for Misses intervals after it was added, unless it has no key.
 func (m *Monitor) Alive(node string) bool {
 	if node == m.cfg.Node {
 		return true
@@ -163,11 +271,11 @@ func (m *Monitor) Alive(node string) bool {
 	return m.alive[node]
 }
 
-// Sees reports whether node's latest heartbeat says it receives this node's heartbeats.
+// Sees reports whether node's latest heartbeat says it counts this node alive.
 func (m *Monitor) Sees(node string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return slices.Contains(m.sees[node], m.cfg.Node)
+	return m.seesMe[node]
 }
 
 // AliveNodes returns the alive peers, sorted.
@@ -184,6 +292,17 @@ func (m *Monitor) AliveNodes() []string {
 	return out
 }
 
+// Counters returns what the monitor sent, took and refused.
+func (m *Monitor) Counters() Counters {
+	c := Counters{Sent: m.sent.Load(), Accepted: m.accepted.Load(), Unproven: m.unproven.Load(), Refused: map[string]uint64{}}
+	for i, r := range reasons {
+		if n := m.refused[i].Load(); n > 0 {
+			c.Refused[r] = n
+		}
+	}
+	return c
+}
+
 // Close stops the monitor.
 func (m *Monitor) Close() error {
 	select {
@@ -192,7 +311,7 @@ func (m *Monitor) Close() error {
 	default:
 	}
 	close(m.stop)
-	err := m.conn.Close()
+	err := m.conn.close()
 	m.wg.Wait()
 	return err
 }
@@ -206,7 +325,7 @@ func (m *Monitor) tick() {
 		case <-m.stop:
 			return
 		case <-t.C:
-			m.send()
+			m.send(time.Now())
 			m.poke()
 		}
 	}
@@ -231,95 +350,224 @@ func (m *Monitor) evaluator() {
 	}
 }
 
-// send sends one heartbeat to every peer.
-func (m *Monitor) send() {
+// out is one heartbeat to send.
+type out struct {
+	b  []byte
+	to netip.AddrPort
+}
+
+// send sends one heartbeat to every peer that has a key.
+func (m *Monitor) send(now time.Time) {
+	mine := m.id.current()
 	m.mu.Lock()
-	if len(m.keys) == 0 || len(m.peers) == 0 {
+	if len(m.peers) == 0 {
 		m.mu.Unlock()
 		return
 	}
-	m.seq++
-	msg := encode(m.cfg.Node, m.bootID, m.seq, m.announced, m.keys[0])
-	dsts := make([]netip.Addr, 0, len(m.peers))
-	for _, a := range m.peers {
-		dsts = append(dsts, a)
+	seq := m.id.nextSeq()
+	deadline := m.deadline()
+	var msgs []out
+	for _, p := range m.peers {
+		if len(p.keys) == 0 || p.addr.Is4() != m.cfg.Listen.Addr().Is4() {
+			continue
+		}
+		// Sign with the newest key of this node the peer has shown it knows (it used it),
+		// else with the oldest, which every peer that knows any key of this node knows.
+		sign := mine[len(mine)-1]
+		if p.usesOK {
+			if i := slices.IndexFunc(mine, func(k *ownKey) bool { return k.id == p.usesMine }); i >= 0 {
+				sign = mine[i]
+			}
+		}
+		theirs := p.keys[0]
+		pr := m.pairOf(p, sign, theirs)
+		if pr == nil {
+			continue
+		}
+		f := frame{from: sign.id, to: theirs.id, at: seqKey{m.id.Boot(), seq}, nonce: nonce()}
+		if now.Sub(p.verified) <= deadline {
+			f.echo = p.echo
+		}
+		if m.announced[p.node] {
+			f.flags |= flagAlive
+		}
+		p.sent[p.sentN%sendRing] = sentHeartbeat{nonce: f.nonce, at: now}
+		p.sentN++
+		msgs = append(msgs, out{appendFrame(make([]byte, 0, frameSize), f, pr.send), netip.AddrPortFrom(p.addr, m.cfg.Listen.Port())})
 	}
 	m.mu.Unlock()
-	for _, a := range dsts {
-		if _, err := m.conn.WriteToUDPAddrPort(msg, netip.AddrPortFrom(a, m.cfg.Listen.Port())); err != nil {
-			klog.V(4).InfoS("Heartbeat send failed", "to", a, "err", err)
+	for _, o := range msgs {
+		if err := m.conn.send(o.b, o.to); err != nil {
+			klog.V(4).InfoS("Heartbeat send failed", "to", o.to, "err", err)
+			continue
+		}
+		m.sent.Add(1)
+		if m.cfg.sent != nil {
+			m.cfg.sent(o.b, o.to)
 		}
 	}
 }
 
+func (m *Monitor) deadline() time.Duration { return time.Duration(m.cfg.Misses) * m.cfg.Interval }
+
 func (m *Monitor) receive() {
 	defer m.wg.Done()
-	buf := make([]byte, 65536)
+	var dgs []datagram
 	for {
-		n, from, err := m.conn.ReadFromUDPAddrPort(buf)
+		var err error
+		dgs, err = m.conn.readBatch(dgs[:0])
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
+			select {
+			case <-m.stop:
+				return
+			default:
+			}
 			continue
 		}
-		hb, err := m.verify(buf[:n], from.Addr().Unmap())
-		if err != nil {
-			klog.V(4).InfoS("Heartbeat refused", "from", from, "err", err)
-			continue
+		if m.handle(dgs, time.Now()) {
+			m.poke()
 		}
-		m.mu.Lock()
-		m.last[hb.node] = time.Now()
-		m.sees[hb.node] = hb.sees
-		m.mu.Unlock()
-		m.poke()
 	}
 }
 
-// verify authenticates a heartbeat: a known peer, from its address, signed with a known key,
-// newer than the last one from it.
-func (m *Monitor) verify(b []byte, from netip.Addr) (heartbeat, error) {
+func (m *Monitor) refuse(reason int) { m.refused[reason].Add(1) }
+
+// Indexes of reasons, for the counters.
+const (
+	iSize = iota
+	iTTL
+	iSource
+	iVersion
+	iKey
+	iReplay
+	iStale
+	iMAC
+)
+
+// handle checks a batch of datagrams, cheapest checks first, and records what the verified
+// ones prove. It reports whether any proved something.
+func (m *Monitor) handle(dgs []datagram, now time.Time) bool {
+	mine := m.id.current()
+	proved := false
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	hb, err := decode(b, m.keys)
-	if err != nil {
-		return heartbeat{}, err
+	freshFor := m.deadline() + maxEchoAgeRatio*m.cfg.Interval
+	for _, d := range dgs {
+		if len(d.data) != frameSize {
+			m.refuse(iSize)
+			continue
+		}
+		if d.ttl != onLinkTTL {
+			m.refuse(iTTL)
+			continue
+		}
+		p := m.byAddr[d.from]
+		if p == nil {
+			m.refuse(iSource)
+			continue
+		}
+		f, err := parseFrame(d.data)
+		if err != nil {
+			m.refuse(iVersion)
+			continue
+		}
+		ki := slices.IndexFunc(p.keys, func(k peerKey) bool { return k.id == f.from })
+		mi := slices.IndexFunc(mine, func(k *ownKey) bool { return k.id == f.to })
+		if ki < 0 || mi < 0 {
+			m.refuse(iKey)
+			continue
+		}
+		if last, ok := p.last[f.from]; ok && !f.at.after(last) {
+			m.refuse(iReplay)
+			continue
+		}
+		var echoed time.Time
+		if f.echo != 0 {
+			if echoed = p.sentAt(f.echo); echoed.IsZero() || now.Sub(echoed) > freshFor {
+				m.refuse(iStale)
+				continue
+			}
+		}
+		pr := m.pairOf(p, mine[mi], p.keys[ki])
+		if pr == nil || !macOK(d.data, pr.recv, pr.sum[:]) {
+			m.refuse(iMAC)
+			continue
+		}
+		p.last[f.from] = f.at
+		p.verified, p.echo = now, f.nonce
+		p.usesMine, p.usesOK = f.to, true
+		if echoed.IsZero() {
+			m.unproven.Add(1)
+			continue
+		}
+		// The peer was alive after it heard this node's heartbeat sent at echoed, and no
+		// later than one interval after (it echoes the latest it heard): a dead node is
+		// counted alive at most that long after its death.
+		proof := echoed.Add(m.cfg.Interval)
+		if proof.After(now) {
+			proof = now
+		}
+		if !p.proven || proof.After(p.proof) {
+			p.proof, p.proven = proof, true
+		}
+		p.sees = f.flags&flagAlive != 0
+		m.accepted.Add(1)
+		proved = true
 	}
-	addr, ok := m.peers[hb.node]
-	if !ok {
-		return heartbeat{}, fmt.Errorf("%s is not a peer", hb.node)
+	return proved
+}
+
+// sentAt returns when this node sent the peer the heartbeat with nonce; zero if it did not
+// recently.
+func (p *peer) sentAt(nonce uint64) time.Time {
+	for _, s := range p.sent {
+		if s.nonce == nonce {
+			return s.at
+		}
 	}
-	if addr != from {
-		return heartbeat{}, fmt.Errorf("%s's heartbeat came from %s, not %s", hb.node, from, addr)
+	return time.Time{}
+}
+
+// nonce returns a random non-zero nonce.
+func nonce() uint64 {
+	var b [8]byte
+	for {
+		_, _ = rand.Read(b[:])
+		if n := binary.BigEndian.Uint64(b[:]); n != 0 {
+			return n
+		}
 	}
-	if last, ok := m.lastSeq[hb.node]; ok && last.boot == hb.boot && hb.seq <= last.seq {
-		return heartbeat{}, fmt.Errorf("replayed or reordered heartbeat %d of %s", hb.seq, hb.node)
-	}
-	m.lastSeq[hb.node] = seqKey{hb.boot, hb.seq}
-	return hb, nil
 }
 
 // evaluate recomputes who is alive and, on a change, calls OnChange before the heartbeats show
-// it. It runs only on the evaluator goroutine, so OnChange is never called concurrently.
+// it. It runs only on the evaluator goroutine, so OnChange is never called concurrently. It
+// also ends a key rotation once every peer uses this node's newest key.
 func (m *Monitor) evaluate(now time.Time) {
-	deadline := time.Duration(m.cfg.Misses) * m.cfg.Interval
+	deadline := m.deadline()
+	mine := m.id.current()
 	m.mu.Lock()
 	next := map[string]bool{}
-	for n := range m.peers {
-		t, heard := m.last[n]
+	seesMe := map[string]bool{}
+	rotated := len(mine) > 1
+	for n, p := range m.peers {
 		switch {
-		case heard && now.Sub(t) <= deadline:
+		case len(p.keys) == 0:
+			// Cannot be heard: dead.
+		case p.proven && now.Sub(p.proof) <= deadline:
 			next[n] = true
-		case !heard && now.Sub(m.added[n]) <= deadline:
+		case !p.proven && now.Sub(p.added) <= deadline:
 			// Not heard from yet: a node that just started (or just learnt of a peer) must not
 			// take a VIP over from a peer it has not had the time to hear.
 			next[n] = true
 		}
-	}
-	seesMe := map[string]bool{}
-	for n := range next {
-		if slices.Contains(m.sees[n], m.cfg.Node) {
+		if next[n] && p.proven && p.sees {
 			seesMe[n] = true
+		}
+		if len(p.keys) > 0 && (!p.usesOK || p.usesMine != mine[0].id) {
+			rotated = false
 		}
 	}
 	// New peers count as a change though SetPeers made them alive already: OnChange runs
@@ -331,107 +579,25 @@ func (m *Monitor) evaluate(now time.Time) {
 		m.cfg.OnChange()
 	}
 	m.mu.Lock()
-	m.announced = m.announced[:0]
-	for n := range next {
-		m.announced = append(m.announced, n)
-	}
-	slices.Sort(m.announced)
+	m.announced = next
 	m.mu.Unlock()
+	if rotated {
+		if err := m.id.retire(mine[0].id); err != nil {
+			klog.ErrorS(err, "Cannot save the heartbeat keys after retiring the old one")
+		} else {
+			klog.InfoS("Heartbeat key rotation done: every peer uses the new key")
+		}
+	}
 }
 
 func sameSet(a, b map[string]bool) bool {
 	if len(a) != len(b) {
 		return false
 	}
-	for k := range a {
-		if !b[k] {
+	for k, v := range a {
+		if v != b[k] {
 			return false
 		}
 	}
 	return true
-}
-
-type heartbeat struct {
-	node      string
-	boot, seq uint64
-	sees      []string
-}
-
-const version = 1
-
-// encode lays a heartbeat out as: version, boot id, sequence, node name, count and names of the
-// nodes seen, HMAC-SHA256 of everything before it.
-func encode(node string, boot, seq uint64, sees []string, key []byte) []byte {
-	b := []byte{version}
-	b = binary.BigEndian.AppendUint64(b, boot)
-	b = binary.BigEndian.AppendUint64(b, seq)
-	b = appendString(b, node)
-	b = binary.BigEndian.AppendUint16(b, uint16(len(sees)))
-	for _, s := range sees {
-		b = appendString(b, s)
-	}
-	mac := hmac.New(sha256.New, key)
-	mac.Write(b)
-	return mac.Sum(b)
-}
-
-func appendString(b []byte, s string) []byte {
-	if len(s) > 255 {
-		s = s[:255]
-	}
-	b = append(b, byte(len(s)))
-	return append(b, s...)
-}
-
-var errFormat = errors.New("malformed heartbeat")
-
-func decode(b []byte, keys [][]byte) (heartbeat, error) {
-	if len(b) < 1+8+8+1+2+sha256.Size {
-		return heartbeat{}, errFormat
-	}
-	body, sum := b[:len(b)-sha256.Size], b[len(b)-sha256.Size:]
-	ok := false
-	for _, k := range keys {
-		mac := hmac.New(sha256.New, k)
-		mac.Write(body)
-		if hmac.Equal(mac.Sum(nil), sum) {
-			ok = true
-			break
-		}
-	}
-	if !ok {
-		return heartbeat{}, errors.New("bad signature")
-	}
-	if body[0] != version {
-		return heartbeat{}, fmt.Errorf("heartbeat version %d", body[0])
-	}
-	hb := heartbeat{boot: binary.BigEndian.Uint64(body[1:9]), seq: binary.BigEndian.Uint64(body[9:17])}
-	rest := body[17:]
-	var err error
-	if hb.node, rest, err = readString(rest); err != nil {
-		return heartbeat{}, err
-	}
-	if len(rest) < 2 {
-		return heartbeat{}, errFormat
-	}
-	n := int(binary.BigEndian.Uint16(rest))
-	rest = rest[2:]
-	for range n {
-		var s string
-		if s, rest, err = readString(rest); err != nil {
-			return heartbeat{}, err
-		}
-		hb.sees = append(hb.sees, s)
-	}
-	if len(rest) != 0 {
-		return heartbeat{}, errFormat
-	}
-	return hb, nil
-}
-
-func readString(b []byte) (string, []byte, error) {
-	if len(b) < 1 || len(b) < 1+int(b[0]) {
-		return "", nil, errFormat
-	}
-	return string(b[1 : 1+int(b[0])]), b[1+int(b[0]):], nil
 }

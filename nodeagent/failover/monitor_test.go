@@ -1,36 +1,42 @@
 package failover
 
 import (
+	"crypto/ecdh"
+	"crypto/rand"
 	"fmt"
+	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/net/ipv4"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var key = []byte("0123456789abcdef0123456789abcdef")
-
-// freePort finds a UDP port free on 127.0.0.1 through 127.0.0.3.
+// freePort finds a UDP port free on 127.0.0.1 through 127.0.0.4.
 func freePort(t *testing.T) uint16 {
 	t.Helper()
 	for p := uint16(20000 + time.Now().UnixNano()%20000); ; p++ {
-		var ms []*Monitor
+		var cs []*net.UDPConn
 		ok := true
-		for i := 1; i <= 3; i++ {
-			m, err := New(Config{Node: "probe", Listen: netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, byte(i)}), p)})
+		for i := 1; i <= 4; i++ {
+			c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(loop(i), p)))
 			if err != nil {
 				ok = false
 				break
 			}
-			ms = append(ms, m)
+			cs = append(cs, c)
 		}
-		for _, m := range ms {
-			m.Close()
+		for _, c := range cs {
+			c.Close()
 		}
 		if ok {
 			return p
@@ -38,15 +44,36 @@ func freePort(t *testing.T) uint16 {
 	}
 }
 
-func start(t *testing.T, port uint16, n int, cfg func(i int, c *Config)) []*Monitor {
+func loop(i int) netip.Addr { return netip.AddrFrom4([4]byte{127, 0, 0, byte(i)}) }
+
+func memIdentity(t testing.TB) *Identity {
 	t.Helper()
-	var peers []Peer
-	for i := range n {
-		peers = append(peers, Peer{Node: fmt.Sprintf("node%d", i), Addr: netip.AddrFrom4([4]byte{127, 0, 0, byte(i + 1)})})
+	id, err := LoadIdentity("", time.Now())
+	if err != nil {
+		t.Fatal(err)
 	}
-	var ms []*Monitor
+	return id
+}
+
+// node is one monitor of a test cluster on loopback.
+type node struct {
+	name string
+	addr netip.Addr
+	id   *Identity
+	m    *Monitor
+}
+
+func (n *node) peer() Peer { return Peer{Node: n.name, Addr: n.addr, PublicKeys: n.id.PublicKeys()} }
+
+// cluster starts n monitors (node0 on 127.0.0.1, ...) that know each other's keys.
+func cluster(t *testing.T, port uint16, n int, cfg func(i int, c *Config)) []*node {
+	t.Helper()
+	var nodes []*node
 	for i := range n {
-		c := Config{Node: peers[i].Node, Listen: netip.AddrPortFrom(peers[i].Addr, port), Interval: 20 * time.Millisecond}
+		nodes = append(nodes, &node{name: fmt.Sprintf("node%d", i), addr: loop(i + 1), id: memIdentity(t)})
+	}
+	for i, nd := range nodes {
+		c := Config{Node: nd.name, Listen: netip.AddrPortFrom(nd.addr, port), Interval: 20 * time.Millisecond, Identity: nd.id}
 		if cfg != nil {
 			cfg(i, &c)
 		}
@@ -55,11 +82,16 @@ func start(t *testing.T, port uint16, n int, cfg func(i int, c *Config)) []*Moni
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { m.Close() })
-		m.SetKeys([][]byte{key})
-		m.SetPeers(peers)
-		ms = append(ms, m)
+		nd.m = m
 	}
-	return ms
+	for _, nd := range nodes {
+		var peers []Peer
+		for _, o := range nodes {
+			peers = append(peers, o.peer())
+		}
+		nd.m.SetPeers(peers)
+	}
+	return nodes
 }
 
 func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
@@ -69,30 +101,35 @@ func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() boo
 		if time.Since(begin) > timeout {
 			t.Fatalf("%s: not within %s", what, timeout)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond)
 	}
 	return time.Since(begin)
 }
 
-func TestNodesSeeEachOtherAndNoticeADeath(t *testing.T) {
-	ms := start(t, freePort(t), 3, nil)
-	waitUntil(t, 5*time.Second, "all alive and seeing each other", func() bool {
-		for _, m := range ms {
-			for _, o := range []string{"node0", "node1", "node2"} {
-				if !m.Alive(o) || (o != m.cfg.Node && !m.Sees(o)) {
-					return false
-				}
+func allSeeEachOther(nodes []*node) bool {
+	for _, a := range nodes {
+		for _, b := range nodes {
+			if a != b && (!a.m.Alive(b.name) || !a.m.Sees(b.name)) {
+				return false
 			}
 		}
-		return true
-	})
-	ms[2].Close()
+	}
+	return true
+}
+
+func TestNodesSeeEachOtherAndNoticeADeath(t *testing.T) {
+	nodes := cluster(t, freePort(t), 3, nil)
+	waitUntil(t, 5*time.Second, "all alive and seeing each other", func() bool { return allSeeEachOther(nodes) })
+	nodes[2].m.Close()
 	took := waitUntil(t, 5*time.Second, "node2's death noticed", func() bool {
-		return !ms[0].Alive("node2") && !ms[1].Alive("node2")
+		return !nodes[0].m.Alive("node2") && !nodes[1].m.Alive("node2")
 	})
 	t.Logf("death noticed after %s (interval 20ms x 3)", took.Round(time.Millisecond))
-	if got := ms[0].AliveNodes(); len(got) != 1 || got[0] != "node1" {
+	if got := nodes[0].m.AliveNodes(); !slices.Equal(got, []string{"node1"}) {
 		t.Errorf("node0 sees %v alive", got)
+	}
+	if c := nodes[0].m.Counters(); c.Accepted == 0 || c.Sent == 0 || len(c.Refused) != 0 {
+		t.Errorf("node0's counters %+v; want heartbeats sent and accepted, none refused", c)
 	}
 }
 
@@ -102,8 +139,7 @@ func TestANewPeerCountsAsAliveUntilItCouldHaveBeenHeard(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	m.SetKeys([][]byte{key})
-	m.SetPeers([]Peer{{Node: "silent", Addr: netip.MustParseAddr("127.0.0.2")}})
+	m.SetPeers([]Peer{{Node: "silent", Addr: loop(2), PublicKeys: memIdentity(t).PublicKeys()}})
 	// At once, before any tick: the agent decides who answers right after SetPeers.
 	if !m.Alive("silent") || !slices.Contains(m.AliveNodes(), "silent") {
 		t.Error("a peer just added counts as dead until the next tick")
@@ -115,20 +151,29 @@ func TestANewPeerCountsAsAliveUntilItCouldHaveBeenHeard(t *testing.T) {
 	waitUntil(t, 5*time.Second, "the silent peer declared dead after the grace", func() bool { return !m.Alive("silent") })
 }
 
-func TestAWrongKeyIsNotAlive(t *testing.T) {
-	ms := start(t, freePort(t), 2, nil)
-	ms[1].SetKeys([][]byte{[]byte("another key entirely, 32 bytes!!")})
-	time.Sleep(300 * time.Millisecond)
-	if ms[0].Alive("node1") || ms[1].Alive("node0") {
-		t.Error("nodes with different keys count each other alive")
+func TestAPeerWithoutAKeyCountsAsDead(t *testing.T) {
+	m, err := New(Config{Node: "me", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Interval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
 	}
-	// Rotation: node0 verifies with both keys and signs with the old one; node1 signs with the
-	// new one and verifies with both. They see each other again.
-	ms[0].SetKeys([][]byte{key, []byte("another key entirely, 32 bytes!!")})
-	ms[1].SetKeys([][]byte{[]byte("another key entirely, 32 bytes!!"), key})
-	waitUntil(t, 5*time.Second, "alive again during a key rotation", func() bool {
-		return ms[0].Alive("node1") && ms[1].Alive("node0")
-	})
+	defer m.Close()
+	for name, keys := range map[string][][]byte{
+		"no key":             nil,
+		"a key of 31 bytes":  {make([]byte, 31)},
+		"a low-order point":  {make([]byte, 32)}, // all zero: no shared secret
+		"only unusable keys": {[]byte("short"), make([]byte, 32)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m.SetPeers([]Peer{{Node: "keyless", Addr: loop(2), PublicKeys: keys}})
+			if m.Alive("keyless") {
+				t.Error("a peer that cannot be heard counts as alive")
+			}
+			time.Sleep(30 * time.Millisecond)
+			if m.Alive("keyless") {
+				t.Error("a peer that cannot be heard counts as alive after a tick")
+			}
+		})
+	}
 }
 
 // TestChangesShowOnlyAfterOnChange checks the ordering an ordered hand-over relies on: node0
@@ -136,7 +181,7 @@ func TestAWrongKeyIsNotAlive(t *testing.T) {
 // OnChange is slow (and node0's heartbeats meanwhile keep it alive).
 func TestChangesShowOnlyAfterOnChange(t *testing.T) {
 	var firstDone atomic.Bool
-	ms := start(t, freePort(t), 2, func(i int, c *Config) {
+	nodes := cluster(t, freePort(t), 2, func(i int, c *Config) {
 		if i == 0 {
 			c.OnChange = func() {
 				if !firstDone.Load() {
@@ -148,65 +193,492 @@ func TestChangesShowOnlyAfterOnChange(t *testing.T) {
 	})
 	sawEarly := false
 	waitUntil(t, 5*time.Second, "node1 sees that node0 sees it", func() bool {
-		if ms[1].Sees("node0") && !firstDone.Load() {
+		if nodes[1].m.Sees("node0") && !firstDone.Load() {
 			sawEarly = true
 		}
-		return ms[1].Sees("node0") && firstDone.Load()
+		return nodes[1].m.Sees("node0") && firstDone.Load()
 	})
 	if sawEarly {
 		t.Error("node0's heartbeats showed node1 before node0's OnChange returned")
 	}
-	if !ms[1].Alive("node0") {
+	if !nodes[1].m.Alive("node0") {
 		t.Error("a slow OnChange on node0 made node1 take it for dead")
 	}
 }
 
-func TestVerifyRefusesForgeriesAndReplays(t *testing.T) {
-	m, err := New(Config{Node: "me", Listen: netip.MustParseAddrPort("127.0.0.1:0")})
+// sender sends datagrams from an address of its own, with a chosen TTL.
+type sender struct {
+	c  *net.UDPConn
+	pc *ipv4.PacketConn
+}
+
+func newSender(t *testing.T, from netip.Addr, ttl int) *sender {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(from, 0)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close()
-	m.SetKeys([][]byte{key})
-	m.SetPeers([]Peer{{Node: "peer", Addr: netip.MustParseAddr("127.0.0.2")}})
-	from := netip.MustParseAddr("127.0.0.2")
-	good := encode("peer", 1, 5, []string{"me"}, key)
-	if _, err := m.verify(good, from); err != nil {
-		t.Fatalf("a good heartbeat refused: %v", err)
+	t.Cleanup(func() { c.Close() })
+	pc := ipv4.NewPacketConn(c)
+	if err := pc.SetTTL(ttl); err != nil {
+		t.Fatal(err)
 	}
-	for name, tc := range map[string]struct {
-		b    []byte
-		from netip.Addr
-	}{
-		"a replay":               {good, from},
-		"an older sequence":      {encode("peer", 1, 4, nil, key), from},
-		"another key":            {encode("peer", 1, 6, nil, []byte("nope")), from},
-		"another source address": {encode("peer", 1, 7, nil, key), netip.MustParseAddr("127.0.0.9")},
-		"an unknown node":        {encode("stranger", 1, 1, nil, key), from},
-		"a truncated message":    {good[:20], from},
-		"a flipped bit":          {func() []byte { b := append([]byte(nil), encode("peer", 1, 8, nil, key)...); b[3] ^= 1; return b }(), from},
-	} {
-		if _, err := m.verify(tc.b, tc.from); err == nil {
-			t.Errorf("%s accepted", name)
-		}
-	}
-	// A new boot of the peer starts its sequence again.
-	if _, err := m.verify(encode("peer", 2, 1, nil, key), from); err != nil {
-		t.Errorf("a rebooted peer's first heartbeat refused: %v", err)
+	return &sender{c, pc}
+}
+
+func (s *sender) send(t *testing.T, b []byte, to netip.AddrPort) {
+	t.Helper()
+	if _, err := s.c.WriteToUDPAddrPort(b, to); err != nil {
+		t.Fatal(err)
 	}
 }
 
-func FuzzDecode(f *testing.F) {
-	f.Add(encode("node-a", 1, 2, []string{"node-b", "node-c"}, key))
-	f.Add([]byte{1, 2, 3})
+// recorder keeps what a monitor sent, by destination.
+type recorder struct {
+	mu   sync.Mutex
+	sent map[netip.Addr][][]byte
+}
+
+func (r *recorder) hook(b []byte, to netip.AddrPort) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.sent == nil {
+		r.sent = map[netip.Addr][][]byte{}
+	}
+	r.sent[to.Addr()] = append(r.sent[to.Addr()], slices.Clone(b))
+}
+
+func (r *recorder) to(a netip.Addr) [][]byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.sent[a])
+}
+
+// lastEcho returns the nonce of the latest heartbeat me sent to a peer: what a fresh heartbeat
+// from that peer to me echoes.
+func (r *recorder) lastEcho(t *testing.T, to netip.Addr) uint64 {
+	t.Helper()
+	sent := r.to(to)
+	if len(sent) == 0 {
+		t.Fatal("nothing sent yet")
+	}
+	f, err := parseFrame(sent[len(sent)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.nonce
+}
+
+// craft makes a heartbeat from a node with key identity from to the node me, signed with the
+// pair key that signer derives (signer is from unless the test forges).
+func craft(t *testing.T, signer *Identity, signerName string, from *Identity, me *Identity, meName string, f frame) []byte {
+	t.Helper()
+	mk := from.current()[0]
+	theirs := me.current()[0]
+	pub, err := ecdhPublic(theirs.pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send, _, err := pairKeys(signer.current()[0].priv, pub, signerName, meName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.from, f.to = mk.id, theirs.id
+	return appendFrame(nil, f, newMAC(send))
+}
+
+func ecdhPublic(b []byte) (*ecdh.PublicKey, error) { return ecdh.X25519().NewPublicKey(b) }
+
+func TestEachCheckRefusesWhatItShouldAndCountsIt(t *testing.T) {
+	port := freePort(t)
+	meID, bID, cID := memIdentity(t), memIdentity(t), memIdentity(t)
+	rec := &recorder{}
+	me, err := New(Config{Node: "me", Listen: netip.AddrPortFrom(loop(1), port), Interval: 20 * time.Millisecond, Identity: meID, sent: rec.hook})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer me.Close()
+	me.SetPeers([]Peer{
+		{Node: "b", Addr: loop(2), PublicKeys: bID.PublicKeys()},
+		{Node: "c", Addr: loop(3), PublicKeys: cID.PublicKeys()},
+	})
+	dst := netip.AddrPortFrom(loop(1), port)
+	fromB := newSender(t, loop(2), 255)
+	waitUntil(t, 2*time.Second, "me sends heartbeats", func() bool { return len(rec.to(loop(2))) > 0 && len(rec.to(loop(3))) > 0 })
+
+	seq := uint64(100)
+	good := func() []byte {
+		seq++
+		return craft(t, bID, "b", bID, meID, "me", frame{at: seqKey{1, seq}, echo: rec.lastEcho(t, loop(2))})
+	}
+	accepted := func() uint64 { return me.Counters().Accepted }
+	expect := func(t *testing.T, reason string, b []byte, s *sender) {
+		t.Helper()
+		before := me.Counters()
+		s.send(t, b, dst)
+		waitUntil(t, 2*time.Second, "the refusal counted as "+reason, func() bool {
+			return me.Counters().Refused[reason] > before.Refused[reason]
+		})
+		if after := me.Counters(); after.Accepted != before.Accepted {
+			t.Errorf("a datagram refused as %s was also accepted", reason)
+		}
+	}
+	t.Run("a well-made heartbeat is accepted", func(t *testing.T) {
+		before := accepted()
+		fromB.send(t, good(), dst)
+		waitUntil(t, 2*time.Second, "accepted", func() bool { return accepted() > before })
+	})
+	replayed := good()
+	before := accepted()
+	fromB.send(t, replayed, dst)
+	waitUntil(t, 2*time.Second, "accepted", func() bool { return accepted() > before })
+	for _, tc := range []struct {
+		name, reason string
+		b            func() []byte
+		s            *sender
+	}{
+		{"a datagram of another size is refused", RefusedSize, func() []byte { return append(good(), 0) }, fromB},
+		{"a datagram that crossed a router (TTL 64) is refused", RefusedTTL, good, newSender(t, loop(2), 64)},
+		{"a datagram from an address that is no peer's is refused", RefusedSource, good, newSender(t, loop(4), 255)},
+		{"a datagram of another version is refused", RefusedVersion, func() []byte { b := good(); b[0] = 1; return b }, fromB},
+		{"a heartbeat made with a key the peer does not have is refused", RefusedKey, func() []byte {
+			return craft(t, memIdentity(t), "b", memIdentity(t), meID, "me", frame{at: seqKey{1, 500}, echo: rec.lastEcho(t, loop(2))})
+		}, fromB},
+		{"a heartbeat seen before is refused", RefusedReplay, func() []byte { return replayed }, fromB},
+		{"a heartbeat echoing a nonce me never sent is refused", RefusedStale, func() []byte {
+			seq++
+			return craft(t, bID, "b", bID, meID, "me", frame{at: seqKey{1, seq}, echo: 12345})
+		}, fromB},
+		{"a heartbeat echoing what me sent another peer is refused", RefusedStale, func() []byte {
+			seq++
+			return craft(t, bID, "b", bID, meID, "me", frame{at: seqKey{1, seq}, echo: rec.lastEcho(t, loop(3))})
+		}, fromB},
+		{"a node's own key used to forge another node's heartbeat is refused", RefusedMAC, func() []byte {
+			// c holds only its own key: it derives its own pair key with me and claims to be b.
+			seq++
+			return craft(t, cID, "c", bID, meID, "me", frame{at: seqKey{1, seq}, echo: rec.lastEcho(t, loop(2))})
+		}, fromB},
+		{"a heartbeat with a flipped bit is refused", RefusedMAC, func() []byte { b := good(); b[41] ^= 1; return b }, fromB},
+	} {
+		t.Run(tc.name, func(t *testing.T) { expect(t, tc.reason, tc.b(), tc.s) })
+	}
+	t.Run("forged heartbeats with a fresh echo are each checked and refused, and b's own still count", func(t *testing.T) {
+		// c, holding only its own key, derives its pair key with me and claims to be b, with
+		// the best echo there is: they pass every pre-check.
+		pub, err := ecdhPublic(meID.current()[0].pub)
+		if err != nil {
+			t.Fatal(err)
+		}
+		forge, _, err := pairKeys(cID.current()[0].priv, pub, "c", "me")
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := me.Counters()
+		e := rec.lastEcho(t, loop(2))
+		var burst [][]byte
+		for i := range 200 {
+			f := frame{from: bID.current()[0].id, to: meID.current()[0].id, at: seqKey{1, seq + uint64(i) + 1}, echo: e}
+			burst = append(burst, appendFrame(nil, f, newMAC(forge)))
+		}
+		seq += 201
+		for _, b := range burst {
+			fromB.send(t, b, dst)
+		}
+		fromB.send(t, good(), dst) // b's real one, right behind the burst
+		waitUntil(t, 2*time.Second, "refusals counted", func() bool {
+			return me.Counters().Refused[RefusedMAC]-before.Refused[RefusedMAC] == 200
+		})
+		waitUntil(t, 2*time.Second, "b's own heartbeat accepted", func() bool { return me.Counters().Accepted > before.Accepted })
+	})
+}
+
+// TestReplaysKeepNoDeadNodeAlive captures b's heartbeats to me over three boots of b, kills b,
+// and replays them all from b's address, mixing boots and orders, as fast as they go: me
+// declares b dead within the usual bound nonetheless, whether me remembers b's last heartbeat
+// or has restarted since (and remembers nothing).
+func TestReplaysKeepNoDeadNodeAlive(t *testing.T) {
+	port := freePort(t)
+	const interval, misses = 20 * time.Millisecond, 3
+	bDir, meDir := t.TempDir(), t.TempDir()
+	startMe := func() (*Monitor, *Identity) {
+		id, err := LoadIdentity(meDir, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := New(Config{Node: "me", Listen: netip.AddrPortFrom(loop(1), port), Interval: interval, Misses: misses, Identity: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m, id
+	}
+	me, meID := startMe()
+	var bID *Identity
+	var captured [][]byte
+	bootB := func() *Monitor {
+		var err error
+		if bID, err = LoadIdentity(bDir, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		rec := &recorder{}
+		b, err := New(Config{Node: "b", Listen: netip.AddrPortFrom(loop(2), port), Interval: interval, Misses: misses, Identity: bID, sent: rec.hook})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.SetPeers([]Peer{{Node: "me", Addr: loop(1), PublicKeys: meID.PublicKeys()}})
+		me.SetPeers([]Peer{{Node: "b", Addr: loop(2), PublicKeys: bID.PublicKeys()}})
+		waitUntil(t, 5*time.Second, "me hears b", func() bool { return me.Alive("b") && me.Sees("b") })
+		time.Sleep(300 * time.Millisecond) // capture some
+		captured = append(captured, rec.to(loop(1))...)
+		return b
+	}
+	for range 2 {
+		bootB().Close()
+	}
+	b := bootB()
+	t.Logf("captured %d heartbeats of b over three boots", len(captured))
+
+	replay := func(stop <-chan struct{}, n *atomic.Int64) {
+		attacker := newSender(t, loop(2), 255)
+		for round := 0; ; round++ {
+			for i := range captured {
+				j := i
+				if round%2 == 1 {
+					j = len(captured) - 1 - i
+				}
+				if j%2 == 1 {
+					j = (j + len(captured)/2) % len(captured) // interleave the boots
+				}
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, _ = attacker.c.WriteToUDPAddrPort(captured[j], netip.AddrPortFrom(loop(1), port))
+				if n.Add(1)%8 == 0 {
+					time.Sleep(time.Millisecond)
+				}
+			}
+		}
+	}
+	bound := time.Duration(misses+2) * interval * 3 // generous for a loaded machine
+	underReplays := func(t *testing.T, me *Monitor, kill func()) {
+		before := me.Counters()
+		var n atomic.Int64
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		kill()
+		go func() { defer close(done); replay(stop, &n) }()
+		took := waitUntil(t, 5*time.Second, "b's death noticed under replays", func() bool { return !me.Alive("b") })
+		time.Sleep(500 * time.Millisecond) // b stays dead while the replays go on
+		close(stop)
+		<-done
+		after := me.Counters()
+		refused := map[string]uint64{}
+		for r, c := range after.Refused {
+			refused[r] = c - before.Refused[r]
+		}
+		t.Logf("%d replays: b's death noticed after %s; refused %v", n.Load(), took.Round(time.Millisecond), refused)
+		if me.Alive("b") {
+			t.Error("replayed heartbeats brought b back to life")
+		}
+		if took > bound {
+			t.Errorf("b's death took %s to notice under replays; the usual bound is %s", took, bound)
+		}
+		if got := after.Accepted - before.Accepted; got > 3 {
+			t.Errorf("%d replayed heartbeats were counted for liveness", got)
+		}
+	}
+	t.Run("me remembers b's last heartbeat", func(t *testing.T) {
+		underReplays(t, me, func() { b.Close() })
+	})
+	t.Run("me restarted since and remembers nothing", func(t *testing.T) {
+		me.Close()
+		me2, meID2 := startMe()
+		if meID2.Boot() <= meID.Boot() {
+			t.Fatalf("me's boot went from %d to %d", meID.Boot(), meID2.Boot())
+		}
+		me2.SetPeers([]Peer{{Node: "b", Addr: loop(2), PublicKeys: bID.PublicKeys()}})
+		underReplays(t, me2, func() {})
+	})
+}
+
+func TestKeyRotationCausesNoFailover(t *testing.T) {
+	port := freePort(t)
+	nodes := cluster(t, port, 2, nil)
+	a, b := nodes[0], nodes[1]
+	waitUntil(t, 5*time.Second, "a and b see each other", func() bool { return allSeeEachOther(nodes) })
+	var flaps atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+				if !a.m.Alive(b.name) || !b.m.Alive(a.name) {
+					flaps.Add(1)
+				}
+			}
+		}
+	}()
+	oldKeys := b.id.PublicKeys()
+	if ok, err := b.id.Rotate(time.Now()); !ok || err != nil {
+		t.Fatalf("Rotate = %v, %v", ok, err)
+	}
+	if ok, _ := b.id.Rotate(time.Now()); ok {
+		t.Error("a second rotation started before the first ended")
+	}
+	newKeys := b.id.PublicKeys()
+	if len(newKeys) != 2 || string(newKeys[1]) != string(oldKeys[0]) {
+		t.Fatalf("after Rotate b publishes %d keys; want the new then the old", len(newKeys))
+	}
+	time.Sleep(300 * time.Millisecond) // a does not know b's new key yet (the CCM is slow)
+	if len(b.id.PublicKeys()) != 2 {
+		t.Error("b retired its old key while a still used it")
+	}
+	a.m.SetPeers([]Peer{b.peer()}) // the CCM hands a b's new keys
+	waitUntil(t, 5*time.Second, "b's rotation ends", func() bool { return len(b.id.PublicKeys()) == 1 })
+	if string(b.id.PublicKeys()[0]) != string(newKeys[0]) {
+		t.Error("b kept the old key and retired the new one")
+	}
+	a.m.SetPeers([]Peer{b.peer()}) // the CCM hands a b's key list without the old key
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if n := flaps.Load(); n > 0 {
+		t.Errorf("a or b counted the other dead %d times during the rotation", n)
+	}
+	if !allSeeEachOther(nodes) {
+		t.Error("a and b do not see each other after the rotation")
+	}
+}
+
+func TestIdentityKeepsItsKeysAndCountsBoots(t *testing.T) {
+	dir := t.TempDir()
+	first, err := LoadIdentity(dir, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := LoadIdentity(dir, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Boot() != 1 || second.Boot() != 2 {
+		t.Errorf("boots %d then %d; want 1 then 2", first.Boot(), second.Boot())
+	}
+	if !slices.EqualFunc(first.PublicKeys(), second.PublicKeys(), func(a, b []byte) bool { return string(a) == string(b) }) {
+		t.Error("a restart changed the keys")
+	}
+	info, err := os.Stat(filepath.Join(dir, IdentityFile))
+	if err != nil || info.Mode().Perm() != 0o600 {
+		t.Errorf("identity file: %v, %v; want mode 0600", info, err)
+	}
+	for _, pub := range second.PublicKeys() {
+		if len(pub) != 32 || ValidPublicKey(pub) != nil {
+			t.Errorf("a public key of %d bytes that does not validate", len(pub))
+		}
+		if string(pub) == string(second.current()[0].priv.Bytes()) {
+			t.Error("PublicKeys returns the private key")
+		}
+	}
+
+	t.Run("a corrupt file is moved aside and a new key made", func(t *testing.T) {
+		if err := os.WriteFile(filepath.Join(dir, IdentityFile), []byte(`{"boot": 7, "keys": [`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		id, err := LoadIdentity(dir, time.Now())
+		if err == nil || !strings.Contains(err.Error(), "moved to") {
+			t.Errorf("LoadIdentity on a corrupt file: %v; want an error saying it was moved aside", err)
+		}
+		if id == nil || len(id.PublicKeys()) != 1 || string(id.PublicKeys()[0]) == string(second.PublicKeys()[0]) {
+			t.Fatal("no new key after a corrupt file")
+		}
+		if _, err := os.Stat(filepath.Join(dir, IdentityFile+".corrupt")); err != nil {
+			t.Errorf("the corrupt file was not kept aside: %v", err)
+		}
+		again, err := LoadIdentity(dir, time.Now())
+		if err != nil || string(again.PublicKeys()[0]) != string(id.PublicKeys()[0]) || again.Boot() != id.Boot()+1 {
+			t.Errorf("after recovery: %v, boot %d; want the new key kept and the boot counted", err, again.Boot())
+		}
+	})
+}
+
+func TestRotationIsDueByAge(t *testing.T) {
+	now := time.Now()
+	id, err := LoadIdentity("", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id.RotationDue(now.Add(time.Hour), 2*time.Hour) {
+		t.Error("a key of 1h is due with a lifetime of 2h")
+	}
+	if !id.RotationDue(now.Add(3*time.Hour), 2*time.Hour) {
+		t.Error("a key of 3h is not due with a lifetime of 2h")
+	}
+	if _, err := id.Rotate(now.Add(3 * time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if id.RotationDue(now.Add(10*time.Hour), 2*time.Hour) {
+		t.Error("a new rotation is due while one is under way")
+	}
+}
+
+func FuzzParseFrame(f *testing.F) {
+	mac := newMAC(macKey{})
+	f.Add(appendFrame(nil, frame{at: seqKey{1, 2}, nonce: 3, echo: 4, flags: flagAlive}, mac))
+	f.Add([]byte{2, 3})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		hb, err := decode(b, [][]byte{key})
+		fr, err := parseFrame(b)
 		if err != nil {
 			return
 		}
-		again := encode(hb.node, hb.boot, hb.seq, hb.sees, key)
-		if string(again) != string(b) {
-			t.Fatalf("decode/encode round trip differs")
+		if again := appendFrame(nil, fr, mac); string(again[:bodySize]) != string(b[:bodySize]) {
+			t.Fatal("parse and append disagree")
 		}
 	})
+}
+
+// BenchmarkRefusingAFlood measures what one datagram of a flood costs the receive path: from a
+// stranger's address, from a peer's address with random content, and forged so well that only
+// the MAC refuses it (the worst case).
+func BenchmarkRefusingAFlood(b *testing.B) {
+	meID, peerID := memIdentity(b), memIdentity(b)
+	m, err := New(Config{Node: "me", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Identity: meID})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	m.SetPeers([]Peer{{Node: "peer", Addr: loop(2), PublicKeys: peerID.PublicKeys()}})
+	junk := make([]datagram, batch)
+	for i := range junk {
+		d := make([]byte, frameSize)
+		_, _ = rand.Read(d)
+		d[0] = version
+		junk[i] = datagram{data: d, ttl: 255}
+	}
+	forged := make([]datagram, batch)
+	for i := range forged {
+		f := frame{from: peerID.current()[0].id, to: meID.current()[0].id, at: seqKey{1 << 50, uint64(i)}}
+		forged[i] = datagram{data: appendFrame(nil, f, newMAC(macKey{})), from: loop(2), ttl: 255}
+	}
+	for _, tc := range []struct {
+		name string
+		dgs  []datagram
+		from netip.Addr
+	}{{"random from a stranger", junk, loop(9)}, {"random from a peer", junk, loop(2)}, {"forged, refused by the MAC", forged, loop(2)}} {
+		b.Run(tc.name, func(b *testing.B) {
+			for i := range tc.dgs {
+				tc.dgs[i].from = tc.from
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				m.handle(tc.dgs, time.Now())
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/datagram")
+		})
+	}
 }

@@ -33,6 +33,7 @@ const (
 	DefaultHeartbeatMisses    = 3
 	DefaultHeartbeatPort      = 7473
 	DefaultPasswordNamespace  = "metalvip-bgp-secrets"
+	DefaultLoadBalancerClass  = "metalvip.io/vip"
 	DefaultMaxCandidates      = 4
 	DefaultGratuitousRefresh  = 30 * time.Second
 	DefaultAgentPort          = 7472
@@ -60,6 +61,12 @@ type Config struct {
 
 	// BGP holds the CCM's settings for BGP peers.
 	BGP BGP `yaml:"bgp"`
+
+	// Nodes says whether the CCM initialises nodes.
+	Nodes Nodes `yaml:"nodes"`
+
+	// Services says which Services of type LoadBalancer the CCM serves.
+	Services Services `yaml:"services"`
 
 	// InstanceTypeLabel names a Node label whose value becomes the node's instance type
 	// (node.kubernetes.io/instance-type). Empty: no instance type.
@@ -97,6 +104,32 @@ type Failover struct {
 	// GratuitousRefresh: how often owned L2 VIPs are announced again.
 	GratuitousRefresh Duration `yaml:"gratuitousRefresh"`
 }
+
+// Nodes says whether the CCM initialises nodes.
+type Nodes struct {
+	// Initialize: the CCM initialises nodes (providerID, addresses, zone and region; the
+	// kubelets run with --cloud-provider=external). false is the LoadBalancer-only mode: the
+	// kubelets stay as they are, the node controllers do not run, and Services are announced
+	// from the Nodes as they are. Default true.
+	Initialize *bool `yaml:"initialize"`
+}
+
+// Initializes reports whether the CCM initialises nodes.
+func (n Nodes) Initializes() bool { return n.Initialize == nil || *n.Initialize }
+
+// Services says which Services of type LoadBalancer the CCM serves.
+type Services struct {
+	// LoadBalancerClass is the class metalvip serves besides class-less Services: Services of
+	// another class are another implementation's and metalvip never touches them. Default
+	// metalvip.io/vip.
+	LoadBalancerClass string `yaml:"loadBalancerClass"`
+	// Classless: serve Services without a loadBalancerClass too (through the framework's
+	// service controller). false leaves them to another implementation. Default true.
+	Classless *bool `yaml:"classless"`
+}
+
+// ServesClassless reports whether class-less Services are served.
+func (s Services) ServesClassless() bool { return s.Classless == nil || *s.Classless }
 
 // BGP holds the CCM's settings for BGP peers.
 type BGP struct {
@@ -201,6 +234,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.BGP.PasswordSecretNamespace == "" {
 		c.BGP.PasswordSecretNamespace = DefaultPasswordNamespace
+	}
+	if c.Services.LoadBalancerClass == "" {
+		c.Services.LoadBalancerClass = DefaultLoadBalancerClass
 	}
 	if f.MaxCandidates == 0 {
 		f.MaxCandidates = DefaultMaxCandidates
@@ -312,6 +348,9 @@ func (c *Config) validate(root *yaml.Node) error {
 	}
 	if fo.Port < 0 || fo.Port > 65535 {
 		add("failover.port", fmt.Sprintf("%d is not a UDP port; write 1 to 65535 (default %d)", fo.Port, DefaultHeartbeatPort))
+	}
+	if lc := c.Services.LoadBalancerClass; lc != "" && (!strings.Contains(lc, "/") || len(validation.IsQualifiedName(lc)) > 0) {
+		add("services.loadBalancerClass", fmt.Sprintf("%q is not a class name; write a domain-prefixed name such as %q (Kubernetes requires the prefix)", lc, DefaultLoadBalancerClass))
 	}
 	if ns := c.BGP.PasswordSecretNamespace; ns != "" && len(validation.IsDNS1123Label(ns)) > 0 {
 		add("bgp.passwordSecretNamespace", fmt.Sprintf("%q is not a namespace name; write e.g. %q", ns, DefaultPasswordNamespace))

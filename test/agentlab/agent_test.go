@@ -51,6 +51,8 @@ type agent struct {
 	client agentv1.AgentServiceClient
 	state  string
 	tls    string
+	pub    [][]byte // heartbeat public keys, as last reported
+	wrap   []string // a command the agent runs under (setpriv ...), if any
 }
 
 // pki writes a CA, the CCM's certificate and one per node into dir.
@@ -84,9 +86,9 @@ func pki(t *testing.T, nodes []*lab.Host) string {
 	return dir
 }
 
-func startAgent(t *testing.T, h *lab.Host, tlsDir, stateDir string) *agent {
+func startAgent(t *testing.T, h *lab.Host, tlsDir, stateDir string, wrap ...string) *agent {
 	t.Helper()
-	a := &agent{t: t, host: h, state: stateDir, tls: tlsDir}
+	a := &agent{t: t, host: h, state: stateDir, tls: tlsDir, wrap: wrap}
 	a.start()
 	cfg, err := certs.ClientConfig(certs.Files{CA: filepath.Join(tlsDir, "ca.crt"), Cert: filepath.Join(tlsDir, "ccm.crt"), Key: filepath.Join(tlsDir, "ccm.key")}, h.Name)
 	if err != nil {
@@ -115,11 +117,15 @@ func startAgent(t *testing.T, h *lab.Host, tlsDir, stateDir string) *agent {
 }
 
 func (a *agent) start() {
-	a.proc = a.host.Start(a.t, "agent", agentBinary,
+	bin, args := agentBinary, []string{}
+	if len(a.wrap) > 0 {
+		bin, args = a.wrap[0], append(slices.Clone(a.wrap[1:]), agentBinary)
+	}
+	a.proc = a.host.Start(a.t, "agent", bin, append(args,
 		"--node-name", a.host.Name, "--listen-address", netip.AddrPortFrom(a.host.IPv4, 7472).String(),
 		"--state-dir", a.state, "--interfaces", "eth0",
 		"--tls-ca", filepath.Join(a.tls, "ca.crt"), "--tls-cert", filepath.Join(a.tls, a.host.Name+".crt"), "--tls-key", filepath.Join(a.tls, a.host.Name+".key"),
-		"--v", "2")
+		"--v", "2")...)
 }
 
 func (a *agent) waitServing() {

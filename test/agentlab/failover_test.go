@@ -5,18 +5,13 @@ import (
 	"net/netip"
 	"path/filepath"
 	"sort"
+	"syscall"
 	"testing"
 	"time"
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/lab"
 )
-
-// withHeartbeats turns on failover among the candidates.
-func withHeartbeats(st *agentv1.DesiredState) *agentv1.DesiredState {
-	st.L2 = &agentv1.L2Options{HeartbeatKeys: [][]byte{[]byte("lab heartbeat key, 32 bytes long")}, HeartbeatIntervalMs: 50, HeartbeatMisses: 3}
-	return st
-}
 
 // TestL2FailoverAmongAgents kills the owner of an L2 VIP (link down and agent killed) with no
 // CCM anywhere, and measures the outage a client probing every 10 ms sees until the next
@@ -44,7 +39,7 @@ func TestL2FailoverAmongAgents(t *testing.T) {
 				default:
 				}
 			}
-			a.apply(withHeartbeats(desired(gen, l, l2Ann(vip.String(), order...))))
+			a.apply(heartbeatsOn(t, desired(gen, l, l2Ann(vip.String(), order...)), a, agents))
 		}
 	}
 	applyAll(l.Nodes[0], l.Nodes[1], l.Nodes[2])
@@ -110,5 +105,39 @@ func TestL2FailoverAmongAgents(t *testing.T) {
 		if o > 5*time.Second {
 			t.Errorf("outage %s over the 5s bound", o)
 		}
+	}
+}
+
+// TestHeartbeatKeyRotationMovesNothing rotates node1's heartbeat key (SIGHUP) while node2,
+// its standby, still knows only the old one, hands node2 the new keys a second later (as a
+// CCM would after its next GetState), and waits for node1 to retire the old key: the VIP is
+// answered by node1 alone throughout.
+func TestHeartbeatKeyRotationMovesNothing(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 2})
+	vip := netip.MustParseAddr("203.0.113.31")
+	agents := heartbeatCluster(t, l, l.Nodes, vip)
+	node1 := agents[0]
+	mac1 := macOf(t, l.Nodes[0])
+	probe := probeARP(t, l.Client, vip, probeEvery, 1000)
+	start := time.Now()
+	old := node1.keys(t)
+	if err := node1.proc.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "node1 publishes a new key", func() bool { return len(node1.keys(t)) == 2 })
+	time.Sleep(time.Second)
+	for _, a := range agents {
+		a.apply(heartbeatsOn(t, desired(2, l, l2Ann(vip.String(), l.Nodes...)), a, agents))
+	}
+	took := eventually(t, 10*time.Second, "node1 retires its old key", func() bool {
+		k := node1.keys(t)
+		return len(k) == 1 && string(k[0]) != string(old[0])
+	})
+	time.Sleep(time.Second)
+	probe.Stop()
+	c := probe.count(start, time.Now())
+	t.Logf("rotation: new key published, node2 told a second later, old key retired %s after that; ARP probe: %s", took.Round(time.Millisecond), c)
+	if c.Unanswered > 0 || c.Double > 0 || c.ByMAC[mac1] != c.Requests {
+		t.Errorf("during the rotation: %s; want node1 alone answering every request", c)
 	}
 }

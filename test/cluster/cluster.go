@@ -45,6 +45,11 @@ type Options struct {
 	ClientAddrs int // extra addresses on the client (lab.Options)
 	// CCMBinary and AgentBinary are the built binaries (see Build).
 	CCMBinary, AgentBinary string
+	// CloudConfig is added to the CCM's cloud-config (YAML, top-level fields not set here).
+	CloudConfig string
+	// Controllers is the CCM's --controllers (default service-lb-controller: the lab's nodes
+	// have no kubelet).
+	Controllers string
 }
 
 // Build builds the CCM and agent binaries into dir.
@@ -91,6 +96,9 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 	if opts.Nodes == 0 {
 		opts.Nodes = 3
 	}
+	if opts.Controllers == "" {
+		opts.Controllers = "service-lb-controller"
+	}
 	srv.InstallCRDs(t)
 	l := lab.New(t, lab.Options{Nodes: opts.Nodes, ClientAddrs: opts.ClientAddrs})
 	dyn, err := dynamic.NewForConfig(srv.Config)
@@ -127,7 +135,8 @@ failover:
 allocation:
   pendingRetry: 1s
   poolStatusInterval: 200ms
-`, c.PKI), 0o600); err != nil {
+%[2]s
+`, c.PKI, opts.CloudConfig), 0o600); err != nil {
 		t.Fatalf("%v", err)
 	}
 	c.StartCCM()
@@ -221,7 +230,7 @@ func (c *Cluster) StartCCM() {
 // election settings) and returns it.
 func (c *Cluster) StartCCMReplica(name string, extra ...string) *testenv.Proc {
 	args := append([]string{"--kubeconfig", c.kcfg, "--cloud-config", c.ccmCfg,
-		"--secure-port=0", "--controllers=service-lb-controller", "--v=2"}, extra...)
+		"--secure-port=0", "--controllers=" + c.opts.Controllers, "--v=2"}, extra...)
 	return c.Lab.Control.Start(c.Root, name, c.opts.CCMBinary, args...)
 }
 

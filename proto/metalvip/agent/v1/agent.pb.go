@@ -183,7 +183,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20, 0}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21, 0}
 }
 
 // DesiredState is everything one node should do.
@@ -1205,7 +1205,9 @@ type GetStateResponse struct {
 	// CCM hands them to the node's peers (DesiredState.heartbeat_peers).
 	HeartbeatPublicKeys [][]byte `protobuf:"bytes,10,rep,name=heartbeat_public_keys,json=heartbeatPublicKeys,proto3" json:"heartbeat_public_keys,omitempty"`
 	// refused lists the items of the held state that were refused (see ApplyResponse).
-	Refused       []*Refusal `protobuf:"bytes,11,rep,name=refused,proto3" json:"refused,omitempty"`
+	Refused []*Refusal `protobuf:"bytes,11,rep,name=refused,proto3" json:"refused,omitempty"`
+	// heartbeats counts this node's heartbeats since the agent started.
+	Heartbeats    *HeartbeatCounters `protobuf:"bytes,12,opt,name=heartbeats,proto3" json:"heartbeats,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1317,6 +1319,89 @@ func (x *GetStateResponse) GetRefused() []*Refusal {
 	return nil
 }
 
+func (x *GetStateResponse) GetHeartbeats() *HeartbeatCounters {
+	if x != nil {
+		return x.Heartbeats
+	}
+	return nil
+}
+
+// HeartbeatCounters count the heartbeats of a node.
+type HeartbeatCounters struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Sent  uint64                 `protobuf:"varint,1,opt,name=sent,proto3" json:"sent,omitempty"`
+	// accepted: verified, and echoing one of this node's recent heartbeats (counted for liveness).
+	Accepted uint64 `protobuf:"varint,2,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	// unproven: verified, but echoing none of this node's recent heartbeats (the sender had not
+	// heard this node yet), so not counted for liveness.
+	Unproven uint64 `protobuf:"varint,3,opt,name=unproven,proto3" json:"unproven,omitempty"`
+	// refused, by reason, in the order the checks run: size, ttl (under 255: not on-link),
+	// source (no peer's address), version, key (unknown to either side), replay (not newer than
+	// the last verified), stale (echoes nothing recent), rate (over the source's budget of MAC
+	// checks), mac (forged or damaged).
+	Refused       map[string]uint64 `protobuf:"bytes,4,rep,name=refused,proto3" json:"refused,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatCounters) Reset() {
+	*x = HeartbeatCounters{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatCounters) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatCounters) ProtoMessage() {}
+
+func (x *HeartbeatCounters) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatCounters.ProtoReflect.Descriptor instead.
+func (*HeartbeatCounters) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *HeartbeatCounters) GetSent() uint64 {
+	if x != nil {
+		return x.Sent
+	}
+	return 0
+}
+
+func (x *HeartbeatCounters) GetAccepted() uint64 {
+	if x != nil {
+		return x.Accepted
+	}
+	return 0
+}
+
+func (x *HeartbeatCounters) GetUnproven() uint64 {
+	if x != nil {
+		return x.Unproven
+	}
+	return 0
+}
+
+func (x *HeartbeatCounters) GetRefused() map[string]uint64 {
+	if x != nil {
+		return x.Refused
+	}
+	return nil
+}
+
 // AnnouncedVIP is one VIP as this node handles it now.
 type AnnouncedVIP struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1338,7 +1423,7 @@ type AnnouncedVIP struct {
 
 func (x *AnnouncedVIP) Reset() {
 	*x = AnnouncedVIP{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1350,7 +1435,7 @@ func (x *AnnouncedVIP) String() string {
 func (*AnnouncedVIP) ProtoMessage() {}
 
 func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1363,7 +1448,7 @@ func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnouncedVIP.ProtoReflect.Descriptor instead.
 func (*AnnouncedVIP) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AnnouncedVIP) GetVip() string {
@@ -1436,7 +1521,7 @@ type PeerStatus struct {
 
 func (x *PeerStatus) Reset() {
 	*x = PeerStatus{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +1533,7 @@ func (x *PeerStatus) String() string {
 func (*PeerStatus) ProtoMessage() {}
 
 func (x *PeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +1546,7 @@ func (x *PeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatus.ProtoReflect.Descriptor instead.
 func (*PeerStatus) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PeerStatus) GetAddress() string {
@@ -1517,7 +1602,7 @@ type L2Counters struct {
 
 func (x *L2Counters) Reset() {
 	*x = L2Counters{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1529,7 +1614,7 @@ func (x *L2Counters) String() string {
 func (*L2Counters) ProtoMessage() {}
 
 func (x *L2Counters) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1542,7 +1627,7 @@ func (x *L2Counters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Counters.ProtoReflect.Descriptor instead.
 func (*L2Counters) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *L2Counters) GetArpRequests() uint64 {
@@ -1602,7 +1687,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +1699,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +1712,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 type WatchResponse struct {
@@ -1639,7 +1724,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +1736,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +1749,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchResponse) GetEvent() *Event {
@@ -1689,7 +1774,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1701,7 +1786,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1714,7 +1799,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -1851,7 +1936,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11KIND_ANNOUNCEMENT\x10\x01\x12\x11\n" +
 	"\rKIND_BGP_PEER\x10\x02\"\x11\n" +
-	"\x0fGetStateRequest\"\xd6\x03\n" +
+	"\x0fGetStateRequest\"\x9c\x04\n" +
 	"\x10GetStateResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x1e\n" +
@@ -1866,7 +1951,18 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x05state\x18\t \x01(\v2\x1f.metalvip.agent.v1.DesiredStateR\x05state\x122\n" +
 	"\x15heartbeat_public_keys\x18\n" +
 	" \x03(\fR\x13heartbeatPublicKeys\x124\n" +
-	"\arefused\x18\v \x03(\v2\x1a.metalvip.agent.v1.RefusalR\arefused\"\x87\x02\n" +
+	"\arefused\x18\v \x03(\v2\x1a.metalvip.agent.v1.RefusalR\arefused\x12D\n" +
+	"\n" +
+	"heartbeats\x18\f \x01(\v2$.metalvip.agent.v1.HeartbeatCountersR\n" +
+	"heartbeats\"\xe8\x01\n" +
+	"\x11HeartbeatCounters\x12\x12\n" +
+	"\x04sent\x18\x01 \x01(\x04R\x04sent\x12\x1a\n" +
+	"\baccepted\x18\x02 \x01(\x04R\baccepted\x12\x1a\n" +
+	"\bunproven\x18\x03 \x01(\x04R\bunproven\x12K\n" +
+	"\arefused\x18\x04 \x03(\v21.metalvip.agent.v1.HeartbeatCounters.RefusedEntryR\arefused\x1a:\n" +
+	"\fRefusedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x87\x02\n" +
 	"\fAnnouncedVIP\x12\x10\n" +
 	"\x03vip\x18\x01 \x01(\tR\x03vip\x12+\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x17.metalvip.agent.v1.ModeR\x04mode\x12\x16\n" +
@@ -1938,32 +2034,34 @@ func file_metalvip_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_metalvip_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_metalvip_agent_v1_agent_proto_goTypes = []any{
-	(Mode)(0),                // 0: metalvip.agent.v1.Mode
-	(Refusal_Kind)(0),        // 1: metalvip.agent.v1.Refusal.Kind
-	(Event_Kind)(0),          // 2: metalvip.agent.v1.Event.Kind
-	(*DesiredState)(nil),     // 3: metalvip.agent.v1.DesiredState
-	(*HeartbeatPeer)(nil),    // 4: metalvip.agent.v1.HeartbeatPeer
-	(*Announcement)(nil),     // 5: metalvip.agent.v1.Announcement
-	(*L2Announcement)(nil),   // 6: metalvip.agent.v1.L2Announcement
-	(*Candidate)(nil),        // 7: metalvip.agent.v1.Candidate
-	(*BGPAnnouncement)(nil),  // 8: metalvip.agent.v1.BGPAnnouncement
-	(*BGPPeer)(nil),          // 9: metalvip.agent.v1.BGPPeer
-	(*BFD)(nil),              // 10: metalvip.agent.v1.BFD
-	(*L2Options)(nil),        // 11: metalvip.agent.v1.L2Options
-	(*BGPOptions)(nil),       // 12: metalvip.agent.v1.BGPOptions
-	(*ApplyRequest)(nil),     // 13: metalvip.agent.v1.ApplyRequest
-	(*ApplyResponse)(nil),    // 14: metalvip.agent.v1.ApplyResponse
-	(*Refusal)(nil),          // 15: metalvip.agent.v1.Refusal
-	(*GetStateRequest)(nil),  // 16: metalvip.agent.v1.GetStateRequest
-	(*GetStateResponse)(nil), // 17: metalvip.agent.v1.GetStateResponse
-	(*AnnouncedVIP)(nil),     // 18: metalvip.agent.v1.AnnouncedVIP
-	(*PeerStatus)(nil),       // 19: metalvip.agent.v1.PeerStatus
-	(*L2Counters)(nil),       // 20: metalvip.agent.v1.L2Counters
-	(*WatchRequest)(nil),     // 21: metalvip.agent.v1.WatchRequest
-	(*WatchResponse)(nil),    // 22: metalvip.agent.v1.WatchResponse
-	(*Event)(nil),            // 23: metalvip.agent.v1.Event
+	(Mode)(0),                 // 0: metalvip.agent.v1.Mode
+	(Refusal_Kind)(0),         // 1: metalvip.agent.v1.Refusal.Kind
+	(Event_Kind)(0),           // 2: metalvip.agent.v1.Event.Kind
+	(*DesiredState)(nil),      // 3: metalvip.agent.v1.DesiredState
+	(*HeartbeatPeer)(nil),     // 4: metalvip.agent.v1.HeartbeatPeer
+	(*Announcement)(nil),      // 5: metalvip.agent.v1.Announcement
+	(*L2Announcement)(nil),    // 6: metalvip.agent.v1.L2Announcement
+	(*Candidate)(nil),         // 7: metalvip.agent.v1.Candidate
+	(*BGPAnnouncement)(nil),   // 8: metalvip.agent.v1.BGPAnnouncement
+	(*BGPPeer)(nil),           // 9: metalvip.agent.v1.BGPPeer
+	(*BFD)(nil),               // 10: metalvip.agent.v1.BFD
+	(*L2Options)(nil),         // 11: metalvip.agent.v1.L2Options
+	(*BGPOptions)(nil),        // 12: metalvip.agent.v1.BGPOptions
+	(*ApplyRequest)(nil),      // 13: metalvip.agent.v1.ApplyRequest
+	(*ApplyResponse)(nil),     // 14: metalvip.agent.v1.ApplyResponse
+	(*Refusal)(nil),           // 15: metalvip.agent.v1.Refusal
+	(*GetStateRequest)(nil),   // 16: metalvip.agent.v1.GetStateRequest
+	(*GetStateResponse)(nil),  // 17: metalvip.agent.v1.GetStateResponse
+	(*HeartbeatCounters)(nil), // 18: metalvip.agent.v1.HeartbeatCounters
+	(*AnnouncedVIP)(nil),      // 19: metalvip.agent.v1.AnnouncedVIP
+	(*PeerStatus)(nil),        // 20: metalvip.agent.v1.PeerStatus
+	(*L2Counters)(nil),        // 21: metalvip.agent.v1.L2Counters
+	(*WatchRequest)(nil),      // 22: metalvip.agent.v1.WatchRequest
+	(*WatchResponse)(nil),     // 23: metalvip.agent.v1.WatchResponse
+	(*Event)(nil),             // 24: metalvip.agent.v1.Event
+	nil,                       // 25: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
 }
 var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
 	5,  // 0: metalvip.agent.v1.DesiredState.announcements:type_name -> metalvip.agent.v1.Announcement
@@ -1979,25 +2077,27 @@ var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
 	3,  // 10: metalvip.agent.v1.ApplyRequest.state:type_name -> metalvip.agent.v1.DesiredState
 	15, // 11: metalvip.agent.v1.ApplyResponse.refused:type_name -> metalvip.agent.v1.Refusal
 	1,  // 12: metalvip.agent.v1.Refusal.kind:type_name -> metalvip.agent.v1.Refusal.Kind
-	18, // 13: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
-	19, // 14: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
-	20, // 15: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
+	19, // 13: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
+	20, // 14: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
+	21, // 15: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
 	3,  // 16: metalvip.agent.v1.GetStateResponse.state:type_name -> metalvip.agent.v1.DesiredState
 	15, // 17: metalvip.agent.v1.GetStateResponse.refused:type_name -> metalvip.agent.v1.Refusal
-	0,  // 18: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
-	23, // 19: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
-	2,  // 20: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
-	13, // 21: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
-	16, // 22: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
-	21, // 23: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
-	14, // 24: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
-	17, // 25: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
-	22, // 26: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
-	24, // [24:27] is the sub-list for method output_type
-	21, // [21:24] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	18, // 18: metalvip.agent.v1.GetStateResponse.heartbeats:type_name -> metalvip.agent.v1.HeartbeatCounters
+	25, // 19: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	0,  // 20: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
+	24, // 21: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
+	2,  // 22: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
+	13, // 23: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
+	16, // 24: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
+	22, // 25: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
+	14, // 26: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
+	17, // 27: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
+	23, // 28: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
+	26, // [26:29] is the sub-list for method output_type
+	23, // [23:26] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_metalvip_agent_v1_agent_proto_init() }
@@ -2011,7 +2111,7 @@ func file_metalvip_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_metalvip_agent_v1_agent_proto_rawDesc), len(file_metalvip_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

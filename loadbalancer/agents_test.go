@@ -1,0 +1,86 @@
+package loadbalancer
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	grpcstatus "google.golang.org/grpc/status"
+
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+)
+
+// flakyAgent answers GetState with an error the first failures times, then with its keys.
+type flakyAgent struct {
+	agentv1.UnimplementedAgentServiceServer
+	mu       sync.Mutex
+	failures int
+	calls    int
+	keys     [][]byte
+}
+
+func (f *flakyAgent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.GetStateResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.calls <= f.failures {
+		return nil, grpcstatus.Error(codes.Unavailable, "the key file cannot be read yet")
+	}
+	return &agentv1.GetStateResponse{Node: "n1", HeartbeatPublicKeys: f.keys}, nil
+}
+
+func (f *flakyAgent) Watch(_ *agentv1.WatchRequest, s agentv1.AgentService_WatchServer) error {
+	_ = s.SendHeader(metadata.MD{})
+	<-s.Context().Done()
+	return nil
+}
+
+// TestAFailedKeyReadIsRetriedAndPeersKeepTheKeys: while a node's agent cannot say its
+// heartbeat keys, its peers get them as the other agents held them (so it does not count as
+// dead to them: failover stays on); the CCM asks again with backoff until the agent answers.
+func TestAFailedKeyReadIsRetriedAndPeersKeepTheKeys(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.41:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	fake := &flakyAgent{failures: 3, keys: [][]byte{[]byte("new key, 32 bytes long ........")}}
+	agentv1.RegisterAgentServiceServer(srv, fake)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+
+	learnt := make(chan [][]byte, 4)
+	a := NewAgents(AgentConfig{Port: lis.Addr().(*net.TCPAddr).Port, Insecure: true, Timeout: time.Second}, 1,
+		AgentHooks{Keys: func(_ string, k [][]byte) { learnt <- k }})
+	defer a.Close()
+	// What another agent holds (Discover at start): n1's keys as they were handed out before.
+	a.SeeKeys(map[string]*agentv1.DesiredState{"n2": {HeartbeatPeers: []*agentv1.HeartbeatPeer{{Node: "n1", PublicKeys: [][]byte{[]byte("old key")}}}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a.SetNodes(ctx, map[string]netip.Addr{"n1": netip.MustParseAddr("127.0.0.41")})
+	if got := a.Keys("n1"); len(got) != 1 || string(got[0]) != "old key" {
+		t.Fatalf("before n1 answers its peers get %q, want the key other agents hold", got)
+	}
+	select {
+	case k := <-learnt:
+		if string(k[0]) != string(fake.keys[0]) {
+			t.Errorf("learnt %q", k)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the keys were not read again after %d failed reads", fake.failures)
+	}
+	if got := a.Keys("n1"); string(got[0]) != string(fake.keys[0]) {
+		t.Errorf("after n1 answered its peers get %q", got)
+	}
+	fake.mu.Lock()
+	defer fake.mu.Unlock()
+	if fake.calls <= fake.failures {
+		t.Errorf("%d calls", fake.calls)
+	}
+}

@@ -1,0 +1,128 @@
+package failover
+
+import (
+	"crypto/ecdh"
+	"crypto/hkdf"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"hash"
+)
+
+// A heartbeat is one fixed-size datagram from one node to one peer:
+//
+//	version      1 byte, 2
+//	from, to     4 bytes each: the sender's key and the receiver's key it is made with
+//	boot, seq    8 bytes each: the sender's boot counter and its sequence in that boot, which
+//	             only grow: the receiver takes each (boot, seq) once per key, in order
+//	nonce        8 bytes: random, new in every heartbeat
+//	echo         8 bytes: the nonce of the latest heartbeat the sender verified from the
+//	             receiver, zero when it has none recent; the receiver counts the sender alive
+//	             only on an echo of a nonce it sent that very peer recently, which no capture
+//	             can fake and no third node sees
+//	flags        1 byte: bit 0, the sender counts the receiver alive
+//	mac          32 bytes: HMAC-SHA256 of the above with the key of the pair and direction
+//
+// The MAC key of a direction is HKDF-SHA256 of the X25519 shared secret of the two nodes'
+// keys, bound to the two names in order: a node holding only its own key can make the keys
+// of its own pairs, never those between two other nodes.
+const (
+	version   = 2
+	macSize   = sha256.Size
+	bodySize  = 1 + 4 + 4 + 8 + 8 + 8 + 8 + 1
+	frameSize = bodySize + macSize
+)
+
+const flagAlive = 1
+
+type seqKey struct{ boot, seq uint64 }
+
+func (a seqKey) after(b seqKey) bool {
+	return a.boot > b.boot || a.boot == b.boot && a.seq > b.seq
+}
+
+type frame struct {
+	from, to keyID
+	at       seqKey // the sender's boot and sequence
+	nonce    uint64
+	echo     uint64
+	flags    byte
+}
+
+type macKey [32]byte
+
+// appendFrame appends the frame, signed with mac (an HMAC-SHA256 of the pair's key), to b.
+func appendFrame(b []byte, f frame, mac hash.Hash) []byte {
+	start := len(b)
+	b = append(b, version)
+	b = append(b, f.from[:]...)
+	b = append(b, f.to[:]...)
+	b = binary.BigEndian.AppendUint64(b, f.at.boot)
+	b = binary.BigEndian.AppendUint64(b, f.at.seq)
+	b = binary.BigEndian.AppendUint64(b, f.nonce)
+	b = binary.BigEndian.AppendUint64(b, f.echo)
+	b = append(b, f.flags)
+	mac.Reset()
+	mac.Write(b[start:])
+	return mac.Sum(b)
+}
+
+var errFormat = errors.New("malformed heartbeat")
+
+// parseFrame reads a frame's fields without checking its MAC; b is frameSize long.
+func parseFrame(b []byte) (frame, error) {
+	if len(b) != frameSize {
+		return frame{}, errFormat
+	}
+	if b[0] != version {
+		return frame{}, errFormat
+	}
+	var f frame
+	copy(f.from[:], b[1:5])
+	copy(f.to[:], b[5:9])
+	f.at = seqKey{binary.BigEndian.Uint64(b[9:17]), binary.BigEndian.Uint64(b[17:25])}
+	f.nonce = binary.BigEndian.Uint64(b[25:33])
+	f.echo = binary.BigEndian.Uint64(b[33:41])
+	f.flags = b[41]
+	return f, nil
+}
+
+// macOK checks a frame's MAC in constant time; mac is an HMAC-SHA256 of the pair's key, scratch
+// room for the sum (so that a flood allocates nothing).
+func macOK(b []byte, mac hash.Hash, scratch []byte) bool {
+	mac.Reset()
+	mac.Write(b[:bodySize])
+	return hmac.Equal(mac.Sum(scratch[:0]), b[bodySize:])
+}
+
+func newMAC(k macKey) hash.Hash { return hmac.New(sha256.New, k[:]) }
+
+// pairKeys derives the MAC keys of the pair (me, them) made with these keys: send signs what
+// me sends to them, recv what them sends to me.
+func pairKeys(mine *ecdh.PrivateKey, theirs *ecdh.PublicKey, me, them string) (send, recv macKey, err error) {
+	secret, err := mine.ECDH(theirs)
+	if err != nil {
+		return send, recv, err
+	}
+	derive := func(from, to string) (macKey, error) {
+		var k macKey
+		out, err := hkdf.Key(sha256.New, secret, nil, directionInfo(from, to), len(k))
+		copy(k[:], out)
+		return k, err
+	}
+	if send, err = derive(me, them); err != nil {
+		return send, recv, err
+	}
+	recv, err = derive(them, me)
+	return send, recv, err
+}
+
+func directionInfo(from, to string) string {
+	b := []byte("metalvip heartbeat v2")
+	for _, s := range []string{from, to} {
+		b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
+		b = append(b, s...)
+	}
+	return string(b)
+}

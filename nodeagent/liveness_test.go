@@ -1,0 +1,100 @@
+package nodeagent
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/metalvip/metalvip/nodeagent/failover"
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+)
+
+// fakeLiveness records what the agent asks of the heartbeat exchange and says every peer is
+// alive and sees this node.
+type fakeLiveness struct {
+	mu    sync.Mutex
+	cfg   failover.Config
+	peers []failover.Peer
+}
+
+func (f *fakeLiveness) SetPeers(p []failover.Peer) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.peers = slices.Clone(p)
+}
+func (f *fakeLiveness) Alive(string) bool { return true }
+func (f *fakeLiveness) Sees(string) bool  { return true }
+func (f *fakeLiveness) Counters() failover.Counters {
+	return failover.Counters{Sent: 3, Accepted: 2, Refused: map[string]uint64{failover.RefusedMAC: 1}}
+}
+func (f *fakeLiveness) Close() error { return nil }
+
+func withCandidates(vip string, cands ...string) *agentv1.Announcement {
+	an := l2VIP(vip)
+	for i, c := range cands {
+		an.L2.Candidates = append(an.L2.Candidates, &agentv1.Candidate{Node: c, Address: netip.AddrFrom4([4]byte{198, 51, 100, byte(11 + i)}).String()})
+	}
+	return an
+}
+
+func TestHeartbeatsRunWithThePeersKeysFromTheState(t *testing.T) {
+	var started []*fakeLiveness
+	h := serve(t, t.TempDir(), func(o *Options) {
+		o.NewLiveness = func(c failover.Config) (Liveness, error) {
+			f := &fakeLiveness{cfg: c}
+			started = append(started, f)
+			return f, nil
+		}
+	})
+	keyB := h.agent.identity.PublicKeys()[0] // any valid X25519 key will do
+	st := state(1, 1, withCandidates("203.0.113.10", "node-a", "node-b", "node-c"))
+	st.HeartbeatPeers = []*agentv1.HeartbeatPeer{
+		{Node: "node-b", Address: "198.51.100.12", PublicKeys: [][]byte{keyB}},
+		{Node: "node-c", Address: "198.51.100.13", PublicKeys: [][]byte{[]byte("not a key")}},
+	}
+	resp, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(started) != 1 {
+		t.Fatalf("%d heartbeat exchanges started; want 1", len(started))
+	}
+	f := started[0]
+	if f.cfg.Listen != netip.MustParseAddrPort("198.51.100.11:7473") || f.cfg.Identity != h.agent.identity {
+		t.Errorf("heartbeats on %s with identity %p; want this node's candidate address and its own identity", f.cfg.Listen, f.cfg.Identity)
+	}
+	f.mu.Lock()
+	peers := f.peers
+	f.mu.Unlock()
+	slices.SortFunc(peers, func(x, y failover.Peer) int { return strings.Compare(x.Node, y.Node) })
+	if len(peers) != 2 || peers[0].Node != "node-b" || len(peers[0].PublicKeys) != 1 || peers[1].Node != "node-c" || len(peers[1].PublicKeys) != 0 {
+		t.Errorf("peers %+v; want node-b with its key and node-c without (its key is not one)", peers)
+	}
+	if !slices.ContainsFunc(resp.GetProblems(), func(p string) bool { return strings.Contains(p, "heartbeat_peers[1].public_keys[0]") }) {
+		t.Errorf("problems %v; want the unusable key of node-c named", resp.GetProblems())
+	}
+	got, err := h.ccm(t).GetState(ctx(t), &agentv1.GetStateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hb := got.GetHeartbeats(); hb.GetSent() != 3 || hb.GetAccepted() != 2 || hb.GetRefused()[failover.RefusedMAC] != 1 {
+		t.Errorf("GetState heartbeat counters %v; want the monitor's", hb)
+	}
+
+	t.Run("a state with no heartbeat peers runs no heartbeats: first candidates answer", func(t *testing.T) {
+		st := state(1, 2, withCandidates("203.0.113.10", "node-b", "node-a"))
+		//lint:ignore SA1019 the shared key of an older CCM starts nothing
+		st.L2 = &agentv1.L2Options{HeartbeatKeys: [][]byte{[]byte("the shared key of the first wave!")}}
+		if _, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: st}); err != nil {
+			t.Fatal(err)
+		}
+		if len(started) != 1 {
+			t.Errorf("the shared key started heartbeats")
+		}
+		if got := h.l2.last(); len(got) != 0 {
+			t.Errorf("the second candidate answers %v without heartbeats", got)
+		}
+	})
+}

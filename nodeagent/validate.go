@@ -1,0 +1,263 @@
+package nodeagent
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/metalvip/metalvip/nodeagent/bgp"
+	"github.com/metalvip/metalvip/nodeagent/failover"
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+)
+
+// MaxTerm is the highest term a state may carry: terms come from the leader Lease's
+// leaseTransitions (an int32) plus one, never from a clock.
+const MaxTerm = 1 << 31
+
+// Bounds of the L2 options, the same as the CCM's configuration allows.
+const (
+	minHeartbeatInterval = 10 * time.Millisecond
+	maxHeartbeatInterval = 10 * time.Second
+	minHeartbeatMisses   = 2
+	maxHeartbeatMisses   = 100
+)
+
+// checkWhole checks what the whole state stands or falls with: whom it is for, its term, and
+// the node-wide settings. Such a state is refused whole (INVALID_ARGUMENT): it is the CCM's
+// mistake, not an object's.
+func checkWhole(st *agentv1.DesiredState, node string) error {
+	var errs []string
+	add := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
+	if st.GetNode() != node {
+		add("node: the state is for %q; this agent is %q", st.GetNode(), node)
+	}
+	if t := st.GetTerm(); t == 0 || t > MaxTerm {
+		add("term: %d is out of range; a term is the leader Lease's leaseTransitions plus one, 1 to %d", t, uint64(MaxTerm))
+	}
+	if id := st.GetBgp().GetRouterId(); id != "" {
+		if a, err := netip.ParseAddr(id); err != nil || !a.Is4() {
+			add("bgp.router_id: %q is not an IPv4 address; give the node's IPv4 address, or none for the agent's own", id)
+		}
+	}
+	l2 := st.GetL2()
+	if iv := time.Duration(l2.GetHeartbeatIntervalMs()) * time.Millisecond; iv != 0 && (iv < minHeartbeatInterval || iv > maxHeartbeatInterval) {
+		add("l2.heartbeat_interval_ms: %d is out of range; give 0 (50) or %d to %d", l2.GetHeartbeatIntervalMs(), minHeartbeatInterval.Milliseconds(), maxHeartbeatInterval.Milliseconds())
+	}
+	if n := l2.GetHeartbeatMisses(); n != 0 && (n < minHeartbeatMisses || n > maxHeartbeatMisses) {
+		add("l2.heartbeat_misses: %d is out of range; give 0 (3) or %d to %d", n, minHeartbeatMisses, maxHeartbeatMisses)
+	}
+	if p := l2.GetHeartbeatPort(); p > 65535 {
+		add("l2.heartbeat_port: %d is not a UDP port; give 0 (7473) or 1 to 65535", p)
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(errs, "; "))
+}
+
+// CheckState says what the agent of node would refuse of st: the whole of it (the error, as
+// Apply's INVALID_ARGUMENT), or items alone (as Apply's refused). For parity tests: what the
+// API server accepts, the agent must take.
+func CheckState(st *agentv1.DesiredState, node string) ([]*agentv1.Refusal, error) {
+	if err := checkWhole(st, node); err != nil {
+		return nil, err
+	}
+	return checkItems(st).refused, nil
+}
+
+// checkedState is a state split by the per-item checks: what to apply, and what is refused.
+// A refused item costs only itself.
+type checkedState struct {
+	announcements []*agentv1.Announcement
+	peers         []bgp.Peer
+	hbPeers       map[string]failover.Peer // by node: keys and address of every heartbeat peer
+	refused       []*agentv1.Refusal
+	problems      []string // items that are the CCM's own (heartbeat peers), left out
+}
+
+// checkItems checks every announcement and BGP peer on its own.
+func checkItems(st *agentv1.DesiredState) checkedState {
+	var c checkedState
+	refuse := func(kind agentv1.Refusal_Kind, key, field, format string, args ...any) {
+		c.refused = append(c.refused, &agentv1.Refusal{Kind: kind, Key: key, Field: field, Reason: fmt.Sprintf(format, args...)})
+	}
+	seenVIP := map[netip.Addr]int{}
+	for i, an := range st.GetAnnouncements() {
+		at := fmt.Sprintf("announcements[%d]", i)
+		bad := func(field, format string, args ...any) {
+			refuse(agentv1.Refusal_KIND_ANNOUNCEMENT, an.GetVip(), at+field, format, args...)
+		}
+		vip, err := netip.ParseAddr(an.GetVip())
+		if err != nil || vip.Zone() != "" || vip.Is4In6() {
+			bad(".vip", "%q is not an IP address; give an IPv4 or IPv6 address without a zone", an.GetVip())
+			continue
+		}
+		if vip.IsUnspecified() || vip.IsMulticast() || vip.IsLoopback() || vip.IsLinkLocalUnicast() {
+			bad(".vip", "%s is not a unicast address this node can announce; give a global or unique local address", vip)
+			continue
+		}
+		if j, dup := seenVIP[vip]; dup {
+			bad(".vip", "%s is also announcements[%d]; give each VIP once", vip, j)
+			continue
+		}
+		if f, reason := checkAnnouncement(an); reason != "" {
+			bad(f, "%s", reason)
+			continue
+		}
+		seenVIP[vip] = i
+		c.announcements = append(c.announcements, an)
+	}
+
+	defaultASN := st.GetBgp().GetAsn()
+	seenPeer := map[netip.Addr]int{}
+	for i, p := range st.GetBgpPeers() {
+		at := fmt.Sprintf("bgp_peers[%d]", i)
+		bad := func(field, format string, args ...any) {
+			refuse(agentv1.Refusal_KIND_BGP_PEER, p.GetAddress(), at+field, format, args...)
+		}
+		addr, err := netip.ParseAddr(p.GetAddress())
+		if err != nil {
+			bad(".address", "%q is not an IP address; give the peer's address", p.GetAddress())
+			continue
+		}
+		if p.GetPort() > 65535 {
+			bad(".port", "%d is not a TCP port; give 0 (179) or 1 to 65535", p.GetPort())
+			continue
+		}
+		if p.GetEbgpMultihopTtl() > 255 {
+			bad(".ebgp_multihop_ttl", "%d is out of range; give 0 (directly connected) or 1 to 255", p.GetEbgpMultihopTtl())
+			continue
+		}
+		if p.GetHoldTimeSeconds() > 65535 || p.GetKeepaliveSeconds() > 65535 {
+			bad(".hold_time_seconds", "hold time %d s, keepalive %d s: give at most 65535 s", p.GetHoldTimeSeconds(), p.GetKeepaliveSeconds())
+			continue
+		}
+		if b := p.GetBfd(); b.GetMinRxMs() > 60000 || b.GetMinTxMs() > 60000 {
+			bad(".bfd", "intervals of %d and %d ms: give 0 (300) or 1 to 60000 ms", b.GetMinRxMs(), b.GetMinTxMs())
+			continue
+		}
+		peer := bgpPeer(addr, p)
+		if err := bgp.CheckPeer(defaultASN, peer); err != nil {
+			var fe *bgp.FieldError
+			if errors.As(err, &fe) {
+				bad("."+peerField(fe.Field), "%s", fe.Reason)
+			} else {
+				bad("", "%v", err)
+			}
+			continue
+		}
+		if j, dup := seenPeer[addr.Unmap()]; dup {
+			bad(".address", "%s is also bgp_peers[%d]; give each peer once (one session per address)", addr, j)
+			continue
+		}
+		seenPeer[addr.Unmap()] = i
+		c.peers = append(c.peers, peer)
+	}
+
+	c.hbPeers = map[string]failover.Peer{}
+	for i, hp := range st.GetHeartbeatPeers() {
+		at := fmt.Sprintf("heartbeat_peers[%d]", i)
+		addr, err := netip.ParseAddr(hp.GetAddress())
+		if hp.GetAddress() != "" && err != nil {
+			c.problems = append(c.problems, fmt.Sprintf("%s.address: %q is not an IP address; node %s left out of the heartbeats", at, hp.GetAddress(), hp.GetNode()))
+			continue
+		}
+		fp := failover.Peer{Node: hp.GetNode(), Addr: addr}
+		for k, key := range hp.GetPublicKeys() {
+			if err := failover.ValidPublicKey(key); err != nil {
+				c.problems = append(c.problems, fmt.Sprintf("%s.public_keys[%d]: %v; left out", at, k, err))
+				continue
+			}
+			fp.PublicKeys = append(fp.PublicKeys, key)
+		}
+		c.hbPeers[hp.GetNode()] = fp
+	}
+	return c
+}
+
+// checkAnnouncement checks an announcement's mode and its mode's fields; it returns the field
+// (after "announcements[i]") and the reason, or "" when it is fine.
+func checkAnnouncement(an *agentv1.Announcement) (string, string) {
+	switch an.GetMode() {
+	case agentv1.Mode_MODE_L2:
+		cands := an.GetL2().GetCandidates()
+		if len(cands) == 0 {
+			return ".l2.candidates", "an L2 VIP needs at least one candidate"
+		}
+		for k, c := range cands {
+			if c.GetNode() == "" {
+				return fmt.Sprintf(".l2.candidates[%d].node", k), "empty; give the candidate's node name"
+			}
+			if c.GetAddress() != "" {
+				if _, err := netip.ParseAddr(c.GetAddress()); err != nil {
+					return fmt.Sprintf(".l2.candidates[%d].address", k), fmt.Sprintf("%q is not an IP address; give the node's data-plane address", c.GetAddress())
+				}
+			}
+		}
+		for k, ifi := range an.GetL2().GetInterfaces() {
+			if ifi == "" || len(ifi) > 15 || strings.ContainsAny(ifi, "/ \t\n") {
+				return fmt.Sprintf(".l2.interfaces[%d]", k), fmt.Sprintf("%q is not an interface name; give a name such as eth0, or none for the agent's default", ifi)
+			}
+		}
+	case agentv1.Mode_MODE_BGP:
+		for k, c := range an.GetBgp().GetCommunities() {
+			if _, err := bgp.ParseCommunity(c); err != nil {
+				return fmt.Sprintf(".bgp.communities[%d]", k), err.Error() + "; write ASN:value with both parts from 0 to 65535, e.g. 64512:100"
+			}
+		}
+	default:
+		return ".mode", fmt.Sprintf("%v; give MODE_L2 or MODE_BGP", an.GetMode())
+	}
+	return "", ""
+}
+
+// peerField maps a bgp.Peer field to its name in the contract.
+func peerField(goName string) string {
+	switch goName {
+	case "Address":
+		return "address"
+	case "PeerASN":
+		return "peer_asn"
+	case "LocalASN":
+		return "local_asn"
+	case "HoldTime":
+		return "hold_time_seconds"
+	case "Keepalive":
+		return "keepalive_seconds"
+	case "MultihopTTL":
+		return "ebgp_multihop_ttl"
+	case "BFD.Enabled":
+		return "bfd.enabled"
+	case "BFD.MinRx":
+		return "bfd.min_rx_ms"
+	case "BFD.MinTx":
+		return "bfd.min_tx_ms"
+	case "BFD.Multiplier":
+		return "bfd.multiplier"
+	}
+	return strings.ToLower(goName)
+}
+
+// bgpPeer translates a contract peer; the caller has checked the ranges.
+func bgpPeer(addr netip.Addr, p *agentv1.BGPPeer) bgp.Peer {
+	return bgp.Peer{
+		Address:         addr,
+		Port:            uint16(p.GetPort()),
+		PeerASN:         p.GetPeerAsn(),
+		LocalASN:        p.GetLocalAsn(),
+		HoldTime:        time.Duration(p.GetHoldTimeSeconds()) * time.Second,
+		Keepalive:       time.Duration(p.GetKeepaliveSeconds()) * time.Second,
+		Password:        p.GetPassword(),
+		MultihopTTL:     uint8(p.GetEbgpMultihopTtl()),
+		TTLSecurity:     p.GetTtlSecurity(),
+		GracefulRestart: p.GetGracefulRestart(),
+		BFD: bgp.BFD{
+			Enabled:    p.GetBfd().GetEnabled(),
+			MinRx:      time.Duration(p.GetBfd().GetMinRxMs()) * time.Millisecond,
+			MinTx:      time.Duration(p.GetBfd().GetMinTxMs()) * time.Millisecond,
+			Multiplier: p.GetBfd().GetMultiplier(),
+		},
+	}
+}

@@ -1,0 +1,129 @@
+package agentlab
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/lab"
+)
+
+// capEff reads a process's effective capabilities.
+func capEff(t *testing.T, pid int) uint64 {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "CapEff:"); ok {
+			v, err := strconv.ParseUint(strings.TrimSpace(rest), 16, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+	}
+	t.Fatal("no CapEff")
+	return 0
+}
+
+const capNetRaw = 1 << 13
+
+// TestTheAgentNeedsOnlyNetRaw runs two agents as root with no capability but CAP_NET_RAW (no
+// NET_ADMIN, no NET_BIND_SERVICE) and checks that everything they do works: gRPC with mutual
+// TLS, ARP and NDP answers, heartbeats (TTL 255 and IP_RECVTTL), a BGP session with a TCP MD5
+// password and BFD, routes at the router. An agent with no capability at all cannot answer
+// ARP: NET_RAW is the one it needs.
+func TestTheAgentNeedsOnlyNetRaw(t *testing.T) {
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("setpriv (util-linux) not found")
+	}
+	l := lab.New(t, lab.Options{Nodes: 2})
+	// FRR peers with node1 by address, with an MD5 password.
+	const password = "lab-md5-secret"
+	n1 := l.Nodes[0].IPv4
+	if out, err := exec.Command("vtysh", "--vty_socket", l.Dir, "-c", "configure terminal", "-c", "router bgp 64496",
+		"-c", fmt.Sprintf("neighbor %s remote-as 64497", n1), "-c", fmt.Sprintf("neighbor %s password %s", n1, password),
+		"-c", fmt.Sprintf("neighbor %s bfd profile lab", n1), "-c", fmt.Sprintf("neighbor %s timers connect 1", n1),
+		"-c", "address-family ipv4 unicast", "-c", fmt.Sprintf("neighbor %s activate", n1)).CombinedOutput(); err != nil {
+		t.Fatalf("configure FRR: %v: %s", err, out)
+	}
+	tlsDir := pki(t, l.Nodes)
+	netRawOnly := []string{"/usr/bin/setpriv", "--bounding-set=-all,+net_raw", "--inh-caps=-all", "--ambient-caps=-all", "--"}
+	var agents []*agent
+	for _, n := range l.Nodes {
+		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state"), netRawOnly...))
+	}
+	for _, a := range agents {
+		if got := capEff(t, a.proc.Cmd.Process.Pid); got != capNetRaw {
+			t.Fatalf("%s's agent runs with capabilities %#x; want CAP_NET_RAW (%#x) alone", a.host.Name, got, capNetRaw)
+		}
+	}
+	vip4, vip6, bgpVIP := netip.MustParseAddr("203.0.113.50"), "2001:db8:100::50", "203.0.113.51"
+	for _, a := range agents {
+		st := desired(1, l, l2Ann(vip4.String(), l.Nodes...), l2Ann(vip6, l.Nodes...), bgpAnn(bgpVIP))
+		st.BgpPeers[0].Password = password
+		a.apply(heartbeatsOn(t, st, a, agents))
+	}
+	mac1 := macOf(t, l.Nodes[0])
+	eventually(t, 10*time.Second, "node1 answers ARP", func() bool { return whoAnswers(t, l.Client, vip4) == mac1 })
+	eventually(t, 30*time.Second, "the router has node1's BGP route, over MD5", func() bool {
+		hops := nextHops(t, l, bgpVIP)
+		return len(hops) >= 1 && hops[0] == n1.String()
+	})
+	var st1, st2 *agentv1.GetStateResponse
+	eventually(t, 30*time.Second, "node1's session with BFD up, node2 standing by for node1 by heartbeats", func() bool {
+		st1, st2 = agents[0].getState(t), agents[1].getState(t)
+		up := len(st1.GetPeers()) == 1 && st1.GetPeers()[0].GetState() == "Established" && st1.GetPeers()[0].GetBfdState() == "Up"
+		return up && st2.GetHeartbeats().GetAccepted() > 0 && st1.GetHeartbeats().GetAccepted() > 0
+	})
+	for _, st := range []*agentv1.GetStateResponse{st1, st2} {
+		if len(st.GetProblems()) > 0 {
+			t.Errorf("%s with NET_RAW alone has problems: %v", st.GetNode(), st.GetProblems())
+		}
+	}
+	for _, v := range st2.GetAnnounced() {
+		if v.GetMode() == agentv1.Mode_MODE_L2 && !strings.Contains(v.GetReason(), "node1 is alive") {
+			t.Errorf("node2's view of %s: %q; want it standing by for node1, which it hears", v.GetVip(), v.GetReason())
+		}
+	}
+	t.Logf("with CAP_NET_RAW alone: ARP answered, NDP socket open, heartbeats %d accepted, BGP %s (BFD %s) with MD5",
+		st2.GetHeartbeats().GetAccepted(), st1.GetPeers()[0].GetState(), st1.GetPeers()[0].GetBfdState())
+
+	t.Run("without NET_RAW the agent cannot answer ARP, and says so", func(t *testing.T) {
+		for _, a := range agents {
+			a.proc.Kill()
+		}
+		none := []string{"/usr/bin/setpriv", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--"}
+		a := startAgent(t, l.Nodes[0], tlsDir, filepath.Join(t.TempDir(), "state"), none...)
+		if got := capEff(t, a.proc.Cmd.Process.Pid); got != 0 {
+			t.Fatalf("the agent runs with capabilities %#x; want none", got)
+		}
+		st := desired(1, l, l2Ann(vip4.String(), l.Nodes[0]))
+		st.Node = l.Nodes[0].Name
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err := a.client.Apply(ctx, &agentv1.ApplyRequest{State: st})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(strings.Join(resp.GetProblems(), "; "), "operation not permitted") {
+			t.Errorf("problems %v; want the ARP socket refused", resp.GetProblems())
+		}
+		if got := whoAnswers(t, l.Client, vip4); got != "" {
+			t.Errorf("ARP answered by %s without NET_RAW", got)
+		}
+	})
+}
