@@ -75,8 +75,15 @@ deps: ## Install what the tests need: Debian packages and the kube-apiserver bui
 	hack/install-deps.sh
 	hack/kube-apiserver.sh
 
+.PHONY: test-deps
+test-deps: ## Build what the install tests use (helm, kubectl, kubeadm into .cache/bin; the images), before any test runs.
+	@for t in helm kubectl kubeadm; do hack/tool.sh $$t >/dev/null; done
+	$(MAKE) images
+
 .PHONY: test
-test: deps ## Run unit, integration and lab tests (lab tests need root), and the release tools' tests.
+# test-deps first: building helm or arm64 binaries beside the lab's timing-sensitive tests would
+# compete with them for the CPU.
+test: deps test-deps ## Run unit, integration and lab tests (lab tests need root), and the release tools' tests.
 	$(GO) test $(TEST_FLAGS) ./...
 	cd hack/tools && $(GO) test $(TEST_FLAGS) $(TOOLS_PACKAGES)
 
