@@ -9,17 +9,13 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
@@ -29,21 +25,11 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
-
-	"golang.org/x/time/rate"
 
 	"github.com/metalvip/metalvip/internal/annotation"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/loadbalancer/ipam"
-)
-
-// recordRate bounds the deferred allocation records written a second; they are written only
-// after recordLull without a new allocation.
-const (
-	recordRate = 50
-	recordLull = time.Second
 )
 
 // Config configures Allocations.
@@ -80,9 +66,6 @@ type Allocations struct {
 
 	ready        chan struct{} // closed once the allocator is rebuilt
 	poolsChanged chan struct{}
-	later        workqueue.TypedRateLimitingInterface[string] // records to write off the hot path
-	limiter      *rate.Limiter
-	lastAlloc    atomic.Int64 // UnixNano of the last new allocation: deferred records wait for a lull
 
 	services   corelisters.ServiceLister
 	namespaces corelisters.NamespaceLister
@@ -107,9 +90,6 @@ func New(cfg Config) *Allocations {
 		written:      map[string]poolStatus{},
 		ready:        make(chan struct{}),
 		poolsChanged: make(chan struct{}, 1),
-		later: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "metalvip-allocation-records"}),
-		limiter: rate.NewLimiter(recordRate, recordRate),
 	}
 }
 
@@ -145,8 +125,6 @@ func (a *Allocations) Run(ctx context.Context) {
 	}
 	a.rebuild()
 	close(a.ready)
-	go a.recordLater(ctx)
-	go func() { <-ctx.Done(); a.later.ShutDown() }()
 	klog.InfoS("Address allocator rebuilt from Services", "services", a.ipam.Len())
 
 	tick := time.NewTicker(a.cfg.StatusInterval)
@@ -275,17 +253,18 @@ func (a *Allocations) request(svc *v1.Service) (ipam.Service, error) {
 // statusIPs returns the addresses in a Service's status.
 func statusIPs(svc *v1.Service) []netip.Addr { return desired.StatusIPs(svc) }
 
-// Ensure gives a Service its addresses, or says why it cannot.
-func (a *Allocations) Ensure(ctx context.Context, svc *v1.Service) (*v1.LoadBalancerStatus, error) {
+// Assign gives a Service its addresses, or says why it cannot; it writes nothing but Events
+// (the Service controller writes the record and the status, in two writes).
+func (a *Allocations) Assign(ctx context.Context, svc *v1.Service) (ipam.Allocation, error) {
 	select {
 	case <-a.ready:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return ipam.Allocation{}, ctx.Err()
 	}
 	req, err := a.request(svc)
 	if err != nil {
 		a.warnOnce(svc, ReasonInvalidAnnotation, err.Error()+"; fix the annotation")
-		return nil, err
+		return ipam.Allocation{}, err
 	}
 	a.annotationWarnings(svc)
 	a.mu.Lock()
@@ -299,23 +278,15 @@ func (a *Allocations) Ensure(ctx context.Context, svc *v1.Service) (*v1.LoadBala
 		reason, retry := classify(err)
 		a.warnOnce(svc, reason, err.Error())
 		if retry {
-			return nil, &RetryError{Err: err, After: a.cfg.PendingRetry}
+			return ipam.Allocation{}, &RetryError{Err: err, After: a.cfg.PendingRetry}
 		}
-		return nil, err
+		return ipam.Allocation{}, err
 	}
 	a.clearWarning(svc)
 	if !slices.Equal(prev.IPs, al.IPs) {
-		// Only new addresses count as a burst: the syncs that the deferred records cause
-		// themselves must not hold the records back.
-		a.lastAlloc.Store(time.Now().UnixNano())
-	}
-	if err := a.record(ctx, svc, al); err != nil {
-		return nil, err
-	}
-	if !slices.Equal(prev.IPs, al.IPs) {
 		a.cfg.Recorder.Eventf(svc, v1.EventTypeNormal, ReasonIPAllocated, "Allocated %s from IP pool %s", annotation.FormatIPs(al.IPs), al.Pool)
 	}
-	return status(al), nil
+	return al, nil
 }
 
 func status(al ipam.Allocation) *v1.LoadBalancerStatus {
@@ -344,85 +315,17 @@ func classify(err error) (reason string, retry bool) {
 	}
 }
 
-// record writes the allocation annotations when they differ.
-//
-// A Service that had addresses in its status and is given others (a move) gets them at once,
-// before the status changes (the framework writes it after Ensure returns): after a restart, a
-// difference between annotation and status shows the Service was being moved. A Service getting
-// its first addresses has nothing to lose in a restart before its status is written, so its
-// record is written later, off the allocation's path, at a bounded rate: every annotation write
-// makes the framework sync the Service once more.
-func (a *Allocations) record(ctx context.Context, svc *v1.Service, al ipam.Allocation) error {
-	if recorded(svc, al) {
-		return nil
-	}
-	if len(statusIPs(svc)) == 0 {
-		a.later.Add(serviceKey(svc))
-		return nil
-	}
-	return a.writeRecord(ctx, svc, al)
-}
-
-func recorded(svc *v1.Service, al ipam.Allocation) bool {
+// Recorded reports whether a Service's allocation record (its annotations) says al.
+func Recorded(svc *v1.Service, al ipam.Allocation) bool {
 	pool, _ := annotation.AllocatedPool.Value(svc)
 	ips, _ := annotation.AllocatedIPs.Value(svc)
 	return pool == al.Pool && ips == annotation.FormatIPs(al.IPs)
 }
 
-// recordLater writes the deferred records, at most recordRate a second.
-func (a *Allocations) recordLater(ctx context.Context) {
-	for {
-		key, quit := a.later.Get()
-		if quit {
-			return
-		}
-		func() {
-			defer a.later.Done(key)
-			// Wait for a lull in allocations: during a burst the API server has better things
-			// to do than records (and the resyncs they cause).
-			for time.Since(time.Unix(0, a.lastAlloc.Load())) < recordLull {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(recordLull / 4):
-				}
-			}
-			if err := a.limiter.Wait(ctx); err != nil {
-				return
-			}
-			ns, name, _ := strings.Cut(key, "/")
-			svc, err := a.services.Services(ns).Get(name)
-			if err != nil || !a.ours(svc) || svc.DeletionTimestamp != nil {
-				return
-			}
-			a.mu.Lock()
-			al, ok := a.ipam.Get(key)
-			a.mu.Unlock()
-			if !ok || recorded(svc, al) {
-				return
-			}
-			if err := a.writeRecord(ctx, svc, al); err != nil {
-				klog.V(2).InfoS("Recording an allocation failed; retrying", "service", key, "err", err)
-				a.later.AddRateLimited(key)
-				return
-			}
-			a.later.Forget(key)
-		}()
-	}
-}
-
-func (a *Allocations) writeRecord(ctx context.Context, svc *v1.Service, al ipam.Allocation) error {
-	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q,%q:%q}}}`,
-		annotation.AllocatedPool, al.Pool, annotation.AllocatedIPs, annotation.FormatIPs(al.IPs))
-	if _, err := a.cfg.Client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("record allocation on %s: %w", serviceKey(svc), err)
-	}
-	return nil
-}
-
-// Delete gives up a Service's addresses. Those its status still shows stay reserved until the
-// status is cleared, so they are never given to another Service while in use.
-func (a *Allocations) Delete(ctx context.Context, svc *v1.Service) error {
+// Withdraw gives up a Service's addresses; it writes nothing (the Service controller removes
+// the record with the finalizer). Those its status still shows stay reserved until the status
+// is cleared, so they are never given to another Service while in use.
+func (a *Allocations) Withdraw(ctx context.Context, svc *v1.Service) error {
 	select {
 	case <-a.ready:
 	case <-ctx.Done():
@@ -433,31 +336,11 @@ func (a *Allocations) Delete(ctx context.Context, svc *v1.Service) error {
 	a.dirty = true
 	delete(a.warned, svc.UID)
 	a.mu.Unlock()
-	_, hasPool := annotation.AllocatedPool.Value(svc)
-	_, hasIPs := annotation.AllocatedIPs.Value(svc)
-	if svc.DeletionTimestamp == nil && (hasPool || hasIPs) {
-		patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:null,%q:null}}}`, annotation.AllocatedPool, annotation.AllocatedIPs)
-		_, err := a.cfg.Client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, types.MergePatchType, patch, metav1.PatchOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("remove allocation record from %s: %w", serviceKey(svc), err)
-		}
-	}
 	return nil
 }
 
-// Get returns a Service's status and whether anything is held for it.
-func (a *Allocations) Get(svc *v1.Service) (*v1.LoadBalancerStatus, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	key := serviceKey(svc)
-	al, ok := a.ipam.Get(key)
-	_, recorded := annotation.AllocatedIPs.Value(svc)
-	exists := ok || a.ipam.Known(key) || recorded || len(statusIPs(svc)) > 0
-	if !ok {
-		return &v1.LoadBalancerStatus{}, exists
-	}
-	return status(al), exists
-}
+// StatusOf is the load balancer status that shows an allocation.
+func StatusOf(al ipam.Allocation) *v1.LoadBalancerStatus { return status(al) }
 
 func (a *Allocations) serviceUpdated(oldObj, curObj any) {
 	old, ok1 := oldObj.(*v1.Service)

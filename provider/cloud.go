@@ -36,6 +36,8 @@ const ProviderIDPrefix = ProviderName + "://"
 // cloud-config.
 type Options struct {
 	LeaderElection LeaderElection
+	// ServiceWorkers is how many Services are synced at once (--concurrent-service-syncs).
+	ServiceWorkers int
 }
 
 // Cloud is metalvip's cloudprovider.Interface.
@@ -43,9 +45,9 @@ type Cloud struct {
 	cfg       *config.Config
 	opts      Options
 	instances *instances
-	lb        *loadBalancer
+	allocs    *loadbalancer.Allocations
+	services  *loadbalancer.ServiceController
 	announcer *loadbalancer.Announcer
-	classes   *loadbalancer.ClassController
 	dyn       dynamicinformer.DynamicSharedInformerFactory
 	// registered is closed by SetInformers: the loops started in Initialize wait for it.
 	registered chan struct{}
@@ -96,7 +98,7 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 	c.dyn = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
 	objects := loadbalancer.NewObjects()
 	serves := c.Serves()
-	c.lb = &loadBalancer{allocs: loadbalancer.New(loadbalancer.Config{
+	c.allocs = loadbalancer.New(loadbalancer.Config{
 		Client:         client,
 		Dynamic:        dyn,
 		Recorder:       recorder,
@@ -104,7 +106,8 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 		Serves:         serves,
 		PendingRetry:   c.cfg.Allocation.PendingRetry.Duration,
 		StatusInterval: c.cfg.Allocation.PoolStatusInterval.Duration,
-	})}
+	})
+	c.services = loadbalancer.NewServiceController(client, c.allocs, serves)
 	ac := c.cfg.Agent
 	switch {
 	case !ac.Insecure && ac.CAFile == "":
@@ -135,10 +138,6 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 		})
 	}
 
-	if serves.Class != "" {
-		c.classes = loadbalancer.NewClassController(client, c.lb.allocs, recorder, serves)
-	}
-
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		<-stop
@@ -158,10 +157,8 @@ func (c *Cloud) run(ctx context.Context, client kubernetes.Interface) {
 	case <-c.registered:
 	}
 	c.dyn.Start(ctx.Done())
-	go c.lb.allocs.Run(ctx)
-	if c.classes != nil {
-		go c.classes.Run(ctx, 4)
-	}
+	go c.allocs.Run(ctx)
+	go c.services.Run(ctx, max(c.opts.ServiceWorkers, 1))
 	if c.announcer == nil {
 		return
 	}
@@ -184,13 +181,11 @@ func (c *Cloud) run(ctx context.Context, client kubernetes.Interface) {
 // SetInformers registers the allocator's and the announcer's informers with the framework's
 // factory (which it starts after its controllers are set up).
 func (c *Cloud) SetInformers(factory informers.SharedInformerFactory) {
-	if c.lb == nil {
+	if c.allocs == nil {
 		return
 	}
-	c.lb.allocs.Register(factory, c.dyn)
-	if c.classes != nil {
-		c.classes.Register(factory)
-	}
+	c.allocs.Register(factory, c.dyn)
+	c.services.Register(factory)
 	if c.announcer != nil {
 		c.announcer.Register(factory, c.dyn)
 	}
@@ -201,13 +196,12 @@ func (c *Cloud) SetInformers(factory informers.SharedInformerFactory) {
 	}
 }
 
-// LoadBalancer gives Services of type LoadBalancer addresses from the IP pools.
-func (c *Cloud) LoadBalancer() (cloudprovider.LoadBalancer, bool) {
-	if c.lb == nil {
-		return nil, false // not initialised: the framework calls Initialize first
-	}
-	return c.lb, true
-}
+// LoadBalancer is none: metalvip serves Services with its own controller
+// (loadbalancer.ServiceController), so the framework's service controller does not start. Its
+// way costs three more API writes per Service (a finalizer patch and two Events, then a sync
+// again for the allocation record), measured in docs/benchmarks.md, and it serves class-less
+// Services only.
+func (c *Cloud) LoadBalancer() (cloudprovider.LoadBalancer, bool) { return nil, false }
 
 // Instances is the legacy interface; InstancesV2 replaces it.
 func (c *Cloud) Instances() (cloudprovider.Instances, bool) { return nil, false }

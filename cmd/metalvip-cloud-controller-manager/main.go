@@ -6,7 +6,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"strings"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -21,7 +20,6 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics
 	_ "k8s.io/component-base/metrics/prometheus/version"  // version metric
 	"k8s.io/component-base/version/verflag"
-	genericcontrollermanager "k8s.io/controller-manager/app"
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/internal/version"
@@ -40,11 +38,12 @@ func main() {
 
 // Defaults that differ from the framework's. The framework's client defaults (20 QPS, burst
 // 30, one service sync at a time) cap a controller far below what allocating for thousands of
-// Services at once needs: each new Service costs about five API writes (finalizer, status, the
-// framework's two Events, ours). Measured with 1,000 Services created at once (docs/benchmarks.md):
-// at 200 QPS the client limit made the per-Service p99 4 s, at 500 QPS it is under 40 ms and
-// the API server is the limit. Eight syncs keep the API server busy; more gain little on 2 cores.
-// The flags still override these; the API server's priority and fairness protect it.
+// Services at once needs: each new Service costs four API writes (record and finalizer, status,
+// the IPAllocated Event, the Announced condition). Measured with 1,000 Services created at
+// once (docs/benchmarks.md): at 200 QPS the client limit made the per-Service p99 4 s, at 500
+// QPS it is under 40 ms and the API server is the limit. Eight syncs (metalvip's own Service
+// controller reads --concurrent-service-syncs) keep the API server busy; more gain little on 2
+// cores. The flags still override these; the API server's priority and fairness protect it.
 const (
 	defaultKubeAPIQPS             = 500
 	defaultKubeAPIBurst           = 1000
@@ -93,12 +92,7 @@ Settings of its own are in the --cloud-config file, documented in docs/cloud-con
 		if cp.Name != provider.ProviderName {
 			return fmt.Errorf("--cloud-provider=%q: this binary runs only the %q provider; leave the flag out or set it to %q", cp.Name, provider.ProviderName, provider.ProviderName)
 		}
-		cfg, err := readConfig(cp.CloudConfigFile)
-		if err == nil && !cfg.Services.ServesClassless() &&
-			genericcontrollermanager.IsControllerEnabled(names.ServiceLBController, app.ControllersDisabledByDefault, canonical(opts.Generic.Controllers)) {
-			err = fmt.Errorf("--cloud-config: services.classless is false, but the framework's service controller would still serve class-less Services: run with --controllers=*,-%s as well", names.ServiceLBController)
-		}
-		if err != nil {
+		if _, err := readConfig(cp.CloudConfigFile); err != nil {
 			// Plain text, not a log line: this is the operator's file and the message is the fix.
 			fmt.Fprintf(os.Stderr, "metalvip-cloud-controller-manager: %v\n", err)
 			os.Exit(1)
@@ -106,24 +100,6 @@ Settings of its own are in the --cloud-config file, documented in docs/cloud-con
 		return run(c, args)
 	}
 	return cmd, nil
-}
-
-// canonical resolves the framework's controller aliases ("service" for
-// "service-lb-controller") in a --controllers list.
-func canonical(controllers []string) []string {
-	aliases := names.CCMControllerAliases()
-	out := make([]string, 0, len(controllers))
-	for _, c := range controllers {
-		neg, name := strings.HasPrefix(c, "-"), strings.TrimPrefix(c, "-")
-		if a, ok := aliases[name]; ok {
-			name = a
-		}
-		if neg {
-			name = "-" + name
-		}
-		out = append(out, name)
-	}
-	return out
 }
 
 func readConfig(file string) (*providerconfig.Config, error) {
@@ -144,7 +120,8 @@ func cloudInitializer(c *config.CompletedConfig) cloudprovider.Interface {
 		os.Exit(1)
 	}
 	le := c.ComponentConfig.Generic.LeaderElection
-	return provider.New(cfg, provider.Options{LeaderElection: provider.LeaderElection{
-		Enabled: le.LeaderElect, Namespace: le.ResourceNamespace, Name: le.ResourceName,
-	}})
+	return provider.New(cfg, provider.Options{
+		LeaderElection: provider.LeaderElection{Enabled: le.LeaderElect, Namespace: le.ResourceNamespace, Name: le.ResourceName},
+		ServiceWorkers: int(c.ComponentConfig.ServiceController.ConcurrentServiceSyncs),
+	})
 }

@@ -393,7 +393,7 @@ func (e *env) waitSynced(ccm *testenv.Proc, timeout time.Duration, namespaces ..
 				e.t.Fatal(err)
 			}
 			for _, s := range svcs.Items {
-				if !strings.Contains(log, "Ensuring load balancer for service "+ns+"/"+s.Name+"\n") {
+				if !strings.Contains(log, `"Service served" service="`+ns+"/"+s.Name+`"`) {
 					behind++
 				}
 			}

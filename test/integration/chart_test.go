@@ -263,10 +263,7 @@ func TestTheChartsValuesReachTheObjects(t *testing.T) {
 		c.ImagePullPolicy != "Always" || ccm.Spec.Template.Spec.ImagePullSecrets[0].Name != "mirror-pull" {
 		t.Errorf("CCM: replicas %d image %s policy %s", *ccm.Spec.Replicas, c.Image, c.ImagePullPolicy)
 	}
-	// Class-less Services left to another implementation: no framework service controller,
-	// which the CCM insists on.
-	for _, want := range []string{"--secure-port=10358", "--v=2", "--leader-elect-resource-namespace=metalvip-system",
-		"--controllers=cloud-node-controller,cloud-node-lifecycle-controller"} {
+	for _, want := range []string{"--secure-port=10358", "--v=2", "--leader-elect-resource-namespace=metalvip-system"} {
 		if !slices.Contains(c.Args, want) {
 			t.Errorf("CCM args %v lack %s", c.Args, want)
 		}

@@ -52,9 +52,18 @@ func TestCCMReadsOnlyTheSecretsAndLeasesItNames(t *testing.T) {
 		call    func() error
 		allowed bool
 	}{
-		{"get a Secret of kube-system", func() error { _, err := client.CoreV1().Secrets("kube-system").Get(ctx, "some-secret", metav1.GetOptions{}); return err }, false},
-		{"list the Secrets of kube-system", func() error { _, err := client.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{}); return err }, false},
-		{"get a Secret of another namespace", func() error { _, err := client.CoreV1().Secrets("default").Get(ctx, "some-secret", metav1.GetOptions{}); return err }, false},
+		{"get a Secret of kube-system", func() error {
+			_, err := client.CoreV1().Secrets("kube-system").Get(ctx, "some-secret", metav1.GetOptions{})
+			return err
+		}, false},
+		{"list the Secrets of kube-system", func() error {
+			_, err := client.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{})
+			return err
+		}, false},
+		{"get a Secret of another namespace", func() error {
+			_, err := client.CoreV1().Secrets("default").Get(ctx, "some-secret", metav1.GetOptions{})
+			return err
+		}, false},
 		{"list every Secret", func() error { _, err := client.CoreV1().Secrets("").List(ctx, metav1.ListOptions{}); return err }, false},
 		{"get another Lease of kube-system", func() error {
 			_, err := client.CoordinationV1().Leases("kube-system").Get(ctx, "kube-controller-manager", metav1.GetOptions{})

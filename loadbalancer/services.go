@@ -1,0 +1,229 @@
+package loadbalancer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+
+	"github.com/metalvip/metalvip/internal/annotation"
+	"github.com/metalvip/metalvip/loadbalancer/desired"
+)
+
+// Finalizers that keep a Service until its addresses are given back: the framework's usual one
+// for class-less Services (so Services it served before keep theirs), metalvip's own for
+// Services of its class (another implementation's service controller would take the
+// framework's one off a classed Service it is deleting).
+const (
+	Finalizer      = "service.kubernetes.io/load-balancer-cleanup"
+	ClassFinalizer = "metalvip.io/load-balancer-cleanup"
+)
+
+// ServiceController serves every Service metalvip serves, in place of the framework's service
+// controller: class-less ones (unless the cloud-config leaves them to another implementation)
+// and those of metalvip's loadBalancerClass. A new Service costs two writes to it: one
+// metadata patch (the finalizer and the allocation record together) and the status; the
+// framework's costs a finalizer patch, two Events and, for the record, a patch that makes it
+// sync the Service again. Services of any other class are never touched.
+type ServiceController struct {
+	client kubernetes.Interface
+	allocs *Allocations
+	serves desired.Serves
+
+	services corelisters.ServiceLister
+	synced   cache.InformerSynced
+	queue    workqueue.TypedRateLimitingInterface[string]
+}
+
+// NewServiceController returns the controller; Register and Run make it work.
+func NewServiceController(client kubernetes.Interface, allocs *Allocations, serves desired.Serves) *ServiceController {
+	return &ServiceController{
+		client: client, allocs: allocs, serves: serves,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "metalvip-services"}),
+	}
+}
+
+// Register adds the Service informer's handlers (the caller starts the factory).
+func (c *ServiceController) Register(factory informers.SharedInformerFactory) {
+	inf := factory.Core().V1().Services()
+	c.services, c.synced = inf.Lister(), inf.Informer().HasSynced
+	enqueue := func(o any) {
+		if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+			o = d.Obj
+		}
+		s, ok := o.(*v1.Service)
+		if !ok || !(c.serves.Ours(s) || c.hasFinalizer(s)) {
+			return
+		}
+		c.queue.Add(desired.Key(s))
+	}
+	_, _ = inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: enqueue,
+		UpdateFunc: func(o, n any) {
+			os, ok1 := o.(*v1.Service)
+			ns, ok2 := n.(*v1.Service)
+			if ok1 && ok2 && !needsSync(os, ns) {
+				return // its own status or record written back, or a change nothing depends on
+			}
+			enqueue(n)
+		},
+		DeleteFunc: enqueue,
+	})
+}
+
+// needsSync reports whether a Service's change can change what it is given.
+func needsSync(o, n *v1.Service) bool {
+	return !equality.Semantic.DeepEqual(o.Spec, n.Spec) || !equality.Semantic.DeepEqual(o.Annotations, n.Annotations) ||
+		!equality.Semantic.DeepEqual(o.Labels, n.Labels) || o.DeletionTimestamp != n.DeletionTimestamp ||
+		!equality.Semantic.DeepEqual(o.Status.LoadBalancer, n.Status.LoadBalancer) || !slices.Equal(o.Finalizers, n.Finalizers)
+}
+
+func (c *ServiceController) hasFinalizer(s *v1.Service) bool {
+	return slices.Contains(s.Finalizers, Finalizer) || slices.Contains(s.Finalizers, ClassFinalizer)
+}
+
+// Run works until ctx ends, with workers syncing Services at once.
+func (c *ServiceController) Run(ctx context.Context, workers int) {
+	go func() { <-ctx.Done(); c.queue.ShutDown() }()
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced) {
+		return
+	}
+	klog.InfoS("Serving Services of type LoadBalancer", "classless", c.serves.Classless, "loadBalancerClass", c.serves.Class, "workers", workers)
+	done := make(chan struct{})
+	for range workers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for c.next(ctx) {
+			}
+		}()
+	}
+	for range workers {
+		<-done
+	}
+}
+
+func (c *ServiceController) next(ctx context.Context) bool {
+	key, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(key)
+	err := c.sync(ctx, key)
+	var retry *RetryError
+	switch {
+	case err == nil:
+		c.queue.Forget(key)
+	case errors.As(err, &retry):
+		c.queue.Forget(key)
+		c.queue.AddAfter(key, retry.After)
+	case ctx.Err() != nil:
+	default:
+		klog.V(2).InfoS("Syncing a Service failed; retrying", "service", key, "err", err)
+		c.queue.AddRateLimited(key)
+	}
+	return true
+}
+
+func (c *ServiceController) sync(ctx context.Context, key string) error {
+	ns, name, _ := strings.Cut(key, "/")
+	svc, err := c.services.Services(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil // the allocator frees what a deleted Service held
+	}
+	if err != nil {
+		return err
+	}
+	if svc.DeletionTimestamp != nil || !c.serves.Ours(svc) {
+		return c.cleanup(ctx, svc)
+	}
+	al, err := c.allocs.Assign(ctx, svc)
+	if err != nil {
+		return err
+	}
+	klog.V(2).InfoS("Service served", "service", key, "addresses", annotation.FormatIPs(al.IPs), "pool", al.Pool)
+	fin := Finalizer
+	if c.serves.Classed(svc) {
+		fin = ClassFinalizer
+	}
+	// The record comes with the finalizer, before the status: after a restart a record that
+	// differs from the status shows a Service being moved, and an address is never shown for a
+	// Service that could vanish without giving it back.
+	if !slices.Contains(svc.Finalizers, fin) || !Recorded(svc, al) {
+		meta := map[string]any{"resourceVersion": svc.ResourceVersion,
+			"annotations": map[string]any{string(annotation.AllocatedPool): al.Pool, string(annotation.AllocatedIPs): annotation.FormatIPs(al.IPs)}}
+		if !slices.Contains(svc.Finalizers, fin) {
+			meta["finalizers"] = append(slices.Clone(svc.Finalizers), fin)
+		}
+		if _, err := c.patch(ctx, svc, map[string]any{"metadata": meta}, ""); err != nil {
+			return err
+		}
+	}
+	st := StatusOf(al)
+	if equality.Semantic.DeepEqual(svc.Status.LoadBalancer.Ingress, st.Ingress) {
+		return nil
+	}
+	_, err = c.patch(ctx, svc, map[string]any{"status": map[string]any{"loadBalancer": st}}, "status")
+	return err
+}
+
+// cleanup gives a Service's addresses back when it is being deleted or no longer ours: the
+// status emptied, then the record and the finalizers gone in one patch.
+func (c *ServiceController) cleanup(ctx context.Context, svc *v1.Service) error {
+	if !c.hasFinalizer(svc) {
+		return nil
+	}
+	if err := c.allocs.Withdraw(ctx, svc); err != nil {
+		return err
+	}
+	rv := svc.ResourceVersion
+	if len(svc.Status.LoadBalancer.Ingress) > 0 {
+		got, err := c.patch(ctx, svc, map[string]any{"status": map[string]any{"loadBalancer": v1.LoadBalancerStatus{}}}, "status")
+		if err != nil || got == nil {
+			return err
+		}
+		rv = got.ResourceVersion
+	}
+	keep := slices.DeleteFunc(slices.Clone(svc.Finalizers), func(f string) bool { return f == Finalizer || f == ClassFinalizer })
+	meta := map[string]any{"resourceVersion": rv, "finalizers": keep}
+	if svc.DeletionTimestamp == nil {
+		meta["annotations"] = map[string]any{string(annotation.AllocatedPool): nil, string(annotation.AllocatedIPs): nil}
+	}
+	_, err := c.patch(ctx, svc, map[string]any{"metadata": meta}, "")
+	return err
+}
+
+// patch writes a merge patch to the Service (or its status); a Service gone is no error.
+func (c *ServiceController) patch(ctx context.Context, svc *v1.Service, body map[string]any, sub string) (*v1.Service, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	var subs []string
+	what := "the record and finalizer"
+	if sub != "" {
+		subs, what = []string{sub}, "the status"
+	}
+	got, err := c.client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, types.MergePatchType, b, metav1.PatchOptions{}, subs...)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("write %s of %s: %w", what, desired.Key(svc), err)
+	}
+	return got, nil
+}
