@@ -24,6 +24,10 @@ TEST_FLAGS ?= -count=1 -timeout 40m
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+.PHONY: version
+version: ## Print the version and commit that make links into the binaries.
+	@echo $(VERSION) $(COMMIT)
+
 .PHONY: build
 build: ## Build the binaries into bin/.
 	@mkdir -p bin

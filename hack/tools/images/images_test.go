@@ -40,11 +40,19 @@ func TestReleasePushesAndPullsByDigest(t *testing.T) {
 	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer reg.Close()
 	repo := strings.TrimPrefix(reg.URL, "http://") + "/metalvip-test"
-	const version = "v9.8.7-test"
-	const commit = "0123456789abcdef0123456789abcdef01234567"
+	// The build's identity as make links it (not overridden, so that _output/images stays the
+	// build `make images` makes).
+	ident, err := exec.Command("make", "-s", "-C", repoRoot, "version").Output()
+	if err != nil {
+		t.Fatalf("make version: %v", err)
+	}
+	version, commit, ok := strings.Cut(strings.TrimSpace(string(ident)), " ")
+	if !ok || version == "" || len(commit) < 7 {
+		t.Fatalf("make version printed %q", ident)
+	}
 
 	start := time.Now()
-	cmd := exec.Command("make", "release", "REGISTRY="+repo, "VERSION="+version, "COMMIT="+commit)
+	cmd := exec.Command("make", "release", "REGISTRY="+repo)
 	cmd.Dir = repoRoot
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("make release: %v\n%s", err, out)
