@@ -10,6 +10,7 @@ packages=(
   iputils-ping  # reachability checks in the lab
   arping        # ARP probes from the lab's client
   tcpdump       # packet captures when a lab test fails
+  nftables      # partitions in the lab (the control-plane e2e)
 )
 
 missing=()

@@ -672,10 +672,15 @@ func (a *Announcer) groupEvents(g string) {
 	}
 }
 
-// tookOverEvent turns an agent's take-over into an Event on the Services of the VIP.
+// tookOverEvent turns an agent's take-over into an Event on the Services of the VIP, when it
+// is a failover: the planned first candidate beginning to answer a new VIP says nothing the
+// Announced condition does not (and would cost a write per Service).
 func (a *Announcer) tookOverEvent(t tookOver) {
 	vip, err := netip.ParseAddr(t.ev.GetVip())
 	if err != nil {
+		return
+	}
+	if e, ok := a.loop.planner.Entry(vip); ok && (e.Mode != planner.L2 || e.Primary() == t.node || a.loop.vipPool[vip] != nil && a.loop.vipPool[vip].Announce.PerClient) {
 		return
 	}
 	for _, k := range a.loop.vipSvcs[vip] {

@@ -86,11 +86,32 @@ func (c *ServiceController) Register(factory informers.SharedInformerFactory) {
 	})
 }
 
-// needsSync reports whether a Service's change can change what it is given.
+// needsSync reports whether a Service's change can change what it is given. The record and
+// finalizer this controller writes itself are not a change: the sync that wrote them goes on
+// to the status, and a second one, racing it with a cache that lacks the status yet, would
+// write it twice.
 func needsSync(o, n *v1.Service) bool {
-	return !equality.Semantic.DeepEqual(o.Spec, n.Spec) || !equality.Semantic.DeepEqual(o.Annotations, n.Annotations) ||
-		!equality.Semantic.DeepEqual(o.Labels, n.Labels) || o.DeletionTimestamp != n.DeletionTimestamp ||
-		!equality.Semantic.DeepEqual(o.Status.LoadBalancer, n.Status.LoadBalancer) || !slices.Equal(o.Finalizers, n.Finalizers)
+	return !equality.Semantic.DeepEqual(o.Spec, n.Spec) || !sameAnnotations(o.Annotations, n.Annotations) ||
+		!equality.Semantic.DeepEqual(o.Labels, n.Labels) || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) ||
+		!equality.Semantic.DeepEqual(o.Status.LoadBalancer, n.Status.LoadBalancer) || !slices.Equal(othersFinalizers(o), othersFinalizers(n))
+}
+
+func sameAnnotations(a, b map[string]string) bool {
+	for k, v := range a {
+		if k != string(annotation.AllocatedPool) && k != string(annotation.AllocatedIPs) && b[k] != v {
+			return false
+		}
+	}
+	for k, v := range b {
+		if k != string(annotation.AllocatedPool) && k != string(annotation.AllocatedIPs) && a[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func othersFinalizers(s *v1.Service) []string {
+	return slices.DeleteFunc(slices.Clone(s.Finalizers), func(f string) bool { return f == Finalizer || f == ClassFinalizer })
 }
 
 func (c *ServiceController) hasFinalizer(s *v1.Service) bool {

@@ -3,11 +3,14 @@
 // that put it on the wire (l2 for ARP/NDP, bgp for BGP) and the heartbeat exchange (failover).
 // It decides which of the L2 VIPs it answers for from the ranked candidates it is given
 // (ownership.go), and which items of a state it takes: an invalid announcement or BGP peer is
-// refused alone, with the reason, and the rest applied (validate.go). It holds no Kubernetes
-// credentials, decides nothing about which VIPs exist, and never returns a secret.
+// refused alone, with the reason, and the rest applied (validate.go). With a local file it also
+// serves the control-plane VIP in front of the kube-apiservers (standalone.go), a second source
+// kept apart from the CCM's state. It holds no Kubernetes credentials, decides nothing about
+// which Service VIPs exist, and never returns a secret.
 package nodeagent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -69,6 +72,9 @@ type Options struct {
 	// HeartbeatKeyLifetime is how old the heartbeat key may grow before a new one is made
 	// (see failover.Identity.Rotate); 0 means never by age.
 	HeartbeatKeyLifetime time.Duration
+	// ControlPlane is the second source of desired state, the control-plane VIP from a local
+	// file (standalone.go); nil for none. The agent starts it and closes it.
+	ControlPlane *ControlPlane
 }
 
 // Liveness is the seam to the heartbeat exchange.
@@ -126,6 +132,9 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 	if opts.NewLiveness == nil {
 		opts.NewLiveness = func(c failover.Config) (Liveness, error) { return failover.New(c) }
 	}
+	if cp := opts.ControlPlane; cp != nil && cp.Node() != opts.Node {
+		return nil, fmt.Errorf("the control-plane file is for node %q; this agent is %q", cp.Node(), opts.Node)
+	}
 	a := &Agent{
 		opts:     opts,
 		views:    map[netip.Addr]*agentv1.AnnouncedVIP{},
@@ -149,7 +158,7 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 	if st, problem := a.restore(); st != nil {
 		a.applyMu.Lock()
 		a.mu.Lock()
-		a.state, a.checked, a.restored = st, checkItems(st), true
+		a.state, a.checked, a.restored = st, a.checkState(st), true
 		a.applyLocked(ctx)
 		a.mu.Unlock()
 		a.applyMu.Unlock()
@@ -161,6 +170,12 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 		a.startProblems = append(a.startProblems, problem)
 	}
 	go a.retryLoop()
+	if cp := opts.ControlPlane; cp != nil {
+		if err := cp.start(a.controlPlaneChanged, a.emit); err != nil {
+			_ = a.Close(ctx)
+			return nil, err
+		}
+	}
 	return a, nil
 }
 
@@ -233,7 +248,7 @@ func (a *Agent) Apply(ctx context.Context, req *agentv1.ApplyRequest) (*agentv1.
 	changed := cur == nil || !sameContent(cur, st)
 	a.state, a.restored, a.startProblems = proto.Clone(st).(*agentv1.DesiredState), false, nil
 	if changed {
-		a.checked = checkItems(a.state)
+		a.checked = a.checkState(a.state)
 		a.applyLocked(ctx)
 	}
 	klog.V(2).InfoS("Applied state", "term", st.GetTerm(), "generation", st.GetGeneration(), "changed", changed,
@@ -309,13 +324,15 @@ func (a *Agent) applyLocked(ctx context.Context) {
 			})
 		}
 	}
+	cp := a.controlPlaneWire()
+	vips, routes = append(vips, cp.l2...), append(routes, cp.routes...)
 	if a.opts.L2 != nil {
 		a.opts.L2.SetRefresh(time.Duration(st.GetL2().GetGratuitousRefreshSeconds()) * time.Second)
 		if err := a.opts.L2.Set(vips); err != nil {
 			problems = append(problems, "L2: "+err.Error())
 		}
 	}
-	problems = append(problems, a.applyBGPLocked(ctx, st, routes)...)
+	problems = append(problems, a.applyBGPLocked(ctx, st, routes, cp)...)
 
 	a.emitChanges(views)
 	a.views, a.problems = views, problems
@@ -391,6 +408,7 @@ func (a *Agent) livenessChanged() {
 			vips = append(vips, l)
 		}
 	}
+	vips = append(vips, a.controlPlaneWire().l2...)
 	if a.opts.L2 != nil {
 		if err := a.opts.L2.Set(vips); err != nil {
 			klog.ErrorS(err, "L2 after a liveness change")
@@ -500,18 +518,20 @@ func addCounters(x, y failover.Counters) failover.Counters {
 
 // applyBGPLocked gives the speaker the valid peers and the routes, and returns what it could
 // not do. A peer gobgp refuses costs only that peer's session: the routes are set all the
-// same. The caller holds mu.
-func (a *Agent) applyBGPLocked(ctx context.Context, st *agentv1.DesiredState, routes []bgp.Route) []string {
-	peers := a.checked.peers
+// same. The control-plane file's peers join the CCM's (cp). The caller holds mu.
+func (a *Agent) applyBGPLocked(ctx context.Context, st *agentv1.DesiredState, routes []bgp.Route, cp cpWire) []string {
+	peers, problems := mergePeers(a.checked.peers, cp.peers)
 	if len(peers) == 0 && len(routes) == 0 && a.bgp == nil {
 		return nil
 	}
-	cfg := bgp.Config{ASN: st.GetBgp().GetAsn(), RouterID: a.opts.RouterID, ListenPort: -1}
+	cfg := bgp.Config{ASN: cmp.Or(st.GetBgp().GetAsn(), cp.asn), RouterID: a.opts.RouterID, ListenPort: -1}
 	if cfg.ASN == 0 && len(peers) > 0 {
 		cfg.ASN = peers[0].LocalASN // every valid peer has one when the state gives no default
 	}
 	if id := st.GetBgp().GetRouterId(); id != "" {
 		cfg.RouterID, _ = netip.ParseAddr(id)
+	} else if cp.routerID.IsValid() {
+		cfg.RouterID = cp.routerID
 	}
 	if a.bgp != nil && (a.bgpCfg.ASN != cfg.ASN || a.bgpCfg.RouterID != cfg.RouterID) && cfg.ASN != 0 {
 		// Global settings cannot change under a running server: restart it.
@@ -520,19 +540,18 @@ func (a *Agent) applyBGPLocked(ctx context.Context, st *agentv1.DesiredState, ro
 	}
 	if a.bgp == nil {
 		if a.opts.NewBGP == nil {
-			return []string{"BGP: this agent has no BGP speaker"}
+			return append(problems, "BGP: this agent has no BGP speaker")
 		}
 		if cfg.ASN == 0 {
-			return []string{"BGP: bgp.asn is not set and no peer gives a local ASN: nothing to speak BGP as"}
+			return append(problems, "BGP: bgp.asn is not set and no peer gives a local ASN: nothing to speak BGP as")
 		}
 		s, err := a.opts.NewBGP(ctx, cfg)
 		if err != nil {
-			return []string{fmt.Sprintf("BGP: start the speaker: %v", err)}
+			return append(problems, fmt.Sprintf("BGP: start the speaker: %v", err))
 		}
 		s.OnSessionChange(a.sessionChanged)
 		a.bgp, a.bgpCfg = s, cfg
 	}
-	var problems []string
 	if err := a.bgp.SetPeers(ctx, peers); err != nil {
 		problems = append(problems, "BGP peers: "+err.Error())
 	}
@@ -563,6 +582,9 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 		Problems:            a.problemsLocked(),
 		Refused:             cloneRefusals(a.checked.refused),
 		HeartbeatPublicKeys: a.identity.PublicKeys(),
+	}
+	if a.opts.ControlPlane != nil {
+		resp.ControlPlane = a.opts.ControlPlane.status()
 	}
 	if a.state != nil {
 		resp.State = withoutSecrets(a.state)
@@ -695,7 +717,7 @@ func (a *Agent) retryLoop() {
 		case <-t.C:
 			a.applyMu.Lock()
 			a.mu.Lock()
-			if a.state != nil && len(a.problems) > 0 {
+			if (a.state != nil || a.opts.ControlPlane != nil) && len(a.problems) > 0 {
 				ctx, cancel := context.WithTimeout(context.Background(), a.opts.RetryInterval)
 				a.applyLocked(ctx)
 				cancel()
@@ -741,6 +763,9 @@ func (a *Agent) Close(ctx context.Context) error {
 	}
 	close(a.stop)
 	<-a.done
+	if a.opts.ControlPlane != nil {
+		a.opts.ControlPlane.close() // its heartbeats' callbacks take applyMu and mu
+	}
 	// The monitor's callback takes mu: stop it before taking mu.
 	a.mu.Lock()
 	live := a.live

@@ -74,7 +74,8 @@ type checkedState struct {
 	peers         []bgp.Peer
 	hbPeers       map[string]failover.Peer // by node: keys and address of every heartbeat peer
 	refused       []*agentv1.Refusal
-	problems      []string // items that are the CCM's own (heartbeat peers), left out
+	problems      []string   // items that are the CCM's own (heartbeat peers), left out
+	reserved      netip.Addr // the control-plane VIP announcements were refused for (standalone.go)
 }
 
 // checkItems checks every announcement and BGP peer on its own.

@@ -1,10 +1,15 @@
 // Command metalvip-agent runs on every node (a DaemonSet with hostNetwork). It takes its node's
 // desired state from metalvip-cloud-controller-manager over mutually authenticated gRPC and
 // announces VIPs by ARP/NDP and BGP. It holds no Kubernetes credentials.
+//
+// With --control-plane-config it also serves the control-plane VIP in front of the
+// kube-apiservers from a local file (a static pod on each control-plane node, see
+// docs/control-plane.md); without TLS flags it then serves no gRPC at all (no CCM).
 package main
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -37,6 +42,8 @@ type flags struct {
 	routerID                  string
 	refresh, shutdownTimeout  time.Duration
 	keyLifetime               time.Duration
+	controlPlane              string
+	printKey                  bool
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -54,6 +61,8 @@ func parseFlags(args []string) (*flags, error) {
 	fs.DurationVar(&f.refresh, "gratuitous-refresh", 30*time.Second, "how often owned L2 VIPs are announced again (keep under the switches' FDB ageing)")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 5*time.Second, "how long a SIGTERM may take to withdraw routes and close sessions")
 	fs.DurationVar(&f.keyLifetime, "heartbeat-key-lifetime", 30*24*time.Hour, "how old this node's heartbeat key may grow before a new one replaces it, without a failover (0: never by age; SIGHUP rotates at once)")
+	fs.StringVar(&f.controlPlane, "control-plane-config", "", "local file of the control-plane VIP (standalone mode, docs/control-plane.md); read again when it changes")
+	fs.BoolVar(&f.printKey, "print-heartbeat-key", false, "print this node's control-plane heartbeat public key (made in --state-dir if there is none) for the control-plane file, and exit")
 	klog.InitFlags(fs)
 	fs.BoolFunc("version", "print the version and exit", func(string) error { fmt.Println(version.String("metalvip-agent")); os.Exit(0); return nil })
 	if err := fs.Parse(args); err != nil {
@@ -62,13 +71,18 @@ func parseFlags(args []string) (*flags, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if f.node == "" {
+	if f.printKey {
+		return f, nil
+	}
+	if f.node == "" && f.controlPlane == "" {
 		return nil, errors.New("--node-name (or $NODE_NAME) is required")
 	}
 	tlsGiven := f.caFile != "" || f.certFile != "" || f.keyFile != ""
 	switch {
 	case f.insecure && tlsGiven:
 		return nil, errors.New("--insecure turns TLS off; remove it or the --tls-* flags")
+	case f.controlPlane != "" && !f.insecure && !tlsGiven:
+		// Standalone: the control-plane VIP alone, no gRPC service.
 	case !f.insecure && (f.caFile == "" || f.certFile == "" || f.keyFile == ""):
 		return nil, errors.New("--tls-ca, --tls-cert and --tls-key are required (see docs/agent-tls.md), or --insecure for a lab")
 	}
@@ -98,6 +112,15 @@ func main() {
 		fmt.Fprintf(os.Stderr, "metalvip-agent: %v\n", err)
 		os.Exit(2)
 	}
+	if f.printKey {
+		key, err := nodeagent.ControlPlaneKey(f.stateDir)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "metalvip-agent: %v\n", err)
+			os.Exit(1)
+		}
+		fmt.Println(base64.StdEncoding.EncodeToString(key))
+		os.Exit(0)
+	}
 	if err := run(f); err != nil {
 		klog.ErrorS(err, "metalvip-agent stopped")
 		klog.Flush()
@@ -118,15 +141,36 @@ func run(f *flags) error {
 	if err != nil {
 		return err
 	}
+	var cp *nodeagent.ControlPlane
+	if f.controlPlane != "" {
+		cp, err = nodeagent.NewControlPlane(nodeagent.ControlPlaneOptions{File: f.controlPlane, StateDir: f.stateDir, Interfaces: ifaces})
+		if err != nil {
+			return err
+		}
+		if node := cp.Node(); f.node == "" {
+			f.node = node
+		} else if f.node != node {
+			return fmt.Errorf("--node-name is %q but %s is for node %q", f.node, f.controlPlane, node)
+		}
+	}
 	speaker := l2.New(l2.Options{Refresh: f.refresh})
 	agent, err := nodeagent.New(ctx, nodeagent.Options{
 		Node: f.node, StateDir: f.stateDir, Interfaces: ifaces, RouterID: routerID, L2: speaker,
 		NewBGP:               func(ctx context.Context, cfg bgp.Config) (nodeagent.BGP, error) { return bgp.New(ctx, cfg) },
 		HeartbeatKeyLifetime: f.keyLifetime,
+		ControlPlane:         cp,
 	})
 	if err != nil {
 		speaker.Close()
 		return err
+	}
+	if f.controlPlane != "" && !f.insecure && f.caFile == "" {
+		klog.InfoS("metalvip-agent serving the control-plane VIP alone (no TLS flags: no gRPC service, no CCM)", "node", f.node, "interfaces", ifaces)
+		<-ctx.Done()
+		klog.InfoS("Shutting down: withdrawing routes and closing sessions")
+		sctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
+		defer cancel()
+		return agent.Close(sctx)
 	}
 
 	var creds credentials.TransportCredentials

@@ -1,6 +1,7 @@
 // Command metalvipctl is metalvip's command-line tool: it creates the TLS material of the
 // CCM and the agents (certs), shows what metalvip does (status) and what one node's agent
-// announces (agent), and converts MetalLB's configuration (migrate metallb).
+// announces (agent), converts MetalLB's configuration (migrate metallb), and writes the
+// control-plane VIP's files for kubeadm HA (controlplane).
 package main
 
 import (
@@ -21,7 +22,7 @@ func main() {
 		Version:       version.String("metalvipctl"),
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
-	root.AddCommand(certsCommand(), statusCommand(), agentCommand(), migrateCommand())
+	root.AddCommand(certsCommand(), statusCommand(), agentCommand(), migrateCommand(), controlPlaneCommand())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "metalvipctl: %v\n", err)
 		os.Exit(1)

@@ -183,7 +183,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21, 0}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{22, 0}
 }
 
 // DesiredState is everything one node should do.
@@ -1207,7 +1207,11 @@ type GetStateResponse struct {
 	// refused lists the items of the held state that were refused (see ApplyResponse).
 	Refused []*Refusal `protobuf:"bytes,11,rep,name=refused,proto3" json:"refused,omitempty"`
 	// heartbeats counts this node's heartbeats since the agent started.
-	Heartbeats    *HeartbeatCounters `protobuf:"bytes,12,opt,name=heartbeats,proto3" json:"heartbeats,omitempty"`
+	Heartbeats *HeartbeatCounters `protobuf:"bytes,12,opt,name=heartbeats,proto3" json:"heartbeats,omitempty"`
+	// control_plane is the control-plane VIP this agent serves from its local file (standalone
+	// mode, `metalvip-agent --control-plane-config`), apart from the CCM's state: it is never in
+	// state, announced or refused, and no Apply changes it. Unset without a local file.
+	ControlPlane  *ControlPlaneStatus `protobuf:"bytes,13,opt,name=control_plane,json=controlPlane,proto3" json:"control_plane,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1326,6 +1330,135 @@ func (x *GetStateResponse) GetHeartbeats() *HeartbeatCounters {
 	return nil
 }
 
+func (x *GetStateResponse) GetControlPlane() *ControlPlaneStatus {
+	if x != nil {
+		return x.ControlPlane
+	}
+	return nil
+}
+
+// ControlPlaneStatus is the control-plane VIP (kubeadm's --control-plane-endpoint) as this
+// node handles it: from the local file, held only while the local kube-apiserver is ready and,
+// in L2 mode, while this node sees a majority of the control-plane nodes.
+type ControlPlaneStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// config_file is the local file the VIP comes from.
+	ConfigFile string `protobuf:"bytes,1,opt,name=config_file,json=configFile,proto3" json:"config_file,omitempty"`
+	// vip is the VIP as this node handles it now (active, and why).
+	Vip *AnnouncedVIP `protobuf:"bytes,2,opt,name=vip,proto3" json:"vip,omitempty"`
+	// api_server_ready: the local kube-apiserver's /readyz answered ok enough times in a row.
+	ApiServerReady bool `protobuf:"varint,3,opt,name=api_server_ready,json=apiServerReady,proto3" json:"api_server_ready,omitempty"`
+	// api_server_detail is the last /readyz result, e.g. "ok" or "connection refused".
+	ApiServerDetail string `protobuf:"bytes,4,opt,name=api_server_detail,json=apiServerDetail,proto3" json:"api_server_detail,omitempty"`
+	// nodes are the control-plane nodes in rank order, this one among them.
+	Nodes []string `protobuf:"bytes,5,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// seen are the other control-plane nodes whose heartbeats show they see this one (L2).
+	Seen []string `protobuf:"bytes,6,rep,name=seen,proto3" json:"seen,omitempty"`
+	// majority is how many control-plane nodes, this one included, must see each other for
+	// this node to hold the VIP (L2); 0 in BGP mode, where every ready node advertises.
+	Majority uint32 `protobuf:"varint,7,opt,name=majority,proto3" json:"majority,omitempty"`
+	// bootstrap says the node still holds the VIP by the first node's bootstrap setting: before
+	// its kube-apiserver was ever ready, or before it ever saw a majority.
+	Bootstrap bool `protobuf:"varint,8,opt,name=bootstrap,proto3" json:"bootstrap,omitempty"`
+	// problems lists what the agent could not do, e.g. a changed file it refused.
+	Problems      []string `protobuf:"bytes,9,rep,name=problems,proto3" json:"problems,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ControlPlaneStatus) Reset() {
+	*x = ControlPlaneStatus{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ControlPlaneStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ControlPlaneStatus) ProtoMessage() {}
+
+func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
+func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ControlPlaneStatus) GetConfigFile() string {
+	if x != nil {
+		return x.ConfigFile
+	}
+	return ""
+}
+
+func (x *ControlPlaneStatus) GetVip() *AnnouncedVIP {
+	if x != nil {
+		return x.Vip
+	}
+	return nil
+}
+
+func (x *ControlPlaneStatus) GetApiServerReady() bool {
+	if x != nil {
+		return x.ApiServerReady
+	}
+	return false
+}
+
+func (x *ControlPlaneStatus) GetApiServerDetail() string {
+	if x != nil {
+		return x.ApiServerDetail
+	}
+	return ""
+}
+
+func (x *ControlPlaneStatus) GetNodes() []string {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *ControlPlaneStatus) GetSeen() []string {
+	if x != nil {
+		return x.Seen
+	}
+	return nil
+}
+
+func (x *ControlPlaneStatus) GetMajority() uint32 {
+	if x != nil {
+		return x.Majority
+	}
+	return 0
+}
+
+func (x *ControlPlaneStatus) GetBootstrap() bool {
+	if x != nil {
+		return x.Bootstrap
+	}
+	return false
+}
+
+func (x *ControlPlaneStatus) GetProblems() []string {
+	if x != nil {
+		return x.Problems
+	}
+	return nil
+}
+
 // HeartbeatCounters count the heartbeats of a node.
 type HeartbeatCounters struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1346,7 +1479,7 @@ type HeartbeatCounters struct {
 
 func (x *HeartbeatCounters) Reset() {
 	*x = HeartbeatCounters{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1358,7 +1491,7 @@ func (x *HeartbeatCounters) String() string {
 func (*HeartbeatCounters) ProtoMessage() {}
 
 func (x *HeartbeatCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1371,7 +1504,7 @@ func (x *HeartbeatCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatCounters.ProtoReflect.Descriptor instead.
 func (*HeartbeatCounters) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HeartbeatCounters) GetSent() uint64 {
@@ -1423,7 +1556,7 @@ type AnnouncedVIP struct {
 
 func (x *AnnouncedVIP) Reset() {
 	*x = AnnouncedVIP{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1568,7 @@ func (x *AnnouncedVIP) String() string {
 func (*AnnouncedVIP) ProtoMessage() {}
 
 func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1581,7 @@ func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnouncedVIP.ProtoReflect.Descriptor instead.
 func (*AnnouncedVIP) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AnnouncedVIP) GetVip() string {
@@ -1521,7 +1654,7 @@ type PeerStatus struct {
 
 func (x *PeerStatus) Reset() {
 	*x = PeerStatus{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1533,7 +1666,7 @@ func (x *PeerStatus) String() string {
 func (*PeerStatus) ProtoMessage() {}
 
 func (x *PeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1546,7 +1679,7 @@ func (x *PeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatus.ProtoReflect.Descriptor instead.
 func (*PeerStatus) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PeerStatus) GetAddress() string {
@@ -1602,7 +1735,7 @@ type L2Counters struct {
 
 func (x *L2Counters) Reset() {
 	*x = L2Counters{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +1747,7 @@ func (x *L2Counters) String() string {
 func (*L2Counters) ProtoMessage() {}
 
 func (x *L2Counters) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +1760,7 @@ func (x *L2Counters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Counters.ProtoReflect.Descriptor instead.
 func (*L2Counters) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *L2Counters) GetArpRequests() uint64 {
@@ -1687,7 +1820,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1699,7 +1832,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1712,7 +1845,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 type WatchResponse struct {
@@ -1724,7 +1857,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1869,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1882,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchResponse) GetEvent() *Event {
@@ -1774,7 +1907,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1786,7 +1919,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1799,7 +1932,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -1936,7 +2069,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11KIND_ANNOUNCEMENT\x10\x01\x12\x11\n" +
 	"\rKIND_BGP_PEER\x10\x02\"\x11\n" +
-	"\x0fGetStateRequest\"\x9c\x04\n" +
+	"\x0fGetStateRequest\"\xe8\x04\n" +
 	"\x10GetStateResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x1e\n" +
@@ -1954,7 +2087,19 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\arefused\x18\v \x03(\v2\x1a.metalvip.agent.v1.RefusalR\arefused\x12D\n" +
 	"\n" +
 	"heartbeats\x18\f \x01(\v2$.metalvip.agent.v1.HeartbeatCountersR\n" +
-	"heartbeats\"\xe8\x01\n" +
+	"heartbeats\x12J\n" +
+	"\rcontrol_plane\x18\r \x01(\v2%.metalvip.agent.v1.ControlPlaneStatusR\fcontrolPlane\"\xbe\x02\n" +
+	"\x12ControlPlaneStatus\x12\x1f\n" +
+	"\vconfig_file\x18\x01 \x01(\tR\n" +
+	"configFile\x121\n" +
+	"\x03vip\x18\x02 \x01(\v2\x1f.metalvip.agent.v1.AnnouncedVIPR\x03vip\x12(\n" +
+	"\x10api_server_ready\x18\x03 \x01(\bR\x0eapiServerReady\x12*\n" +
+	"\x11api_server_detail\x18\x04 \x01(\tR\x0fapiServerDetail\x12\x14\n" +
+	"\x05nodes\x18\x05 \x03(\tR\x05nodes\x12\x12\n" +
+	"\x04seen\x18\x06 \x03(\tR\x04seen\x12\x1a\n" +
+	"\bmajority\x18\a \x01(\rR\bmajority\x12\x1c\n" +
+	"\tbootstrap\x18\b \x01(\bR\tbootstrap\x12\x1a\n" +
+	"\bproblems\x18\t \x03(\tR\bproblems\"\xe8\x01\n" +
 	"\x11HeartbeatCounters\x12\x12\n" +
 	"\x04sent\x18\x01 \x01(\x04R\x04sent\x12\x1a\n" +
 	"\baccepted\x18\x02 \x01(\x04R\baccepted\x12\x1a\n" +
@@ -2034,34 +2179,35 @@ func file_metalvip_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_metalvip_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_metalvip_agent_v1_agent_proto_goTypes = []any{
-	(Mode)(0),                 // 0: metalvip.agent.v1.Mode
-	(Refusal_Kind)(0),         // 1: metalvip.agent.v1.Refusal.Kind
-	(Event_Kind)(0),           // 2: metalvip.agent.v1.Event.Kind
-	(*DesiredState)(nil),      // 3: metalvip.agent.v1.DesiredState
-	(*HeartbeatPeer)(nil),     // 4: metalvip.agent.v1.HeartbeatPeer
-	(*Announcement)(nil),      // 5: metalvip.agent.v1.Announcement
-	(*L2Announcement)(nil),    // 6: metalvip.agent.v1.L2Announcement
-	(*Candidate)(nil),         // 7: metalvip.agent.v1.Candidate
-	(*BGPAnnouncement)(nil),   // 8: metalvip.agent.v1.BGPAnnouncement
-	(*BGPPeer)(nil),           // 9: metalvip.agent.v1.BGPPeer
-	(*BFD)(nil),               // 10: metalvip.agent.v1.BFD
-	(*L2Options)(nil),         // 11: metalvip.agent.v1.L2Options
-	(*BGPOptions)(nil),        // 12: metalvip.agent.v1.BGPOptions
-	(*ApplyRequest)(nil),      // 13: metalvip.agent.v1.ApplyRequest
-	(*ApplyResponse)(nil),     // 14: metalvip.agent.v1.ApplyResponse
-	(*Refusal)(nil),           // 15: metalvip.agent.v1.Refusal
-	(*GetStateRequest)(nil),   // 16: metalvip.agent.v1.GetStateRequest
-	(*GetStateResponse)(nil),  // 17: metalvip.agent.v1.GetStateResponse
-	(*HeartbeatCounters)(nil), // 18: metalvip.agent.v1.HeartbeatCounters
-	(*AnnouncedVIP)(nil),      // 19: metalvip.agent.v1.AnnouncedVIP
-	(*PeerStatus)(nil),        // 20: metalvip.agent.v1.PeerStatus
-	(*L2Counters)(nil),        // 21: metalvip.agent.v1.L2Counters
-	(*WatchRequest)(nil),      // 22: metalvip.agent.v1.WatchRequest
-	(*WatchResponse)(nil),     // 23: metalvip.agent.v1.WatchResponse
-	(*Event)(nil),             // 24: metalvip.agent.v1.Event
-	nil,                       // 25: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	(Mode)(0),                  // 0: metalvip.agent.v1.Mode
+	(Refusal_Kind)(0),          // 1: metalvip.agent.v1.Refusal.Kind
+	(Event_Kind)(0),            // 2: metalvip.agent.v1.Event.Kind
+	(*DesiredState)(nil),       // 3: metalvip.agent.v1.DesiredState
+	(*HeartbeatPeer)(nil),      // 4: metalvip.agent.v1.HeartbeatPeer
+	(*Announcement)(nil),       // 5: metalvip.agent.v1.Announcement
+	(*L2Announcement)(nil),     // 6: metalvip.agent.v1.L2Announcement
+	(*Candidate)(nil),          // 7: metalvip.agent.v1.Candidate
+	(*BGPAnnouncement)(nil),    // 8: metalvip.agent.v1.BGPAnnouncement
+	(*BGPPeer)(nil),            // 9: metalvip.agent.v1.BGPPeer
+	(*BFD)(nil),                // 10: metalvip.agent.v1.BFD
+	(*L2Options)(nil),          // 11: metalvip.agent.v1.L2Options
+	(*BGPOptions)(nil),         // 12: metalvip.agent.v1.BGPOptions
+	(*ApplyRequest)(nil),       // 13: metalvip.agent.v1.ApplyRequest
+	(*ApplyResponse)(nil),      // 14: metalvip.agent.v1.ApplyResponse
+	(*Refusal)(nil),            // 15: metalvip.agent.v1.Refusal
+	(*GetStateRequest)(nil),    // 16: metalvip.agent.v1.GetStateRequest
+	(*GetStateResponse)(nil),   // 17: metalvip.agent.v1.GetStateResponse
+	(*ControlPlaneStatus)(nil), // 18: metalvip.agent.v1.ControlPlaneStatus
+	(*HeartbeatCounters)(nil),  // 19: metalvip.agent.v1.HeartbeatCounters
+	(*AnnouncedVIP)(nil),       // 20: metalvip.agent.v1.AnnouncedVIP
+	(*PeerStatus)(nil),         // 21: metalvip.agent.v1.PeerStatus
+	(*L2Counters)(nil),         // 22: metalvip.agent.v1.L2Counters
+	(*WatchRequest)(nil),       // 23: metalvip.agent.v1.WatchRequest
+	(*WatchResponse)(nil),      // 24: metalvip.agent.v1.WatchResponse
+	(*Event)(nil),              // 25: metalvip.agent.v1.Event
+	nil,                        // 26: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
 }
 var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
 	5,  // 0: metalvip.agent.v1.DesiredState.announcements:type_name -> metalvip.agent.v1.Announcement
@@ -2077,27 +2223,29 @@ var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
 	3,  // 10: metalvip.agent.v1.ApplyRequest.state:type_name -> metalvip.agent.v1.DesiredState
 	15, // 11: metalvip.agent.v1.ApplyResponse.refused:type_name -> metalvip.agent.v1.Refusal
 	1,  // 12: metalvip.agent.v1.Refusal.kind:type_name -> metalvip.agent.v1.Refusal.Kind
-	19, // 13: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
-	20, // 14: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
-	21, // 15: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
+	20, // 13: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
+	21, // 14: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
+	22, // 15: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
 	3,  // 16: metalvip.agent.v1.GetStateResponse.state:type_name -> metalvip.agent.v1.DesiredState
 	15, // 17: metalvip.agent.v1.GetStateResponse.refused:type_name -> metalvip.agent.v1.Refusal
-	18, // 18: metalvip.agent.v1.GetStateResponse.heartbeats:type_name -> metalvip.agent.v1.HeartbeatCounters
-	25, // 19: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
-	0,  // 20: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
-	24, // 21: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
-	2,  // 22: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
-	13, // 23: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
-	16, // 24: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
-	22, // 25: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
-	14, // 26: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
-	17, // 27: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
-	23, // 28: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
-	26, // [26:29] is the sub-list for method output_type
-	23, // [23:26] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	19, // 18: metalvip.agent.v1.GetStateResponse.heartbeats:type_name -> metalvip.agent.v1.HeartbeatCounters
+	18, // 19: metalvip.agent.v1.GetStateResponse.control_plane:type_name -> metalvip.agent.v1.ControlPlaneStatus
+	20, // 20: metalvip.agent.v1.ControlPlaneStatus.vip:type_name -> metalvip.agent.v1.AnnouncedVIP
+	26, // 21: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	0,  // 22: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
+	25, // 23: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
+	2,  // 24: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
+	13, // 25: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
+	16, // 26: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
+	23, // 27: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
+	14, // 28: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
+	17, // 29: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
+	24, // 30: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
+	28, // [28:31] is the sub-list for method output_type
+	25, // [25:28] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_metalvip_agent_v1_agent_proto_init() }
@@ -2111,7 +2259,7 @@ func file_metalvip_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_metalvip_agent_v1_agent_proto_rawDesc), len(file_metalvip_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
