@@ -6,14 +6,27 @@ SHELL := /usr/bin/env bash
 GO        ?= go
 TOOL      := $(GO) tool -modfile=hack/tools/go.mod
 VERSION   ?= $(shell git describe --tags --match 'v*' --dirty 2>/dev/null || echo v0.0.0-$$(git rev-parse --short HEAD 2>/dev/null || echo unknown))
-LDFLAGS   := -X k8s.io/component-base/version.gitVersion=$(VERSION)
+COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+# The one definition of a build's identity: `make build` and `make images` both link with it.
+# internal/version is what --version prints; component-base's is what the CCM's framework logs
+# and exports as kubernetes_build_info.
+LDFLAGS   := -X github.com/metalvip/metalvip/internal/version.version=$(VERSION) \
+             -X github.com/metalvip/metalvip/internal/version.commit=$(COMMIT) \
+             -X k8s.io/component-base/version.gitVersion=$(VERSION) \
+             -X k8s.io/component-base/version.gitCommit=$(COMMIT)
 BINARIES  := metalvip-cloud-controller-manager metalvip-agent metalvipctl
+# The release tools' own packages (module hack/tools), tested and linted with the rest.
+TOOLS_PACKAGES := ./images/ ./render/
 # Whole packages run in parallel; the e2e and lab packages bound their own times.
 TEST_FLAGS ?= -count=1 -timeout 40m
 
 .PHONY: help
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: version
+version: ## Print the version and commit that make links into the binaries.
+	@echo $(VERSION) $(COMMIT)
 
 .PHONY: build
 build: ## Build the binaries into bin/.
@@ -28,21 +41,55 @@ demo: deps ## The lab demonstration (as root): the whole system, a table of who 
 bench: deps ## Measure against the targets and write docs/benchmarks.md (as root; about 10 minutes).
 	$(GO) run ./test/bench
 
-IMAGE_TAG ?= v0.1.0
+# Images: a multi-architecture OCI image index per binary, packed without a container daemon
+# (hack/tools/images). The tag is the chart's appVersion, the one manifests/install.yaml names.
+IMAGE_REGISTRY ?= ghcr.io/metalvip
+IMAGE_TAG      ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' charts/metalvip/Chart.yaml)
+PLATFORMS      ?= linux/amd64 linux/arm64
+IMAGE_BINARIES := metalvip-cloud-controller-manager metalvip-agent
+HELM            = $$(hack/tool.sh helm)
+
 .PHONY: images
-images: ## Build the CCM and agent images as tarballs in _output/images (no container daemon needed).
-	@mkdir -p _output/images/bin
-	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags '$(LDFLAGS) -s -w' -o _output/images/bin/ ./cmd/metalvip-cloud-controller-manager ./cmd/metalvip-agent
-	cd hack/tools && $(GO) run ./images -bin ../../_output/images/bin -out ../../_output/images -version $(IMAGE_TAG) -revision $$(git rev-parse HEAD 2>/dev/null || echo unknown)
+images: ## Build the images: _output/images/oci (OCI layout, one index per binary) and _output/images/<os>-<arch>/*.tar.
+	@for p in $(PLATFORMS); do \
+	  echo "go build $$p"; \
+	  CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build -trimpath -ldflags '$(LDFLAGS) -s -w' \
+	    -o _output/images/bin/$${p%/*}_$${p#*/}/ $(addprefix ./cmd/,$(IMAGE_BINARIES)); \
+	done
+	cd hack/tools && $(GO) run ./images build -bin ../../_output/images/bin -out ../../_output/images \
+	  -platforms '$(PLATFORMS)' -repository $(IMAGE_REGISTRY) -tag $(IMAGE_TAG) -version $(VERSION) -revision $(COMMIT)
+
+.PHONY: release
+release: images ## Push the images to REGISTRY and write _output/release: install.yaml and chart values pinned by digest, the chart package.
+	@if [ -z "$(REGISTRY)" ]; then echo "make release REGISTRY=registry.example/metalvip [IMAGE_TAG=...] [VERSION=...]" >&2; exit 2; fi
+	@mkdir -p _output/release
+	cd hack/tools && $(GO) run ./images push -layout ../../_output/images/oci -registry $(REGISTRY) > ../../_output/release/images.txt
+	cd hack/tools && $(GO) run ./render -dir ../../manifests -images ../../_output/release/images.txt \
+	  -o ../../_output/release/install.yaml -values ../../_output/release/values.yaml
+	$(HELM) package charts/metalvip -d _output/release
+	@cat _output/release/images.txt
+
+.PHONY: chart
+chart: ## Lint the Helm chart and package it into _output/chart (helm built once into .cache/bin).
+	$(HELM) lint --strict charts/metalvip
+	$(HELM) package charts/metalvip -d _output/chart
 
 .PHONY: deps
 deps: ## Install what the tests need: Debian packages and the kube-apiserver build (idempotent).
 	hack/install-deps.sh
 	hack/kube-apiserver.sh
 
+.PHONY: test-deps
+test-deps: ## Build what the install tests use (helm, kubectl, kubeadm into .cache/bin; the images), before any test runs.
+	@for t in helm kubectl kubeadm; do hack/tool.sh $$t >/dev/null; done
+	$(MAKE) images
+
 .PHONY: test
-test: deps ## Run unit, integration and lab tests (lab tests need root).
+# test-deps first: building helm or arm64 binaries beside the lab's timing-sensitive tests would
+# compete with them for the CPU.
+test: deps test-deps ## Run unit, integration and lab tests (lab tests need root), and the release tools' tests.
 	$(GO) test $(TEST_FLAGS) ./...
+	cd hack/tools && $(GO) test $(TEST_FLAGS) $(TOOLS_PACKAGES)
 
 .PHONY: test-unit
 test-unit: ## Run only the tests that need neither root nor an API server.
@@ -53,6 +100,7 @@ lint: ## gofmt, go vet and staticcheck.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(TOOL) staticcheck ./...
+	cd hack/tools && $(GO) vet $(TOOLS_PACKAGES) && $(GO) tool staticcheck $(TOOLS_PACKAGES)
 
 .PHONY: generate
 generate: ## Regenerate deepcopy code, CRD manifests and the agent's protobuf code (lints the proto first).
@@ -60,7 +108,8 @@ generate: ## Regenerate deepcopy code, CRD manifests and the agent's protobuf co
 	$(TOOL) controller-gen crd:crdVersions=v1 paths=./api/... output:crd:artifacts:config=manifests/crds
 	cd proto && $(GO) tool -modfile=../hack/tools/go.mod buf lint
 	cd proto && $(GO) tool -modfile=../hack/tools/go.mod buf generate
-	$(GO) run ./hack/render manifests
+	cp manifests/crds/*.yaml charts/metalvip/crds/
+	cd hack/tools && $(GO) run ./render -dir ../../manifests -o ../../manifests/install.yaml
 
 .PHONY: verify-generate
 verify-generate: generate ## Fail if generated files are stale.

@@ -28,6 +28,7 @@ import (
 	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/internal/connlimit"
+	"github.com/metalvip/metalvip/internal/version"
 	"github.com/metalvip/metalvip/nodeagent"
 	"github.com/metalvip/metalvip/nodeagent/bgp"
 	"github.com/metalvip/metalvip/nodeagent/l2"
@@ -63,6 +64,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.controlPlane, "control-plane-config", "", "local file of the control-plane VIP (standalone mode, docs/control-plane.md); read again when it changes")
 	fs.BoolVar(&f.printKey, "print-heartbeat-key", false, "print this node's control-plane heartbeat public key (made in --state-dir if there is none) for the control-plane file, and exit")
 	klog.InitFlags(fs)
+	fs.BoolFunc("version", "print the version and exit", func(string) error { fmt.Println(version.String("metalvip-agent")); os.Exit(0); return nil })
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

@@ -20,7 +20,9 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics
 	_ "k8s.io/component-base/metrics/prometheus/version"  // version metric
 	"k8s.io/component-base/version/verflag"
+	"k8s.io/klog/v2"
 
+	"github.com/metalvip/metalvip/internal/version"
 	"github.com/metalvip/metalvip/provider"
 	providerconfig "github.com/metalvip/metalvip/provider/config"
 )
@@ -58,6 +60,14 @@ func newCommand() (*cobra.Command, error) {
 	opts.Generic.ClientConnection.Burst = defaultKubeAPIBurst
 	opts.ServiceController.ConcurrentServiceSyncs = defaultConcurrentServiceSyncs
 	opts.Generic.LeaderElection.ResourceName = "metalvip-cloud-controller-manager"
+	// Start while the API server is unreachable (a node cut off, a control plane restarting)
+	// and wait for it in leader election, instead of exiting at once because the
+	// front-proxy CA (extension-apiserver-authentication) could not be read: a pod that exits
+	// goes into CrashLoopBackOff and comes back minutes after the API server does. Without it,
+	// only front-proxy (request-header) authentication stays off for the process's life;
+	// tokens are still checked by TokenReview and client certificates by the cluster's CA,
+	// which is read again as soon as it can be.
+	opts.Authentication.TolerateInClusterLookupFailure = true
 
 	cmd := app.NewCloudControllerManagerCommand(opts, cloudInitializer, app.DefaultInitFuncConstructors,
 		names.CCMControllerAliases(), cliflag.NamedFlagSets{}, wait.NeverStop)
@@ -70,7 +80,14 @@ Settings of its own are in the --cloud-config file, documented in docs/cloud-con
 	// in it is reported first and alone.
 	run := cmd.RunE
 	cmd.RunE = func(c *cobra.Command, args []string) error {
+		// --version prints metalvip's build; --version=raw keeps the framework's Kubernetes
+		// version details.
+		if f := c.Flags().Lookup("version"); f != nil && f.Value.String() == "true" {
+			fmt.Fprintln(c.OutOrStdout(), version.String(cmd.Use))
+			return nil
+		}
 		verflag.PrintAndExitIfRequested()
+		klog.InfoS("Starting", "binary", cmd.Use, "version", version.Get().Version, "commit", version.Get().Commit)
 		cp := opts.KubeCloudShared.CloudProvider
 		if cp.Name != provider.ProviderName {
 			return fmt.Errorf("--cloud-provider=%q: this binary runs only the %q provider; leave the flag out or set it to %q", cp.Name, provider.ProviderName, provider.ProviderName)

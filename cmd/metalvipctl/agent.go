@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -31,6 +33,7 @@ func agentCommand() *cobra.Command {
 		kubeconfig, address, output string
 		port                        int
 		tlsFiles                    certs.Files
+		tlsSecret                   string
 		plaintext                   bool
 	)
 	cmd := &cobra.Command{
@@ -41,10 +44,12 @@ whether the node answers or advertises it and why, and for per-client L2 VIPs th
 its clients and how many of the clients seen this node answers; then its BGP sessions, its
 ARP/NDP counters and any problem.
 
-The agent accepts only the CCM's identity: give the CCM's certificate and key (the files
-"metalvipctl certs --out DIR" wrote, or the metalvip-ccm-tls Secret's). The agent's address is
-the node's InternalIP, read from the cluster (like kubectl: --kubeconfig, else $KUBECONFIG,
-else ~/.kube/config), unless --address gives it.`,
+The agent accepts only the CCM's identity. By default metalvipctl reads it from the CCM's
+Secret (--tls-secret, kube-system/metalvip-ccm-tls) through the kubeconfig, which takes the
+right to read that Secret; or give the files "metalvipctl certs --out DIR" wrote with
+--tls-ca, --tls-cert and --tls-key. The agent's address is the node's InternalIP, read from the
+cluster (like kubectl: --kubeconfig, else $KUBECONFIG, else ~/.kube/config), unless --address
+gives it.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			node := args[0]
@@ -56,17 +61,37 @@ else ~/.kube/config), unless --address gives it.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 			defer cancel()
-			addr, err := agentAddress(ctx, node, address, kubeconfig)
+			fromFiles := cmd.Flags().Changed("tls-ca") || cmd.Flags().Changed("tls-cert") || cmd.Flags().Changed("tls-key")
+			var client kubernetes.Interface
+			if address == "" || (!plaintext && !fromFiles) {
+				var err error
+				if client, err = kubeClient(kubeconfig); err != nil {
+					return err
+				}
+			}
+			addr, err := agentAddress(ctx, client, node, address)
 			if err != nil {
 				return err
 			}
 			var creds credentials.TransportCredentials
-			if plaintext {
+			switch {
+			case plaintext:
 				creds = insecure.NewCredentials()
-			} else {
+			case fromFiles:
 				cfg, err := certs.ClientConfig(tlsFiles, node)
 				if err != nil {
 					return fmt.Errorf("TLS (--tls-ca, --tls-cert, --tls-key): %w", err)
+				}
+				creds = credentials.NewTLS(cfg)
+			default:
+				files, cleanup, err := filesFromSecret(ctx, client, tlsSecret)
+				if err != nil {
+					return err
+				}
+				defer cleanup()
+				cfg, err := certs.ClientConfig(files, node)
+				if err != nil {
+					return fmt.Errorf("TLS from Secret %s: %w", tlsSecret, err)
 				}
 				creds = credentials.NewTLS(cfg)
 			}
@@ -95,32 +120,33 @@ else ~/.kube/config), unless --address gives it.`,
 	f.StringVar(&kubeconfig, "kubeconfig", "", "path of the kubeconfig, to find the node's address (default: $KUBECONFIG, else ~/.kube/config)")
 	f.StringVar(&address, "address", "", "the agent's IP address (default: the node's InternalIP)")
 	f.IntVar(&port, "port", config.DefaultAgentPort, "the agent's gRPC port")
-	f.StringVar(&tlsFiles.CA, "tls-ca", "ca.crt", "the CA certificate of metalvip's mutual TLS")
-	f.StringVar(&tlsFiles.Cert, "tls-cert", "ccm.crt", "the CCM's client certificate")
-	f.StringVar(&tlsFiles.Key, "tls-key", "ccm.key", "the CCM's client key")
+	f.StringVar(&tlsSecret, "tls-secret", "kube-system/metalvip-ccm-tls", "NAMESPACE/NAME of the CCM's TLS Secret, read through the kubeconfig unless the --tls-* files are given")
+	f.StringVar(&tlsFiles.CA, "tls-ca", "ca.crt", "the CA certificate of metalvip's mutual TLS (instead of --tls-secret)")
+	f.StringVar(&tlsFiles.Cert, "tls-cert", "ccm.crt", "the CCM's client certificate (instead of --tls-secret)")
+	f.StringVar(&tlsFiles.Key, "tls-key", "ccm.key", "the CCM's client key (instead of --tls-secret)")
 	f.BoolVar(&plaintext, "insecure", false, "talk plaintext, to an agent started with --insecure")
 	f.StringVarP(&output, "output", "o", "table", "table or json")
 	return cmd
 }
 
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig (or give --address and the --tls-* files): %w", err)
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
 // agentAddress is the address given, else the node's InternalIP from the cluster.
-func agentAddress(ctx context.Context, node, given, kubeconfig string) (netip.Addr, error) {
+func agentAddress(ctx context.Context, client kubernetes.Interface, node, given string) (netip.Addr, error) {
 	if given != "" {
 		a, err := netip.ParseAddr(given)
 		if err != nil {
 			return netip.Addr{}, fmt.Errorf("--address %q: not an IP address", given)
 		}
 		return a, nil
-	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("kubeconfig (or give --address): %w", err)
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return netip.Addr{}, err
 	}
 	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
@@ -134,6 +160,38 @@ func agentAddress(ctx context.Context, node, given, kubeconfig string) (netip.Ad
 		}
 	}
 	return netip.Addr{}, errors.New("node " + node + " has no InternalIP; give --address")
+}
+
+// filesFromSecret writes the CCM's TLS Secret (ca.crt, tls.crt, tls.key, as
+// `metalvipctl certs --manifests` makes it) into a private temporary folder for
+// certs.ClientConfig, the one place that builds the CCM's client TLS; cleanup removes it.
+func filesFromSecret(ctx context.Context, client kubernetes.Interface, ref string) (certs.Files, func(), error) {
+	ns, name, ok := strings.Cut(ref, "/")
+	if !ok || ns == "" || name == "" {
+		return certs.Files{}, nil, fmt.Errorf("--tls-secret %q: give NAMESPACE/NAME", ref)
+	}
+	sec, err := client.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return certs.Files{}, nil, fmt.Errorf("the CCM's TLS Secret %s: %w; give --tls-ca, --tls-cert and --tls-key (the files metalvipctl certs --out wrote) instead", ref, err)
+	}
+	dir, err := os.MkdirTemp("", "metalvipctl-tls-")
+	if err != nil {
+		return certs.Files{}, nil, err
+	}
+	cleanup := func() { _ = os.RemoveAll(dir) }
+	files := certs.Files{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key")}
+	for key, path := range map[string]string{"ca.crt": files.CA, "tls.crt": files.Cert, "tls.key": files.Key} {
+		data, ok := sec.Data[key]
+		if !ok || len(data) == 0 {
+			cleanup()
+			return certs.Files{}, nil, fmt.Errorf("the Secret %s has no %s (metalvipctl certs --manifests makes ca.crt, tls.crt and tls.key)", ref, key)
+		}
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			cleanup()
+			return certs.Files{}, nil, err
+		}
+	}
+	return files, cleanup, nil
 }
 
 func printAgent(out io.Writer, st *agentv1.GetStateResponse) {

@@ -9,6 +9,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/metalvip/metalvip/internal/version"
 )
 
 func main() {
@@ -17,7 +19,9 @@ func main() {
 		Short:         "metalvip's command-line tool",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version.String("metalvipctl"),
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.AddCommand(certsCommand(), statusCommand(), agentCommand(), migrateCommand(), controlPlaneCommand())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "metalvipctl: %v\n", err)

@@ -21,7 +21,7 @@ import (
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
-var ccmBinary string
+var ccmBinary, ctlBinary string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "metalvip-integration-")
@@ -29,6 +29,9 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	ccmBinary, err = testenv.GoBuild(dir, "./cmd/metalvip-cloud-controller-manager")
+	if err == nil {
+		ctlBinary, err = testenv.GoBuild(dir, "./cmd/metalvipctl")
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

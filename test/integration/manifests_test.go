@@ -10,17 +10,23 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	cloudproviderapi "k8s.io/cloud-provider/api"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
 
 	"github.com/metalvip/metalvip/test/kubeapi"
@@ -33,11 +39,17 @@ func manifestDocs(t *testing.T) []*unstructured.Unstructured {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return parseDocs(t, "install.yaml", data)
+}
+
+// parseDocs splits a multi-document YAML stream into objects, skipping empty documents.
+func parseDocs(t *testing.T, what string, data []byte) []*unstructured.Unstructured {
+	t.Helper()
 	var out []*unstructured.Unstructured
-	for _, doc := range strings.Split(string(data), "\n---\n") {
+	for _, doc := range strings.Split("\n"+string(data), "\n---") {
 		obj := &unstructured.Unstructured{}
 		if err := yaml.Unmarshal([]byte(doc), &obj.Object); err != nil {
-			t.Fatalf("install.yaml: %v", err)
+			t.Fatalf("%s: %v", what, err)
 		}
 		if len(obj.Object) > 0 {
 			out = append(out, obj)
@@ -46,15 +58,20 @@ func manifestDocs(t *testing.T) []*unstructured.Unstructured {
 	return out
 }
 
-// applyManifests server-side-applies install.yaml, CRDs first, as `kubectl apply
-// --server-side` would.
+// applyManifests server-side-applies install.yaml, as `kubectl apply --server-side` would.
 func applyManifests(t *testing.T, srv *kubeapi.Server) {
+	t.Helper()
+	applyDocs(t, srv, manifestDocs(t))
+}
+
+// applyDocs server-side-applies objects: namespaces and CRDs first, then the rest, as
+// `kubectl apply --server-side` of a file sorted that way would.
+func applyDocs(t *testing.T, srv *kubeapi.Server, docs []*unstructured.Unstructured) {
 	t.Helper()
 	dyn, err := dynamic.NewForConfig(srv.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	docs := manifestDocs(t)
 	apply := func(obj *unstructured.Unstructured) error {
 		mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(srv.Client.Discovery()))
 		gvk := obj.GroupVersionKind()
@@ -74,21 +91,22 @@ func applyManifests(t *testing.T, srv *kubeapi.Server) {
 		_, err = ri.Patch(context.Background(), obj.GetName(), types.ApplyPatchType, data, metav1.PatchOptions{FieldManager: "metalvip-test", Force: &force})
 		return err
 	}
+	first := func(o *unstructured.Unstructured) bool {
+		return o.GetKind() == "CustomResourceDefinition" || o.GetKind() == "Namespace"
+	}
 	for _, obj := range docs {
-		if obj.GetKind() != "CustomResourceDefinition" {
-			continue
-		}
-		if err := apply(obj); err != nil {
-			t.Fatalf("apply %s %s: %v", obj.GetKind(), obj.GetName(), err)
+		if first(obj) {
+			if err := apply(obj); err != nil {
+				t.Fatalf("apply %s %s: %v", obj.GetKind(), obj.GetName(), err)
+			}
 		}
 	}
 	srv.InstallCRDs(t) // waits until they are served
 	for _, obj := range docs {
-		if obj.GetKind() == "CustomResourceDefinition" {
-			continue
-		}
-		if err := apply(obj); err != nil {
-			t.Errorf("apply %s %s: %v", obj.GetKind(), obj.GetName(), err)
+		if !first(obj) {
+			if err := apply(obj); err != nil {
+				t.Errorf("apply %s %s/%s: %v", obj.GetKind(), obj.GetNamespace(), obj.GetName(), err)
+			}
 		}
 	}
 }
@@ -188,4 +206,181 @@ func freePort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// typed converts the one object of the kind and name in docs into out.
+func typed(t *testing.T, docs []*unstructured.Unstructured, kind, name string, out any) {
+	t.Helper()
+	for _, d := range docs {
+		if d.GetKind() == kind && d.GetName() == name {
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(d.Object, out); err != nil {
+				t.Fatalf("%s %s: %v", kind, name, err)
+			}
+			return
+		}
+	}
+	t.Fatalf("no %s %s", kind, name)
+}
+
+func node(name string, labels map[string]string, taints ...corev1.Taint) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}, Spec: corev1.NodeSpec{Taints: taints}}
+}
+
+// schedulable: the pod's required affinity and node selector admit the node and it tolerates
+// every NoSchedule and NoExecute taint the node carries.
+func schedulable(t *testing.T, spec corev1.PodSpec, n *corev1.Node) bool {
+	t.Helper()
+	ok, err := nodeaffinity.GetRequiredNodeAffinity(&corev1.Pod{Spec: spec}).Match(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), n.Spec.Taints, spec.Tolerations, func(tt *corev1.Taint) bool {
+		return tt.Effect == corev1.TaintEffectNoSchedule || tt.Effect == corev1.TaintEffectNoExecute
+	}, false)
+	return ok && !untolerated
+}
+
+var (
+	linux           = map[string]string{"kubernetes.io/os": "linux"}
+	uninitialized   = corev1.Taint{Key: "node.cloudprovider.kubernetes.io/uninitialized", Value: "true", Effect: corev1.TaintEffectNoSchedule}
+	notReady        = corev1.Taint{Key: "node.kubernetes.io/not-ready", Effect: corev1.TaintEffectNoSchedule}
+	controlPlaneTnt = corev1.Taint{Key: "node-role.kubernetes.io/control-plane", Effect: corev1.TaintEffectNoSchedule}
+)
+
+func withLabels(a map[string]string, kv ...string) map[string]string {
+	out := map[string]string{}
+	for k, v := range a {
+		out[k] = v
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		out[kv[i]] = kv[i+1]
+	}
+	return out
+}
+
+// TestTheCCMRunsOnAFreshControlPlane: right after `kubeadm init` (or a k3s/RKE2 server start)
+// the only nodes are uninitialised, not ready (no CNI yet) control-plane nodes; the CCM must be
+// able to run there, on the host's network, and nowhere but on control-plane nodes.
+func TestTheCCMRunsOnAFreshControlPlane(t *testing.T) {
+	var d appsv1.Deployment
+	typed(t, manifestDocs(t), "Deployment", "metalvip-cloud-controller-manager", &d)
+	spec := d.Spec.Template.Spec
+	for _, tc := range []struct {
+		name string
+		node *corev1.Node
+		want bool
+	}{
+		{"a kubeadm control-plane node, uninitialised and not ready, takes it", node("kubeadm-cp", withLabels(linux, "node-role.kubernetes.io/control-plane", ""), uninitialized, notReady, controlPlaneTnt), true},
+		{"a k3s server node takes it", node("k3s-server", withLabels(linux, "node-role.kubernetes.io/control-plane", "true", "node-role.kubernetes.io/master", "true"), uninitialized), true},
+		{"an RKE2 server node with the control-plane taint takes it", node("rke2-server", withLabels(linux, "node-role.kubernetes.io/control-plane", "true"), uninitialized, controlPlaneTnt), true},
+		{"a worker does not", node("worker", linux, uninitialized), false},
+		{"a control-plane node labelled false does not", node("odd", withLabels(linux, "node-role.kubernetes.io/control-plane", "false")), false},
+		{"a Windows control-plane node does not", node("win", map[string]string{"kubernetes.io/os": "windows", "node-role.kubernetes.io/control-plane": ""}), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := schedulable(t, spec, tc.node); got != tc.want {
+				t.Errorf("schedulable = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	if !spec.HostNetwork {
+		t.Error("the CCM is not on the host's network: it would wait for a CNI")
+	}
+	if len(spec.Containers[0].Ports) == 0 {
+		t.Error("the CCM declares no port: two replicas could share a node and one would fail to bind")
+	}
+	var spread bool
+	for _, c := range spec.TopologySpreadConstraints {
+		spread = spread || (c.TopologyKey == "kubernetes.io/hostname" && c.MaxSkew == 1)
+	}
+	if !spread {
+		t.Error("no topology spread over nodes")
+	}
+	if s := d.Spec.Strategy.RollingUpdate; s == nil || s.MaxSurge == nil || s.MaxSurge.IntValue() != 0 {
+		t.Errorf("rolling update %+v: a surge pod cannot start beside the old one (host port)", d.Spec.Strategy)
+	}
+	if sc := spec.SecurityContext; sc == nil || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Errorf("pod security context %+v", spec.SecurityContext)
+	}
+
+	var pdb policyv1.PodDisruptionBudget
+	typed(t, manifestDocs(t), "PodDisruptionBudget", "metalvip-cloud-controller-manager", &pdb)
+	// The disruption controller allows healthy - (replicas - maxUnavailable) evictions. Every
+	// replica is on its own node (host port), so with all healthy a drain needs one eviction;
+	// minAvailable would block the drain of a single replica's node.
+	if pdb.Spec.MinAvailable != nil || pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() < 1 {
+		t.Errorf("PDB %+v: want maxUnavailable of at least 1", pdb.Spec)
+	}
+	if r := *d.Spec.Replicas; r != 1 {
+		t.Errorf("%d replicas by default: on a cluster with one control-plane node all but one stay Pending and hold the PDB at 0", r)
+	}
+}
+
+// TestTheAgentRunsOnEveryLinuxNode: every Linux node, whatever its taints, with probes on its
+// metrics port, its address from the pod's IP (IPv4 or IPv6) and only the capabilities it uses.
+func TestTheAgentRunsOnEveryLinuxNode(t *testing.T) {
+	var ds appsv1.DaemonSet
+	typed(t, manifestDocs(t), "DaemonSet", "metalvip-agent", &ds)
+	spec := ds.Spec.Template.Spec
+	for _, tc := range []struct {
+		name string
+		node *corev1.Node
+		want bool
+	}{
+		{"a tainted, uninitialised worker takes it", node("w", linux, uninitialized, notReady, corev1.Taint{Key: "example.com/dedicated", Value: "db", Effect: corev1.TaintEffectNoExecute}), true},
+		{"a control-plane node takes it", node("cp", withLabels(linux, "node-role.kubernetes.io/control-plane", ""), controlPlaneTnt), true},
+		{"a Windows node does not", node("win", map[string]string{"kubernetes.io/os": "windows"}), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := schedulable(t, spec, tc.node); got != tc.want {
+				t.Errorf("schedulable = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	c := spec.Containers[0]
+	if !spec.HostNetwork || spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+		t.Errorf("hostNetwork %v, automountServiceAccountToken %v", spec.HostNetwork, spec.AutomountServiceAccountToken)
+	}
+	ports := map[string]corev1.ContainerPort{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p
+	}
+	if p := ports["metrics"]; p.ContainerPort != 7474 {
+		t.Errorf("metrics port %+v, want 7474 named metrics", p)
+	}
+	if p := ports["heartbeat"]; p.ContainerPort != 7473 || p.Protocol != corev1.ProtocolUDP {
+		t.Errorf("heartbeat port %+v", p)
+	}
+	for name, probe := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Port.String() != "metrics" {
+			t.Errorf("%s probe %+v: want an HTTP probe on the metrics port", name, probe)
+		}
+	}
+	if c.LivenessProbe != nil && c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe != nil && c.ReadinessProbe.HTTPGet.Path != "/readyz" {
+		t.Error("probes on the wrong paths")
+	}
+	var nodeIP string
+	for _, e := range c.Env {
+		if e.Name == "NODE_IP" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			nodeIP = e.ValueFrom.FieldRef.FieldPath
+		}
+	}
+	if nodeIP != "status.podIP" {
+		t.Errorf("NODE_IP from %q, want status.podIP", nodeIP)
+	}
+	if !slices.Contains(c.Args, "--listen-address=$(NODE_IP)") {
+		t.Errorf("args %v: want --listen-address=$(NODE_IP) (a bare address: $(NODE_IP):7472 breaks on IPv6)", c.Args)
+	}
+	if !slices.Contains(c.Args, "--metrics-address=:7474") {
+		t.Errorf("args %v: want --metrics-address=:7474", c.Args)
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
+		!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"NET_RAW", "NET_ADMIN"}) ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Errorf("agent security context %+v", sc)
+	}
+	if psc := spec.SecurityContext; psc == nil || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("agent pod security context %+v", psc)
+	}
 }

@@ -1,125 +1,307 @@
-// Command images builds metalvip's container images as OCI-compatible tarballs (docker save
-// format: `docker load`, `podman load`, `ctr images import` take them) without any container
-// daemon: each image is the static binary layered on an empty base, with its entrypoint, user
-// and labels. `make images` runs it.
+// Command images packs metalvip's container images without any container daemon
+// (go-containerregistry) and pushes them. `make images` and `make release` run it.
+//
+//	images build -bin DIR -out DIR -platforms "linux/amd64 linux/arm64" -repository R -tag T
+//	images push -layout DIR/oci -registry REGISTRY
+//
+// build takes the static binaries the Makefile cross-compiled (DIR/<os>_<arch>/<binary>) and
+// writes, per binary, a multi-architecture OCI image index: into an OCI layout (DIR/oci, each
+// index named by its reference) and as one tarball per platform (DIR/<os>-<arch>/<binary>.tar,
+// the `docker save` format that `ctr -n k8s.io images import`, `docker load` and `podman load`
+// take). Every image is the binary alone on an empty base, with its entrypoint, user and
+// labels; timestamps are fixed, so the same binaries give the same digests.
+//
+// push sends every index of the layout to REGISTRY/<binary>:<tag> and prints
+// binary=REGISTRY/<binary>@sha256:... per line, which `render -images` pins in a release.
 package main
 
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-type image struct {
-	binary, user, description string
+// Image is one of metalvip's images: the binary it runs and how.
+type Image struct {
+	Binary, User, Description string
 }
 
-var images = []image{
+// Images are the images a release ships. The agent runs as root with two capabilities only
+// (manifests/agent/daemonset.yaml says why); the CCM as an unprivileged user.
+var Images = []Image{
 	{"metalvip-cloud-controller-manager", "65532:65532", "metalvip's cloud-controller-manager: LoadBalancer addresses for bare metal"},
 	{"metalvip-agent", "0:0", "metalvip's node agent: announces VIPs by ARP/NDP and BGP (needs NET_RAW and NET_ADMIN)"},
 }
 
+// refAnnotation names an index in the OCI layout, as the image-spec defines it.
+const refAnnotation = "org.opencontainers.image.ref.name"
+
 func main() {
-	bin := flag.String("bin", "", "folder with the static binaries")
-	out := flag.String("out", "", "folder for the image tarballs")
-	repo := flag.String("repository", "ghcr.io/metalvip", "image repository prefix")
-	version := flag.String("version", "v0.1.0", "image tag")
-	revision := flag.String("revision", "", "source revision for the labels")
-	flag.Parse()
-	if *bin == "" || *out == "" {
-		fmt.Fprintln(os.Stderr, "images: -bin and -out are required")
-		os.Exit(2)
+	if len(os.Args) < 2 {
+		usage()
 	}
-	if err := os.MkdirAll(*out, 0o755); err != nil {
-		fail(err)
+	var err error
+	switch os.Args[1] {
+	case "build":
+		err = buildCommand(os.Args[2:])
+	case "push":
+		err = pushCommand(os.Args[2:])
+	default:
+		usage()
 	}
-	for _, im := range images {
-		path, err := build(im, *bin, *out, *repo, *version, *revision)
-		if err != nil {
-			fail(fmt.Errorf("%s: %w", im.binary, err))
-		}
-		fmt.Println(path)
-	}
-}
-
-func fail(err error) {
-	fmt.Fprintf(os.Stderr, "images: %v\n", err)
-	os.Exit(1)
-}
-
-func build(im image, binDir, outDir, repo, version, revision string) (string, error) {
-	data, err := os.ReadFile(filepath.Join(binDir, im.binary))
 	if err != nil {
-		return "", err
+		fmt.Fprintf(os.Stderr, "images %s: %v\n", os.Args[1], err)
+		os.Exit(1)
 	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		var buf bytes.Buffer
-		tw := tar.NewWriter(&buf)
-		epoch := time.Unix(0, 0)
-		for _, d := range []string{"usr/", "usr/local/", "usr/local/bin/", "tmp/"} {
-			mode := int64(0o755)
-			if d == "tmp/" {
-				mode = 0o1777
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: images build -bin DIR -out DIR [-platforms P] [-repository R] [-tag T] [-version V] [-revision C]\n       images push -layout DIR -registry REGISTRY")
+	os.Exit(2)
+}
+
+func buildCommand(args []string) error {
+	fs := flag.NewFlagSet("build", flag.ExitOnError)
+	var o BuildOptions
+	platforms := fs.String("platforms", "linux/amd64 linux/arm64", "space- or comma-separated os/arch list")
+	fs.StringVar(&o.BinDir, "bin", "", "folder with <os>_<arch>/<binary> static binaries")
+	fs.StringVar(&o.OutDir, "out", "", "folder for the OCI layout (oci/) and the per-platform tarballs")
+	fs.StringVar(&o.Repository, "repository", "ghcr.io/metalvip", "image repository prefix the images are named with")
+	fs.StringVar(&o.Tag, "tag", "", "image tag")
+	fs.StringVar(&o.Version, "version", "", "the binaries' version, for the labels")
+	fs.StringVar(&o.Revision, "revision", "", "source revision, for the labels")
+	_ = fs.Parse(args)
+	if o.BinDir == "" || o.OutDir == "" || o.Tag == "" {
+		return errors.New("-bin, -out and -tag are required")
+	}
+	for _, p := range strings.FieldsFunc(*platforms, func(r rune) bool { return r == ' ' || r == ',' }) {
+		plat, err := v1.ParsePlatform(p)
+		if err != nil || plat.OS == "" || plat.Architecture == "" {
+			return fmt.Errorf("-platforms: %q is not os/arch", p)
+		}
+		o.Platforms = append(o.Platforms, *plat)
+	}
+	built, err := Build(o)
+	if err != nil {
+		return err
+	}
+	for _, b := range built {
+		fmt.Printf("%s@%s\n", b.Ref, b.Digest)
+	}
+	return nil
+}
+
+// BuildOptions say what Build packs and where it writes.
+type BuildOptions struct {
+	BinDir, OutDir    string
+	Platforms         []v1.Platform
+	Repository, Tag   string
+	Version, Revision string
+}
+
+// Built is one image index Build wrote.
+type Built struct {
+	Binary string
+	Ref    name.Tag
+	Digest v1.Hash
+}
+
+// Build writes one image index per binary into OutDir/oci, replacing what was there, and one
+// tarball per platform and binary.
+func Build(o BuildOptions) ([]Built, error) {
+	if len(o.Platforms) == 0 {
+		return nil, errors.New("no platform")
+	}
+	ociDir := filepath.Join(o.OutDir, "oci")
+	if err := os.RemoveAll(ociDir); err != nil {
+		return nil, err
+	}
+	lp, err := layout.Write(ociDir, empty.Index)
+	if err != nil {
+		return nil, err
+	}
+	var out []Built
+	for _, im := range Images {
+		ref, err := name.NewTag(o.Repository + "/" + im.Binary + ":" + o.Tag)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", im.Binary, err)
+		}
+		var adds []mutate.IndexAddendum
+		for _, p := range o.Platforms {
+			img, err := platformImage(im, p, o)
+			if err != nil {
+				return nil, fmt.Errorf("%s %s: %w", im.Binary, p, err)
 			}
-			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: mode, ModTime: epoch}); err != nil {
+			tarPath := filepath.Join(o.OutDir, p.OS+"-"+p.Architecture, im.Binary+".tar")
+			if err := os.MkdirAll(filepath.Dir(tarPath), 0o755); err != nil {
 				return nil, err
 			}
+			if err := tarball.WriteToFile(tarPath, ref, img); err != nil {
+				return nil, fmt.Errorf("%s: %w", tarPath, err)
+			}
+			plat := p
+			adds = append(adds, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &plat}})
 		}
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "usr/local/bin/" + im.binary, Mode: 0o755, Size: int64(len(data)), ModTime: epoch}); err != nil {
+		idx := mutate.IndexMediaType(mutate.AppendManifests(empty.Index, adds...), types.OCIImageIndex)
+		if err := lp.AppendIndex(idx, layout.WithAnnotations(map[string]string{refAnnotation: ref.String()})); err != nil {
 			return nil, err
 		}
-		if _, err := tw.Write(data); err != nil {
+		d, err := idx.Digest()
+		if err != nil {
 			return nil, err
 		}
-		if err := tw.Close(); err != nil {
-			return nil, err
-		}
-		return io.NopCloser(bytes.NewReader(buf.Bytes())), nil
-	})
-	if err != nil {
-		return "", err
+		out = append(out, Built{Binary: im.Binary, Ref: ref, Digest: d})
 	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
+	return out, nil
+}
+
+func platformImage(im Image, p v1.Platform, o BuildOptions) (v1.Image, error) {
+	data, err := os.ReadFile(filepath.Join(o.BinDir, p.OS+"_"+p.Architecture, im.Binary))
 	if err != nil {
-		return "", err
+		return nil, err
 	}
+	layer, err := binaryLayer(im.Binary, data)
+	if err != nil {
+		return nil, err
+	}
+	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), layer)
+	if err != nil {
+		return nil, err
+	}
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
 	cf, err := img.ConfigFile()
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", "amd64"
-	cf.Created = v1.Time{Time: time.Unix(0, 0)}
-	cf.Config.Entrypoint = []string{"/usr/local/bin/" + im.binary}
-	cf.Config.User = im.user
+	cf.OS, cf.Architecture, cf.Variant = p.OS, p.Architecture, p.Variant
+	cf.Created = v1.Time{Time: time.Unix(0, 0).UTC()}
+	cf.Config.Entrypoint = []string{"/usr/local/bin/" + im.Binary}
+	cf.Config.User = im.User
 	cf.Config.Env = []string{"PATH=/usr/local/bin"}
 	cf.Config.Labels = map[string]string{
-		"org.opencontainers.image.title":       im.binary,
-		"org.opencontainers.image.description": im.description,
-		"org.opencontainers.image.version":     version,
-		"org.opencontainers.image.revision":    revision,
+		"org.opencontainers.image.title":       im.Binary,
+		"org.opencontainers.image.description": im.Description,
+		"org.opencontainers.image.version":     o.Version,
+		"org.opencontainers.image.revision":    o.Revision,
 		"org.opencontainers.image.source":      "https://github.com/metalvip/metalvip",
 		"org.opencontainers.image.licenses":    "Apache-2.0",
 	}
-	img, err = mutate.ConfigFile(img, cf)
-	if err != nil {
-		return "", err
+	return mutate.ConfigFile(img, cf)
+}
+
+// binaryLayer is usr/local/bin/<binary> and an empty /tmp, owned by root, at time zero.
+func binaryLayer(binary string, data []byte) (v1.Layer, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	epoch := time.Unix(0, 0)
+	for _, d := range []struct {
+		name string
+		mode int64
+	}{{"usr/", 0o755}, {"usr/local/", 0o755}, {"usr/local/bin/", 0o755}, {"tmp/", 0o1777}} {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d.name, Mode: d.mode, ModTime: epoch, Format: tar.FormatPAX}); err != nil {
+			return nil, err
+		}
 	}
-	tag, err := name.NewTag(repo + "/" + im.binary + ":" + version)
-	if err != nil {
-		return "", err
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "usr/local/bin/" + binary, Mode: 0o755, Size: int64(len(data)), ModTime: epoch, Format: tar.FormatPAX}); err != nil {
+		return nil, err
 	}
-	path := filepath.Join(outDir, im.binary+".tar")
-	return path, tarball.WriteToFile(path, tag, img)
+	if _, err := tw.Write(data); err != nil {
+		return nil, err
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	b := buf.Bytes()
+	return tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
+		tarball.WithMediaType(types.OCILayer))
+}
+
+func pushCommand(args []string) error {
+	fs := flag.NewFlagSet("push", flag.ExitOnError)
+	dir := fs.String("layout", "", "the OCI layout `images build` wrote")
+	registry := fs.String("registry", "", "where to push: registry.example[:port]/path")
+	_ = fs.Parse(args)
+	if *dir == "" || *registry == "" {
+		return errors.New("-layout and -registry are required")
+	}
+	pushed, err := Push(*dir, *registry, remote.WithAuthFromKeychain(authn.DefaultKeychain))
+	if err != nil {
+		return err
+	}
+	for _, p := range pushed {
+		fmt.Printf("%s=%s\n", p.Binary, p.Ref)
+	}
+	return nil
+}
+
+// Pushed is one index sent to a registry, by digest.
+type Pushed struct {
+	Binary string
+	Ref    name.Digest
+}
+
+// Push sends every named index of the OCI layout to registry/<binary>:<tag> and checks that
+// the registry holds it under the layout's digest.
+func Push(dir, registry string, opts ...remote.Option) ([]Pushed, error) {
+	lp, err := layout.FromPath(dir)
+	if err != nil {
+		return nil, err
+	}
+	root, err := lp.ImageIndex()
+	if err != nil {
+		return nil, err
+	}
+	m, err := root.IndexManifest()
+	if err != nil {
+		return nil, err
+	}
+	var out []Pushed
+	for _, desc := range m.Manifests {
+		src, err := name.NewTag(desc.Annotations[refAnnotation])
+		if err != nil {
+			return nil, fmt.Errorf("layout entry %s has no image name: %w", desc.Digest, err)
+		}
+		binary := src.RepositoryStr()[strings.LastIndex(src.RepositoryStr(), "/")+1:]
+		dst, err := name.NewTag(strings.TrimSuffix(registry, "/") + "/" + binary + ":" + src.TagStr())
+		if err != nil {
+			return nil, fmt.Errorf("-registry %q: %w", registry, err)
+		}
+		idx, err := root.ImageIndex(desc.Digest)
+		if err != nil {
+			return nil, err
+		}
+		if err := remote.WriteIndex(dst, idx, opts...); err != nil {
+			return nil, fmt.Errorf("push %s: %w", dst, err)
+		}
+		got, err := remote.Head(dst, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("check %s: %w", dst, err)
+		}
+		if got.Digest != desc.Digest {
+			return nil, fmt.Errorf("%s: the registry holds %s, not the pushed %s", dst, got.Digest, desc.Digest)
+		}
+		out = append(out, Pushed{Binary: binary, Ref: dst.Context().Digest(desc.Digest.String())})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s holds no named image index", dir)
+	}
+	return out, nil
 }
