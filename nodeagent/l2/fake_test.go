@@ -199,9 +199,9 @@ func (c *fakeClock) Add(d time.Duration) {
 
 // fakeNode is a speaker on fake connections, on interfaces eth0 and eth1.
 type fakeNode struct {
-	t     *testing.T
-	s     *Speaker
-	clock *fakeClock
+	t      *testing.T
+	s      *Speaker
+	clock  *fakeClock
 	arp    map[string]*fakeConn
 	ndp    map[string]*fakeConn
 	frames map[string]*fakeConn
