@@ -3,14 +3,17 @@
 // that put it on the wire (l2 for ARP/NDP, bgp for BGP) and the heartbeat exchange (failover).
 // It decides which of the L2 VIPs it answers for from the ranked candidates it is given
 // (ownership.go), and which items of a state it takes: an invalid announcement or BGP peer is
-// refused alone, with the reason, and the rest applied (validate.go). It holds no Kubernetes
-// credentials, decides nothing about which VIPs exist, and never returns a secret.
+// refused alone, with the reason, and the rest applied (validate.go). For a VIP with a virtual
+// MAC it makes the node receive frames sent to that MAC while it answers (macfilter.go). It
+// holds no Kubernetes credentials, decides nothing about which VIPs exist, and never returns a
+// secret; it changes no route or address.
 package nodeagent
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -69,6 +72,9 @@ type Options struct {
 	// HeartbeatKeyLifetime is how old the heartbeat key may grow before a new one is made
 	// (see failover.Identity.Rotate); 0 means never by age.
 	HeartbeatKeyLifetime time.Duration
+	// MACFilter makes the node receive frames sent to the virtual MACs it answers with; nil
+	// means NewMACFilter (nftables and the NICs' unicast filters, which need NET_ADMIN).
+	MACFilter MACFilter
 }
 
 // Liveness is the seam to the heartbeat exchange.
@@ -102,6 +108,10 @@ type Agent struct {
 	live          Liveness
 	liveCfg       failover.Config
 	hbBase        failover.Counters // of the heartbeat monitors closed so far
+	// macs are the virtual MACs the MAC filter takes, by interface; l2Problems what went
+	// wrong the last time the speaker and the filter were set.
+	macs       map[string][]net.HardwareAddr
+	l2Problems []string
 
 	watchMu  sync.Mutex
 	watchers map[chan *agentv1.Event]struct{}
@@ -125,6 +135,13 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 	}
 	if opts.NewLiveness == nil {
 		opts.NewLiveness = func(c failover.Config) (Liveness, error) { return failover.New(c) }
+	}
+	if opts.MACFilter == nil {
+		f, err := NewMACFilter()
+		if err != nil {
+			return nil, fmt.Errorf("MAC filter: %w", err)
+		}
+		opts.MACFilter = f
 	}
 	a := &Agent{
 		opts:     opts,
@@ -159,6 +176,12 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 	} else if problem != "" {
 		klog.ErrorS(nil, "Starting without the saved state", "problem", problem)
 		a.startProblems = append(a.startProblems, problem)
+	}
+	if a.state == nil {
+		// Nothing to answer for: stop receiving any virtual MAC a crashed run left received.
+		if err := opts.MACFilter.Set(nil); err != nil {
+			klog.ErrorS(err, "Virtual MACs left by an earlier run")
+		}
 	}
 	go a.retryLoop()
 	return a, nil
@@ -256,7 +279,7 @@ func (a *Agent) answerLocked(changed bool) *agentv1.ApplyResponse {
 }
 
 func (a *Agent) problemsLocked() []string {
-	return append(slices.Clone(a.startProblems), a.problems...)
+	return slices.Concat(a.startProblems, a.problems, a.l2Problems)
 }
 
 func cloneRefusals(rs []*agentv1.Refusal) []*agentv1.Refusal {
@@ -311,17 +334,72 @@ func (a *Agent) applyLocked(ctx context.Context) {
 	}
 	if a.opts.L2 != nil {
 		a.opts.L2.SetRefresh(time.Duration(st.GetL2().GetGratuitousRefreshSeconds()) * time.Second)
-		if err := a.opts.L2.Set(vips); err != nil {
-			problems = append(problems, "L2: "+err.Error())
-		}
 	}
+	a.setL2Locked(vips)
 	problems = append(problems, a.applyBGPLocked(ctx, st, routes)...)
 
 	a.emitChanges(views)
 	a.views, a.problems = views, problems
-	for _, p := range problems {
+	for _, p := range slices.Concat(problems, a.l2Problems) {
 		klog.ErrorS(nil, "Could not apply all of the state; retrying", "problem", p)
 	}
+}
+
+// setL2Locked gives the speaker vips, with the node receiving every virtual MAC it answers
+// with from before the speaker first sends from it until after it last has: a takeover's
+// first frame from the MAC finds the node receiving, and a release has stopped answering (the
+// heartbeats' ordered hand-over then lets the next owner start) before frames stop arriving.
+// A virtual MAC the node cannot receive is answered with the interface's own MAC meanwhile:
+// clients that heed gratuitous ARP still reach the VIP, and l2Problems says why. The caller
+// holds mu.
+func (a *Agent) setL2Locked(vips []l2.VIP) {
+	var problems []string
+	want := macsOf(vips)
+	if err := a.opts.MACFilter.Set(unionMACs(a.macs, want)); err != nil {
+		problems = append(problems, fmt.Sprintf("virtual MACs: %v; answering with the interfaces' own MACs until the node can receive them", err))
+		vips, want = withoutMACs(vips), nil
+	}
+	if a.opts.L2 != nil {
+		if err := a.opts.L2.Set(vips); err != nil {
+			problems = append(problems, "L2: "+err.Error())
+		}
+	}
+	if err := a.opts.MACFilter.Set(want); err != nil && len(problems) == 0 {
+		problems = append(problems, fmt.Sprintf("virtual MACs: %v", err))
+	}
+	a.macs, a.l2Problems = want, problems
+}
+
+// macsOf returns the virtual MACs of vips by interface.
+func macsOf(vips []l2.VIP) map[string][]net.HardwareAddr {
+	out := map[string][]net.HardwareAddr{}
+	for _, v := range vips {
+		if v.MAC == nil {
+			continue
+		}
+		for _, ifname := range v.Interfaces {
+			out[ifname] = append(out[ifname], v.MAC)
+		}
+	}
+	return out
+}
+
+func unionMACs(x, y map[string][]net.HardwareAddr) map[string][]net.HardwareAddr {
+	out := map[string][]net.HardwareAddr{}
+	for _, m := range []map[string][]net.HardwareAddr{x, y} {
+		for ifname, macs := range m {
+			out[ifname] = append(out[ifname], macs...)
+		}
+	}
+	return out
+}
+
+func withoutMACs(vips []l2.VIP) []l2.VIP {
+	out := slices.Clone(vips)
+	for i := range out {
+		out[i].MAC = nil
+	}
+	return out
 }
 
 // emitChanges emits events for what changed hands on this node. The caller holds mu.
@@ -362,6 +440,10 @@ func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agent
 	if an.GetPerClient() {
 		v.Share = &l2.Share{Self: a.opts.Node, Members: d.Sharing}
 	}
+	if m := an.GetVirtualMac(); m != "" {
+		v.MAC, _ = net.ParseMAC(m) // checked by checkItems
+		view.Reason += "; virtual MAC " + v.MAC.String()
+	}
 	return v, true
 }
 
@@ -391,10 +473,9 @@ func (a *Agent) livenessChanged() {
 			vips = append(vips, l)
 		}
 	}
-	if a.opts.L2 != nil {
-		if err := a.opts.L2.Set(vips); err != nil {
-			klog.ErrorS(err, "L2 after a liveness change")
-		}
+	a.setL2Locked(vips)
+	for _, p := range a.l2Problems {
+		klog.ErrorS(nil, "L2 after a liveness change", "problem", p)
 	}
 	a.emitChanges(views)
 	a.views = views
@@ -695,7 +776,12 @@ func (a *Agent) retryLoop() {
 		case <-t.C:
 			a.applyMu.Lock()
 			a.mu.Lock()
-			if a.state != nil && len(a.problems) > 0 {
+			if len(a.macs) > 0 {
+				if err := a.opts.MACFilter.Check(); err != nil {
+					klog.ErrorS(err, "Virtual MACs: cannot check what the node receives")
+				}
+			}
+			if a.state != nil && len(a.problems)+len(a.l2Problems) > 0 {
 				ctx, cancel := context.WithTimeout(context.Background(), a.opts.RetryInterval)
 				a.applyLocked(ctx)
 				cancel()
@@ -759,5 +845,7 @@ func (a *Agent) Close(ctx context.Context) error {
 	if a.opts.L2 != nil {
 		errs = append(errs, a.opts.L2.Close())
 	}
+	// The speaker has stopped: nothing answers with a virtual MAC any more.
+	errs = append(errs, a.opts.MACFilter.Close())
 	return errors.Join(errs...)
 }
