@@ -75,6 +75,10 @@ type Options struct {
 	// MACFilter makes the node receive frames sent to the virtual MACs it answers with; nil
 	// means NewMACFilter (nftables and the NICs' unicast filters, which need NET_ADMIN).
 	MACFilter MACFilter
+	// RestoredHoldOff is how long a state restored from disk counts a peer not heard since
+	// the start as alive and not seeing this node (see heardFacts), unless the CCM confirms
+	// the state first; 0 means 10 s.
+	RestoredHoldOff time.Duration
 }
 
 // Liveness is the seam to the heartbeat exchange.
@@ -98,7 +102,12 @@ type Agent struct {
 	state    *agentv1.DesiredState // the last accepted state, as given; nil before the first
 	checked  checkedState          // state's items, checked
 	restored bool
-	problems []string
+	// holdOff ends the restored state's caution (heardFacts); heard are the peers whose
+	// heartbeats have shown since the start that they see this node.
+	holdOff      time.Time
+	holdOffTimer *time.Timer
+	heard        map[string]bool
+	problems     []string
 	// startProblems are what went wrong reading the state directory at start; they are
 	// reported until the next accepted Apply.
 	startProblems []string
@@ -136,6 +145,9 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 	if opts.NewLiveness == nil {
 		opts.NewLiveness = func(c failover.Config) (Liveness, error) { return failover.New(c) }
 	}
+	if opts.RestoredHoldOff <= 0 {
+		opts.RestoredHoldOff = 10 * time.Second
+	}
 	if opts.MACFilter == nil {
 		f, err := NewMACFilter()
 		if err != nil {
@@ -146,6 +158,7 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 	a := &Agent{
 		opts:     opts,
 		views:    map[netip.Addr]*agentv1.AnnouncedVIP{},
+		heard:    map[string]bool{},
 		watchers: map[chan *agentv1.Event]struct{}{},
 		rotate:   make(chan struct{}, 1),
 		stop:     make(chan struct{}),
@@ -167,6 +180,8 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 		a.applyMu.Lock()
 		a.mu.Lock()
 		a.state, a.checked, a.restored = st, checkItems(st), true
+		a.holdOff = time.Now().Add(opts.RestoredHoldOff)
+		a.holdOffTimer = time.AfterFunc(opts.RestoredHoldOff, a.livenessChanged)
 		a.applyLocked(ctx)
 		a.mu.Unlock()
 		a.applyMu.Unlock()
@@ -245,8 +260,12 @@ func (a *Agent) Apply(ctx context.Context, req *agentv1.ApplyRequest) (*agentv1.
 		if st.GetTerm() == cur.GetTerm() && st.GetGeneration() <= cur.GetGeneration() {
 			// Idempotent: the generation (or a newer one) is applied already; the answer says
 			// which, so that a CCM that lost count resumes from it. The leader is in touch, so
-			// the state is no longer only the one restored from disk.
-			a.restored = false
+			// the state is no longer only the one restored from disk: L2 is decided again
+			// without the restored state's caution.
+			if a.restored {
+				a.restored = false
+				a.applyLocked(ctx)
+			}
 			return a.answerLocked(false), nil
 		}
 	}
@@ -432,6 +451,19 @@ func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agent
 		live = a.live
 	}
 	d := decideL2(a.opts.Node, cands, an.GetPerClient(), live)
+	if live != nil && a.restored && time.Now().Before(a.holdOff) {
+		for _, c := range cands {
+			if live.Sees(c) {
+				a.heard[c] = true
+			}
+		}
+		cautious := decideL2(a.opts.Node, cands, an.GetPerClient(), heardFacts{live, a.heard})
+		if d.Active && !cautious.Active {
+			cautious.Reason = fmt.Sprintf("restored from disk: waiting up to %s to hear the other candidates or the CCM (%s)",
+				time.Until(a.holdOff).Round(time.Second), cautious.Reason)
+		}
+		d = cautious
+	}
 	view.Active, view.Reason, view.Sharing = d.Active, d.Reason, d.Sharing
 	if !d.Active {
 		return l2.VIP{}, false
@@ -452,7 +484,7 @@ func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agent
 func (a *Agent) livenessChanged() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.state == nil {
+	if a.state == nil || a.closing() {
 		return
 	}
 	views := map[netip.Addr]*agentv1.AnnouncedVIP{}
@@ -738,6 +770,16 @@ func (a *Agent) emit(ev *agentv1.Event) {
 	}
 }
 
+// closing reports whether Close has begun.
+func (a *Agent) closing() bool {
+	select {
+	case <-a.stop:
+		return true
+	default:
+		return false
+	}
+}
+
 // RotateHeartbeatKey makes a new heartbeat key now (metalvip-agent does on SIGHUP); see
 // failover.Identity.Rotate. It does nothing while an earlier rotation is under way.
 func (a *Agent) RotateHeartbeatKey() {
@@ -827,6 +869,11 @@ func (a *Agent) Close(ctx context.Context) error {
 	}
 	close(a.stop)
 	<-a.done
+	a.mu.Lock()
+	if a.holdOffTimer != nil {
+		a.holdOffTimer.Stop()
+	}
+	a.mu.Unlock()
 	// The monitor's callback takes mu: stop it before taking mu.
 	a.mu.Lock()
 	live := a.live

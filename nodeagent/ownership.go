@@ -100,3 +100,18 @@ func decideShare(self string, cands []string, live LivenessFacts) l2Decision {
 	}
 	return d
 }
+
+// heardFacts is what a node that restarted from its saved state takes of its peers until the
+// CCM confirms the state or a hold-off passes: the saved state may be stale, and a peer whose
+// state no longer names this node sends it no heartbeats and takes none, so that it looks dead
+// while it answers the VIPs it now holds. A peer not heard since the start (no heartbeat of it
+// has shown that it sees this node) counts as alive and not seeing this node: this node then
+// answers no VIP that peer may hold, and both never answer at once. A peer that still names
+// this node is heard within a few heartbeats, and the usual rules apply.
+type heardFacts struct {
+	LivenessFacts
+	heard map[string]bool
+}
+
+func (h heardFacts) Alive(node string) bool { return !h.heard[node] || h.LivenessFacts.Alive(node) }
+func (h heardFacts) Sees(node string) bool  { return h.heard[node] && h.LivenessFacts.Sees(node) }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/metalvip/metalvip/nodeagent/failover"
 	"github.com/metalvip/metalvip/nodeagent/l2"
@@ -111,14 +112,19 @@ func vmacVIP(vip, mac string, cands ...string) *agentv1.Announcement {
 	return an
 }
 
-// vmacHarness serves node-a with the logging fakes, heartbeats on (node-b a peer).
-func vmacHarness(t *testing.T) (*harness, *events, *fakeMACFilter, *switchLiveness) {
+// vmacHarness serves node-a with the logging fakes, heartbeats on, its state in dir (a new
+// one when ""), holding off a restored state for holdOff (0: the default).
+func vmacHarness(t *testing.T, dir string, holdOff time.Duration) (*harness, *events, *fakeMACFilter, *switchLiveness) {
 	t.Helper()
+	if dir == "" {
+		dir = t.TempDir()
+	}
 	ev := &events{}
 	filter := &fakeMACFilter{ev: ev}
 	live := &switchLiveness{alive: map[string]bool{}, sees: map[string]bool{}}
 	var fl *fakeL2
-	h := serve(t, t.TempDir(), func(o *Options) {
+	h := serve(t, dir, func(o *Options) {
+		o.RestoredHoldOff = holdOff
 		fl = o.L2.(*fakeL2)
 		o.L2 = loggedL2{fl, ev}
 		o.MACFilter = filter
@@ -142,7 +148,7 @@ func withPeers(h *harness, st *agentv1.DesiredState, peers ...string) *agentv1.D
 }
 
 func TestAVirtualMACIsReceivedBeforeItIsUsedAndUntilAfter(t *testing.T) {
-	h, ev, filter, live := vmacHarness(t)
+	h, ev, filter, live := vmacHarness(t, "", 0)
 	c := h.ccm(t)
 	if got := ev.take(); !slices.Equal(got, []string{"filter []"}) {
 		t.Errorf("at start, with no state: %v; want the filter emptied of what a crashed run left", got)
@@ -236,7 +242,7 @@ func TestAVirtualMACItCannotUseIsRefusedAlone(t *testing.T) {
 		{"the MAC of another VIP", vmacVIP("203.0.113.21", "02:00:CB:00:71:0A", "node-a"), "announcements[2].l2.virtual_mac", "is also the MAC of announcements[0] (203.0.113.10)"},
 	} {
 		t.Run(tc.name+" is refused alone", func(t *testing.T) {
-			h, _, _, _ := vmacHarness(t)
+			h, _, _, _ := vmacHarness(t, "", 0)
 			st := state(1, 1, vmacVIP("203.0.113.10", vmacA, "node-a"), bgpVIP("203.0.113.20"), tc.an)
 			resp, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: st})
 			if err != nil {
@@ -250,4 +256,67 @@ func TestAVirtualMACItCannotUseIsRefusedAlone(t *testing.T) {
 			}
 		})
 	}
+}
+
+// restoredHarness saves a state in which node-a ranks first for 203.0.113.10 and node-b
+// second, then starts node-a again on it, with node-b silent (its state may no longer name
+// node-a: it sends it nothing).
+func restoredHarness(t *testing.T, holdOff time.Duration) (*harness, *switchLiveness) {
+	t.Helper()
+	dir := t.TempDir()
+	first, _, _, _ := vmacHarness(t, dir, 0)
+	st := withPeers(first, state(1, 1, vmacVIP("203.0.113.10", vmacA, "node-a", "node-b")), "node-b")
+	if _, err := first.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: st}); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.agent.Close(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	h, _, _, live := vmacHarness(t, dir, holdOff)
+	return h, live
+}
+
+func answering(h *harness) bool {
+	l := h.l2.last()
+	return len(l) == 1 && l[0].MAC.String() == vmacA
+}
+
+func TestARestartedNodeWaitsToHearItsPeersBeforeItAnswers(t *testing.T) {
+	t.Run("a peer heard since the start lets it answer", func(t *testing.T) {
+		h, live := restoredHarness(t, time.Hour)
+		if answering(h) {
+			t.Fatal("node-a answers at once, from a saved state, with node-b unheard")
+		}
+		st, err := h.ccm(t).GetState(ctx(t), &agentv1.GetStateRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := st.GetAnnounced()[0].GetReason(); !strings.Contains(r, "restored from disk: waiting up to") {
+			t.Errorf("reason %q; want it to say why it waits", r)
+		}
+		live.set("node-b", true, true)
+		if !answering(h) {
+			t.Errorf("node-a does not answer though node-b shows it sees it: %v", h.l2.last())
+		}
+	})
+	t.Run("the CCM's confirmation lets it answer", func(t *testing.T) {
+		h, _ := restoredHarness(t, time.Hour)
+		st := withPeers(h, state(1, 1, vmacVIP("203.0.113.10", vmacA, "node-a", "node-b")), "node-b")
+		if _, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: st}); err != nil { // the same generation
+			t.Fatal(err)
+		}
+		if !answering(h) {
+			t.Errorf("node-a does not answer after the CCM confirmed its state: %v", h.l2.last())
+		}
+	})
+	t.Run("the hold-off's end lets it answer without the CCM", func(t *testing.T) {
+		h, _ := restoredHarness(t, 50*time.Millisecond)
+		deadline := time.Now().Add(5 * time.Second)
+		for !answering(h) {
+			if time.Now().After(deadline) {
+				t.Fatalf("node-a does not answer 5 s after its hold-off: %v", h.l2.last())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
 }
