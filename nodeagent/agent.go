@@ -75,10 +75,9 @@ type Options struct {
 	// MACFilter makes the node receive frames sent to the virtual MACs it answers with; nil
 	// means NewMACFilter (nftables and the NICs' unicast filters, which need NET_ADMIN).
 	MACFilter MACFilter
-	// RestoredHoldOff is how long a state restored from disk counts a peer not heard since
-	// the start as alive and not seeing this node (see heardFacts), unless the CCM confirms
-	// the state first; 0 means 10 s.
-	RestoredHoldOff time.Duration
+	// HearPeerTimeout is how long after the agent starts a peer not heard since counts as
+	// alive and not seeing this node (see heardFacts); 0 means 10 s.
+	HearPeerTimeout time.Duration
 }
 
 // Liveness is the seam to the heartbeat exchange.
@@ -102,11 +101,17 @@ type Agent struct {
 	state    *agentv1.DesiredState // the last accepted state, as given; nil before the first
 	checked  checkedState          // state's items, checked
 	restored bool
-	// holdOff ends the restored state's caution (heardFacts); heard are the peers whose
-	// heartbeats have shown since the start that they see this node.
-	holdOff      time.Time
-	holdOffTimer *time.Timer
-	heard        map[string]bool
+	// started is when the agent started; heardAny says a peer's heartbeats have shown since
+	// that it sees this node (heardFacts). standbyFor is, for each L2 VIP this node stands
+	// by for, the live candidate it stands by for; handover holds a VIP with a virtual MAC
+	// that a new plan gave this node while that candidate lives (cautiousLocked). redecide
+	// decides L2 again when the first of those waits ends.
+	started    time.Time
+	heardAny   bool
+	standbyFor map[netip.Addr]string
+	handover   map[netip.Addr]time.Time
+	redecide   *time.Timer
+	redecideAt time.Time
 	problems     []string
 	// startProblems are what went wrong reading the state directory at start; they are
 	// reported until the next accepted Apply.
@@ -145,8 +150,8 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 	if opts.NewLiveness == nil {
 		opts.NewLiveness = func(c failover.Config) (Liveness, error) { return failover.New(c) }
 	}
-	if opts.RestoredHoldOff <= 0 {
-		opts.RestoredHoldOff = 10 * time.Second
+	if opts.HearPeerTimeout <= 0 {
+		opts.HearPeerTimeout = 10 * time.Second
 	}
 	if opts.MACFilter == nil {
 		f, err := NewMACFilter()
@@ -158,7 +163,9 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 	a := &Agent{
 		opts:     opts,
 		views:    map[netip.Addr]*agentv1.AnnouncedVIP{},
-		heard:    map[string]bool{},
+		started:    time.Now(),
+		standbyFor: map[netip.Addr]string{},
+		handover:   map[netip.Addr]time.Time{},
 		watchers: map[chan *agentv1.Event]struct{}{},
 		rotate:   make(chan struct{}, 1),
 		stop:     make(chan struct{}),
@@ -180,8 +187,6 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 		a.applyMu.Lock()
 		a.mu.Lock()
 		a.state, a.checked, a.restored = st, checkItems(st), true
-		a.holdOff = time.Now().Add(opts.RestoredHoldOff)
-		a.holdOffTimer = time.AfterFunc(opts.RestoredHoldOff, a.livenessChanged)
 		a.applyLocked(ctx)
 		a.mu.Unlock()
 		a.applyMu.Unlock()
@@ -260,12 +265,8 @@ func (a *Agent) Apply(ctx context.Context, req *agentv1.ApplyRequest) (*agentv1.
 		if st.GetTerm() == cur.GetTerm() && st.GetGeneration() <= cur.GetGeneration() {
 			// Idempotent: the generation (or a newer one) is applied already; the answer says
 			// which, so that a CCM that lost count resumes from it. The leader is in touch, so
-			// the state is no longer only the one restored from disk: L2 is decided again
-			// without the restored state's caution.
-			if a.restored {
-				a.restored = false
-				a.applyLocked(ctx)
-			}
+			// the state is no longer only the one restored from disk.
+			a.restored = false
 			return a.answerLocked(false), nil
 		}
 	}
@@ -374,6 +375,11 @@ func (a *Agent) applyLocked(ctx context.Context) {
 func (a *Agent) setL2Locked(vips []l2.VIP) {
 	var problems []string
 	want := macsOf(vips)
+	if len(want)+len(a.macs) > 0 {
+		defer func(start time.Time, before int) {
+			klog.V(2).InfoS("Set the speaker and the virtual MACs", "vips", len(vips), "macsBefore", before, "macs", countMACs(a.macs), "took", time.Since(start))
+		}(time.Now(), countMACs(a.macs))
+	}
 	if err := a.opts.MACFilter.Set(unionMACs(a.macs, want)); err != nil {
 		problems = append(problems, fmt.Sprintf("virtual MACs: %v; answering with the interfaces' own MACs until the node can receive them", err))
 		vips, want = withoutMACs(vips), nil
@@ -401,6 +407,14 @@ func macsOf(vips []l2.VIP) map[string][]net.HardwareAddr {
 		}
 	}
 	return out
+}
+
+func countMACs(m map[string][]net.HardwareAddr) int {
+	n := 0
+	for _, macs := range m {
+		n += len(macs)
+	}
+	return n
 }
 
 func unionMACs(x, y map[string][]net.HardwareAddr) map[string][]net.HardwareAddr {
@@ -451,18 +465,9 @@ func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agent
 		live = a.live
 	}
 	d := decideL2(a.opts.Node, cands, an.GetPerClient(), live)
-	if live != nil && a.restored && time.Now().Before(a.holdOff) {
-		for _, c := range cands {
-			if live.Sees(c) {
-				a.heard[c] = true
-			}
-		}
-		cautious := decideL2(a.opts.Node, cands, an.GetPerClient(), heardFacts{live, a.heard})
-		if d.Active && !cautious.Active {
-			cautious.Reason = fmt.Sprintf("restored from disk: waiting up to %s to hear the other candidates or the CCM (%s)",
-				time.Until(a.holdOff).Round(time.Second), cautious.Reason)
-		}
-		d = cautious
+	if live != nil {
+		a.noteHeardLocked(live)
+		d = a.cautiousLocked(vip, cands, an, live, d)
 	}
 	view.Active, view.Reason, view.Sharing = d.Active, d.Reason, d.Sharing
 	if !d.Active {
@@ -477,6 +482,102 @@ func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agent
 		view.Reason += "; virtual MAC " + v.MAC.String()
 	}
 	return v, true
+}
+
+// cautiousLocked makes two corrections to a decision d for vip, both against two nodes
+// answering at once while nodes hold states that do not agree (a node restarted from a saved
+// state that its peers no longer share, a new plan reaching the nodes one after the other):
+//   - for HearPeerTimeout after the start, while this node has heard none of its peers, a
+//     peer counts as alive and not seeing this node (heardFacts);
+//   - a VIP with a virtual MAC that this node stood by for, and that a new plan makes it
+//     answer while the node it stood by for is alive, is answered after one detection time:
+//     that node, told at about the same time, stops first. A takeover because that node died
+//     is not held.
+//
+// The caller holds mu.
+func (a *Agent) cautiousLocked(vip netip.Addr, cands []string, an *agentv1.L2Announcement, live LivenessFacts, d l2Decision) l2Decision {
+	now := time.Now()
+	until := a.started.Add(a.opts.HearPeerTimeout)
+	if !a.heardAny && now.Before(until) {
+		a.redecideLocked(until)
+		isUnheard := func(n string) bool { return n != a.opts.Node }
+		c := decideL2(a.opts.Node, cands, an.GetPerClient(), heardFacts{live, isUnheard})
+		if d.Active && !c.Active {
+			c.Reason = fmt.Sprintf("just started and hears none of its peers: waiting up to %s for them or the CCM, as their states may no longer name this node (%s)",
+				until.Sub(now).Round(time.Second), c.Reason)
+		}
+		d = c
+	}
+
+	if !d.Active {
+		delete(a.handover, vip)
+		delete(a.standbyFor, vip)
+		me := max(slices.Index(cands, a.opts.Node), 0)
+		for _, c := range cands[:me] {
+			if live.Alive(c) {
+				a.standbyFor[vip] = c
+				break
+			}
+		}
+		return d
+	}
+	prev := a.standbyFor[vip]
+	if an.GetVirtualMac() != "" && prev != "" && live.Alive(prev) {
+		until, held := a.handover[vip]
+		if !held {
+			until = now.Add(a.detectionTime())
+			a.handover[vip] = until
+		}
+		if now.Before(until) {
+			a.redecideLocked(until)
+			return l2Decision{Reason: fmt.Sprintf("the plan moved it here from %s, which is alive: answering in %s, once %s has stopped", prev, until.Sub(now).Round(time.Millisecond), prev)}
+		}
+	}
+	delete(a.handover, vip)
+	delete(a.standbyFor, vip)
+	return d
+}
+
+// noteHeardLocked notes whether any candidate of this node's L2 VIPs has shown that it sees
+// this node. The caller holds mu.
+func (a *Agent) noteHeardLocked(live LivenessFacts) {
+	if a.heardAny {
+		return
+	}
+	for _, an := range a.checked.announcements {
+		for _, c := range an.GetL2().GetCandidates() {
+			if c.GetNode() != a.opts.Node && live.Sees(c.GetNode()) {
+				a.heardAny = true
+				return
+			}
+		}
+	}
+}
+
+// detectionTime is how long the heartbeats take to find a node dead.
+func (a *Agent) detectionTime() time.Duration {
+	iv, misses := a.liveCfg.Interval, a.liveCfg.Misses
+	if iv <= 0 {
+		iv = 50 * time.Millisecond // failover.Config's defaults
+	}
+	if misses <= 0 {
+		misses = 3
+	}
+	return time.Duration(misses) * iv
+}
+
+// redecideLocked makes L2 be decided again at the latest at at. The caller holds mu.
+func (a *Agent) redecideLocked(at time.Time) {
+	if a.redecide != nil && !a.redecideAt.IsZero() && !at.Before(a.redecideAt) && a.redecideAt.After(time.Now()) {
+		return // an earlier one is due
+	}
+	a.redecideAt = at
+	d := max(time.Until(at), time.Millisecond)
+	if a.redecide == nil {
+		a.redecide = time.AfterFunc(d, a.livenessChanged)
+		return
+	}
+	a.redecide.Reset(d)
 }
 
 // livenessChanged re-decides every L2 VIP when the set of live candidates changes. It runs
@@ -870,8 +971,8 @@ func (a *Agent) Close(ctx context.Context) error {
 	close(a.stop)
 	<-a.done
 	a.mu.Lock()
-	if a.holdOffTimer != nil {
-		a.holdOffTimer.Stop()
+	if a.redecide != nil {
+		a.redecide.Stop()
 	}
 	a.mu.Unlock()
 	// The monitor's callback takes mu: stop it before taking mu.

@@ -101,17 +101,18 @@ func decideShare(self string, cands []string, live LivenessFacts) l2Decision {
 	return d
 }
 
-// heardFacts is what a node that restarted from its saved state takes of its peers until the
-// CCM confirms the state or a hold-off passes: the saved state may be stale, and a peer whose
-// state no longer names this node sends it no heartbeats and takes none, so that it looks dead
-// while it answers the VIPs it now holds. A peer not heard since the start (no heartbeat of it
-// has shown that it sees this node) counts as alive and not seeing this node: this node then
-// answers no VIP that peer may hold, and both never answer at once. A peer that still names
-// this node is heard within a few heartbeats, and the usual rules apply.
+// heardFacts are the facts of the heartbeats with caution towards peers not heard (unheard):
+// such a peer counts as alive and not seeing this node. A node that restarted from its saved
+// state and hears none of its peers may have been dropped by them: the CCM moved its VIPs
+// while it was away, so that their states no longer name it; they send it no heartbeats and
+// take none, so that they look dead while they answer the VIPs they now hold. Counting them
+// alive, this node answers no VIP they may hold until it hears one of them (their states name
+// it again), or a while passes. A node that hears some peer is in their states: a peer it does
+// not hear is then dead, and the usual rules apply.
 type heardFacts struct {
 	LivenessFacts
-	heard map[string]bool
+	unheard func(node string) bool
 }
 
-func (h heardFacts) Alive(node string) bool { return !h.heard[node] || h.LivenessFacts.Alive(node) }
-func (h heardFacts) Sees(node string) bool  { return h.heard[node] && h.LivenessFacts.Sees(node) }
+func (h heardFacts) Alive(node string) bool { return h.unheard(node) || h.LivenessFacts.Alive(node) }
+func (h heardFacts) Sees(node string) bool  { return !h.unheard(node) && h.LivenessFacts.Sees(node) }

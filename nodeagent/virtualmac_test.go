@@ -124,7 +124,7 @@ func vmacHarness(t *testing.T, dir string, holdOff time.Duration) (*harness, *ev
 	live := &switchLiveness{alive: map[string]bool{}, sees: map[string]bool{}}
 	var fl *fakeL2
 	h := serve(t, dir, func(o *Options) {
-		o.RestoredHoldOff = holdOff
+		o.HearPeerTimeout = holdOff
 		fl = o.L2.(*fakeL2)
 		o.L2 = loggedL2{fl, ev}
 		o.MACFilter = filter
@@ -291,7 +291,7 @@ func TestARestartedNodeWaitsToHearItsPeersBeforeItAnswers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r := st.GetAnnounced()[0].GetReason(); !strings.Contains(r, "restored from disk: waiting up to") {
+		if r := st.GetAnnounced()[0].GetReason(); !strings.Contains(r, "just started and hears none of its peers: waiting up to") {
 			t.Errorf("reason %q; want it to say why it waits", r)
 		}
 		live.set("node-b", true, true)
@@ -299,14 +299,18 @@ func TestARestartedNodeWaitsToHearItsPeersBeforeItAnswers(t *testing.T) {
 			t.Errorf("node-a does not answer though node-b shows it sees it: %v", h.l2.last())
 		}
 	})
-	t.Run("the CCM's confirmation lets it answer", func(t *testing.T) {
-		h, _ := restoredHarness(t, time.Hour)
-		st := withPeers(h, state(1, 1, vmacVIP("203.0.113.10", vmacA, "node-a", "node-b")), "node-b")
-		if _, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: st}); err != nil { // the same generation
+	t.Run("a new state from the CCM does not end the wait: the peer may not have its own yet", func(t *testing.T) {
+		h, live := restoredHarness(t, time.Hour)
+		st := withPeers(h, state(1, 2, vmacVIP("203.0.113.10", vmacA, "node-a", "node-b"), withCandidates("203.0.113.11", "node-a")), "node-b")
+		if _, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: st}); err != nil {
 			t.Fatal(err)
 		}
-		if !answering(h) {
-			t.Errorf("node-a does not answer after the CCM confirmed its state: %v", h.l2.last())
+		if l := h.l2.last(); len(l) != 1 || l[0].Addr.String() != "203.0.113.11" {
+			t.Errorf("after the CCM's state node-a answers %v; want the VIP node-b has no part in alone", l)
+		}
+		live.set("node-b", true, true)
+		if l := h.l2.last(); len(l) != 2 {
+			t.Errorf("node-a answers %v once node-b is heard; want both VIPs", l)
 		}
 	})
 	t.Run("the hold-off's end lets it answer without the CCM", func(t *testing.T) {
@@ -319,4 +323,61 @@ func TestARestartedNodeWaitsToHearItsPeersBeforeItAnswers(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	})
+}
+
+func TestAPlanMovingAVirtualMACWaitsForTheNodeItMovesFrom(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		mac   string
+		dies  bool
+		waits bool
+	}{
+		{"a VIP with a virtual MAC moved by the plan is answered after a detection time", vmacA, false, true},
+		{"a VIP without one is answered at once, as before", "", false, false},
+		{"a VIP with a virtual MAC whose node died is answered at once", vmacA, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, _, _, live := vmacHarness(t, "", 0)
+			live.alive["node-b"], live.sees["node-b"] = true, true
+			c := h.ccm(t)
+			st := withPeers(h, state(1, 1, vmacVIP("203.0.113.10", tc.mac, "node-b", "node-a")), "node-b")
+			if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: st}); err != nil {
+				t.Fatal(err)
+			}
+			if len(h.l2.last()) != 0 {
+				t.Fatal("node-a answers while it stands by for node-b")
+			}
+			if tc.dies {
+				live.set("node-b", false, false)
+			} else {
+				st = withPeers(h, state(1, 2, vmacVIP("203.0.113.10", tc.mac, "node-a", "node-b")), "node-b")
+				if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: st}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			moved := time.Now()
+			if got := len(h.l2.last()) == 1; got == tc.waits {
+				t.Errorf("answering at once: %v; want %v", got, !tc.waits)
+			}
+			if !tc.waits {
+				return
+			}
+			got, err := c.GetState(ctx(t), &agentv1.GetStateRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r := got.GetAnnounced()[0].GetReason(); !strings.Contains(r, "the plan moved it here from node-b, which is alive") {
+				t.Errorf("reason %q; want it to say why it waits", r)
+			}
+			for len(h.l2.last()) != 1 {
+				if time.Since(moved) > 5*time.Second {
+					t.Fatal("node-a does not answer 5 s after the plan gave it the VIP")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			if d := time.Since(moved); d < 100*time.Millisecond {
+				t.Errorf("answered %s after the move; want a detection time (150 ms) for node-b to stop", d)
+			}
+		})
+	}
 }

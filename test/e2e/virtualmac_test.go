@@ -3,8 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -12,7 +10,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -56,7 +53,9 @@ func TestAVirtualMACCarriesAClientThatIgnoresGratuitousARP(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Cleanup(func() { _, _ = c.Lab.Client.Run(context.Background(), "ip", "neigh", "del", vip.String(), "dev", "eth0") })
+	t.Cleanup(func() {
+		_, _ = c.Lab.Client.Run(context.Background(), "ip", "neigh", "del", vip.String(), "dev", "eth0")
+	})
 
 	t.Run("without a virtual MAC the client with a permanent entry is not answered after a failover", func(t *testing.T) {
 		c.T = t
@@ -92,8 +91,14 @@ func TestAVirtualMACCarriesAClientThatIgnoresGratuitousARP(t *testing.T) {
 			return err == nil && len(macs) == 1 && macs[0] == vmac.String()
 		})
 		permanent(vmac.String())
-		capture := captureFrom(t, c.Lab, vmac, vip)
-		asker := askEvery(t, c.Lab.Client, vip, 20*time.Millisecond)
+		capture, err := c.Lab.CaptureFrom(vmac, vip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stopAsking, err := c.Lab.Client.AskEvery(vip, 20*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
 
 		const trials = 10
 		var outages, fdbMoves []time.Duration
@@ -128,29 +133,32 @@ func TestAVirtualMACCarriesAClientThatIgnoresGratuitousARP(t *testing.T) {
 			if outage > 5*time.Second {
 				t.Errorf("trial %d: outage %s over the 5 s bound", trial, outage)
 			}
+			// As a node that reboots, or an agent that restarts after kubelet's back-off: the
+			// CCM has moved the VIP's plan off the dead node before it returns.
+			cluster.Eventually(t, 30*time.Second, "the CCM plans without "+owner, func() bool { return !candidateOf(t, c, next, vip, owner) })
 			mark("trial %d: %s revived", trial, owner)
 			revive(t, c, owner)
 			mark("trial %d: %s in touch", trial, owner)
 		}
-		asker.stop()
-		frames := capture.stop()
+		stopAsking()
+		frames := capture.Stop()
 		t.Logf("virtual MAC on, %d trials: client outage %s; FDB moved %s after the kill", trials, stats(outages), stats(fdbMoves))
 
-		runs := frames.runs()
-		doubles, asked := frames.doubleAnswers(c.Lab.Client.IPv4)
+		runs := frames.Runs()
+		doubles, asked := frames.DoubleAnswers(c.Lab.Client.IPv4)
 		var gaps []time.Duration
 		for i := 1; i < len(runs); i++ {
-			gaps = append(gaps, runs[i].first.Sub(runs[i-1].last))
+			gaps = append(gaps, runs[i].First.Sub(runs[i-1].Last))
 		}
 		t.Logf("capture at the switch: %d frames from %s in %d runs from one port each (%s); %d ARP requests asked, %d answered from two ports; gaps between one node's last frame and the next's first: %s",
-			len(frames.fromMAC), vmac, len(runs), runNames(runs), asked, doubles, stats(gaps))
+			len(frames.FromMAC), vmac, len(runs), lab.RunNames(runs), asked, doubles, stats(gaps))
 		if doubles > 0 {
 			t.Errorf("%d ARP requests answered with the virtual MAC from two nodes", doubles)
 		}
 		defer func() {
 			if t.Failed() {
 				for _, r := range runs {
-					timeline = append(timeline, fmt.Sprintf("%6dms run of %d frames from %s for %s", r.first.Sub(start).Milliseconds(), r.n, r.port, r.last.Sub(r.first).Round(time.Millisecond)))
+					timeline = append(timeline, fmt.Sprintf("%6dms run of %d frames from %s for %s", r.First.Sub(start).Milliseconds(), r.N, r.Port, r.Last.Sub(r.First).Round(time.Millisecond)))
 				}
 				slices.Sort(timeline)
 				t.Logf("timeline:\n%s", strings.Join(timeline, "\n"))
@@ -159,16 +167,7 @@ func TestAVirtualMACCarriesAClientThatIgnoresGratuitousARP(t *testing.T) {
 		if asked < trials*50 {
 			t.Errorf("only %d requests seen at the switch: the capture missed them", asked)
 		}
-		// A node's frames come in one run per tenure, which opens with a gratuitous request
-		// and reply and goes on answering the asker every 20 ms. Two nodes sending at once
-		// show as runs of a frame or two, within one asking interval, between another
-		// node's: interleaved.
-		interleaved := 0
-		for i := 1; i+1 < len(runs); i++ {
-			if r := runs[i]; runs[i-1].port == runs[i+1].port && r.n <= 2 && runs[i+1].first.Sub(runs[i-1].last) < 20*time.Millisecond {
-				interleaved++
-			}
-		}
+		interleaved := lab.Interleaved(runs, 20*time.Millisecond)
 		t.Logf("runs interleaved with another node's: %d", interleaved)
 		if interleaved > 0 {
 			t.Errorf("%d times frames from two nodes interleaved", interleaved)
@@ -276,243 +275,19 @@ func stats(ds []time.Duration) string {
 	return fmt.Sprintf("p50 %s, p99 %s, max %s over %d", pct(0.5).Round(time.Millisecond), pct(0.99).Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond), len(s))
 }
 
-// asker asks for a VIP by ARP from a host every interval (a packet socket: the host's own
-// neighbour entry stays as it is), so that its owner keeps sending frames from the VIP's MAC.
-type asker struct {
-	done chan struct{}
-	wg   sync.WaitGroup
-}
-
-func askEvery(t *testing.T, h *lab.Host, vip netip.Addr, every time.Duration) *asker {
+// candidateOf reports whether node's agent holds a state naming cand among vip's candidates.
+func candidateOf(t *testing.T, c *cluster.Cluster, node string, vip netip.Addr, cand string) bool {
 	t.Helper()
-	cl, err := h.DialARP()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	st, err := c.Agents[node].Client.GetState(ctx, &agentv1.GetStateRequest{})
 	if err != nil {
-		t.Fatal(err)
+		return true
 	}
-	a := &asker{done: make(chan struct{})}
-	a.wg.Add(2)
-	go func() { // drain the replies
-		defer a.wg.Done()
-		for {
-			_ = cl.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-			if _, _, err := cl.Read(); err != nil {
-				var ne net.Error
-				if !errors.As(err, &ne) || !ne.Timeout() {
-					return
-				}
-				select {
-				case <-a.done:
-					return
-				default:
-				}
-			}
-		}
-	}()
-	go func() {
-		defer a.wg.Done()
-		defer cl.Close()
-		tick := time.NewTicker(every)
-		defer tick.Stop()
-		for range 100000 { // bounded: 2000 s at 20 ms
-			_ = cl.Request(vip)
-			select {
-			case <-a.done:
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	t.Cleanup(a.stop)
-	return a
-}
-
-func (a *asker) stop() {
-	select {
-	case <-a.done:
-		return
-	default:
-	}
-	close(a.done)
-	a.wg.Wait()
-}
-
-// frame is one frame seen at a switch port, with the kernel's receive time.
-type frame struct {
-	at     time.Time
-	port   string
-	op     uint16     // ARP operation, 0 for other frames
-	target netip.Addr // ARP target address
-	sender netip.Addr // ARP sender address
-}
-
-type frames struct {
-	fromMAC  []frame // from the virtual MAC, at the nodes' ports
-	requests []frame // the client's ARP requests for the VIP
-}
-
-// run is a stretch of frames from the virtual MAC all from one port.
-type run struct {
-	port        string
-	first, last time.Time
-	n           int
-}
-
-func (f frames) runs() []run {
-	var out []run
-	for _, fr := range f.fromMAC {
-		if len(out) > 0 && out[len(out)-1].port == fr.port {
-			r := &out[len(out)-1]
-			r.last, r.n = fr.at, r.n+1
-			continue
-		}
-		out = append(out, run{port: fr.port, first: fr.at, last: fr.at, n: 1})
-	}
-	return out
-}
-
-func runNames(rs []run) string {
-	var b strings.Builder
-	for i, r := range rs {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%s %d", strings.TrimPrefix(r.port, "p-"), r.n)
-	}
-	return b.String()
-}
-
-// doubleAnswers counts the client's requests whose replies (until the next request) came
-// from two ports, and the requests seen.
-func (f frames) doubleAnswers(client netip.Addr) (doubles, asked int) {
-	for i, rq := range f.requests {
-		end := time.Now().Add(time.Hour)
-		if i+1 < len(f.requests) {
-			end = f.requests[i+1].at
-		}
-		ports := map[string]bool{}
-		for _, fr := range f.fromMAC {
-			if fr.op == 2 && fr.target == client && !fr.at.Before(rq.at) && fr.at.Before(end) {
-				ports[fr.port] = true
-			}
-		}
-		if len(ports) > 1 {
-			doubles++
+	for _, an := range st.GetState().GetAnnouncements() {
+		if an.GetVip() == vip.String() {
+			return slices.ContainsFunc(an.GetL2().GetCandidates(), func(x *agentv1.Candidate) bool { return x.GetNode() == cand })
 		}
 	}
-	return doubles, len(f.requests)
+	return false
 }
-
-// capture reads every frame arriving at the switch from the nodes' and the client's ports
-// (packet sockets in the switch's namespace, kernel timestamps).
-type capture struct {
-	mu   sync.Mutex
-	got  frames
-	fds  []int
-	done chan struct{}
-	wg   sync.WaitGroup
-}
-
-func captureFrom(t *testing.T, l *lab.Lab, mac net.HardwareAddr, vip netip.Addr) *capture {
-	t.Helper()
-	cp := &capture{done: make(chan struct{})}
-	ports := []string{"p-client"}
-	for _, n := range l.Nodes {
-		ports = append(ports, "p-"+n.Name)
-	}
-	for _, port := range ports {
-		var fd int
-		err := l.Switch.Do(func() error {
-			ifi, err := net.InterfaceByName(port)
-			if err != nil {
-				return err
-			}
-			fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
-			if err != nil {
-				return err
-			}
-			if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index}); err != nil {
-				return err
-			}
-			if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1); err != nil {
-				return err
-			}
-			return unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100000})
-		})
-		if err != nil {
-			t.Fatalf("capture on %s: %v", port, err)
-		}
-		cp.fds = append(cp.fds, fd)
-		cp.wg.Add(1)
-		go cp.read(fd, port, mac, vip)
-	}
-	t.Cleanup(func() { cp.stop() })
-	return cp
-}
-
-func (cp *capture) read(fd int, port string, mac net.HardwareAddr, vip netip.Addr) {
-	defer cp.wg.Done()
-	buf, oob := make([]byte, 2048), make([]byte, 128)
-	for {
-		select {
-		case <-cp.done:
-			return
-		default:
-		}
-		n, oobn, _, from, err := unix.Recvmsg(fd, buf, oob, 0)
-		if err != nil {
-			continue // the timeout, to look at done
-		}
-		if ll, ok := from.(*unix.SockaddrLinklayer); !ok || ll.Pkttype == unix.PACKET_OUTGOING || n < 14 {
-			continue
-		}
-		fr := frame{at: timestamp(oob[:oobn]), port: port}
-		b := buf[:n]
-		if binary.BigEndian.Uint16(b[12:14]) == unix.ETH_P_ARP && n >= 42 {
-			fr.op = binary.BigEndian.Uint16(b[20:22])
-			fr.sender = netip.AddrFrom4([4]byte(b[28:32]))
-			fr.target = netip.AddrFrom4([4]byte(b[38:42]))
-		}
-		cp.mu.Lock()
-		switch {
-		case port == "p-client" && fr.op == 1 && fr.target == vip:
-			cp.got.requests = append(cp.got.requests, fr)
-		case port != "p-client" && bytes.Equal(b[6:12], mac):
-			cp.got.fromMAC = append(cp.got.fromMAC, fr)
-		}
-		cp.mu.Unlock()
-	}
-}
-
-func timestamp(oob []byte) time.Time {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err == nil {
-		for _, m := range msgs {
-			if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SO_TIMESTAMPNS && len(m.Data) >= 16 {
-				sec, nsec := binary.NativeEndian.Uint64(m.Data[0:8]), binary.NativeEndian.Uint64(m.Data[8:16])
-				return time.Unix(int64(sec), int64(nsec))
-			}
-		}
-	}
-	return time.Now()
-}
-
-// stop ends the capture and returns what it saw, in time order.
-func (cp *capture) stop() frames {
-	select {
-	case <-cp.done:
-	default:
-		close(cp.done)
-		cp.wg.Wait()
-		for _, fd := range cp.fds {
-			unix.Close(fd)
-		}
-	}
-	cp.mu.Lock()
-	defer cp.mu.Unlock()
-	for _, s := range [][]frame{cp.got.fromMAC, cp.got.requests} {
-		sort.Slice(s, func(i, j int) bool { return s[i].at.Before(s[j].at) })
-	}
-	return cp.got
-}
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
