@@ -3,10 +3,11 @@
 // that put it on the wire (l2 for ARP/NDP, bgp for BGP) and the heartbeat exchange (failover).
 // It decides which of the L2 VIPs it answers for from the ranked candidates it is given
 // (ownership.go), and which items of a state it takes: an invalid announcement or BGP peer is
-// refused alone, with the reason, and the rest applied (validate.go). With a local file it also
-// serves the control-plane VIP in front of the kube-apiservers (standalone.go), a second source
-// kept apart from the CCM's state. It holds no Kubernetes credentials, decides nothing about
-// which Service VIPs exist, and never returns a secret.
+// refused alone, with the reason, and the rest applied (validate.go). For a VIP with a virtual
+// MAC it makes the node receive frames sent to that MAC while it answers (macfilter.go). With a
+// local file it also serves the control-plane VIP in front of the kube-apiservers
+// (standalone.go), a second source kept apart from the CCM's state. It holds no Kubernetes
+// credentials, decides nothing about which Service VIPs exist, and never returns a secret.
 package nodeagent
 
 import (
@@ -14,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -75,6 +77,12 @@ type Options struct {
 	// ControlPlane is the second source of desired state, the control-plane VIP from a local
 	// file (standalone.go); nil for none. The agent starts it and closes it.
 	ControlPlane *ControlPlane
+	// MACFilter makes the node receive frames sent to the virtual MACs it answers with; nil
+	// means NewMACFilter (nftables and the NICs' unicast filters, which need NET_ADMIN).
+	MACFilter MACFilter
+	// HearPeerTimeout is how long after the agent starts a peer not heard since counts as
+	// alive and not seeing this node (see heardFacts); 0 means 10 s.
+	HearPeerTimeout time.Duration
 }
 
 // Liveness is the seam to the heartbeat exchange.
@@ -98,7 +106,18 @@ type Agent struct {
 	state    *agentv1.DesiredState // the last accepted state, as given; nil before the first
 	checked  checkedState          // state's items, checked
 	restored bool
-	problems []string
+	// started is when the agent started; heardAny says a peer's heartbeats have shown since
+	// that it sees this node (heardFacts). standbyFor is, for each L2 VIP this node stands
+	// by for, the live candidate it stands by for; handover holds a VIP with a virtual MAC
+	// that a new plan gave this node while that candidate lives (cautiousLocked). redecide
+	// decides L2 again when the first of those waits ends.
+	started    time.Time
+	heardAny   bool
+	standbyFor map[netip.Addr]string
+	handover   map[netip.Addr]time.Time
+	redecide   *time.Timer
+	redecideAt time.Time
+	problems   []string
 	// startProblems are what went wrong reading the state directory at start; they are
 	// reported until the next accepted Apply.
 	startProblems []string
@@ -108,6 +127,10 @@ type Agent struct {
 	live          Liveness
 	liveCfg       failover.Config
 	hbBase        failover.Counters // of the heartbeat monitors closed so far
+	// macs are the virtual MACs the MAC filter takes, by interface; l2Problems what went
+	// wrong the last time the speaker and the filter were set.
+	macs       map[string][]net.HardwareAddr
+	l2Problems []string
 
 	watchMu  sync.Mutex
 	watchers map[chan *agentv1.Event]struct{}
@@ -135,13 +158,26 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 	if cp := opts.ControlPlane; cp != nil && cp.Node() != opts.Node {
 		return nil, fmt.Errorf("the control-plane file is for node %q; this agent is %q", cp.Node(), opts.Node)
 	}
+	if opts.HearPeerTimeout <= 0 {
+		opts.HearPeerTimeout = 10 * time.Second
+	}
+	if opts.MACFilter == nil {
+		f, err := NewMACFilter()
+		if err != nil {
+			return nil, fmt.Errorf("MAC filter: %w", err)
+		}
+		opts.MACFilter = f
+	}
 	a := &Agent{
-		opts:     opts,
-		views:    map[netip.Addr]*agentv1.AnnouncedVIP{},
-		watchers: map[chan *agentv1.Event]struct{}{},
-		rotate:   make(chan struct{}, 1),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		opts:       opts,
+		views:      map[netip.Addr]*agentv1.AnnouncedVIP{},
+		started:    time.Now(),
+		standbyFor: map[netip.Addr]string{},
+		handover:   map[netip.Addr]time.Time{},
+		watchers:   map[chan *agentv1.Event]struct{}{},
+		rotate:     make(chan struct{}, 1),
+		stop:       make(chan struct{}),
+		done:       make(chan struct{}),
 	}
 	id, err := failover.LoadIdentity(opts.StateDir, time.Now())
 	if id == nil {
@@ -168,6 +204,12 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 	} else if problem != "" {
 		klog.ErrorS(nil, "Starting without the saved state", "problem", problem)
 		a.startProblems = append(a.startProblems, problem)
+	}
+	if a.state == nil {
+		// Nothing to answer for: stop receiving any virtual MAC a crashed run left received.
+		if err := opts.MACFilter.Set(nil); err != nil {
+			klog.ErrorS(err, "Virtual MACs left by an earlier run")
+		}
 	}
 	go a.retryLoop()
 	if cp := opts.ControlPlane; cp != nil {
@@ -271,7 +313,7 @@ func (a *Agent) answerLocked(changed bool) *agentv1.ApplyResponse {
 }
 
 func (a *Agent) problemsLocked() []string {
-	return append(slices.Clone(a.startProblems), a.problems...)
+	return slices.Concat(a.startProblems, a.problems, a.l2Problems)
 }
 
 func cloneRefusals(rs []*agentv1.Refusal) []*agentv1.Refusal {
@@ -328,17 +370,85 @@ func (a *Agent) applyLocked(ctx context.Context) {
 	vips, routes = append(vips, cp.l2...), append(routes, cp.routes...)
 	if a.opts.L2 != nil {
 		a.opts.L2.SetRefresh(time.Duration(st.GetL2().GetGratuitousRefreshSeconds()) * time.Second)
-		if err := a.opts.L2.Set(vips); err != nil {
-			problems = append(problems, "L2: "+err.Error())
-		}
 	}
+	a.setL2Locked(vips)
 	problems = append(problems, a.applyBGPLocked(ctx, st, routes, cp)...)
 
 	a.emitChanges(views)
 	a.views, a.problems = views, problems
-	for _, p := range problems {
+	for _, p := range slices.Concat(problems, a.l2Problems) {
 		klog.ErrorS(nil, "Could not apply all of the state; retrying", "problem", p)
 	}
+}
+
+// setL2Locked gives the speaker vips, with the node receiving every virtual MAC it answers
+// with from before the speaker first sends from it until after it last has: a takeover's
+// first frame from the MAC finds the node receiving, and a release has stopped answering (the
+// heartbeats' ordered hand-over then lets the next owner start) before frames stop arriving.
+// A virtual MAC the node cannot receive is answered with the interface's own MAC meanwhile:
+// clients that heed gratuitous ARP still reach the VIP, and l2Problems says why. The caller
+// holds mu.
+func (a *Agent) setL2Locked(vips []l2.VIP) {
+	var problems []string
+	want := macsOf(vips)
+	if len(want)+len(a.macs) > 0 {
+		defer func(start time.Time, before int) {
+			klog.V(2).InfoS("Set the speaker and the virtual MACs", "vips", len(vips), "macsBefore", before, "macs", countMACs(a.macs), "took", time.Since(start))
+		}(time.Now(), countMACs(a.macs))
+	}
+	if err := a.opts.MACFilter.Set(unionMACs(a.macs, want)); err != nil {
+		problems = append(problems, fmt.Sprintf("virtual MACs: %v; answering with the interfaces' own MACs until the node can receive them", err))
+		vips, want = withoutMACs(vips), nil
+	}
+	if a.opts.L2 != nil {
+		if err := a.opts.L2.Set(vips); err != nil {
+			problems = append(problems, "L2: "+err.Error())
+		}
+	}
+	if err := a.opts.MACFilter.Set(want); err != nil && len(problems) == 0 {
+		problems = append(problems, fmt.Sprintf("virtual MACs: %v", err))
+	}
+	a.macs, a.l2Problems = want, problems
+}
+
+// macsOf returns the virtual MACs of vips by interface.
+func macsOf(vips []l2.VIP) map[string][]net.HardwareAddr {
+	out := map[string][]net.HardwareAddr{}
+	for _, v := range vips {
+		if v.MAC == nil {
+			continue
+		}
+		for _, ifname := range v.Interfaces {
+			out[ifname] = append(out[ifname], v.MAC)
+		}
+	}
+	return out
+}
+
+func countMACs(m map[string][]net.HardwareAddr) int {
+	n := 0
+	for _, macs := range m {
+		n += len(macs)
+	}
+	return n
+}
+
+func unionMACs(x, y map[string][]net.HardwareAddr) map[string][]net.HardwareAddr {
+	out := map[string][]net.HardwareAddr{}
+	for _, m := range []map[string][]net.HardwareAddr{x, y} {
+		for ifname, macs := range m {
+			out[ifname] = append(out[ifname], macs...)
+		}
+	}
+	return out
+}
+
+func withoutMACs(vips []l2.VIP) []l2.VIP {
+	out := slices.Clone(vips)
+	for i := range out {
+		out[i].MAC = nil
+	}
+	return out
 }
 
 // emitChanges emits events for what changed hands on this node. The caller holds mu.
@@ -371,6 +481,10 @@ func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agent
 		live = a.live
 	}
 	d := decideL2(a.opts.Node, cands, an.GetPerClient(), live)
+	if live != nil {
+		a.noteHeardLocked(live)
+		d = a.cautiousLocked(vip, cands, an, live, d)
+	}
 	view.Active, view.Reason, view.Sharing = d.Active, d.Reason, d.Sharing
 	if !d.Active {
 		return l2.VIP{}, false
@@ -379,7 +493,107 @@ func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agent
 	if an.GetPerClient() {
 		v.Share = &l2.Share{Self: a.opts.Node, Members: d.Sharing}
 	}
+	if m := an.GetVirtualMac(); m != "" {
+		v.MAC, _ = net.ParseMAC(m) // checked by checkItems
+		view.Reason += "; virtual MAC " + v.MAC.String()
+	}
 	return v, true
+}
+
+// cautiousLocked makes two corrections to a decision d for vip, both against two nodes
+// answering at once while nodes hold states that do not agree (a node restarted from a saved
+// state that its peers no longer share, a new plan reaching the nodes one after the other):
+//   - for HearPeerTimeout after the start, while this node has heard none of its peers, a
+//     peer counts as alive and not seeing this node (heardFacts);
+//   - a VIP with a virtual MAC that this node stood by for, and that a new plan makes it
+//     answer while the node it stood by for is alive, is answered after one detection time:
+//     that node, told at about the same time, stops first. A takeover because that node died
+//     is not held.
+//
+// The caller holds mu.
+func (a *Agent) cautiousLocked(vip netip.Addr, cands []string, an *agentv1.L2Announcement, live LivenessFacts, d l2Decision) l2Decision {
+	now := time.Now()
+	until := a.started.Add(a.opts.HearPeerTimeout)
+	if !a.heardAny && now.Before(until) {
+		a.redecideLocked(until)
+		isUnheard := func(n string) bool { return n != a.opts.Node }
+		c := decideL2(a.opts.Node, cands, an.GetPerClient(), heardFacts{live, isUnheard})
+		if d.Active && !c.Active {
+			c.Reason = fmt.Sprintf("just started and hears none of its peers: waiting up to %s for them or the CCM, as their states may no longer name this node (%s)",
+				until.Sub(now).Round(time.Second), c.Reason)
+		}
+		d = c
+	}
+
+	if !d.Active {
+		delete(a.handover, vip)
+		delete(a.standbyFor, vip)
+		me := max(slices.Index(cands, a.opts.Node), 0)
+		for _, c := range cands[:me] {
+			if live.Alive(c) {
+				a.standbyFor[vip] = c
+				break
+			}
+		}
+		return d
+	}
+	prev := a.standbyFor[vip]
+	if an.GetVirtualMac() != "" && prev != "" && live.Alive(prev) {
+		until, held := a.handover[vip]
+		if !held {
+			until = now.Add(a.detectionTime())
+			a.handover[vip] = until
+		}
+		if now.Before(until) {
+			a.redecideLocked(until)
+			return l2Decision{Reason: fmt.Sprintf("the plan moved it here from %s, which is alive: answering in %s, once %s has stopped", prev, until.Sub(now).Round(time.Millisecond), prev)}
+		}
+	}
+	delete(a.handover, vip)
+	delete(a.standbyFor, vip)
+	return d
+}
+
+// noteHeardLocked notes whether any candidate of this node's L2 VIPs has shown that it sees
+// this node. The caller holds mu.
+func (a *Agent) noteHeardLocked(live LivenessFacts) {
+	if a.heardAny {
+		return
+	}
+	for _, an := range a.checked.announcements {
+		for _, c := range an.GetL2().GetCandidates() {
+			if c.GetNode() != a.opts.Node && live.Sees(c.GetNode()) {
+				a.heardAny = true
+				return
+			}
+		}
+	}
+}
+
+// detectionTime is how long the heartbeats take to find a node dead.
+func (a *Agent) detectionTime() time.Duration {
+	iv, misses := a.liveCfg.Interval, a.liveCfg.Misses
+	if iv <= 0 {
+		iv = 50 * time.Millisecond // failover.Config's defaults
+	}
+	if misses <= 0 {
+		misses = 3
+	}
+	return time.Duration(misses) * iv
+}
+
+// redecideLocked makes L2 be decided again at the latest at at. The caller holds mu.
+func (a *Agent) redecideLocked(at time.Time) {
+	if a.redecide != nil && !a.redecideAt.IsZero() && !at.Before(a.redecideAt) && a.redecideAt.After(time.Now()) {
+		return // an earlier one is due
+	}
+	a.redecideAt = at
+	d := max(time.Until(at), time.Millisecond)
+	if a.redecide == nil {
+		a.redecide = time.AfterFunc(d, a.livenessChanged)
+		return
+	}
+	a.redecide.Reset(d)
 }
 
 // livenessChanged re-decides every L2 VIP when the set of live candidates changes. It runs
@@ -387,7 +601,7 @@ func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agent
 func (a *Agent) livenessChanged() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.state == nil {
+	if a.state == nil || a.closing() {
 		return
 	}
 	views := map[netip.Addr]*agentv1.AnnouncedVIP{}
@@ -409,10 +623,9 @@ func (a *Agent) livenessChanged() {
 		}
 	}
 	vips = append(vips, a.controlPlaneWire().l2...)
-	if a.opts.L2 != nil {
-		if err := a.opts.L2.Set(vips); err != nil {
-			klog.ErrorS(err, "L2 after a liveness change")
-		}
+	a.setL2Locked(vips)
+	for _, p := range a.l2Problems {
+		klog.ErrorS(nil, "L2 after a liveness change", "problem", p)
 	}
 	a.emitChanges(views)
 	a.views = views
@@ -679,6 +892,16 @@ func (a *Agent) emit(ev *agentv1.Event) {
 	}
 }
 
+// closing reports whether Close has begun.
+func (a *Agent) closing() bool {
+	select {
+	case <-a.stop:
+		return true
+	default:
+		return false
+	}
+}
+
 // RotateHeartbeatKey makes a new heartbeat key now (metalvip-agent does on SIGHUP); see
 // failover.Identity.Rotate. It does nothing while an earlier rotation is under way.
 func (a *Agent) RotateHeartbeatKey() {
@@ -717,7 +940,12 @@ func (a *Agent) retryLoop() {
 		case <-t.C:
 			a.applyMu.Lock()
 			a.mu.Lock()
-			if (a.state != nil || a.opts.ControlPlane != nil) && len(a.problems) > 0 {
+			if len(a.macs) > 0 {
+				if err := a.opts.MACFilter.Check(); err != nil {
+					klog.ErrorS(err, "Virtual MACs: cannot check what the node receives")
+				}
+			}
+			if (a.state != nil || a.opts.ControlPlane != nil) && len(a.problems)+len(a.l2Problems) > 0 {
 				ctx, cancel := context.WithTimeout(context.Background(), a.opts.RetryInterval)
 				a.applyLocked(ctx)
 				cancel()
@@ -766,6 +994,11 @@ func (a *Agent) Close(ctx context.Context) error {
 	if a.opts.ControlPlane != nil {
 		a.opts.ControlPlane.close() // its heartbeats' callbacks take applyMu and mu
 	}
+	a.mu.Lock()
+	if a.redecide != nil {
+		a.redecide.Stop()
+	}
+	a.mu.Unlock()
 	// The monitor's callback takes mu: stop it before taking mu.
 	a.mu.Lock()
 	live := a.live
@@ -784,5 +1017,7 @@ func (a *Agent) Close(ctx context.Context) error {
 	if a.opts.L2 != nil {
 		errs = append(errs, a.opts.L2.Close())
 	}
+	// The speaker has stopped: nothing answers with a virtual MAC any more.
+	errs = append(errs, a.opts.MACFilter.Close())
 	return errors.Join(errs...)
 }

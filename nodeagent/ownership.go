@@ -100,3 +100,19 @@ func decideShare(self string, cands []string, live LivenessFacts) l2Decision {
 	}
 	return d
 }
+
+// heardFacts are the facts of the heartbeats with caution towards peers not heard (unheard):
+// such a peer counts as alive and not seeing this node. A node that restarted from its saved
+// state and hears none of its peers may have been dropped by them: the CCM moved its VIPs
+// while it was away, so that their states no longer name it; they send it no heartbeats and
+// take none, so that they look dead while they answer the VIPs they now hold. Counting them
+// alive, this node answers no VIP they may hold until it hears one of them (their states name
+// it again), or a while passes. A node that hears some peer is in their states: a peer it does
+// not hear is then dead, and the usual rules apply.
+type heardFacts struct {
+	LivenessFacts
+	unheard func(node string) bool
+}
+
+func (h heardFacts) Alive(node string) bool { return h.unheard(node) || h.LivenessFacts.Alive(node) }
+func (h heardFacts) Sees(node string) bool  { return !h.unheard(node) && h.LivenessFacts.Sees(node) }

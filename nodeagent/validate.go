@@ -3,7 +3,9 @@ package nodeagent
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -85,6 +87,7 @@ func checkItems(st *agentv1.DesiredState) checkedState {
 		c.refused = append(c.refused, &agentv1.Refusal{Kind: kind, Key: key, Field: field, Reason: fmt.Sprintf(format, args...)})
 	}
 	seenVIP := map[netip.Addr]int{}
+	seenMAC := map[string]int{} // virtual MACs
 	for i, an := range st.GetAnnouncements() {
 		at := fmt.Sprintf("announcements[%d]", i)
 		bad := func(field, format string, args ...any) {
@@ -106,6 +109,14 @@ func checkItems(st *agentv1.DesiredState) checkedState {
 		if f, reason := checkAnnouncement(an); reason != "" {
 			bad(f, "%s", reason)
 			continue
+		}
+		if m := an.GetL2().GetVirtualMac(); an.GetMode() == agentv1.Mode_MODE_L2 && m != "" {
+			mac, _ := net.ParseMAC(m)
+			if j, dup := seenMAC[mac.String()]; dup {
+				bad(".l2.virtual_mac", "%s is also the MAC of announcements[%d] (%s); give each VIP its own", mac, j, st.GetAnnouncements()[j].GetVip())
+				continue
+			}
+			seenMAC[mac.String()] = i
 		}
 		seenVIP[vip] = i
 		c.announcements = append(c.announcements, an)
@@ -200,6 +211,17 @@ func checkAnnouncement(an *agentv1.Announcement) (string, string) {
 		for k, ifi := range an.GetL2().GetInterfaces() {
 			if ifi == "" || len(ifi) > 15 || strings.ContainsAny(ifi, "/ \t\n") {
 				return fmt.Sprintf(".l2.interfaces[%d]", k), fmt.Sprintf("%q is not an interface name; give a name such as eth0, or none for the agent's default", ifi)
+			}
+		}
+		if m := an.GetL2().GetVirtualMac(); m != "" {
+			mac, err := net.ParseMAC(m)
+			switch {
+			case err != nil || len(mac) != 6:
+				return ".l2.virtual_mac", fmt.Sprintf("%q is not an Ethernet address; give six bytes such as 02:00:cb:00:71:05, or none", m)
+			case mac[0]&1 != 0 || slices.Equal(mac, make(net.HardwareAddr, 6)):
+				return ".l2.virtual_mac", fmt.Sprintf("%s is not a unicast Ethernet address; a VIP's MAC is unicast, such as 02:00:cb:00:71:05", mac)
+			case an.GetL2().GetPerClient():
+				return ".l2.virtual_mac", "a virtual MAC is on one node at a time and per_client answers from several: give one or the other"
 			}
 		}
 	case agentv1.Mode_MODE_BGP:

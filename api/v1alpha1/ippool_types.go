@@ -37,7 +37,16 @@ type IPPoolList struct {
 	Items           []IPPool `json:"items"`
 }
 
-// IPPoolSpec is what an operator writes.
+// IPPoolSpec is what an operator writes. With announce.l2.virtualMAC, no two of the pool's
+// addresses may get one MAC (see VirtualMAC); the rules below say so within CEL's cost limit
+// (string operations for IPv4, one IPv6 entry), and the CCM checks the same in
+// loadbalancer/pools. Two pools giving one MAC are the CCM's to find (the newer is not used).
+//
+// +kubebuilder:validation:XValidation:rule=`!(has(self.announce) && has(self.announce.l2) && has(self.announce.l2.virtualMAC)) || self.addresses.all(a, !a.contains('/') || !a.substring(a.indexOf('/') + 1).matches('^[0-9]{1,3}$') || int(a.substring(a.indexOf('/') + 1)) >= (a.contains(':') ? (self.announce.l2.virtualMAC.scheme == 'VRRP' ? 120 : 88) : (self.announce.l2.virtualMAC.scheme == 'VRRP' ? 24 : 0)))`,message="with virtualMAC a CIDR this wide would give two addresses one MAC: with scheme VRRP give CIDRs of /24 (IPv4) or /120 (IPv6) or longer, with scheme Local IPv6 CIDRs of /88 or longer"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.announce) && has(self.announce.l2) && has(self.announce.l2.virtualMAC) && self.announce.l2.virtualMAC.scheme == 'VRRP') || self.addresses.filter(a, !a.contains(':')).all(a, (a.contains('-') ? a.substring(0, a.indexOf('-')) : a.substring(0, a.indexOf('/'))).substring((a.contains('-') ? a.substring(0, a.indexOf('-')) : a.substring(0, a.indexOf('/'))).lastIndexOf('.') + 1) != '0' && (!a.contains('-') || (a.contains('-') ? a.substring(0, a.indexOf('-')) : a.substring(0, a.indexOf('/'))).substring(0, (a.contains('-') ? a.substring(0, a.indexOf('-')) : a.substring(0, a.indexOf('/'))).lastIndexOf('.')) == a.substring(a.indexOf('-') + 1).substring(0, a.substring(a.indexOf('-') + 1).lastIndexOf('.'))) && (a.contains('-') ? a.substring(0, a.indexOf('-')) : a.substring(0, a.indexOf('/'))).substring(0, (a.contains('-') ? a.substring(0, a.indexOf('-')) : a.substring(0, a.indexOf('/'))).lastIndexOf('.')) == (self.addresses.filter(x, !x.contains(':'))[0].contains('-') ? self.addresses.filter(x, !x.contains(':'))[0].substring(0, self.addresses.filter(x, !x.contains(':'))[0].indexOf('-')) : self.addresses.filter(x, !x.contains(':'))[0].substring(0, self.addresses.filter(x, !x.contains(':'))[0].indexOf('/'))).substring(0, (self.addresses.filter(x, !x.contains(':'))[0].contains('-') ? self.addresses.filter(x, !x.contains(':'))[0].substring(0, self.addresses.filter(x, !x.contains(':'))[0].indexOf('-')) : self.addresses.filter(x, !x.contains(':'))[0].substring(0, self.addresses.filter(x, !x.contains(':'))[0].indexOf('/'))).lastIndexOf('.')))`,message="with virtualMAC scheme VRRP an IPv4 address's last byte is its VRRP ID, 1 to 255: the pool's IPv4 addresses must lie in one /24, none ending in .0, such as 203.0.113.1-203.0.113.254"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.announce) && has(self.announce.l2) && has(self.announce.l2.virtualMAC)) || self.addresses.all(a, !a.contains(':') || !a.contains('-') || !isIP(a.substring(0, a.indexOf('-'))) || !isIP(a.substring(a.indexOf('-') + 1)) || cidr(a.substring(0, a.indexOf('-')) + (self.announce.l2.virtualMAC.scheme == 'VRRP' ? '/120' : '/88')).containsIP(a.substring(a.indexOf('-') + 1)))`,message="with virtualMAC an IPv6 range must lie in one block: a /88 with scheme Local (the last five bytes make the MAC), a /120 with scheme VRRP (the last byte is the VRRP ID)"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.announce) && has(self.announce.l2) && has(self.announce.l2.virtualMAC) && self.announce.l2.virtualMAC.scheme == 'VRRP') || self.addresses.all(a, !a.contains(':') || !(a.contains('-') ? a.substring(0, a.indexOf('-')) : a.substring(0, a.indexOf('/'))).substring((a.contains('-') ? a.substring(0, a.indexOf('-')) : a.substring(0, a.indexOf('/'))).lastIndexOf(':') + 1).matches('^(|0+|.*00|.*[.]0)$'))`,message="with virtualMAC scheme VRRP an IPv6 address's last byte is its VRRP ID, 1 to 255: the pool's IPv6 addresses must not start at one ending in 00, such as 2001:db8:100::1-2001:db8:100::ff"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.announce) && has(self.announce.l2) && has(self.announce.l2.virtualMAC)) || self.addresses.filter(a, a.contains(':')).size() <= 1`,message="with virtualMAC give at most one IPv6 entry, a CIDR or a range (two could give two addresses one MAC)"
 type IPPoolSpec struct {
 	// Addresses are the pool's addresses: CIDRs and first-last ranges, IPv4 and IPv6 in one
 	// pool allowed.
@@ -160,6 +169,8 @@ type Announce struct {
 }
 
 // L2Announce holds the options of mode L2.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.virtualMAC) || !has(self.spreading) || self.spreading != 'PerClient'",message="virtualMAC gives each address one MAC, which one node holds at a time; spreading PerClient answers from several nodes at once: use one or the other"
 type L2Announce struct {
 	// Interfaces the agents answer ARP and NDP on. Empty: the interface that holds the node's
 	// address on the segment.
@@ -182,7 +193,43 @@ type L2Announce struct {
 	// +kubebuilder:default=Single
 	// +optional
 	Spreading L2Spreading `json:"spreading,omitempty"`
+
+	// VirtualMAC, when set, answers each address of the pool with a MAC of its own, derived
+	// from the address, which moves with it from node to node: a client's neighbour entry
+	// stays right across a failover, and only the switch learns a new port, from the new
+	// owner's first frame. For clients that ignore gratuitous ARP (appliances, firewalls,
+	// some switches). Not with spreading PerClient. The switch side must let a MAC move
+	// between ports (port security, hypervisors' MAC spoof checks): see docs/announcing.md.
+	//
+	// +optional
+	VirtualMAC *VirtualMAC `json:"virtualMAC,omitempty"`
 }
+
+// VirtualMAC says which MACs a pool's addresses get.
+type VirtualMAC struct {
+	// Scheme is Local or VRRP. Local (the default): locally administered MACs, 02:00 and
+	// the four bytes of an IPv4 address (203.0.113.5 is 02:00:cb:00:71:05), 06 and the last
+	// five bytes of an IPv6 address (2001:db8::5 is 06:00:00:00:00:05); a pool's IPv6
+	// addresses lie in one /88. VRRP: the MACs of VRRP (RFC 5798), 00:00:5e:00:01:ID for
+	// IPv4 and 00:00:5e:00:02:ID for IPv6, where the ID is the address's last byte, 1 to
+	// 255; a pool's addresses of a family lie in one /24 (IPv4) or /120 (IPv6). With VRRP,
+	// choose the addresses so that their IDs are not those of a VRRP router on the segment.
+	// Two pools that would give two addresses one MAC: the newer one is not used.
+	//
+	// +kubebuilder:validation:Enum=Local;VRRP
+	// +kubebuilder:default=Local
+	// +optional
+	Scheme VirtualMACScheme `json:"scheme,omitempty"`
+}
+
+// VirtualMACScheme is how an address's MAC is made.
+type VirtualMACScheme string
+
+// Schemes of virtual MACs.
+const (
+	VirtualMACLocal VirtualMACScheme = "Local"
+	VirtualMACVRRP  VirtualMACScheme = "VRRP"
+)
 
 // L2Spreading is how an L2 VIP's clients spread over nodes.
 type L2Spreading string

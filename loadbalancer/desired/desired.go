@@ -237,6 +237,7 @@ func Announcement(e planner.Entry, v planner.VIP, pool *pools.Pool, services []s
 	if pool != nil {
 		an.L2.Interfaces = slices.Clone(pool.Announce.Interfaces)
 		an.L2.PerClient = pool.Announce.PerClient
+		an.L2.VirtualMac = pool.VirtualMAC(v.Addr)
 	}
 	return an
 }

@@ -71,7 +71,9 @@ type Announce struct {
 	Preferred  labels.Selector
 	Interfaces []string
 	// PerClient: every live candidate answers its share of clients.
-	PerClient   bool
+	PerClient bool
+	// MACScheme, when set, gives each address a MAC of its own (virtualmac.go).
+	MACScheme   v1alpha1.VirtualMACScheme
 	Communities []string
 	LocalPref   uint32
 }
@@ -197,6 +199,19 @@ func decodePool(ip *v1alpha1.IPPool) *Pool {
 		case v1alpha1.SpreadSingle, "":
 		default:
 			add("spec.announce.l2.spreading", "%q; write Single or PerClient", l2.Spreading)
+		}
+		if vm := l2.VirtualMAC; vm != nil {
+			switch p.Announce.MACScheme = vm.Scheme; vm.Scheme {
+			case v1alpha1.VirtualMACLocal, v1alpha1.VirtualMACVRRP:
+			case "":
+				p.Announce.MACScheme = v1alpha1.VirtualMACLocal // the CRD's default
+			default:
+				add("spec.announce.l2.virtualMAC.scheme", "%q; write Local or VRRP", vm.Scheme)
+			}
+			if p.Announce.PerClient {
+				add("spec.announce.l2.virtualMAC", "a virtual MAC is on one node at a time; spreading PerClient answers from several: use one or the other")
+			}
+			checkVirtualMAC(p.Announce.MACScheme, sp.Addresses, add)
 		}
 	}
 	if b := an.BGP; b != nil {
@@ -376,12 +391,14 @@ type Set struct {
 }
 
 // NewSet indexes pools and peers, with the allocator's own overlap rule (ipam.Index): O(ranges)
-// per pool, whatever their size.
+// per pool, whatever their size. A pool whose virtual MACs an older pool's addresses would
+// share is not used (virtualmac.go).
 func NewSet(pools []*Pool, peers []*Peer) *Set {
 	s := &Set{pools: make(map[string]*Pool, len(pools))}
 	for _, p := range pools {
 		s.pools[p.Name] = p
 	}
+	s.refuseMACConflicts()
 	s.index = ipam.NewIndex(s.AllocatorPools())
 	s.peers = slices.Clone(peers)
 	slices.SortFunc(s.peers, func(a, b *Peer) int {

@@ -15,7 +15,8 @@ import (
 type ARPConn interface {
 	// Read returns the next ARP packet and the frame it came in.
 	Read() (*arp.Packet, *ethernet.Frame, error)
-	// WriteTo sends p in a frame to addr, from p's sender hardware address.
+	// WriteTo sends p in a frame to addr, from p's sender hardware address (so from a
+	// virtual MAC when p names one).
 	WriteTo(p *arp.Packet, addr net.HardwareAddr) error
 	Close() error
 }
@@ -40,17 +41,20 @@ func (s *Speaker) arpLoop(ifc *iface) {
 
 // receiveARP answers a request for a VIP owned on the interface: every request for an
 // ordinary VIP, and for a per-client VIP only those of this node's share of clients, whose
-// senders it also learns (see clients.go).
+// senders it also learns (see clients.go). The answer names the VIP's MAC (its virtual MAC,
+// or the interface's) and comes from it.
 func (s *Speaker) receiveARP(ifc *iface, p *arp.Packet, eth *ethernet.Frame) {
 	if p.Operation != arp.OperationRequest {
 		return
 	}
 	s.arpRequests.Add(1)
-	sh, ok := (*ifc.owned.Load())[p.TargetIP]
+	s.answering.RLock()
+	defer s.answering.RUnlock()
+	ans, ok := (*ifc.owned.Load())[p.TargetIP]
 	if !ok {
 		return
 	}
-	if sh != nil {
+	if sh := ans.share; sh != nil {
 		// A sender that names another MAC than its frame's is not learnt: its answer would go
 		// where the request did not come from.
 		if eth != nil && bytes.Equal(eth.Source, p.SenderHardwareAddr) && saneSender(p.TargetIP, p.SenderIP, p.SenderHardwareAddr) {
@@ -60,7 +64,7 @@ func (s *Speaker) receiveARP(ifc *iface, p *arp.Packet, eth *ethernet.Frame) {
 			return
 		}
 	}
-	reply, err := arp.NewPacket(arp.OperationReply, ifc.ifi.HardwareAddr, p.TargetIP, p.SenderHardwareAddr, p.SenderIP)
+	reply, err := arp.NewPacket(arp.OperationReply, ans.mac, p.TargetIP, p.SenderHardwareAddr, p.SenderIP)
 	if err == nil {
 		err = ifc.arp.WriteTo(reply, p.SenderHardwareAddr)
 	}
@@ -71,14 +75,14 @@ func (s *Speaker) receiveARP(ifc *iface, p *arp.Packet, eth *ethernet.Frame) {
 	s.arpReplies.Add(1)
 }
 
-// announceARP sends a gratuitous ARP request and reply for vip (some hosts heed only one of
-// the two).
-func (s *Speaker) announceARP(ifc *iface, vip netip.Addr) {
+// announceARP sends a gratuitous ARP request and reply for vip from mac (some hosts heed only
+// one of the two; switches learn mac from either).
+func (s *Speaker) announceARP(ifc *iface, vip netip.Addr, mac net.HardwareAddr) {
 	if ifc.arp == nil {
 		return
 	}
 	for _, op := range []arp.Operation{arp.OperationRequest, arp.OperationReply} {
-		p, err := arp.NewPacket(op, ifc.ifi.HardwareAddr, vip, ethernet.Broadcast, vip)
+		p, err := arp.NewPacket(op, mac, vip, ethernet.Broadcast, vip)
 		if err == nil {
 			err = ifc.arp.WriteTo(p, ethernet.Broadcast)
 		}

@@ -55,6 +55,18 @@ type sentARP struct {
 type sentNDP struct {
 	m  ndp.Message
 	to netip.Addr
+	// from and toMAC, for advertisements sent in frames of their own (from a virtual MAC).
+	from, toMAC net.HardwareAddr
+}
+
+// fakeFrames records what a frame connection sends, with the fake's sentNDP.
+type fakeFrames struct{ *fakeConn }
+
+func (f fakeFrames) WriteNDP(m ndp.Message, src, dstMAC net.HardwareAddr, dst netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sentNDP = append(f.sentNDP, sentNDP{m: m, to: dst, from: src, toMAC: dstMAC})
+	return nil
 }
 
 func newFakeConn(t *testing.T) *fakeConn {
@@ -187,16 +199,17 @@ func (c *fakeClock) Add(d time.Duration) {
 
 // fakeNode is a speaker on fake connections, on interfaces eth0 and eth1.
 type fakeNode struct {
-	t     *testing.T
-	s     *Speaker
-	clock *fakeClock
-	arp   map[string]*fakeConn
-	ndp   map[string]*fakeConn
+	t      *testing.T
+	s      *Speaker
+	clock  *fakeClock
+	arp    map[string]*fakeConn
+	ndp    map[string]*fakeConn
+	frames map[string]*fakeConn
 }
 
 func newFakeNode(t *testing.T, opts Options) *fakeNode {
 	t.Helper()
-	n := &fakeNode{t: t, clock: newFakeClock(), arp: map[string]*fakeConn{}, ndp: map[string]*fakeConn{}}
+	n := &fakeNode{t: t, clock: newFakeClock(), arp: map[string]*fakeConn{}, ndp: map[string]*fakeConn{}, frames: map[string]*fakeConn{}}
 	ifaces := map[string]*net.Interface{
 		"eth0": {Index: 2, Name: "eth0", HardwareAddr: nodeMAC, MTU: 1500},
 		"eth1": {Index: 3, Name: "eth1", HardwareAddr: node2MAC, MTU: 1500},
@@ -222,6 +235,13 @@ func newFakeNode(t *testing.T, opts Options) *fakeNode {
 		c := newFakeConn(t)
 		n.ndp[ifi.Name] = c
 		return fakeNDP{c}, nil
+	}
+	opts.OpenFrames = func(ifi *net.Interface) (FrameConn, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		c := newFakeConn(t)
+		n.frames[ifi.Name] = c
+		return fakeFrames{c}, nil
 	}
 	if opts.Now == nil {
 		opts.Now = n.clock.Now

@@ -1,11 +1,15 @@
 package l2
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 
+	"github.com/mdlayher/ethernet"
 	"github.com/mdlayher/ndp"
+	"github.com/mdlayher/packet"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv6"
 	"k8s.io/klog/v2"
@@ -51,11 +55,13 @@ func (s *Speaker) receiveNDP(ifc *iface, m ndp.Message, cm *ipv6.ControlMessage,
 	if cm == nil || cm.HopLimit != ndp.HopLimit {
 		return
 	}
-	sh, ok := (*ifc.owned.Load())[ns.TargetAddress]
+	s.answering.RLock()
+	defer s.answering.RUnlock()
+	ans, ok := (*ifc.owned.Load())[ns.TargetAddress]
 	if !ok {
 		return
 	}
-	if sh != nil {
+	if sh := ans.share; sh != nil {
 		if mac := sourceLinkLayer(ns); saneSender(ns.TargetAddress, from, mac) {
 			s.clients.see(sighting{vip: ns.TargetAddress, ip: from, at: station{mac: [6]byte(mac), iface: ifc.ifi.Name}})
 		}
@@ -66,10 +72,11 @@ func (s *Speaker) receiveNDP(ifc *iface, m ndp.Message, cm *ipv6.ControlMessage,
 	// A solicitation from the unspecified address is duplicate address detection: the
 	// answer goes to all nodes and is not solicited (RFC 4861 7.2.4).
 	dst, solicited := from, true
+	dstMAC := sourceLinkLayer(ns)
 	if !from.IsValid() || from.IsUnspecified() {
-		dst, solicited = netip.IPv6LinkLocalAllNodes(), false
+		dst, solicited, dstMAC = netip.IPv6LinkLocalAllNodes(), false, allNodesMAC
 	}
-	if err := s.advertise(ifc, ns.TargetAddress, dst, solicited); err != nil {
+	if err := s.advertise(ifc, ns.TargetAddress, ans.mac, dst, dstMAC, solicited); err != nil {
 		klog.V(2).InfoS("Neighbor advertisement failed", "vip", ns.TargetAddress, "interface", ifc.ifi.Name, "err", err)
 		return
 	}
@@ -85,22 +92,33 @@ func sourceLinkLayer(ns *ndp.NeighborSolicitation) net.HardwareAddr {
 	return nil
 }
 
-func (s *Speaker) advertise(ifc *iface, vip, dst netip.Addr, solicited bool) error {
+// allNodesMAC is the Ethernet address of ff02::1.
+var allNodesMAC = net.HardwareAddr{0x33, 0x33, 0, 0, 0, 1}
+
+// advertise sends a Neighbor Advertisement that vip is at mac to dst. When mac is a virtual
+// MAC and the destination's MAC is known, the frame also comes from mac (through the
+// interface's frame connection): a switch learns the virtual MAC from it. Otherwise the raw
+// socket sends it, from the interface's own MAC; a client learns mac from the advertisement
+// all the same.
+func (s *Speaker) advertise(ifc *iface, vip netip.Addr, mac net.HardwareAddr, dst netip.Addr, dstMAC net.HardwareAddr, solicited bool) error {
 	na := &ndp.NeighborAdvertisement{
 		Solicited:     solicited,
 		Override:      true,
 		TargetAddress: vip,
-		Options:       []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: ifc.ifi.HardwareAddr}},
+		Options:       []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: mac}},
+	}
+	if ifc.frames != nil && len(dstMAC) == 6 && !slices.Equal(mac, ifc.ifi.HardwareAddr) {
+		return ifc.frames.WriteNDP(na, mac, dstMAC, dst)
 	}
 	return ifc.ndp.WriteTo(na, nil, dst)
 }
 
-// announceNDP sends an unsolicited advertisement for vip to all nodes.
-func (s *Speaker) announceNDP(ifc *iface, vip netip.Addr) {
+// announceNDP sends an unsolicited advertisement for vip, at mac, to all nodes.
+func (s *Speaker) announceNDP(ifc *iface, vip netip.Addr, mac net.HardwareAddr) {
 	if ifc.ndp == nil {
 		return
 	}
-	if err := s.advertise(ifc, vip, netip.IPv6LinkLocalAllNodes(), false); err != nil {
+	if err := s.advertise(ifc, vip, mac, netip.IPv6LinkLocalAllNodes(), allNodesMAC, false); err != nil {
 		klog.V(2).InfoS("Unsolicited advertisement failed", "vip", vip, "interface", ifc.ifi.Name, "err", err)
 		return
 	}
@@ -112,7 +130,7 @@ func (s *Speaker) tellNDP(ifc *iface, vip netip.Addr, c Client) bool {
 	if ifc.ndp == nil {
 		return false
 	}
-	if err := s.advertise(ifc, vip, c.IP, false); err != nil {
+	if err := s.advertise(ifc, vip, ifc.ifi.HardwareAddr, c.IP, nil, false); err != nil {
 		klog.V(2).InfoS("Targeted advertisement failed", "vip", vip, "client", c.IP, "err", err)
 		return false
 	}
@@ -135,7 +153,7 @@ func (ifc *iface) join(vip netip.Addr) error {
 }
 
 // leaveUnused leaves the groups no owned VIP needs.
-func (ifc *iface) leaveUnused(owned map[netip.Addr]*Share) {
+func (ifc *iface) leaveUnused(owned map[netip.Addr]answer) {
 	if ifc.ndp == nil {
 		return
 	}
@@ -176,19 +194,9 @@ func listenNDPSolicitations(ifi *net.Interface) (NDPConn, error) {
 // listenNDP opens the socket on ifi, receiving only the ICMPv6 types given, with their hop
 // limits.
 func listenNDP(ifi *net.Interface, accept ...ipv6.ICMPType) (*ndpConn, error) {
-	addrs, err := ifi.Addrs()
+	src, err := linkLocal(ifi)
 	if err != nil {
 		return nil, err
-	}
-	var src netip.Addr
-	for _, a := range addrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is6() && p.Addr().IsLinkLocalUnicast() {
-			src = p.Addr()
-			break
-		}
-	}
-	if !src.IsValid() {
-		return nil, fmt.Errorf("interface %s has no IPv6 link-local address", ifi.Name)
 	}
 	raw, err := icmp.ListenPacket("ip6:ipv6-icmp", src.WithZone(ifi.Name).String())
 	if err != nil {
@@ -256,3 +264,68 @@ func (c *ndpConn) LeaveGroup(g netip.Addr) error {
 
 // Close closes the socket.
 func (c *ndpConn) Close() error { return c.raw.Close() }
+
+// FrameConn sends Neighbor Advertisements in frames from a given MAC: those of a virtual MAC,
+// which a raw ICMPv6 socket would send from the interface's own. Tests give fakes.
+type FrameConn interface {
+	// WriteNDP sends m from the interface's link-local address to dst, in a frame from src
+	// to dstMAC, with hop limit 255.
+	WriteNDP(m ndp.Message, src, dstMAC net.HardwareAddr, dst netip.Addr) error
+	Close() error
+}
+
+// frameConn is a packet socket that receives nothing (protocol 0) and sends IPv6 frames.
+type frameConn struct {
+	ifi *net.Interface
+	c   *packet.Conn
+	src netip.Addr // the interface's link-local address
+}
+
+func openFrames(ifi *net.Interface) (FrameConn, error) {
+	src, err := linkLocal(ifi)
+	if err != nil {
+		return nil, err
+	}
+	c, err := packet.Listen(ifi, packet.Raw, 0, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &frameConn{ifi: ifi, c: c, src: src}, nil
+}
+
+func (c *frameConn) WriteNDP(m ndp.Message, src, dstMAC net.HardwareAddr, dst netip.Addr) error {
+	icmp6, err := ndp.MarshalMessageChecksum(m, c.src, dst)
+	if err != nil {
+		return err
+	}
+	ip := make([]byte, 40, 40+len(icmp6))
+	ip[0] = 6 << 4
+	binary.BigEndian.PutUint16(ip[4:], uint16(len(icmp6)))
+	ip[6], ip[7] = 58, ndp.HopLimit // ICMPv6, hop limit 255
+	s16, d16 := c.src.As16(), dst.As16()
+	copy(ip[8:], s16[:])
+	copy(ip[24:], d16[:])
+	f := &ethernet.Frame{Destination: dstMAC, Source: src, EtherType: ethernet.EtherTypeIPv6, Payload: append(ip, icmp6...)}
+	b, err := f.MarshalBinary()
+	if err != nil {
+		return err
+	}
+	_, err = c.c.WriteTo(b, &packet.Addr{HardwareAddr: dstMAC})
+	return err
+}
+
+func (c *frameConn) Close() error { return c.c.Close() }
+
+// linkLocal returns the interface's IPv6 link-local address.
+func linkLocal(ifi *net.Interface) (netip.Addr, error) {
+	addrs, err := ifi.Addrs()
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is6() && p.Addr().IsLinkLocalUnicast() {
+			return p.Addr(), nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("interface %s has no IPv6 link-local address", ifi.Name)
+}

@@ -3,8 +3,10 @@
 // gratuitous ARPs or unsolicited Neighbor Advertisements, and again periodically so that
 // switches' forwarding tables never age the VIP out. For a per-client VIP it answers only its
 // share of clients, remembers the clients it hears (clients.go) and tells those it takes over.
-// It decides nothing about which node owns what (the agent tells it) and touches no routing or
-// address configuration.
+// A VIP with a virtual MAC is answered and announced with that MAC, in frames from it, so that
+// a switch learns the MAC where the VIP is now. It decides nothing about which node owns what
+// (the agent tells it) and touches no routing, address or link configuration (receiving frames
+// for a virtual MAC is the agent's part).
 //
 // One file per concern: speaker.go holds the VIP set, takeovers, the refresh and the
 // sockets' lifetimes; arp.go and ndp.go what is received and sent for each protocol;
@@ -34,7 +36,19 @@ type VIP struct {
 	// the clients it owns among Share.Members (rendezvous hashing of the client's address),
 	// and sends no gratuitous announcements, which would draw every client to it.
 	Share *Share
+	// MAC, when set, is the VIP's virtual MAC: answers and announcements name it and come
+	// from it. Nil: the interface's own MAC. Not with Share (one MAC on several nodes).
+	MAC net.HardwareAddr
 }
+
+// answer is how a VIP owned on an interface is answered.
+type answer struct {
+	share *Share           // nil: every client
+	mac   net.HardwareAddr // the MAC answers name and come from
+}
+
+// announced reports whether the VIP is announced unasked (per-client VIPs never are).
+func (a answer) announced() bool { return a.share == nil }
 
 // Share is this node's part of a per-client VIP.
 type Share struct {
@@ -70,6 +84,9 @@ type Options struct {
 	// OpenNDP opens an interface's NDP connection, receiving Neighbor Solicitations with
 	// their hop limit; nil means a raw ICMPv6 socket.
 	OpenNDP func(*net.Interface) (NDPConn, error)
+	// OpenFrames opens an interface's connection for Neighbor Advertisements from a virtual
+	// MAC (a raw socket sends from the interface's own); nil means a packet socket.
+	OpenFrames func(*net.Interface) (FrameConn, error)
 	// LookupInterface finds an interface by name; nil means net.InterfaceByName.
 	LookupInterface func(string) (*net.Interface, error)
 	// Now is the client table's clock; nil means time.Now.
@@ -93,10 +110,15 @@ type Speaker struct {
 	opts    Options
 	clients *clientTable
 
-	mu     sync.Mutex // guards ifaces, owned and shares
+	mu     sync.Mutex // guards ifaces, owned, shares and macs
 	ifaces map[string]*iface
 	owned  map[netip.Addr][]string
 	shares map[netip.Addr]*Share // of the per-client VIPs in owned
+	macs   map[netip.Addr]string // of the VIPs in owned with a virtual MAC
+	// answering is held (shared) by a receive loop from reading what an interface owns to
+	// sending its answer, and by Set while it changes that: once Set returns, no answer for a
+	// dropped VIP is on its way.
+	answering sync.RWMutex
 
 	arpRequests, arpReplies, gratuitous atomic.Uint64
 	nsReceived, naSent, unsolicited     atomic.Uint64
@@ -111,11 +133,12 @@ type Speaker struct {
 // iface holds the connections of one interface; each is opened when a VIP of its family
 // first needs it, and lives until Close.
 type iface struct {
-	ifi *net.Interface
-	arp ARPConn
-	ndp NDPConn
-	// owned VIPs on this interface, read by the receive loops; a nil share answers everyone.
-	owned atomic.Pointer[map[netip.Addr]*Share]
+	ifi    *net.Interface
+	arp    ARPConn
+	ndp    NDPConn
+	frames FrameConn // for IPv6 VIPs with a virtual MAC
+	// owned VIPs on this interface, read by the receive loops.
+	owned atomic.Pointer[map[netip.Addr]answer]
 	// groups are the solicited-node multicast groups joined.
 	groups map[netip.Addr]bool
 }
@@ -137,6 +160,9 @@ func New(opts Options) *Speaker {
 	if opts.OpenNDP == nil {
 		opts.OpenNDP = listenNDPSolicitations
 	}
+	if opts.OpenFrames == nil {
+		opts.OpenFrames = openFrames
+	}
 	if opts.LookupInterface == nil {
 		opts.LookupInterface = net.InterfaceByName
 	}
@@ -149,6 +175,7 @@ func New(opts Options) *Speaker {
 		ifaces:  map[string]*iface{},
 		owned:   map[netip.Addr][]string{},
 		shares:  map[netip.Addr]*Share{},
+		macs:    map[netip.Addr]string{},
 		refresh: make(chan time.Duration, 1),
 		stop:    make(chan struct{}),
 	}
@@ -157,20 +184,26 @@ func New(opts Options) *Speaker {
 	return s
 }
 
-// Set makes vips the complete set of VIPs the node answers for. VIPs new to the set are
-// announced at once (a burst); VIPs left out are no longer answered. For a per-client VIP, the
-// clients this node owns now and did not before are told at once, each with a unicast reply.
-// A VIP that cannot be answered somewhere is reported in the error and disturbs no other.
+// Set makes vips the complete set of VIPs the node answers for. VIPs new to the set, or
+// with another MAC, are announced at once (a burst); VIPs left out are no longer answered when
+// Set returns, and nothing is sent for them after. For a per-client VIP, the clients this node
+// owns now and did not before are told at once, each with a unicast reply. A VIP that cannot
+// be answered somewhere is reported in the error and disturbs no other.
 func (s *Speaker) Set(vips []VIP) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	want := map[netip.Addr][]string{}
 	shares := map[netip.Addr]*Share{}
-	perIface := map[string]map[netip.Addr]*Share{}
+	macs := map[netip.Addr]string{}
+	perIface := map[string]map[netip.Addr]answer{}
 	var errs []error
 	for _, v := range vips {
 		if len(v.Interfaces) == 0 {
 			errs = append(errs, fmt.Errorf("VIP %s: no interface to answer on", v.Addr))
+			continue
+		}
+		if err := checkMAC(v); err != nil {
+			errs = append(errs, fmt.Errorf("VIP %s: %w", v.Addr, err))
 			continue
 		}
 		var sh *Share
@@ -178,15 +211,20 @@ func (s *Speaker) Set(vips []VIP) error {
 			sh = &Share{Self: v.Share.Self, Members: slices.Sorted(slices.Values(v.Share.Members))}
 		}
 		for _, name := range v.Interfaces {
-			ifc, err := s.open(name, v.Addr.Is6())
+			ifc, err := s.open(name, v.Addr.Is6(), v.MAC != nil)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("VIP %s on %s: %w", v.Addr, name, err))
 				continue
 			}
 			if perIface[name] == nil {
-				perIface[name] = map[netip.Addr]*Share{}
+				perIface[name] = map[netip.Addr]answer{}
 			}
-			perIface[name][v.Addr] = sh
+			ans := answer{share: sh, mac: ifc.ifi.HardwareAddr}
+			if v.MAC != nil {
+				ans.mac = slices.Clone(v.MAC)
+				macs[v.Addr] = v.MAC.String()
+			}
+			perIface[name][v.Addr] = ans
 			want[v.Addr] = append(want[v.Addr], name)
 			if sh != nil {
 				shares[v.Addr] = sh
@@ -198,13 +236,17 @@ func (s *Speaker) Set(vips []VIP) error {
 			}
 		}
 	}
+	s.answering.Lock()
 	for name, ifc := range s.ifaces {
 		m := perIface[name]
 		if m == nil {
-			m = map[netip.Addr]*Share{}
+			m = map[netip.Addr]answer{}
 		}
 		ifc.owned.Store(&m)
-		ifc.leaveUnused(m)
+	}
+	s.answering.Unlock()
+	for name, ifc := range s.ifaces {
+		ifc.leaveUnused(perIface[name])
 	}
 	var added []netip.Addr
 	for a, names := range want {
@@ -216,11 +258,11 @@ func (s *Speaker) Set(vips []VIP) error {
 			}
 			continue
 		}
-		if !had || !slices.Equal(old, names) || s.shares[a] != nil {
+		if !had || !slices.Equal(old, names) || s.shares[a] != nil || s.macs[a] != macs[a] {
 			added = append(added, a)
 		}
 	}
-	s.owned, s.shares = want, shares
+	s.owned, s.shares, s.macs = want, shares, macs
 	s.clients.keepOnly(func(vip netip.Addr) bool { return shares[vip] != nil })
 	for _, a := range added {
 		s.wg.Add(1)
@@ -306,13 +348,16 @@ func (s *Speaker) Close() error {
 	close(s.stop)
 	var errs []error
 	for _, ifc := range s.ifaces {
-		empty := map[netip.Addr]*Share{}
+		empty := map[netip.Addr]answer{}
 		ifc.owned.Store(&empty)
 		if ifc.arp != nil {
 			errs = append(errs, ifc.arp.Close())
 		}
 		if ifc.ndp != nil {
 			errs = append(errs, ifc.ndp.Close())
+		}
+		if ifc.frames != nil {
+			errs = append(errs, ifc.frames.Close())
 		}
 	}
 	s.mu.Unlock()
@@ -331,8 +376,9 @@ func (s *Speaker) stopped() bool {
 }
 
 // open returns the interface's state with the connection for the family open, and its
-// receive loop started. The caller holds mu.
-func (s *Speaker) open(name string, v6 bool) (*iface, error) {
+// receive loop started; with vmac, for IPv6, also the connection that sends from a virtual
+// MAC. The caller holds mu.
+func (s *Speaker) open(name string, v6, vmac bool) (*iface, error) {
 	if s.stopped() {
 		return nil, errors.New("the speaker is closed")
 	}
@@ -346,7 +392,7 @@ func (s *Speaker) open(name string, v6 bool) (*iface, error) {
 			return nil, fmt.Errorf("interface %s has no Ethernet address", name)
 		}
 		ifc = &iface{ifi: ifi, groups: map[netip.Addr]bool{}}
-		empty := map[netip.Addr]*Share{}
+		empty := map[netip.Addr]answer{}
 		ifc.owned.Store(&empty)
 		s.ifaces[name] = ifc
 	}
@@ -368,7 +414,27 @@ func (s *Speaker) open(name string, v6 bool) (*iface, error) {
 		s.wg.Add(1)
 		go s.ndpLoop(ifc)
 	}
+	if v6 && vmac && ifc.frames == nil {
+		c, err := s.opts.OpenFrames(ifc.ifi)
+		if err != nil {
+			return nil, fmt.Errorf("open a packet socket for a virtual MAC: %w", err)
+		}
+		ifc.frames = c
+	}
 	return ifc, nil
+}
+
+// checkMAC refuses a virtual MAC that is not a unicast EUI-48, or with a share.
+func checkMAC(v VIP) error {
+	switch {
+	case v.MAC == nil:
+		return nil
+	case len(v.MAC) != 6 || v.MAC[0]&1 != 0 || slices.Equal(v.MAC, make(net.HardwareAddr, 6)):
+		return fmt.Errorf("virtual MAC %s is not a unicast Ethernet address", v.MAC)
+	case v.Share != nil:
+		return errors.New("a virtual MAC cannot be shared per client: one MAC is on one node at a time")
+	}
+	return nil
 }
 
 // readFailed decides what a receive loop does after a read error: end (true) when the
@@ -378,25 +444,25 @@ func (s *Speaker) readFailed(err error) bool {
 }
 
 // announce tells the segment once that this node has vip, on each of names where it is owned
-// and answered for every client (per-client VIPs are never announced).
+// and answered for every client (per-client VIPs are never announced). It holds mu while it
+// sends, so that nothing goes out for a VIP after the Set that drops it has returned (the next
+// owner of a virtual MAC relies on that).
 func (s *Speaker) announce(vip netip.Addr, names []string) {
 	s.mu.Lock()
-	ifcs := make([]*iface, 0, len(names))
+	defer s.mu.Unlock()
 	for _, n := range names {
 		ifc := s.ifaces[n]
 		if ifc == nil {
 			continue
 		}
-		if sh, own := (*ifc.owned.Load())[vip]; own && sh == nil {
-			ifcs = append(ifcs, ifc)
+		ans, own := (*ifc.owned.Load())[vip]
+		if !own || !ans.announced() {
+			continue
 		}
-	}
-	s.mu.Unlock()
-	for _, ifc := range ifcs {
 		if vip.Is4() {
-			s.announceARP(ifc, vip)
+			s.announceARP(ifc, vip, ans.mac)
 		} else {
-			s.announceNDP(ifc, vip)
+			s.announceNDP(ifc, vip, ans.mac)
 		}
 	}
 }

@@ -446,7 +446,13 @@ type L2Announcement struct {
 	Interfaces []string `protobuf:"bytes,2,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
 	// per_client: every live candidate answers, each for its share of clients (rendezvous
 	// hashing of the client address over the live candidates), instead of the first alone.
-	PerClient     bool `protobuf:"varint,3,opt,name=per_client,json=perClient,proto3" json:"per_client,omitempty"`
+	PerClient bool `protobuf:"varint,3,opt,name=per_client,json=perClient,proto3" json:"per_client,omitempty"`
+	// virtual_mac, e.g. "02:00:cb:00:71:05": the VIP is answered with this MAC (as the ARP
+	// sender and NDP target address, and as the source of those frames), which moves with the
+	// VIP: the node that answers receives frames sent to it, and stops before another starts.
+	// Empty: each node answers with its interface's own MAC. A unicast EUI-48; not with
+	// per_client (one MAC cannot be on several nodes at once); each VIP its own.
+	VirtualMac    string `protobuf:"bytes,4,opt,name=virtual_mac,json=virtualMac,proto3" json:"virtual_mac,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -500,6 +506,13 @@ func (x *L2Announcement) GetPerClient() bool {
 		return x.PerClient
 	}
 	return false
+}
+
+func (x *L2Announcement) GetVirtualMac() string {
+	if x != nil {
+		return x.VirtualMac
+	}
+	return ""
 }
 
 // Candidate is a node that may announce an L2 VIP.
@@ -2003,7 +2016,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x04mode\x18\x02 \x01(\x0e2\x17.metalvip.agent.v1.ModeR\x04mode\x12\x1a\n" +
 	"\bservices\x18\x03 \x03(\tR\bservices\x121\n" +
 	"\x02l2\x18\x04 \x01(\v2!.metalvip.agent.v1.L2AnnouncementR\x02l2\x124\n" +
-	"\x03bgp\x18\x05 \x01(\v2\".metalvip.agent.v1.BGPAnnouncementR\x03bgp\"\x8d\x01\n" +
+	"\x03bgp\x18\x05 \x01(\v2\".metalvip.agent.v1.BGPAnnouncementR\x03bgp\"\xae\x01\n" +
 	"\x0eL2Announcement\x12<\n" +
 	"\n" +
 	"candidates\x18\x01 \x03(\v2\x1c.metalvip.agent.v1.CandidateR\n" +
@@ -2012,7 +2025,9 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"interfaces\x18\x02 \x03(\tR\n" +
 	"interfaces\x12\x1d\n" +
 	"\n" +
-	"per_client\x18\x03 \x01(\bR\tperClient\"9\n" +
+	"per_client\x18\x03 \x01(\bR\tperClient\x12\x1f\n" +
+	"\vvirtual_mac\x18\x04 \x01(\tR\n" +
+	"virtualMac\"9\n" +
 	"\tCandidate\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\"R\n" +
