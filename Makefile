@@ -59,6 +59,16 @@ images: ## Build the images: _output/images/oci (OCI layout, one index per binar
 	cd hack/tools && $(GO) run ./images build -bin ../../_output/images/bin -out ../../_output/images \
 	  -platforms '$(PLATFORMS)' -repository $(IMAGE_REGISTRY) -tag $(IMAGE_TAG) -version $(VERSION) -revision $(COMMIT)
 
+# The cluster harness's own images (test/kubecluster): the pods' sandbox and the workload, for
+# the host's platform only, imported into the test nodes' containerd (no registry there).
+CLUSTER_IMAGES := _output/images/cluster
+.PHONY: cluster-images
+cluster-images: ## Build the test cluster's pause and HTTP server images into _output/images/cluster/.
+	@mkdir -p $(CLUSTER_IMAGES)/bin
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(CLUSTER_IMAGES)/bin/ ./test/kubecluster/images/pause ./test/kubecluster/images/httpd
+	cd hack/tools && $(GO) run ./images single -bin ../../$(CLUSTER_IMAGES)/bin/pause -ref registry.k8s.io/pause:3.10 -out ../../$(CLUSTER_IMAGES)/pause.tar -platform $$($(GO) env GOOS)/$$($(GO) env GOARCH)
+	cd hack/tools && $(GO) run ./images single -bin ../../$(CLUSTER_IMAGES)/bin/httpd -ref example.test/httpd:v1 -out ../../$(CLUSTER_IMAGES)/httpd.tar -platform $$($(GO) env GOOS)/$$($(GO) env GOARCH)
+
 .PHONY: release
 release: images ## Push the images to REGISTRY and write _output/release: install.yaml and chart values pinned by digest, the chart package.
 	@if [ -z "$(REGISTRY)" ]; then echo "make release REGISTRY=registry.example/metalvip [IMAGE_TAG=...] [VERSION=...]" >&2; exit 2; fi

@@ -10,7 +10,13 @@ packages=(
   iputils-ping  # reachability checks in the lab
   arping        # ARP probes from the lab's client
   tcpdump       # packet captures when a lab test fails
-  nftables      # partitions in the lab (the control-plane e2e)
+  nftables      # partitions in the lab (the control-plane e2e); kube-proxy's nftables mode
+  # The real cluster (test/kubecluster): container runtime, pod network, kube-proxy's tools.
+  containerd
+  runc
+  containernetworking-plugins  # bridge, host-local, portmap: the pods' CNI
+  iptables      # the CNI bridge plugin's masquerade rules
+  conntrack     # kube-proxy clears stale UDP flows with it
 )
 
 missing=()

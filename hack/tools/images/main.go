@@ -3,6 +3,7 @@
 //
 //	images build -bin DIR -out DIR -platforms "linux/amd64 linux/arm64" -repository R -tag T
 //	images push -layout DIR/oci -registry REGISTRY
+//	images single -bin FILE -ref REF -out FILE.tar [-user U] [-platform P]
 //
 // build takes the static binaries the Makefile cross-compiled (DIR/<os>_<arch>/<binary>) and
 // writes, per binary, a multi-architecture OCI image index: into an OCI layout (DIR/oci, each
@@ -10,6 +11,9 @@
 // the `docker save` format that `ctr -n k8s.io images import`, `docker load` and `podman load`
 // take). Every image is the binary alone on an empty base, with its entrypoint, user and
 // labels; timestamps are fixed, so the same binaries give the same digests.
+//
+// single packs one static binary the same way into one tarball named REF: the test images the
+// cluster harness (test/kubecluster) imports into its nodes (a pause image, an HTTP server).
 //
 // push sends every index of the layout to REGISTRY/<binary>:<tag> and prints
 // binary=REGISTRY/<binary>@sha256:... per line, which `render -images` pins in a release.
@@ -63,6 +67,8 @@ func main() {
 		err = buildCommand(os.Args[2:])
 	case "push":
 		err = pushCommand(os.Args[2:])
+	case "single":
+		err = singleCommand(os.Args[2:])
 	default:
 		usage()
 	}
@@ -73,7 +79,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: images build -bin DIR -out DIR [-platforms P] [-repository R] [-tag T] [-version V] [-revision C]\n       images push -layout DIR -registry REGISTRY")
+	fmt.Fprintln(os.Stderr, "usage: images build -bin DIR -out DIR [-platforms P] [-repository R] [-tag T] [-version V] [-revision C]\n       images push -layout DIR -registry REGISTRY\n       images single -bin FILE -ref REF -out FILE [-user U] [-platform P]")
 	os.Exit(2)
 }
 
@@ -172,11 +178,50 @@ func Build(o BuildOptions) ([]Built, error) {
 	return out, nil
 }
 
+func singleCommand(args []string) error {
+	fs := flag.NewFlagSet("single", flag.ExitOnError)
+	bin := fs.String("bin", "", "the static binary")
+	ref := fs.String("ref", "", "the image's name and tag, such as example.test/httpd:v1")
+	out := fs.String("out", "", "the tarball to write")
+	user := fs.String("user", "65532:65532", "the image's user")
+	platform := fs.String("platform", "linux/amd64", "the binary's os/arch")
+	_ = fs.Parse(args)
+	if *bin == "" || *ref == "" || *out == "" {
+		return errors.New("-bin, -ref and -out are required")
+	}
+	tag, err := name.NewTag(*ref)
+	if err != nil {
+		return fmt.Errorf("-ref: %w", err)
+	}
+	plat, err := v1.ParsePlatform(*platform)
+	if err != nil || plat.OS == "" || plat.Architecture == "" {
+		return fmt.Errorf("-platform: %q is not os/arch", *platform)
+	}
+	data, err := os.ReadFile(*bin)
+	if err != nil {
+		return err
+	}
+	im := Image{Binary: filepath.Base(*bin), User: *user, Description: "a test image of metalvip's cluster harness"}
+	img, err := binaryImage(im, data, *plat, BuildOptions{})
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+		return err
+	}
+	return tarball.WriteToFile(*out, tag, img)
+}
+
 func platformImage(im Image, p v1.Platform, o BuildOptions) (v1.Image, error) {
 	data, err := os.ReadFile(filepath.Join(o.BinDir, p.OS+"_"+p.Architecture, im.Binary))
 	if err != nil {
 		return nil, err
 	}
+	return binaryImage(im, data, p, o)
+}
+
+// binaryImage is the image of one binary for platform p.
+func binaryImage(im Image, data []byte, p v1.Platform, o BuildOptions) (v1.Image, error) {
 	layer, err := binaryLayer(im.Binary, data)
 	if err != nil {
 		return nil, err
