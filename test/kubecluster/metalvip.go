@@ -1,0 +1,292 @@
+package kubecluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/metalvip/metalvip/test/testenv"
+)
+
+// Images returns the tarballs a metalvip cluster imports into its nodes: metalvip's own for
+// this machine's platform (`make images`) and the harness's pause and HTTP server
+// (`make cluster-images`).
+func Images() ([]string, error) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	plat := runtime.GOOS + "-" + runtime.GOARCH
+	return []string{
+		filepath.Join(root, "_output/images/cluster/pause.tar"),
+		filepath.Join(root, "_output/images/cluster/httpd.tar"),
+		filepath.Join(root, "_output/images", plat, "metalvip-cloud-controller-manager.tar"),
+		filepath.Join(root, "_output/images", plat, "metalvip-agent.tar"),
+	}, nil
+}
+
+// ControlPlaneLabel marks the nodes the CCM Deployment may run on (kubeadm's label).
+const ControlPlaneLabel = "node-role.kubernetes.io/control-plane"
+
+// Installer installs metalvip on a cluster and removes it: one function each, so a test can
+// switch how (manifests, chart, or a later enrollment scheme) without touching the checks.
+type Installer struct {
+	Name      string
+	Install   func(ctx context.Context, c *Cluster) error
+	Uninstall func(ctx context.Context, c *Cluster) error
+}
+
+// Manifests installs as docs/install-kubeadm.md says: certificates by metalvipctl as Secrets,
+// then `kubectl apply --server-side -f manifests/install.yaml`.
+var Manifests = Installer{
+	Name: "install.yaml",
+	Install: func(ctx context.Context, c *Cluster) error {
+		if err := c.ApplyCerts(ctx); err != nil {
+			return err
+		}
+		_, err := c.Kubectl(ctx, "apply", "--server-side", "-f", "manifests/install.yaml")
+		return err
+	},
+	Uninstall: func(ctx context.Context, c *Cluster) error {
+		_, err := c.Kubectl(ctx, "delete", "--ignore-not-found", "--wait", "--timeout", "2m", "-f", "manifests/install.yaml")
+		return errors.Join(err, c.removeCerts(ctx))
+	},
+}
+
+// Chart installs as docs/install-helm.md says: the same Secrets, then `helm install` of
+// charts/metalvip with the default values.
+var Chart = Installer{
+	Name: "chart",
+	Install: func(ctx context.Context, c *Cluster) error {
+		if err := c.ApplyCerts(ctx); err != nil {
+			return err
+		}
+		_, err := c.Tool(ctx, "helm", "install", "metalvip", "charts/metalvip", "--namespace", "kube-system", "--wait", "--timeout", "3m")
+		return err
+	},
+	Uninstall: func(ctx context.Context, c *Cluster) error {
+		_, err := c.Tool(ctx, "helm", "uninstall", "metalvip", "--namespace", "kube-system", "--wait", "--timeout", "2m")
+		// Helm keeps CRDs: remove them too, so that the next install starts from nothing.
+		_, cerr := c.Kubectl(ctx, "delete", "--ignore-not-found", "-f", "charts/metalvip/crds/")
+		return errors.Join(err, cerr, c.removeCerts(ctx))
+	},
+}
+
+// ApplyCerts runs `metalvipctl certs --manifests` for the cluster's nodes and applies the
+// Secrets it prints.
+func (c *Cluster) ApplyCerts(ctx context.Context) error {
+	ctl, err := c.metalvipctl()
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, n := range c.Nodes {
+		names = append(names, n.Name)
+	}
+	pki := filepath.Join(c.Dir, "pki")
+	_ = os.RemoveAll(pki)
+	out, err := exec.CommandContext(ctx, ctl, "certs", "--nodes", strings.Join(names, ","), "--out", pki, "--manifests").Output()
+	if err != nil {
+		return fmt.Errorf("metalvipctl certs: %w", err)
+	}
+	f := filepath.Join(c.Dir, "metalvip-tls.yaml")
+	if err := os.WriteFile(f, out, 0o600); err != nil {
+		return err
+	}
+	_, err = c.Kubectl(ctx, "apply", "-f", f)
+	return err
+}
+
+func (c *Cluster) removeCerts(ctx context.Context) error {
+	_, err := c.Kubectl(ctx, "-n", "kube-system", "delete", "--ignore-not-found", "secret", "metalvip-ccm-tls", "metalvip-agent-tls", "metalvip-viewer-tls")
+	return err
+}
+
+func (c *Cluster) metalvipctl() (string, error) {
+	p := filepath.Join(c.Dir, "bin", "metalvipctl")
+	if _, err := os.Stat(p); err == nil {
+		return p, nil
+	}
+	return testenv.GoBuild(filepath.Dir(p), "./cmd/metalvipctl")
+}
+
+// ClearAgentState empties every node's /var/lib/metalvip-agent (the DaemonSet's hostPath), so
+// that an install after an uninstall starts from nothing, as on new machines.
+func (c *Cluster) ClearAgentState() error {
+	var errs []error
+	for _, n := range c.Nodes {
+		entries, _ := os.ReadDir(n.StateDir)
+		for _, e := range entries {
+			errs = append(errs, os.RemoveAll(filepath.Join(n.StateDir, e.Name())))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Node returns the node called name, or nil.
+func (c *Cluster) Node(name string) *Node {
+	for _, n := range c.Nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// Label sets (value non-nil) or removes a label on a node.
+func (c *Cluster) Label(ctx context.Context, node, key string, value *string) error {
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, key)
+	if value != nil {
+		patch = fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, key, *value)
+	}
+	_, err := c.Client.CoreV1().Nodes().Patch(ctx, node, "application/merge-patch+json", []byte(patch), metav1.PatchOptions{})
+	return err
+}
+
+// MACs maps each node's eth0 MAC to the node's name.
+func (c *Cluster) MACs() (map[string]string, error) {
+	out := map[string]string{}
+	for _, n := range c.Nodes {
+		err := n.Host.Do(func() error {
+			ifi, err := net.InterfaceByName("eth0")
+			if err == nil {
+				out[ifi.HardwareAddr.String()] = n.Name
+			}
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// Owner returns the node whose agent answers ARP for vip at the on-link client, or "".
+func (c *Cluster) Owner(vip netip.Addr) (string, error) {
+	macs, err := c.MACs()
+	if err != nil {
+		return "", err
+	}
+	got, err := c.Lab.Client.AskARP(vip, 300*time.Millisecond, true)
+	if err != nil || len(got) == 0 {
+		return "", err
+	}
+	return macs[got[0]], nil
+}
+
+// NextHops returns the node names the router's kernel routes vip to, sorted.
+func (c *Cluster) NextHops(vip netip.Addr) ([]string, error) {
+	out, err := c.Lab.Router.Run(context.Background(), "ip", "route", "show", vip.String())
+	if err != nil {
+		return nil, err
+	}
+	byIP := map[string]string{}
+	for _, n := range c.Nodes {
+		byIP[n.Host.IPv4.String()] = n.Name
+	}
+	var hops []string
+	for _, f := range strings.Fields(string(out)) {
+		if name, ok := byIP[f]; ok {
+			hops = append(hops, name)
+		}
+	}
+	slices.Sort(hops)
+	return slices.Compact(hops), nil
+}
+
+// WaitFor polls cond every 100 ms until it holds or timeout passes; it returns how long it
+// took, or the last reason cond gave.
+func WaitFor(timeout time.Duration, cond func() (bool, string)) (time.Duration, error) {
+	start := time.Now()
+	for {
+		ok, why := cond()
+		if ok {
+			return time.Since(start), nil
+		}
+		if time.Since(start) > timeout {
+			return time.Since(start), fmt.Errorf("not within %s: %s", timeout, why)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// DaemonSetReady reports whether a DaemonSet has an available, up-to-date pod on every node
+// it wants.
+func DaemonSetReady(ds *appsv1.DaemonSet) (bool, string) {
+	s := ds.Status
+	why := fmt.Sprintf("%s: desired %d, ready %d, available %d, updated %d", ds.Name, s.DesiredNumberScheduled, s.NumberReady, s.NumberAvailable, s.UpdatedNumberScheduled)
+	return s.DesiredNumberScheduled > 0 && s.NumberAvailable == s.DesiredNumberScheduled && s.UpdatedNumberScheduled == s.DesiredNumberScheduled && s.ObservedGeneration >= ds.Generation, why
+}
+
+// PodsOn returns the running pods matching selector in ns by node, ready ones only with ready.
+func (c *Cluster) PodsOn(ctx context.Context, ns, selector string, ready bool) (map[string][]corev1.Pod, error) {
+	list, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]corev1.Pod{}
+	for _, p := range list.Items {
+		if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		if ready && !PodReady(&p) {
+			continue
+		}
+		out[p.Spec.NodeName] = append(out[p.Spec.NodeName], p)
+	}
+	return out, nil
+}
+
+// PodReady reports a pod's Ready condition.
+func PodReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// PodLogs returns the logs (last lines) of every container of the pods matching selector in
+// ns, fetched through the API server from the kubelets, for failure reports.
+func (c *Cluster) PodLogs(ctx context.Context, ns, selector string, lines int64) string {
+	list, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return fmt.Sprintf("list pods %s: %v", selector, err)
+	}
+	var b strings.Builder
+	for _, p := range list.Items {
+		for _, ct := range p.Spec.Containers {
+			for _, previous := range []bool{true, false} {
+				raw, err := c.Client.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: ct.Name, TailLines: &lines, Previous: previous}).DoRaw(ctx)
+				if previous && err != nil {
+					continue // no earlier container
+				}
+				which := "current"
+				if previous {
+					which = "previous"
+				}
+				fmt.Fprintf(&b, "--- pod %s/%s on %s, container %s (%s):\n", ns, p.Name, p.Spec.NodeName, ct.Name, which)
+				if err != nil {
+					fmt.Fprintf(&b, "(logs: %v)\n", err)
+					continue
+				}
+				b.Write(raw)
+			}
+		}
+	}
+	return b.String()
+}
