@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -180,6 +181,11 @@ func (a *Agents) dial(ctx context.Context, node string, addr netip.Addr) (*agent
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxStateBytes), grpc.MaxCallSendMsgSize(MaxStateBytes)),
+		// gRPC's default reconnect backoff grows to 120 s: an agent back after a reboot of a
+		// few seconds stayed unreachable (and on its stale saved state) for minutes. Keep
+		// the redial within run's own backoff.
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: grpcbackoff.Config{BaseDelay: 200 * time.Millisecond,
+			Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second}, MinConnectTimeout: 5 * time.Second}),
 	}
 	if a.cfg.Dial != nil {
 		opts = append(opts, grpc.WithContextDialer(a.cfg.Dial))
