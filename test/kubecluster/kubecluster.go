@@ -296,9 +296,6 @@ echo reaped`
 // close stops the nodes, then lets the reaper remove what is left. test/lab's cleanup, which
 // runs after this one, removes the namespaces.
 func (c *Cluster) close() {
-	if c.t.Failed() {
-		c.DumpNodes(c.t)
-	}
 	for _, n := range c.Nodes {
 		n.stopDaemons(false)
 	}

@@ -290,3 +290,40 @@ func (c *Cluster) PodLogs(ctx context.Context, ns, selector string, lines int64)
 	}
 	return b.String()
 }
+
+// WaitInitialised waits until the CCM has initialised every node (provider ID
+// metalvip://<node>, the uninitialized taint removed) and returns how long it took.
+func (c *Cluster) WaitInitialised(ctx context.Context, timeout time.Duration) (time.Duration, error) {
+	return WaitFor(timeout, func() (bool, string) {
+		nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, n := range nodes.Items {
+			if n.Spec.ProviderID != "metalvip://"+n.Name {
+				return false, fmt.Sprintf("%s has provider ID %q", n.Name, n.Spec.ProviderID)
+			}
+			for _, taint := range n.Spec.Taints {
+				if taint.Key == "node.cloudprovider.kubernetes.io/uninitialized" {
+					return false, n.Name + " keeps the uninitialized taint"
+				}
+			}
+		}
+		return len(nodes.Items) == len(c.Nodes), fmt.Sprintf("%d nodes", len(nodes.Items))
+	})
+}
+
+// WaitAgents waits until the agent DaemonSet is Ready on every node and returns how long it
+// took.
+func (c *Cluster) WaitAgents(ctx context.Context, timeout time.Duration) (time.Duration, error) {
+	return WaitFor(timeout, func() (bool, string) {
+		ds, err := c.Client.AppsV1().DaemonSets(MetalvipNamespace).Get(ctx, AgentDaemonSet, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if ok, why := DaemonSetReady(ds); !ok {
+			return false, why
+		}
+		return ds.Status.NumberAvailable == int32(len(c.Nodes)), fmt.Sprintf("%d agents available of %d nodes", ds.Status.NumberAvailable, len(c.Nodes))
+	})
+}

@@ -117,12 +117,17 @@ func (p *HTTPProbe) Answered() bool {
 // unanswered one to the first answered one after it (a run still open at the end counts up to
 // the last probe), and how many probes were lost in all, of how many sent.
 func (p *HTTPProbe) Outage(since time.Time) (longest time.Duration, lost, sent int) {
+	return p.OutageBetween(since, time.Now())
+}
+
+// OutageBetween is Outage for the probes sent from from to to.
+func (p *HTTPProbe) OutageBetween(from, to time.Time) (longest time.Duration, lost, sent int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var start time.Time
 	var last time.Time
 	for i, at := range p.sent {
-		if at.Before(since) {
+		if at.Before(from) || at.After(to) {
 			continue
 		}
 		sent++

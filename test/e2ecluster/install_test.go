@@ -1,0 +1,321 @@
+package e2ecluster
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/metalvip/metalvip/test/kubecluster"
+)
+
+// trials is the number of hard node kills per install.
+const trials = 5
+
+func TestInstallYAMLOnRealKubelets(t *testing.T) { checks(t, kubecluster.Manifests) }
+
+func TestHelmChartOnRealKubelets(t *testing.T) { checks(t, kubecluster.Chart) }
+
+// checks installs metalvip with inst and runs the acceptance of issue 21 on it, then removes
+// it. The CCM runs on node1 (the one control-plane node), the workload on node2 and node3.
+func checks(t *testing.T, inst kubecluster.Installer) {
+	c := cluster(t)
+	ctx := context.Background()
+	empty := ""
+	if err := c.Label(ctx, "node1", kubecluster.ControlPlaneLabel, &empty); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("cluster at the failure:\n%s", c.Describe(ctx))
+			t.Logf("CCM pods:\n%s", c.PodLogs(ctx, kubecluster.MetalvipNamespace, kubecluster.CCMSelector, 60))
+			t.Logf("agent pods:\n%s", c.PodLogs(ctx, kubecluster.MetalvipNamespace, kubecluster.AgentSelector, 40))
+			c.DumpNodes(t)
+		}
+		for _, n := range c.Nodes {
+			_, _ = c.Kubectl(ctx, "uncordon", n.Name)
+		}
+		if err := c.RemoveWorkload(ctx); err != nil {
+			t.Errorf("remove the workload: %v", err)
+		}
+		if err := inst.Uninstall(ctx, c); err != nil {
+			t.Errorf("uninstall (%s): %v", inst.Name, err)
+		}
+		if err := c.ClearAgentState(); err != nil {
+			t.Errorf("%v", err)
+		}
+		_ = c.Label(ctx, "node1", kubecluster.ControlPlaneLabel, nil)
+	})
+
+	start := time.Now()
+	if err := inst.Install(ctx, c); err != nil {
+		t.Fatalf("install (%s): %v", inst.Name, err)
+	}
+	t.Logf("%s applied in %s", inst.Name, time.Since(start).Round(time.Millisecond))
+	if v := os.Getenv("METALVIP_CLUSTER_VERBOSE"); v != "" {
+		// For diagnosis only: the agents and the CCM log at --v=N.
+		for _, obj := range []string{"daemonset/" + kubecluster.AgentDaemonSet, "deployment/" + kubecluster.CCMDeployment} {
+			if _, err := c.Kubectl(ctx, "-n", kubecluster.MetalvipNamespace, "patch", obj, "--type", "json", "-p",
+				`[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--v=`+v+`"}]`); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	ok := t.Run("the CCM pod initialises every node: provider ID set, uninitialized taint gone", func(t *testing.T) {
+		d, err := c.WaitInitialised(ctx, 2*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ccm, err := c.PodsOn(ctx, kubecluster.MetalvipNamespace, kubecluster.CCMSelector, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ccm["node1"]) != 1 || len(ccm) != 1 {
+			t.Fatalf("CCM pods by node: %v, want one on node1 (the control-plane node)", podNames(ccm))
+		}
+		t.Logf("nodes initialised %s after the install", d.Round(time.Millisecond))
+	})
+	ok = ok && t.Run("the agent DaemonSet is Ready on all three nodes", func(t *testing.T) {
+		d, err := c.WaitAgents(ctx, 2*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents, _ := c.PodsOn(ctx, kubecluster.MetalvipNamespace, kubecluster.AgentSelector, true)
+		if len(agents) != len(c.Nodes) {
+			t.Fatalf("ready agent pods by node: %v, want one on each of %d nodes", podNames(agents), len(c.Nodes))
+		}
+		t.Logf("agents Ready %s after the nodes were initialised", d.Round(time.Millisecond))
+	})
+	if !ok {
+		return
+	}
+
+	w, err := c.DeployWorkload(ctx, "node2", "node3")
+	if err != nil {
+		t.Fatalf("workload: %v", err)
+	}
+	t.Logf("workload up, addresses %v, %s after the install", w.VIPs, time.Since(start).Round(time.Millisecond))
+	l2, l2Local, bgp, bgpLocal := w.VIPs[kubecluster.ServiceL2], w.VIPs[kubecluster.ServiceL2Local], w.VIPs[kubecluster.ServiceBGP], w.VIPs[kubecluster.ServiceBGPLocal]
+
+	ok = t.Run("an L2 VIP answers HTTP from a pod, through kube-proxy", func(t *testing.T) {
+		for _, vip := range []netip.Addr{l2, l2Local} {
+			var body string
+			if _, err := kubecluster.WaitFor(30*time.Second, func() (bool, string) {
+				var err error
+				body, err = kubecluster.Get(c.Lab.Client, vip, time.Second)
+				return err == nil, fmt.Sprint(err)
+			}); err != nil {
+				t.Fatalf("%s: %v", vip, err)
+			}
+			if !servedByWorkload(body) {
+				t.Fatalf("%s answered %q, not a pod of the workload on node2 or node3", vip, body)
+			}
+			owner, _ := c.Owner(vip)
+			t.Logf("%s (ARP answered by %s) served by %q", vip, owner, body)
+		}
+	})
+	ok = ok && t.Run("BGP VIPs answer the remote client; ETP Local next hops are exactly the nodes with a ready pod", func(t *testing.T) {
+		if _, err := c.WaitNextHops(bgp, []string{"node1", "node2", "node3"}, time.Minute); err != nil {
+			t.Fatalf("ETP Cluster %s: %v", bgp, err)
+		}
+		ready, err := c.ReadyWorkloadNodes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.WaitNextHops(bgpLocal, ready, time.Minute); err != nil {
+			t.Fatalf("ETP Local %s (pods ready on %v): %v", bgpLocal, ready, err)
+		}
+		for _, vip := range []netip.Addr{bgp, bgpLocal} {
+			body, err := kubecluster.Get(c.Lab.Remote, vip, 2*time.Second)
+			if err != nil || !servedByWorkload(body) {
+				t.Fatalf("remote client to %s: %q, %v", vip, body, err)
+			}
+		}
+	})
+	if !ok {
+		return
+	}
+
+	t.Run("the CCM pod deleted during traffic: a new one takes over, no probe fails, no address changes", func(t *testing.T) {
+		before := leaseHolder(c)
+		old, _ := c.PodsOn(ctx, kubecluster.MetalvipNamespace, kubecluster.CCMSelector, false)
+		probe := kubecluster.ProbeHTTP(c.Lab.Client, l2, kubecluster.ProbeInterval, time.Second, 5000)
+		at := time.Now()
+		if _, err := c.Kubectl(ctx, "-n", kubecluster.MetalvipNamespace, "delete", "pod", "-l", kubecluster.CCMSelector, "--wait=false"); err != nil {
+			probe.Stop()
+			t.Fatal(err)
+		}
+		d, err := kubecluster.WaitFor(2*time.Minute, func() (bool, string) {
+			h := leaseHolder(c)
+			pods, _ := c.PodsOn(ctx, kubecluster.MetalvipNamespace, kubecluster.CCMSelector, false)
+			fresh := len(pods["node1"]) == 1 && !slices.Contains(podNames(old)["node1"], pods["node1"][0].Name)
+			return fresh && h != "" && h != before, fmt.Sprintf("lease held by %q (before %q), CCM pods %v", h, before, podNames(pods))
+		})
+		time.Sleep(2 * time.Second) // the new leader has pushed to every agent
+		probe.Stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		outage, lost, sent := probe.Outage(at)
+		t.Logf("new CCM leader %s after the delete; %d of %d probes lost (longest outage %s)", d.Round(time.Millisecond), lost, sent, outage)
+		if lost != 0 {
+			t.Errorf("%d of %d probes failed while the CCM was replaced (last error %s)", lost, sent, probe.LastError())
+		}
+		for name, vip := range w.VIPs {
+			s, err := c.Client.CoreV1().Services(kubecluster.WorkloadNamespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil || len(s.Status.LoadBalancer.Ingress) != 1 || s.Status.LoadBalancer.Ingress[0].IP != vip.String() {
+				t.Errorf("%s: address changed from %s to %v (%v)", name, vip, ingressOf(s), err)
+			}
+		}
+	})
+
+	t.Run("the agent pod on the VIP's owner deleted: the DaemonSet restarts it, traffic fails over and back within the bound", func(t *testing.T) {
+		owner, err := c.Owner(l2Local)
+		if err != nil || owner == "" {
+			t.Fatalf("nobody answers for %s: %v", l2Local, err)
+		}
+		agents, _ := c.PodsOn(ctx, kubecluster.MetalvipNamespace, kubecluster.AgentSelector, false)
+		if len(agents[owner]) != 1 {
+			t.Fatalf("agent pods on %s: %v", owner, podNames(agents))
+		}
+		oldPod := agents[owner][0].Name
+		probe := kubecluster.ProbeHTTP(c.Lab.Client, l2Local, kubecluster.ProbeInterval, 250*time.Millisecond, 5000)
+		at := time.Now()
+		if err := c.Client.CoreV1().Pods(kubecluster.MetalvipNamespace).Delete(ctx, oldPod, metav1.DeleteOptions{}); err != nil {
+			probe.Stop()
+			t.Fatal(err)
+		}
+		d, err := kubecluster.WaitFor(time.Minute, func() (bool, string) {
+			pods, _ := c.PodsOn(ctx, kubecluster.MetalvipNamespace, kubecluster.AgentSelector, true)
+			return len(pods[owner]) == 1 && pods[owner][0].Name != oldPod, fmt.Sprintf("ready agent pods %v", podNames(pods))
+		})
+		time.Sleep(3 * time.Second) // the new agent back among the candidates, traffic steady
+		probe.Stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		outage, lost, sent := probe.Outage(at)
+		after, _ := c.Owner(l2Local)
+		t.Logf("agent on %s replaced in %s; longest outage %s, %d of %d probes lost; %s answers now", owner, d.Round(time.Millisecond), outage, lost, sent, after)
+		if outage > time.Second {
+			t.Errorf("outage %s over 1 s (target 300 ms)", outage)
+		}
+		if !probe.Answered() {
+			t.Errorf("%s not answered at the end (%s)", l2Local, probe.LastError())
+		}
+	})
+
+	t.Run(fmt.Sprintf("a node killed hard, %d times: the client's HTTP probe recovers through the next candidate", trials), func(t *testing.T) {
+		var outages []time.Duration
+		for i := range trials {
+			f, err := c.KillOwner(ctx, l2Local)
+			if err != nil {
+				t.Fatalf("trial %d: %v", i, err)
+			}
+			t.Logf("trial %d: %s", i, f)
+			outages = append(outages, f.Outage)
+			if f.After == f.Victim || f.After == "" {
+				t.Errorf("trial %d: after %s died, %q answers", i, f.Victim, f.After)
+			}
+			if f.Outage > time.Second {
+				t.Errorf("trial %d: outage %s over 1 s (target 300 ms)", i, f.Outage)
+			}
+		}
+		slices.Sort(outages)
+		t.Logf("outages over %d trials: min %s, median %s, max %s (target: under 300 ms)", trials, outages[0], outages[len(outages)/2], outages[len(outages)-1])
+	})
+
+	t.Run("a BGP ETP Local VIP's next hops follow the Deployment scaled and a pod deleted", func(t *testing.T) {
+		follow := func(what string) {
+			t.Helper()
+			var ready []string
+			d, err := kubecluster.WaitFor(time.Minute, func() (bool, string) {
+				var err error
+				if ready, err = c.ReadyWorkloadNodes(ctx); err != nil {
+					return false, err.Error()
+				}
+				hops, err := c.NextHops(bgpLocal)
+				if err != nil {
+					return false, err.Error()
+				}
+				return slices.Equal(hops, ready), fmt.Sprintf("next hops %v, ready pods on %v", hops, ready)
+			})
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			t.Logf("%s: next hops %v after %s", what, ready, d.Round(time.Millisecond))
+		}
+		if err := c.ScaleWorkload(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		follow("scaled to 1")
+		if err := c.ScaleWorkload(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		follow("scaled back to 2")
+		// The pod on node3 deleted while node3 is cordoned and node1 may take it: it moves.
+		yes := "true"
+		if err := c.Label(ctx, "node1", kubecluster.WorkloadLabel, &yes); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Kubectl(ctx, "cordon", "node3"); err != nil {
+			t.Fatal(err)
+		}
+		pods, _ := c.PodsOn(ctx, kubecluster.WorkloadNamespace, kubecluster.WorkloadSelector, false)
+		for _, p := range pods["node3"] {
+			if err := c.Client.CoreV1().Pods(kubecluster.WorkloadNamespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := kubecluster.WaitFor(time.Minute, func() (bool, string) {
+			ready, _ := c.ReadyWorkloadNodes(ctx)
+			return slices.Equal(ready, []string{"node1", "node2"}), fmt.Sprintf("ready pods on %v", ready)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		follow("the pod on node3 deleted, its replacement on node1")
+	})
+}
+
+func servedByWorkload(body string) bool {
+	f := strings.Fields(body)
+	return len(f) == 2 && strings.HasPrefix(f[0], "web-") && (f[1] == "node1" || f[1] == "node2" || f[1] == "node3")
+}
+
+func podNames(byNode map[string][]corev1.Pod) map[string][]string {
+	out := map[string][]string{}
+	for n, ps := range byNode {
+		for _, p := range ps {
+			out[n] = append(out[n], p.Name)
+		}
+	}
+	return out
+}
+
+func ingressOf(s *corev1.Service) []string {
+	if s == nil {
+		return nil
+	}
+	var out []string
+	for _, in := range s.Status.LoadBalancer.Ingress {
+		out = append(out, in.IP)
+	}
+	return out
+}
+
+// leaseHolder returns the holder of the CCM's leader-election Lease, or "".
+func leaseHolder(c *kubecluster.Cluster) string {
+	l, err := c.Client.CoordinationV1().Leases(kubecluster.MetalvipNamespace).Get(context.Background(), kubecluster.CCMDeployment, metav1.GetOptions{})
+	if err != nil || l.Spec.HolderIdentity == nil {
+		return ""
+	}
+	return *l.Spec.HolderIdentity
+}

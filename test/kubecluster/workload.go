@@ -1,0 +1,339 @@
+package kubecluster
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// WorkloadLabel marks the nodes the workload's pods may run on.
+const WorkloadLabel = "kubecluster.metalvip.io/workload"
+
+// WorkloadNamespace holds the workload's Deployment and Services.
+const WorkloadNamespace = "web"
+
+// The workload's Services: L2 and BGP, each with externalTrafficPolicy Cluster and Local.
+const (
+	ServiceL2         = "web-l2"
+	ServiceL2Local    = "web-l2-local"
+	ServiceBGP        = "web-bgp"
+	ServiceBGPLocal   = "web-bgp-local"
+	WorkloadSelector  = "app=web"
+	CCMSelector       = "app.kubernetes.io/name=metalvip-cloud-controller-manager"
+	AgentSelector     = "app.kubernetes.io/name=metalvip-agent"
+	AgentDaemonSet    = "metalvip-agent"
+	CCMDeployment     = "metalvip-cloud-controller-manager"
+	MetalvipNamespace = "kube-system"
+)
+
+// workloadYAML: an L2 pool, a BGP pool (by name only) and the lab's router as BGP peer; the
+// HTTP server as a Deployment on the labelled nodes, one pod per node; a LoadBalancer Service
+// per mode and traffic policy.
+const workloadYAML = `apiVersion: metalvip.io/v1alpha1
+kind: IPPool
+metadata: {name: kc-l2}
+spec: {addresses: ["203.0.113.0/27"], avoidBuggyIPs: true}
+---
+apiVersion: metalvip.io/v1alpha1
+kind: IPPool
+metadata: {name: kc-bgp}
+spec: {addresses: ["203.0.113.64/27"], autoAssign: false, announce: {mode: BGP}}
+---
+apiVersion: metalvip.io/v1alpha1
+kind: BGPPeer
+metadata: {name: router}
+spec: {address: 198.51.100.1, peerASN: 64496, myASN: 64497, bfd: {enabled: true, minRxMilliseconds: 100, minTxMilliseconds: 100, multiplier: 3}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: web}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      automountServiceAccountToken: false
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+            - matchExpressions: [{key: ` + WorkloadLabel + `, operator: In, values: ["true"]}]
+      topologySpreadConstraints:
+      - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: web}}}
+      containers:
+      - name: web
+        image: example.test/httpd:v1
+        imagePullPolicy: Never
+        env:
+        - name: NODE_NAME
+          valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
+        ports: [{containerPort: 8080}]
+        readinessProbe:
+          httpGet: {path: /, port: 8080}
+          periodSeconds: 1
+        securityContext: {runAsNonRoot: true, allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-l2, namespace: web}
+spec: {type: LoadBalancer, selector: {app: web}, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-l2-local, namespace: web}
+spec: {type: LoadBalancer, externalTrafficPolicy: Local, selector: {app: web}, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-bgp, namespace: web, annotations: {metalvip.io/pool: kc-bgp}}
+spec: {type: LoadBalancer, selector: {app: web}, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-bgp-local, namespace: web, annotations: {metalvip.io/pool: kc-bgp}}
+spec: {type: LoadBalancer, externalTrafficPolicy: Local, selector: {app: web}, ports: [{port: 80, targetPort: 8080}]}
+`
+
+// Workload is the deployed workload: the Services' addresses.
+type Workload struct {
+	VIPs map[string]netip.Addr // by Service name
+}
+
+// DeployWorkload labels the workload's nodes, applies the pools, the peer, the Deployment and
+// the Services, and waits until the pods are ready and every Service has an address.
+func (c *Cluster) DeployWorkload(ctx context.Context, nodes ...string) (*Workload, error) {
+	yes := "true"
+	for _, n := range nodes {
+		if err := c.Label(ctx, n, WorkloadLabel, &yes); err != nil {
+			return nil, err
+		}
+	}
+	f := filepath.Join(c.Dir, "workload.yaml")
+	if err := os.WriteFile(f, []byte(workloadYAML), 0o600); err != nil {
+		return nil, err
+	}
+	if _, err := c.Kubectl(ctx, "apply", "-f", f); err != nil {
+		return nil, err
+	}
+	if _, err := c.Kubectl(ctx, "-n", WorkloadNamespace, "rollout", "status", "deployment/web", "--timeout", "2m"); err != nil {
+		return nil, err
+	}
+	w := &Workload{VIPs: map[string]netip.Addr{}}
+	for _, name := range []string{ServiceL2, ServiceL2Local, ServiceBGP, ServiceBGPLocal} {
+		var vip netip.Addr
+		if _, err := WaitFor(time.Minute, func() (bool, string) {
+			s, err := c.Client.CoreV1().Services(WorkloadNamespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			for _, in := range s.Status.LoadBalancer.Ingress {
+				if a, err := netip.ParseAddr(in.IP); err == nil {
+					vip = a
+					return true, ""
+				}
+			}
+			return false, "no address in the status"
+		}); err != nil {
+			return nil, fmt.Errorf("service %s: %w", name, err)
+		}
+		w.VIPs[name] = vip
+	}
+	return w, nil
+}
+
+// RemoveWorkload deletes the workload, its pools and peer, and the nodes' labels.
+func (c *Cluster) RemoveWorkload(ctx context.Context) error {
+	f := filepath.Join(c.Dir, "workload.yaml")
+	_, err := c.Kubectl(ctx, "delete", "--ignore-not-found", "--wait", "--timeout", "2m", "-f", f)
+	for _, n := range c.Nodes {
+		_ = c.Label(ctx, n.Name, WorkloadLabel, nil)
+	}
+	return err
+}
+
+// ScaleWorkload sets the Deployment's replicas and waits for the rollout.
+func (c *Cluster) ScaleWorkload(ctx context.Context, replicas int) error {
+	if _, err := c.Kubectl(ctx, "-n", WorkloadNamespace, "scale", "deployment/web", fmt.Sprintf("--replicas=%d", replicas)); err != nil {
+		return err
+	}
+	_, err := c.Kubectl(ctx, "-n", WorkloadNamespace, "rollout", "status", "deployment/web", "--timeout", "2m")
+	return err
+}
+
+// ReadyWorkloadNodes returns the nodes running a ready pod of the workload, sorted.
+func (c *Cluster) ReadyWorkloadNodes(ctx context.Context) ([]string, error) {
+	pods, err := c.PodsOn(ctx, WorkloadNamespace, WorkloadSelector, true)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for n := range pods {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// WaitNextHops waits until the router routes vip to exactly want (sorted node names).
+func (c *Cluster) WaitNextHops(vip netip.Addr, want []string, timeout time.Duration) (time.Duration, error) {
+	return WaitFor(timeout, func() (bool, string) {
+		hops, err := c.NextHops(vip)
+		if err != nil {
+			return false, err.Error()
+		}
+		return slices.Equal(hops, want), fmt.Sprintf("next hops %v, want %v", hops, want)
+	})
+}
+
+// Failover is one measured failover: what died, who answered before and after, the longest
+// outage the client saw and the probes lost of those sent; and, once the node came back, the
+// longest outage while it returned.
+type Failover struct {
+	Victim, After string
+	Outage        time.Duration
+	Lost, Sent    int
+	// Return is the longest outage from the node's revival until it settled and 3 s more
+	// (zero when nothing was lost); ReturnLost the probes lost meanwhile.
+	Return     time.Duration
+	ReturnLost int
+}
+
+func (f Failover) String() string {
+	return fmt.Sprintf("%s died, %s answered after %s (%d of %d probes lost); its return cost %s (%d probes lost)",
+		f.Victim, f.After, f.Outage.Round(time.Millisecond), f.Lost, f.Sent, f.Return.Round(time.Millisecond), f.ReturnLost)
+}
+
+// ProbeInterval is the client's HTTP probe cadence in the failover measurements.
+const ProbeInterval = 20 * time.Millisecond
+
+// WaitOwner waits until some node answers ARP for vip and returns it.
+func (c *Cluster) WaitOwner(vip netip.Addr, timeout time.Duration) (string, error) {
+	var owner string
+	_, err := WaitFor(timeout, func() (bool, string) {
+		var err error
+		owner, err = c.Owner(vip)
+		return owner != "", fmt.Sprintf("nobody answers ARP for %s (%v)", vip, err)
+	})
+	return owner, err
+}
+
+// KillOwner kills the node answering for the L2 address vip hard while the client probes it
+// over HTTP every 20 ms, and measures the outage until a probe is answered again (through the
+// next candidate's kube-proxy, to its pod). Then it revives the node, waits until the node's
+// agent and pods are ready again, and measures what its return cost the client.
+func (c *Cluster) KillOwner(ctx context.Context, vip netip.Addr) (Failover, error) {
+	owner, err := c.WaitOwner(vip, 20*time.Second)
+	if err != nil {
+		return Failover{}, err
+	}
+	probe := ProbeHTTP(c.Lab.Client, vip, ProbeInterval, 250*time.Millisecond, 20000)
+	defer probe.Stop()
+	if _, err := WaitFor(5*time.Second, func() (bool, string) { return probe.Answered(), probe.LastError() }); err != nil {
+		return Failover{}, fmt.Errorf("%s not answering before the kill: %w", vip, err)
+	}
+	f := Failover{Victim: owner}
+	at := time.Now()
+	if err := c.Node(owner).Kill(); err != nil {
+		return f, err
+	}
+	if _, err := WaitFor(10*time.Second, func() (bool, string) {
+		return time.Since(at) > time.Second && probe.Answered(), probe.LastError()
+	}); err != nil {
+		return f, fmt.Errorf("%s not answered again after %s died: %w", vip, owner, err)
+	}
+	f.Outage, f.Lost, f.Sent = probe.OutageBetween(at.Add(-ProbeInterval), time.Now())
+	f.After, _ = c.Owner(vip)
+	back := time.Now()
+	if err := c.ReviveAndSettle(ctx, owner, 2*time.Minute); err != nil {
+		return f, fmt.Errorf("revive %s: %w", owner, err)
+	}
+	time.Sleep(5 * time.Second) // heartbeats heard both ways, the plan pushed again
+	f.Return, f.ReturnLost, _ = probe.OutageBetween(back, time.Now().Add(-time.Second))
+	return f, nil
+}
+
+// ReviveAndSettle brings a killed node back and waits until its agent pod and workload pods
+// are ready again and the CCM reaches the agent again (its AgentReachable Event), so that the
+// next measurement starts from a steady cluster.
+func (c *Cluster) ReviveAndSettle(ctx context.Context, node string, timeout time.Duration) error {
+	revived := time.Now().Add(-time.Second) // Event times have a resolution of a second
+	if err := c.Node(node).Revive(); err != nil {
+		return err
+	}
+	_, err := WaitFor(timeout, func() (bool, string) {
+		if reached, why := c.agentReachedSince(ctx, node, revived); !reached {
+			return false, why
+		}
+		agents, err := c.PodsOn(ctx, MetalvipNamespace, AgentSelector, true)
+		if err != nil {
+			return false, err.Error()
+		}
+		if len(agents[node]) == 0 {
+			return false, "no ready agent pod on " + node
+		}
+		labels, err := c.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if labels.Labels[WorkloadLabel] == "true" {
+			pods, err := c.PodsOn(ctx, WorkloadNamespace, WorkloadSelector, true)
+			if err != nil {
+				return false, err.Error()
+			}
+			if len(pods[node]) == 0 {
+				return false, "no ready workload pod on " + node
+			}
+		}
+		return true, ""
+	})
+	return err
+}
+
+// agentReachedSince reports whether the CCM said (an AgentReachable Event on the Node) that
+// it reached node's agent at or after since.
+func (c *Cluster) agentReachedSince(ctx context.Context, node string, since time.Time) (bool, string) {
+	events, err := c.Client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + node + ",reason=AgentReachable"})
+	if err != nil {
+		return false, err.Error()
+	}
+	for _, e := range events.Items {
+		last := e.LastTimestamp.Time
+		if e.Series != nil && e.Series.LastObservedTime.After(last) {
+			last = e.Series.LastObservedTime.Time
+		}
+		if e.EventTime.After(last) {
+			last = e.EventTime.Time
+		}
+		if !last.Before(since) {
+			return true, ""
+		}
+	}
+	return false, "the CCM has not reached the agent on " + node + " since its revival"
+}
+
+// Describe returns a short text of the cluster's pods and nodes, for failure reports.
+func (c *Cluster) Describe(ctx context.Context) string {
+	var b strings.Builder
+	for _, args := range [][]string{{"get", "nodes", "-o", "wide", "--show-labels"}, {"get", "pods", "-A", "-o", "wide"}, {"get", "svc", "-A"}, {"get", "events", "-A", "--sort-by=.lastTimestamp"}} {
+		out, err := c.Kubectl(ctx, args...)
+		fmt.Fprintf(&b, "$ kubectl %s\n%s", strings.Join(args, " "), out)
+		if err != nil {
+			fmt.Fprintf(&b, "(%v)\n", err)
+		}
+	}
+	return b.String()
+}
