@@ -37,6 +37,16 @@ build: ## Build the binaries into bin/.
 demo: deps ## The lab demonstration (as root): the whole system, a table of who answers what, a failover. KEEP=1 keeps it up.
 	$(GO) run ./test/demo
 
+.PHONY: demo-cluster
+demo-cluster: deps cluster-deps ## The same on real kubelets (as root): a cluster in the lab, metalvip installed from install.yaml as pods, a workload, a failover. KEEP=1 keeps it up.
+	$(GO) run ./test/democluster
+
+.PHONY: cluster-deps
+cluster-deps: ## Build what the real-kubelet cluster needs: kubelet, kube-proxy, scheduler, controller-manager (.cache/bin), kubectl, helm, the images.
+	hack/kube-node.sh
+	@for t in helm kubectl; do hack/tool.sh $$t >/dev/null; done
+	$(MAKE) images cluster-images
+
 .PHONY: bench
 bench: deps ## Measure against the targets and write docs/benchmarks.md (as root; about 10 minutes).
 	$(GO) run ./test/bench
@@ -90,9 +100,10 @@ deps: ## Install what the tests need: Debian packages and the kube-apiserver bui
 	hack/kube-apiserver.sh
 
 .PHONY: test-deps
-test-deps: ## Build what the install tests use (helm, kubectl, kubeadm into .cache/bin; the images), before any test runs.
+test-deps: ## Build what the install and cluster tests use (helm, kubectl, kubeadm, kubelet and the rest into .cache/bin; the images), before any test runs.
 	@for t in helm kubectl kubeadm; do hack/tool.sh $$t >/dev/null; done
-	$(MAKE) images
+	hack/kube-node.sh
+	$(MAKE) images cluster-images
 
 .PHONY: test
 # test-deps first: building helm or arm64 binaries beside the lab's timing-sensitive tests would

@@ -76,6 +76,18 @@ func (r *report) add(title, method string, rows [][]string) {
 	r.sections = append(r.sections, b.String())
 }
 
+// addAfter adds a section right after the one titled after (at the end when there is none).
+func (r *report) addAfter(after, title, method string, rows [][]string) {
+	r.add(title, method, rows)
+	s := r.sections[len(r.sections)-1]
+	for i, sec := range r.sections[:len(r.sections)-1] {
+		if strings.HasPrefix(sec, "## "+after+"\n") {
+			r.sections = slices.Insert(r.sections[:len(r.sections)-1], i+1, s)
+			return
+		}
+	}
+}
+
 func main() {
 	flag.Parse()
 	if os.Geteuid() != 0 {
@@ -153,6 +165,9 @@ func main() {
 	bgpFailover(m, r, c)
 	arpLatency(m, r, c)
 	agentMemory(m, r, c)
+	if *onKubelets {
+		kubeletFailover(r)
+	}
 
 	write(m, r)
 	step("wrote %s", *out)

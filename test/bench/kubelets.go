@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/metalvip/metalvip/test/kubecluster"
+	"github.com/metalvip/metalvip/test/testenv"
+)
+
+var (
+	onKubelets      = flag.Bool("kubelets", true, "measure L2 failover on real kubelets too (test/kubecluster; needs make cluster-deps)")
+	kubeletsTrials  = flag.Int("kubelets-trials", 10, "hard node kills on real kubelets")
+	kubeletsSection = "L2 failover on real kubelets"
+)
+
+// kubeletFailover brings up a cluster of real kubelets, installs metalvip from install.yaml
+// as pods, and kills the node answering for an L2 address (externalTrafficPolicy Local, a pod
+// on each of two nodes) while the client probes it over HTTP every 20 ms; the section goes
+// after the bare-process L2 failover's. The cluster is torn down before the next step.
+func kubeletFailover(r *report) {
+	step("real kubelets: a cluster in the lab, metalvip from install.yaml, %d hard node kills", *kubeletsTrials)
+	m := testenv.NewMain("metalvip-bench-kubelets")
+	defer m.Close()
+	ctx := context.Background()
+	images, err := kubecluster.Images()
+	if err != nil {
+		m.Fatalf("%v", err)
+	}
+	c := kubecluster.New(m, kubecluster.Options{Images: images})
+	empty := ""
+	if err := c.Label(ctx, "node1", kubecluster.ControlPlaneLabel, &empty); err != nil {
+		m.Fatalf("%v", err)
+	}
+	if err := kubecluster.Manifests.Install(ctx, c); err != nil {
+		m.Fatalf("%v", err)
+	}
+	initialised, err := c.WaitInitialised(ctx, 2*time.Minute)
+	if err != nil {
+		m.Fatalf("%v\n%s", err, c.Describe(ctx))
+	}
+	agents, err := c.WaitAgents(ctx, 2*time.Minute)
+	if err != nil {
+		m.Fatalf("%v\n%s", err, c.Describe(ctx))
+	}
+	step("  cluster up in %s (control plane %s), nodes initialised %s after the install, agents Ready %s later",
+		c.NodesReady.Round(time.Millisecond), c.ControlPlaneReady.Round(time.Millisecond), initialised.Round(time.Millisecond), agents.Round(time.Millisecond))
+	w, err := c.DeployWorkload(ctx, "node2", "node3")
+	if err != nil {
+		m.Fatalf("%v\n%s", err, c.Describe(ctx))
+	}
+	vip := w.VIPs[kubecluster.ServiceL2Local]
+	var outages, returns []float64
+	lost := 0
+	for i := range *kubeletsTrials {
+		f, err := c.KillOwner(ctx, vip)
+		if err != nil {
+			m.Fatalf("trial %d: %v\n%s", i, err, c.Describe(ctx))
+		}
+		step("  trial %d: %s", i, f)
+		outages = append(outages, float64(f.Outage))
+		returns = append(returns, float64(f.Return))
+		if f.Return > 0 {
+			lost++
+		}
+	}
+	d := func(xs []float64, p float64) string { return dur(time.Duration(percentile(xs, p))) }
+	r.addAfter("L2 failover", kubeletsSection,
+		fmt.Sprintf("In a cluster of real kubelets (test/kubecluster: containerd, kubelet --cloud-provider=external and kube-proxy in iptables mode on each of three node namespaces, bridge CNI; metalvip installed from manifests/install.yaml, its images imported into each node's containerd), an HTTP server Deployment on two nodes behind an L2 Service with externalTrafficPolicy Local. The node answering for the VIP dies hard (link down; its kubelet, containerd, kube-proxy, shims and containers, the agent pod's included, killed at once) while the client sends an HTTP GET every 20 ms, each on a new connection with a 250 ms timeout; the outage runs from the first unanswered GET to the first answered one, through the other node's agent, kube-proxy and pod. The node is then revived (containerd, kubelet, kube-proxy started again) and the cluster settled (pods ready, the CCM reaching the agent) before the next trial; \"return\" is the longest outage while the node came back. %d trials. Bring-up: control plane ready %s, three nodes Ready %s, the CCM pod initialised them %s after the install, agents Ready %s later. Target: under 300 ms, as for the bare-process figure above.",
+			*kubeletsTrials, c.ControlPlaneReady.Round(100*time.Millisecond), c.NodesReady.Round(100*time.Millisecond), initialised.Round(100*time.Millisecond), agents.Round(100*time.Millisecond)),
+		[][]string{{"outage p50", "p99", "max", "min", "trials whose node's return cost traffic", "return max"},
+			{d(outages, 50), d(outages, 99), dur(time.Duration(slices.Max(outages))), dur(time.Duration(slices.Min(outages))), fmt.Sprintf("%d of %d", lost, len(returns)), dur(time.Duration(slices.Max(returns)))}})
+}
