@@ -459,6 +459,16 @@ func (c *Cluster) waitNodes(timeout time.Duration) error {
 	}
 }
 
+// Reregister makes every node join anew (Node.Reregister) and waits until all are Ready.
+func (c *Cluster) Reregister(ctx context.Context) error {
+	for _, n := range c.Nodes {
+		if err := n.Reregister(ctx); err != nil {
+			return fmt.Errorf("%s: %w", n.Name, err)
+		}
+	}
+	return c.waitNodes(2 * time.Minute)
+}
+
 // Kubectl runs the cached kubectl (hack/tool.sh) against the cluster in the control namespace,
 // as a user on the cluster's network would, and returns its combined output.
 func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {

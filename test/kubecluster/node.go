@@ -11,6 +11,9 @@ import (
 	"syscall"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
@@ -217,12 +220,16 @@ func (n *Node) Start() error {
 			}
 		}
 	}
+	n.startKubelet()
+	n.proxy = n.start("kube-proxy", n.c.bins.KubeProxy, "--config", filepath.Join(n.Dir, "kube-proxy.yaml"), "--v=2")
+	return nil
+}
+
+func (n *Node) startKubelet() {
 	n.kubelet = n.start("kubelet", n.c.bins.Kubelet, "--config", filepath.Join(n.Dir, "kubelet.yaml"),
 		"--kubeconfig", n.c.Kubeconfig, "--root-dir", filepath.Join(n.Dir, "kubelet"),
 		"--cert-dir", filepath.Join(n.Dir, "kubelet", "pki"), "--hostname-override", n.Name,
 		"--node-ip", n.Host.IPv4.String(), "--cloud-provider=external", "--v=2")
-	n.proxy = n.start("kube-proxy", n.c.bins.KubeProxy, "--config", filepath.Join(n.Dir, "kube-proxy.yaml"), "--v=2")
-	return nil
 }
 
 // stopDaemons stops kubelet, kube-proxy and containerd, and with hard also kills the node's
@@ -287,4 +294,19 @@ func (n *Node) Revive() error {
 		return err
 	}
 	return n.Start()
+}
+
+// Reregister makes the node join anew, as a node reinstalled: its kubelet stops, its Node
+// object is deleted, and a new kubelet registers it again (tainted uninitialized, without a
+// provider ID, until a CCM initialises it).
+func (n *Node) Reregister(ctx context.Context) error {
+	if n.kubelet != nil {
+		n.kubelet.Stop(10 * time.Second)
+	}
+	if err := n.c.Client.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	n.starts++
+	n.startKubelet()
+	return nil
 }
