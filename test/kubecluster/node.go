@@ -221,8 +221,12 @@ func (n *Node) Start() error {
 		}
 	}
 	n.startKubelet()
-	n.proxy = n.start("kube-proxy", n.c.bins.KubeProxy, "--config", filepath.Join(n.Dir, "kube-proxy.yaml"), "--v=2")
+	n.startProxy()
 	return nil
+}
+
+func (n *Node) startProxy() {
+	n.proxy = n.start("kube-proxy", n.c.bins.KubeProxy, "--config", filepath.Join(n.Dir, "kube-proxy.yaml"), "--v=2")
 }
 
 func (n *Node) startKubelet() {
@@ -296,17 +300,21 @@ func (n *Node) Revive() error {
 	return n.Start()
 }
 
-// Reregister makes the node join anew, as a node reinstalled: its kubelet stops, its Node
-// object is deleted, and a new kubelet registers it again (tainted uninitialized, without a
-// provider ID, until a CCM initialises it).
+// Reregister makes the node join anew, as a node reinstalled: its kubelet and kube-proxy stop,
+// its Node object is deleted, and a new kubelet registers it again (tainted uninitialized,
+// without a provider ID, until a CCM initialises it) beside a new kube-proxy (one whose Node
+// went away stops following Services).
 func (n *Node) Reregister(ctx context.Context) error {
-	if n.kubelet != nil {
-		n.kubelet.Stop(10 * time.Second)
+	for _, p := range []*testenv.Proc{n.kubelet, n.proxy} {
+		if p != nil {
+			p.Stop(10 * time.Second)
+		}
 	}
 	if err := n.c.Client.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
 	n.starts++
 	n.startKubelet()
+	n.startProxy()
 	return nil
 }
