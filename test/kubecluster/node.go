@@ -29,6 +29,11 @@ func (n *Node) prepare() error {
 	if err := n.podRoutes(); err != nil {
 		return err
 	}
+	// Forwarding, as kubeadm requires of every node: kube-proxy forwards a Service's traffic to
+	// pods on other nodes. The CNI turns it on only on nodes that run a pod on the bridge.
+	if _, err := n.Host.Run(context.Background(), "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"); err != nil {
+		return err
+	}
 	// nsenter --net, not `ip netns exec`: that remounts /sys and hides /sys/fs/cgroup.
 	n.holder = testenv.StartProc(n.c.t, n.Name+"-mountns", exec.Command(n.c.bins.Nsenter, "-F", "--net=/run/netns/"+n.Host.NS,
 		n.c.bins.Unshare, "-m", "--propagation", "slave", "sleep", "infinity"))
