@@ -205,7 +205,10 @@ func (n *Node) Start() error {
 	n.containerd = n.start("containerd", n.c.bins.Containerd, "--config", filepath.Join(n.Dir, "containerd/config.toml"))
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if _, err := n.exec(n.c.bins.Ctr, "--address", n.socket(), "version"); err == nil {
+		// containerd answers before its CRI plugin has recovered its state; a kubelet started
+		// then exits ("server is not initialized yet"). The plugin's last step is the
+		// streaming server.
+		if _, err := n.exec(n.c.bins.Ctr, "--address", n.socket(), "version"); err == nil && strings.Contains(n.containerd.Output(), "Start streaming server") {
 			break
 		}
 		select {
