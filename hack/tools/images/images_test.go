@@ -348,3 +348,30 @@ func mustDiffID(t *testing.T, l v1.Layer) v1.Hash {
 	}
 	return h
 }
+
+func TestSinglePacksOneBinaryUnderTheGivenName(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "httpd")
+	if err := os.WriteFile(bin, []byte("#!/bin/true\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "httpd.tar")
+	if err := singleCommand([]string{"-bin", bin, "-ref", "example.test/httpd:v1", "-out", out, "-platform", "linux/arm64"}); err != nil {
+		t.Fatal(err)
+	}
+	tag, _ := name.NewTag("example.test/httpd:v1")
+	img, err := tarball.ImageFromPath(out, &tag)
+	if err != nil {
+		t.Fatalf("the tarball does not hold example.test/httpd:v1: %v", err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(cf.Config.Entrypoint, " "); got != "/usr/local/bin/httpd" || cf.Architecture != "arm64" || cf.Config.User != "65532:65532" {
+		t.Errorf("entrypoint %q, architecture %q, user %q; want /usr/local/bin/httpd, arm64, 65532:65532", got, cf.Architecture, cf.Config.User)
+	}
+	if err := singleCommand([]string{"-bin", bin, "-ref", "Not A Ref", "-out", out}); err == nil || !strings.Contains(err.Error(), "-ref") {
+		t.Errorf("a bad -ref gave %v, want an error naming -ref", err)
+	}
+}
