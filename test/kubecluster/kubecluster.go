@@ -153,6 +153,8 @@ type Cluster struct {
 	token  string
 	reaper *exec.Cmd
 	pipe   io.WriteCloser
+	// sysctls are the kubelet's machine-wide sysctls as found (key=value), restored at teardown.
+	sysctls []string
 }
 
 // Node is one kubelet node.
@@ -249,6 +251,7 @@ func (c *Cluster) startReaper() error {
 		}
 		sysctls = append(sysctls, k+"="+strings.TrimSpace(string(b)))
 	}
+	c.sysctls = sysctls
 	var cgroups, mountpoints []string
 	for _, n := range c.Nodes {
 		cgroups = append(cgroups, n.cgroup)
@@ -306,6 +309,14 @@ func (c *Cluster) close() {
 	case <-done:
 	case <-time.After(60 * time.Second):
 		c.t.Errorf("kubecluster %s: reaper did not finish within 60s", c.Lab.ID)
+		return
+	}
+	for _, kv := range c.sysctls {
+		k, want, _ := strings.Cut(kv, "=")
+		b, _ := os.ReadFile("/proc/sys/" + strings.ReplaceAll(k, ".", "/"))
+		if got := strings.TrimSpace(string(b)); got != want {
+			c.t.Errorf("kubecluster %s: sysctl %s is %s after teardown, was %s", c.Lab.ID, k, got, want)
+		}
 	}
 }
 
