@@ -149,6 +149,7 @@ func main() {
 	c := cluster.New(m, srv, cluster.Options{CCMBinary: ccm, AgentBinary: agent, ClientAddrs: 29})
 	lab2Answer(m, r, c)
 	l2Failover(m, r, c)
+	virtualMACFailover(m, r, c)
 	perClient(m, r, c)
 	bgpFailover(m, r, c)
 	arpLatency(m, r, c)
