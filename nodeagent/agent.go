@@ -860,9 +860,17 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 			})
 		}
 	}
+	resp.L2, resp.Heartbeats = a.countersLocked()
+	return resp, nil
+}
+
+// countersLocked returns the speaker's and the heartbeat monitors' counters so far. The
+// caller holds mu.
+func (a *Agent) countersLocked() (*agentv1.L2Counters, *agentv1.HeartbeatCounters) {
+	var l2c *agentv1.L2Counters
 	if a.opts.L2 != nil {
 		c := a.opts.L2.Counters()
-		resp.L2 = &agentv1.L2Counters{
+		l2c = &agentv1.L2Counters{
 			ArpRequests: c.ARPRequests, ArpReplies: c.ARPReplies, GratuitousArps: c.GratuitousARPs,
 			NeighborSolicitations: c.NeighborSolicitations, NeighborAdvertisements: c.NeighborAdvertisements,
 			UnsolicitedAdvertisements: c.UnsolicitedAdvertisements, TargetedReplies: c.TargetedReplies,
@@ -872,8 +880,7 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 	if a.live != nil {
 		hb = addCounters(hb, a.live.Counters())
 	}
-	resp.Heartbeats = &agentv1.HeartbeatCounters{Sent: hb.Sent, Accepted: hb.Accepted, Unproven: hb.Unproven, Refused: hb.Refused}
-	return resp, nil
+	return l2c, &agentv1.HeartbeatCounters{Sent: hb.Sent, Accepted: hb.Accepted, Unproven: hb.Unproven, Refused: hb.Refused}
 }
 
 // withoutSecrets returns a copy of st without BGP passwords or the deprecated shared keys.

@@ -28,16 +28,10 @@ func virtualMACFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 	if _, err := c.Lab.Client.Run(ctx, "ip", "neigh", "replace", vip.String(), "lladdr", mac, "dev", "eth0", "nud", "permanent"); err != nil {
 		m.Fatalf("%v", err)
 	}
-	defer func() { _, _ = c.Lab.Client.Run(context.Background(), "ip", "neigh", "del", vip.String(), "dev", "eth0") }()
-	var outages []float64
-	for i := range *trials {
-		victim := c.Owner(vip)
-		d := c.Failover(vip, victim)
-		outages = append(outages, float64(d))
-		step("  trial %d: %s died, outage %s", i, victim, d.Round(time.Millisecond))
-		c.Revive(victim)
-		time.Sleep(3 * time.Second) // the revived agent back in the plan
-	}
+	defer func() {
+		_, _ = c.Lab.Client.Run(context.Background(), "ip", "neigh", "del", vip.String(), "dev", "eth0")
+	}()
+	outages := failoverTrials(c, vip)
 	r.add("L2 failover with a virtual MAC",
 		fmt.Sprintf("As L2 failover, for a VIP of a pool with announce.l2.virtualMAC (scheme Local, MAC %s), and a client whose neighbour entry for the VIP is permanent and holds that MAC: a client that ignores gratuitous ARP (appliances, some firewalls). Without a virtual MAC such a client stays on the dead node's MAC and is not answered at all after the failover (test/e2e shows it: 128 pings lost over 2.8 s, then the test stops); with it, the switch learns the MAC on the new owner's port from its first frame. test/e2e also captures the MAC at the switch's ports: frames from one node at a time, also when the old owner comes back. %d trials.", mac, *trials),
 		[][]string{{"p50", "p99", "max", "min"}, {dur(time.Duration(percentile(outages, 50))), dur(time.Duration(percentile(outages, 99))), dur(time.Duration(slices.Max(outages))), dur(time.Duration(slices.Min(outages)))}})
