@@ -154,6 +154,9 @@ func main() {
 	bgpFailover(m, r, c)
 	arpLatency(m, r, c)
 	agentMemory(m, r, c)
+	testFigures(m, r, "Control-plane VIP (kubeadm HA)",
+		fmt.Sprintf("test/controlplane with %s=%d: three real kube-apiservers (one per node namespace, one shared etcd) behind the control-plane VIP served by standalone agents; a client in the client namespace lists Nodes through the VIP every 50 ms with client-go. A trial kills the owner's kube-apiserver (node alive), or the whole node (link down, agent killed); in BGP mode, a kube-apiserver is stopped and its next hop leaves the router. VIP moved: from the fault to the new holder's first ARP answer; client outage: the longest time without a successful list.", "METALVIP_CP_TRIALS", *trials),
+		"./test/controlplane/", "TestTheControlPlaneVIP", fmt.Sprintf("METALVIP_CP_TRIALS=%d", *trials))
 
 	write(m, r)
 	step("wrote %s", *out)
