@@ -377,6 +377,7 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	}
 	all := last.Sub(start)
 	rss := rssOf(proc.Cmd.Process.Pid)
+	anon, file := statusField(proc.Cmd.Process.Pid, "RssAnon:"), statusField(proc.Cmd.Process.Pid, "RssFile:")
 	if profPort != 0 {
 		heap := fmt.Sprintf("%s-%d.pprof", *heapOut, n)
 		cmd := exec.Command("curl", "-sk", "-o", heap, fmt.Sprintf("https://127.0.0.1:%d/debug/pprof/heap", profPort))
@@ -394,7 +395,7 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	proc.Stop(10 * time.Second)
 	return []string{fmt.Sprint(n), dur(alone), dur(all), fmt.Sprintf("%.2fx", all.Seconds()/alone.Seconds()),
 		dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))), dur(time.Duration(slices.Max(lat))),
-		annCell, fmt.Sprintf("%.2f", ccmWrites.total()/float64(n)), fmt.Sprintf("%.1f s", cpu), mib(rss)}, ccmWrites.perService(n)
+		annCell, fmt.Sprintf("%.2f", ccmWrites.total()/float64(n)), fmt.Sprintf("%.1f s", cpu), fmt.Sprintf("%s (heap and stacks %s, binary pages %s)", mib(rss), mib(anon), mib(file))}, ccmWrites.perService(n)
 }
 
 // deleteServices deletes the n Services of ns and waits until they are gone.
@@ -733,14 +734,17 @@ func createObject(m *testenv.Main, dyn dynamic.Interface, gvr interface{ String(
 	}
 }
 
-func rssOf(pid int) int64 {
+func rssOf(pid int) int64 { return statusField(pid, "VmRSS:") }
+
+// statusField reads a size in kB from /proc/PID/status (VmRSS:, RssAnon:, RssFile:), in bytes.
+func statusField(pid int, field string) int64 {
 	// The process may be `ip netns exec` that exec'd the binary: same pid.
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "VmRSS:") {
+		if strings.HasPrefix(l, field) {
 			f := strings.Fields(l)
 			kb, _ := strconv.ParseInt(f[1], 10, 64)
 			return kb * 1024
