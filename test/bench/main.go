@@ -53,7 +53,23 @@ var (
 	ccmBin  = flag.String("ccm", "", "a CCM binary to measure the allocation of instead of this tree's (e.g. an older build, for before and after)")
 )
 
-var begin = time.Now()
+var (
+	begin       = time.Now()
+	loadAtStart = loadAverage()
+)
+
+// loadAverage is /proc/loadavg's 1, 5 and 15 minute figures.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
 
 func step(format string, args ...any) {
 	fmt.Printf("[%6.1fs] %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
@@ -703,6 +719,7 @@ func write(m *testenv.Main, r *report) {
 	fmt.Fprintf(&b, "Written by `make bench` (`test/bench`) on %s.\n\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&b, "Machine: %s, %d cores, %s memory, Linux %s, %s. kube-apiserver %s on etcd %s (data on tmpfs), FRR %s.\n\n",
 		cpuModel(), runtime.NumCPU(), memTotal(), kernel(), runtime.Version(), "v1.37.2", cmdVersion("etcd", "--version"), cmdVersion("/usr/lib/frr/zebra", "--version"))
+	fmt.Fprintf(&b, "Load average when the run began: %s; when it ended: %s (other work shared the machine when these are well above 2).\n\n", loadAtStart, loadAverage())
 	b.WriteString("Each figure says how it was measured. Times are wall-clock on a shared 2-core machine: compare runs on the same machine.\n\n")
 	for _, s := range r.sections {
 		b.WriteString(s + "\n")
