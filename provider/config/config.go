@@ -397,13 +397,13 @@ func (c *Config) validate(root *yaml.Node) error {
 		if a.Insecure || a.CAFile != "" || a.CertFile != "" || a.KeyFile != "" {
 			add("agent.enroll.enabled", "enrolled agents get their certificates from the CCM, so insecure, caFile, certFile and keyFile would be ignored; remove either enroll or them")
 		}
-		if e.Validity.Duration < 10*time.Minute || e.Validity.Duration > 90*24*time.Hour {
+		if v := e.Validity.Duration; v != 0 && (v < 10*time.Minute || v > 90*24*time.Hour) {
 			add("agent.enroll.validity", fmt.Sprintf("%s: write 10m to 2160h (default 24h)", e.Validity.Duration))
 		}
-		if len(validation.IsDNS1123Label(e.Namespace)) > 0 {
+		if e.Namespace != "" && len(validation.IsDNS1123Label(e.Namespace)) > 0 {
 			add("agent.enroll.namespace", fmt.Sprintf("%q is not a namespace name", e.Namespace))
 		}
-		if len(validation.IsDNS1123Subdomain(e.ServiceAccount)) > 0 {
+		if e.ServiceAccount != "" && len(validation.IsDNS1123Subdomain(e.ServiceAccount)) > 0 {
 			add("agent.enroll.serviceAccount", fmt.Sprintf("%q is not a ServiceAccount name", e.ServiceAccount))
 		}
 	} else if !a.Insecure {

@@ -399,13 +399,18 @@ func waitGone(t *testing.T, c kubernetes.Interface, ns, name string) {
 }
 
 // TestTheAgentsServiceAccountMayReadNothing: with the manifests' RBAC, a token of the agents'
-// ServiceAccount is refused every read of every resource the API server serves, in every
-// namespace; its projected token (the enrollment audience) is not even accepted by the API
-// server.
+// ServiceAccount reads exactly what a ServiceAccount nobody bound reads (what Kubernetes gives
+// every authenticated user, such as public ClusterTrustBundles), across every resource the API
+// server lists, cluster-wide and in kube-system and default; Secrets, ConfigMaps, Pods, Nodes,
+// Services, Leases and metalvip's own objects are all refused. Its projected token (the
+// enrollment audience) is not even accepted by the API server.
 func TestTheAgentsServiceAccountMayReadNothing(t *testing.T) {
 	srv := kubeapi.Get(t)
 	applyManifests(t, srv)
 	ctx := context.Background()
+	if err := nodetoken.ServiceAccount(ctx, srv.Client, "default", "metalvip-test-unbound"); err != nil {
+		t.Fatal(err)
+	}
 	pod, err := nodetoken.Pod(ctx, srv.Client, "kube-system", "metalvip-agent-rbac-test", "metalvip-agent", "")
 	if err != nil {
 		t.Fatal(err)
@@ -413,7 +418,8 @@ func TestTheAgentsServiceAccountMayReadNothing(t *testing.T) {
 	t.Cleanup(func() {
 		_ = srv.Client.CoreV1().Pods("kube-system").Delete(context.Background(), pod.Name, metav1.DeleteOptions{})
 	})
-	apiToken, err := nodetoken.Token(ctx, srv.Client, pod, "https://kubernetes.default.svc", time.Hour)
+	const apiAudience = "https://kubernetes.default.svc"
+	agentToken, err := nodetoken.Token(ctx, srv.Client, pod, apiAudience, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -421,20 +427,26 @@ func TestTheAgentsServiceAccountMayReadNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	as := func(token string) *rest.Config {
-		cfg := rest.CopyConfig(srv.Config)
-		cfg.BearerToken = token
-		return cfg
-	}
-	dyn, err := dynamic.NewForConfig(as(apiToken))
+	unboundToken, err := nodetoken.Unbound(ctx, srv.Client, "default", "metalvip-test-unbound", apiAudience, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
+	as := func(token string) dynamic.Interface {
+		cfg := rest.CopyConfig(srv.Config)
+		cfg.BearerToken = token
+		d, err := dynamic.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	agent, unbound := as(agentToken), as(unboundToken)
 	lists, err := srv.Client.Discovery().ServerPreferredResources()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var read, refused int
+	mustRefuse := map[string]bool{"secrets": true, "configmaps": true, "pods": true, "nodes": true, "services": true, "leases": true, "ippools": true, "bgppeers": true, "endpointslices": true}
+	var reads, refused int
 	for _, l := range lists {
 		gv, err := schema.ParseGroupVersion(l.GroupVersion)
 		if err != nil {
@@ -450,25 +462,26 @@ func TestTheAgentsServiceAccountMayReadNothing(t *testing.T) {
 				namespaces = append(namespaces, "kube-system", "default")
 			}
 			for _, ns := range namespaces {
-				read++
-				_, err := dyn.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{Limit: 1})
+				reads++
+				_, err := agent.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{Limit: 1})
+				_, base := unbound.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{Limit: 1})
 				if apierrors.IsForbidden(err) {
 					refused++
-					continue
 				}
-				t.Errorf("list %s in %q as the agent: %v; want Forbidden", gvr, ns, err)
+				switch {
+				case mustRefuse[r.Name] && !apierrors.IsForbidden(err):
+					t.Errorf("list %s in %q as the agent: %v; want Forbidden", gvr, ns, err)
+				case apierrors.IsForbidden(err) != apierrors.IsForbidden(base):
+					t.Errorf("list %s in %q: the agent gets %v, a ServiceAccount nobody bound %v", gvr, ns, err, base)
+				}
 			}
 		}
 	}
-	t.Logf("%d of %d reads refused (every resource that can be listed, cluster-wide and in kube-system and default)", refused, read)
-	if read < 40 {
-		t.Errorf("only %d resources tried: discovery looks short", read)
+	t.Logf("%d of %d reads refused to the agent, as to a ServiceAccount nobody bound (every resource that can be listed, cluster-wide and in kube-system and default)", refused, reads)
+	if reads < 40 {
+		t.Errorf("only %d resources tried: discovery looks short", reads)
 	}
-	client, err := kubernetes.NewForConfig(as(projected))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.CoreV1().Secrets("kube-system").Get(ctx, identity.CAName, metav1.GetOptions{}); !apierrors.IsUnauthorized(err) {
+	if _, err := as(projected).Resource(schema.GroupVersionResource{Version: "v1", Resource: "secrets"}).Namespace("kube-system").Get(ctx, identity.CAName, metav1.GetOptions{}); !apierrors.IsUnauthorized(err) {
 		t.Errorf("the projected enrollment token read a Secret: %v; want Unauthorized (its audience is not the API server's)", err)
 	}
 }
