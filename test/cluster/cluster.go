@@ -679,3 +679,7 @@ func (c *Cluster) deleteServices() {
 		_, _ = svcs.Patch(ctx, s.Name, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
 	}
 }
+
+// Kubeconfig is the admin kubeconfig that works from the lab's control namespace (through
+// the relay), as the CCM uses it.
+func (c *Cluster) Kubeconfig() string { return c.kcfg }

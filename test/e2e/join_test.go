@@ -9,12 +9,14 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/metalvip/metalvip/internal/certs"
+	"github.com/metalvip/metalvip/internal/identity"
 	"github.com/metalvip/metalvip/test/cluster"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
@@ -56,6 +58,14 @@ func TestAFourthNodeJoinsWithNoManualStep(t *testing.T) {
 			if cert.Subject.CommonName != h.Name || !slices.Equal(cert.DNSNames, []string{h.Name}) {
 				t.Errorf("%s's agent serves a certificate for CN %q DNS %v", h.Name, cert.Subject.CommonName, cert.DNSNames)
 			}
+		}
+	})
+	t.Run("metalvipctl agent looks at a joined agent through the CA Secret", func(t *testing.T) {
+		h := c.Agents["node4"].Host
+		out, err := c.Lab.Control.Run(t.Context(), ctlBinary, "agent", "node4", "--kubeconfig", c.Kubeconfig(),
+			"--address", h.IPv4.String(), "--tls-secret", c.NS+"/"+identity.CAName)
+		if err != nil || !strings.Contains(string(out), next.String()) {
+			t.Errorf("metalvipctl agent node4 = %v; want its state naming %s:\n%s", err, next, out)
 		}
 	})
 	t.Run("no Secret holds a node's private key", func(t *testing.T) {
