@@ -3,6 +3,8 @@ package loadbalancer
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -93,10 +95,8 @@ func (a *Agents) renewDue(ctx context.Context, c *agentConn) {
 	if a.cfg.Enroll == nil || at == 0 || time.Now().UnixNano() < at {
 		return
 	}
-	if err := a.enroll(ctx, c, c.client, "renewed"); err == nil {
-		// Not due again until the next handshake says when.
-		c.renewAt.Store(0)
-	}
+	// A failure is tried again at the next probe.
+	_ = a.enroll(ctx, c, c.client, "renewed")
 }
 
 // enroll asks the agent for a request and its token, has the Enroller check and sign it,
@@ -133,6 +133,12 @@ func (a *Agents) enroll(ctx context.Context, c *agentConn, client agentv1.AgentS
 		return fmt.Errorf("install on %s: %w", c.node, err)
 	}
 	agentEnrollments.WithLabelValues(ok).Inc()
+	// Due again by this certificate: the connection stays up, so no handshake would say so.
+	if b, _ := pem.Decode(cert); b != nil {
+		if leaf, err := x509.ParseCertificate(b.Bytes); err == nil {
+			c.renewAt.Store(identity.RenewAt(leaf).UnixNano())
+		}
+	}
 	klog.InfoS("Agent enrolled", "node", c.node, "result", ok)
 	return nil
 }
