@@ -137,7 +137,7 @@ func (e *enrollEnv) startAgent(node string, addr netip.AddrPort, token string) *
 	}
 	return testenv.StartProc(e.t, "agent-"+node, exec.Command(agentBin(e.t),
 		"--node-name", node, "--listen-address", addr.String(), "--state-dir", filepath.Join(dir, "state"),
-		"--interfaces", "lo", "--router-id", "198.51.100.10",
+		"--interfaces", "lo", "--router-id", "198.51.100.10", "--metrics-address", "",
 		"--tls-mode", "enroll", "--tls-ca", e.ca, "--token-file", tokenFile, "--v", "2"))
 }
 
