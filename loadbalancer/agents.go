@@ -45,9 +45,11 @@ const MaxStateBytes = agentapi.MaxMessageBytes
 // AgentConfig says how the CCM reaches agents.
 type AgentConfig struct {
 	Port     int
-	TLS      certs.Files // empty with Insecure
+	TLS      certs.Files // empty with Insecure or Enroll
 	Insecure bool
-	Timeout  time.Duration
+	// Enroll issues the agents' certificates (enroll.go); nil: they come from files.
+	Enroll  Enroller
+	Timeout time.Duration
 	// Dial overrides how connections are made (tests in network namespaces); nil dials TCP.
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
 }
@@ -108,12 +110,14 @@ type agentConn struct {
 	known     bool                  // reachability decided at least once
 	held      *agentv1.DesiredState // what the agent held when last asked
 	keys      [][]byte
+
+	renewAt atomic.Int64 // enrolled agents: when its certificate is due for renewal (Unix ns)
 }
 
 // NewAgents returns the connection manager; term is this leader's term.
 func NewAgents(cfg AgentConfig, term uint64, hooks AgentHooks) *Agents {
 	registerMetrics.Do(func() {
-		legacyregistry.MustRegister(agentReachable, agentApplies)
+		legacyregistry.MustRegister(agentReachable, agentApplies, agentEnrollments)
 	})
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
@@ -167,10 +171,14 @@ func (a *Agents) SetNodes(ctx context.Context, addrs map[string]netip.Addr) {
 }
 
 func (a *Agents) dial(ctx context.Context, node string, addr netip.Addr) (*agentConn, error) {
+	c := &agentConn{node: node, addr: addr, kick: make(chan struct{}, 1), probe: make(chan struct{}, 1)}
 	var creds credentials.TransportCredentials
-	if a.cfg.Insecure {
+	switch {
+	case a.cfg.Insecure:
 		creds = insecure.NewCredentials()
-	} else {
+	case a.cfg.Enroll != nil:
+		creds = credentials.NewTLS(a.enrolledTLS(c))
+	default:
 		cfg, err := certs.ClientConfig(a.cfg.TLS, node)
 		if err != nil {
 			return nil, err
@@ -190,8 +198,7 @@ func (a *Agents) dial(ctx context.Context, node string, addr netip.Addr) (*agent
 		return nil, err
 	}
 	cctx, cancel := context.WithCancel(ctx)
-	c := &agentConn{node: node, addr: addr, conn: conn, client: agentv1.NewAgentServiceClient(conn), cancel: cancel,
-		kick: make(chan struct{}, 1), probe: make(chan struct{}, 1)}
+	c.conn, c.client, c.cancel = conn, agentv1.NewAgentServiceClient(conn), cancel
 	go a.run(cctx, c)
 	go a.watch(cctx, c)
 	return c, nil
@@ -317,8 +324,12 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 		switch {
 		case !known || !reachable:
 			// First ask what the agent holds: the generation resumes from it (and its keys
-			// come from it). An agent that did not answer is asked again after the backoff.
+			// come from it). An agent that did not answer is asked again after the backoff;
+			// one that holds no certificate of the CA yet is enrolled first.
 			err = a.probe(ctx, c)
+			if err != nil && a.enrollNew(ctx, c) == nil {
+				err = a.probe(ctx, c)
+			}
 		case pending:
 			err = a.apply(ctx, c)
 		default:
@@ -349,6 +360,7 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 			continue
 		}
 		a.setReachable(c, true, nil)
+		a.renewDue(ctx, c)
 		backoff, wait = 200*time.Millisecond, 0
 	}
 }

@@ -84,8 +84,26 @@ type Agent struct {
 	KeyFile  string `yaml:"keyFile"`
 	// Insecure turns mutual TLS off. For labs only; the CCM logs a warning at start.
 	Insecure bool `yaml:"insecure"`
+	// Enroll: the CCM issues every agent its certificate (docs/agent-tls.md) instead of
+	// caFile, certFile and keyFile.
+	Enroll Enroll `yaml:"enroll"`
 	// Timeout bounds a single call to an agent.
 	Timeout Duration `yaml:"timeout"`
+}
+
+// Enroll holds the settings of the agents' enrollment.
+type Enroll struct {
+	// Enabled: agents prove their node with a projected ServiceAccount token and the CCM
+	// signs their certificates with a CA it keeps in the Secret metalvip-ca.
+	Enabled bool `yaml:"enabled"`
+	// Namespace of the CA Secret and ConfigMap (metalvip-ca) and of the agents'
+	// ServiceAccount. Default kube-system.
+	Namespace string `yaml:"namespace"`
+	// ServiceAccount is the agents' ServiceAccount: only its tokens enroll. Default
+	// metalvip-agent.
+	ServiceAccount string `yaml:"serviceAccount"`
+	// Validity of an agent's certificate (and the CCM's); renewed at two thirds. Default 24h.
+	Validity Duration `yaml:"validity"`
 }
 
 // Failover holds the settings of L2 failover among the agents.
@@ -215,6 +233,17 @@ func (c *Config) setDefaults() {
 	}
 	if c.Agent.Timeout.Duration == 0 {
 		c.Agent.Timeout.Duration = DefaultAgentTimeout
+	}
+	if e := &c.Agent.Enroll; e.Enabled {
+		if e.Namespace == "" {
+			e.Namespace = "kube-system"
+		}
+		if e.ServiceAccount == "" {
+			e.ServiceAccount = "metalvip-agent"
+		}
+		if e.Validity.Duration == 0 {
+			e.Validity.Duration = 24 * time.Hour
+		}
 	}
 	if c.Allocation.PendingRetry.Duration == 0 {
 		c.Allocation.PendingRetry.Duration = DefaultPendingRetry
@@ -364,7 +393,20 @@ func (c *Config) validate(root *yaml.Node) error {
 	if a.Insecure && (a.CAFile != "" || a.CertFile != "" || a.KeyFile != "") {
 		add("agent.insecure", "insecure: true turns TLS off, so caFile, certFile and keyFile would be ignored; remove either insecure or the files")
 	}
-	if !a.Insecure {
+	if e := a.Enroll; e.Enabled {
+		if a.Insecure || a.CAFile != "" || a.CertFile != "" || a.KeyFile != "" {
+			add("agent.enroll.enabled", "enrolled agents get their certificates from the CCM, so insecure, caFile, certFile and keyFile would be ignored; remove either enroll or them")
+		}
+		if v := e.Validity.Duration; v != 0 && (v < 10*time.Minute || v > 90*24*time.Hour) {
+			add("agent.enroll.validity", fmt.Sprintf("%s: write 10m to 2160h (default 24h)", e.Validity.Duration))
+		}
+		if e.Namespace != "" && len(validation.IsDNS1123Label(e.Namespace)) > 0 {
+			add("agent.enroll.namespace", fmt.Sprintf("%q is not a namespace name", e.Namespace))
+		}
+		if e.ServiceAccount != "" && len(validation.IsDNS1123Subdomain(e.ServiceAccount)) > 0 {
+			add("agent.enroll.serviceAccount", fmt.Sprintf("%q is not a ServiceAccount name", e.ServiceAccount))
+		}
+	} else if !a.Insecure {
 		switch {
 		case a.CAFile == "" && a.CertFile == "" && a.KeyFile == "":
 			// Unset: the agent connection is configured later (by the planner) or not used.

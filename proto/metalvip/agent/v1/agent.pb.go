@@ -1990,6 +1990,188 @@ func (x *Event) GetDetail() string {
 	return ""
 }
 
+type EnrollRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnrollRequest) Reset() {
+	*x = EnrollRequest{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnrollRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnrollRequest) ProtoMessage() {}
+
+func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnrollRequest.ProtoReflect.Descriptor instead.
+func (*EnrollRequest) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+}
+
+type EnrollResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node is the node the agent runs on (its --node-name).
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// certificate_request is a PKCS#10 request (DER) for the agent's new key. The CCM takes only
+	// the public key from it: what the certificate names is the node the CCM dialled.
+	CertificateRequest []byte `protobuf:"bytes,2,opt,name=certificate_request,json=certificateRequest,proto3" json:"certificate_request,omitempty"`
+	// token is the agent's projected ServiceAccount token, bound to its Pod and Node; the CCM
+	// checks it with a TokenReview. At most 16 KiB.
+	Token         string `protobuf:"bytes,3,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnrollResponse) Reset() {
+	*x = EnrollResponse{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnrollResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnrollResponse) ProtoMessage() {}
+
+func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnrollResponse.ProtoReflect.Descriptor instead.
+func (*EnrollResponse) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *EnrollResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *EnrollResponse) GetCertificateRequest() []byte {
+	if x != nil {
+		return x.CertificateRequest
+	}
+	return nil
+}
+
+func (x *EnrollResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+type InstallRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// certificate is the PEM certificate signed for the key of the last EnrollResponse.
+	Certificate   []byte `protobuf:"bytes,1,opt,name=certificate,proto3" json:"certificate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstallRequest) Reset() {
+	*x = InstallRequest{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstallRequest) ProtoMessage() {}
+
+func (x *InstallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstallRequest.ProtoReflect.Descriptor instead.
+func (*InstallRequest) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *InstallRequest) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
+	}
+	return nil
+}
+
+type InstallResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstallResponse) Reset() {
+	*x = InstallResponse{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstallResponse) ProtoMessage() {}
+
+func (x *InstallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstallResponse.ProtoReflect.Descriptor instead.
+func (*InstallResponse) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+}
+
 var File_metalvip_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
@@ -2171,15 +2353,25 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x0eKIND_TOOK_OVER\x10\x02\x12\x11\n" +
 	"\rKIND_RELEASED\x10\x03\x12\x13\n" +
 	"\x0fKIND_SESSION_UP\x10\x04\x12\x15\n" +
-	"\x11KIND_SESSION_DOWN\x10\x05*7\n" +
+	"\x11KIND_SESSION_DOWN\x10\x05\"\x0f\n" +
+	"\rEnrollRequest\"k\n" +
+	"\x0eEnrollResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12/\n" +
+	"\x13certificate_request\x18\x02 \x01(\fR\x12certificateRequest\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\tR\x05token\"2\n" +
+	"\x0eInstallRequest\x12 \n" +
+	"\vcertificate\x18\x01 \x01(\fR\vcertificate\"\x11\n" +
+	"\x0fInstallResponse*7\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aMODE_L2\x10\x01\x12\f\n" +
-	"\bMODE_BGP\x10\x022\xfd\x01\n" +
+	"\bMODE_BGP\x10\x022\x9e\x03\n" +
 	"\fAgentService\x12J\n" +
 	"\x05Apply\x12\x1f.metalvip.agent.v1.ApplyRequest\x1a .metalvip.agent.v1.ApplyResponse\x12S\n" +
 	"\bGetState\x12\".metalvip.agent.v1.GetStateRequest\x1a#.metalvip.agent.v1.GetStateResponse\x12L\n" +
-	"\x05Watch\x12\x1f.metalvip.agent.v1.WatchRequest\x1a .metalvip.agent.v1.WatchResponse0\x01B>Z<github.com/metalvip/metalvip/proto/metalvip/agent/v1;agentv1b\x06proto3"
+	"\x05Watch\x12\x1f.metalvip.agent.v1.WatchRequest\x1a .metalvip.agent.v1.WatchResponse0\x01\x12M\n" +
+	"\x06Enroll\x12 .metalvip.agent.v1.EnrollRequest\x1a!.metalvip.agent.v1.EnrollResponse\x12P\n" +
+	"\aInstall\x12!.metalvip.agent.v1.InstallRequest\x1a\".metalvip.agent.v1.InstallResponseB>Z<github.com/metalvip/metalvip/proto/metalvip/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_metalvip_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -2194,7 +2386,7 @@ func file_metalvip_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_metalvip_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_metalvip_agent_v1_agent_proto_goTypes = []any{
 	(Mode)(0),                  // 0: metalvip.agent.v1.Mode
 	(Refusal_Kind)(0),          // 1: metalvip.agent.v1.Refusal.Kind
@@ -2222,7 +2414,11 @@ var file_metalvip_agent_v1_agent_proto_goTypes = []any{
 	(*WatchRequest)(nil),       // 23: metalvip.agent.v1.WatchRequest
 	(*WatchResponse)(nil),      // 24: metalvip.agent.v1.WatchResponse
 	(*Event)(nil),              // 25: metalvip.agent.v1.Event
-	nil,                        // 26: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	(*EnrollRequest)(nil),      // 26: metalvip.agent.v1.EnrollRequest
+	(*EnrollResponse)(nil),     // 27: metalvip.agent.v1.EnrollResponse
+	(*InstallRequest)(nil),     // 28: metalvip.agent.v1.InstallRequest
+	(*InstallResponse)(nil),    // 29: metalvip.agent.v1.InstallResponse
+	nil,                        // 30: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
 }
 var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
 	5,  // 0: metalvip.agent.v1.DesiredState.announcements:type_name -> metalvip.agent.v1.Announcement
@@ -2246,18 +2442,22 @@ var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
 	19, // 18: metalvip.agent.v1.GetStateResponse.heartbeats:type_name -> metalvip.agent.v1.HeartbeatCounters
 	18, // 19: metalvip.agent.v1.GetStateResponse.control_plane:type_name -> metalvip.agent.v1.ControlPlaneStatus
 	20, // 20: metalvip.agent.v1.ControlPlaneStatus.vip:type_name -> metalvip.agent.v1.AnnouncedVIP
-	26, // 21: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	30, // 21: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
 	0,  // 22: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
 	25, // 23: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
 	2,  // 24: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
 	13, // 25: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
 	16, // 26: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
 	23, // 27: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
-	14, // 28: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
-	17, // 29: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
-	24, // 30: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
-	28, // [28:31] is the sub-list for method output_type
-	25, // [25:28] is the sub-list for method input_type
+	26, // 28: metalvip.agent.v1.AgentService.Enroll:input_type -> metalvip.agent.v1.EnrollRequest
+	28, // 29: metalvip.agent.v1.AgentService.Install:input_type -> metalvip.agent.v1.InstallRequest
+	14, // 30: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
+	17, // 31: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
+	24, // 32: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
+	27, // 33: metalvip.agent.v1.AgentService.Enroll:output_type -> metalvip.agent.v1.EnrollResponse
+	29, // 34: metalvip.agent.v1.AgentService.Install:output_type -> metalvip.agent.v1.InstallResponse
+	30, // [30:35] is the sub-list for method output_type
+	25, // [25:30] is the sub-list for method input_type
 	25, // [25:25] is the sub-list for extension type_name
 	25, // [25:25] is the sub-list for extension extendee
 	0,  // [0:25] is the sub-list for field type_name
@@ -2274,7 +2474,7 @@ func file_metalvip_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_metalvip_agent_v1_agent_proto_rawDesc), len(file_metalvip_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   24,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
