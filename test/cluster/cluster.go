@@ -502,7 +502,28 @@ func (c *Cluster) Owner(vip netip.Addr) string {
 	if len(macs) == 0 {
 		return ""
 	}
-	return c.MACs[macs[0]]
+	if n, ok := c.MACs[macs[0]]; ok {
+		return n
+	}
+	// A virtual MAC names no node: the agent that says it answers is the owner.
+	var owners []string
+	for name, a := range c.Agents {
+		ctx, cancel := context.WithTimeout(c.ctx, time.Second)
+		st, err := a.Client.GetState(ctx, &agentv1.GetStateRequest{})
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, v := range st.GetAnnounced() {
+			if v.GetVip() == vip.String() && v.GetActive() {
+				owners = append(owners, name)
+			}
+		}
+	}
+	if len(owners) != 1 {
+		return ""
+	}
+	return owners[0]
 }
 
 func (c *Cluster) WaitOwner(vip netip.Addr, want string, timeout time.Duration) {
