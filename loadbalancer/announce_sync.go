@@ -54,6 +54,7 @@ type loopState struct {
 	passwords   map[string]string                          // peer -> last password read
 	statusSet   map[string]string                          // pool/peer/node status last set (text form)
 	conflicts   map[string][]desired.PeerConflict          // node -> peers left off it
+	sessions    map[string][]*agentv1.PeerStatus           // node -> its BGP sessions, as its agent reported them
 }
 
 // nodePart is one node's announcements, ordered by VIP in a copy-on-write tree (a snapshot
@@ -123,6 +124,7 @@ func newLoopState(maxCandidates int) loopState {
 		passwords:   map[string]string{},
 		statusSet:   map[string]string{},
 		conflicts:   map[string][]desired.PeerConflict{},
+		sessions:    map[string][]*agentv1.PeerStatus{},
 	}
 }
 
@@ -271,6 +273,12 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 	}
 	if ch.peers || ch.nodes || len(ch.refused) > 0 {
 		a.writePeerConditions()
+	}
+	for node, ss := range ch.sessions {
+		s.sessions[node] = ss
+	}
+	if ch.peers || ch.nodes || len(ch.reach) > 0 || len(ch.sessions) > 0 {
+		a.writePeerSessions()
 	}
 	for _, t := range ch.tookOver {
 		a.tookOverEvent(t)

@@ -90,6 +90,7 @@ type changes struct {
 	refused   map[string]refusal
 	tookOver  []tookOver
 	newerTerm uint64
+	sessions  map[string][]*agentv1.PeerStatus // node -> its BGP sessions, as reported
 }
 
 type refusal struct {
@@ -103,7 +104,7 @@ type tookOver struct {
 }
 
 func newChanges() changes {
-	return changes{services: map[string]bool{}, pools: map[string]bool{}, reach: map[string]bool{}, refused: map[string]refusal{}}
+	return changes{services: map[string]bool{}, pools: map[string]bool{}, reach: map[string]bool{}, refused: map[string]refusal{}, sessions: map[string][]*agentv1.PeerStatus{}}
 }
 
 // NewAnnouncer returns an announcer; Register and Run make it work.
@@ -135,6 +136,9 @@ func (a *Announcer) newAgents(term uint64) *Agents {
 		Keys: func(string, [][]byte) { a.note(func(c *changes) { c.keys = true }) },
 		NewerTerm: func(_ string, held uint64) {
 			a.note(func(c *changes) { c.newerTerm = max(c.newerTerm, held) })
+		},
+		Sessions: func(node string, sessions []*agentv1.PeerStatus) {
+			a.note(func(c *changes) { c.sessions[node] = sessions })
 		},
 	})
 }

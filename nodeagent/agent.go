@@ -817,6 +817,7 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 		for _, s := range a.bgp.Sessions() {
 			resp.Peers = append(resp.Peers, &agentv1.PeerStatus{
 				Address: s.Peer.String(), State: s.State, BfdState: s.BFDState, LastError: s.LastError, SinceUnix: s.Since.Unix(),
+				RoutesAdvertised: uint32(min(s.RoutesAdvertised, 1<<32-1)),
 			})
 		}
 	}
