@@ -37,6 +37,7 @@ type loopState struct {
 	vipSvcs  map[netip.Addr][]string    // address -> Services showing it, sorted
 	vips     map[netip.Addr]planner.VIP // what the planner was given
 	vipPool  map[netip.Addr]*pools.Pool // the address's pool (nil: none)
+	weights  map[netip.Addr]map[string]uint32 // BGP VIPs weighted by endpoints: node -> weight
 	anns     map[netip.Addr]*agentv1.Announcement
 	annNodes map[netip.Addr][]string // the nodes each announcement was given to
 	parts    map[string]*nodePart    // node -> its announcements
@@ -108,6 +109,7 @@ func newLoopState(maxCandidates int) loopState {
 		vipSvcs:     map[netip.Addr][]string{},
 		vips:        map[netip.Addr]planner.VIP{},
 		vipPool:     map[netip.Addr]*pools.Pool{},
+		weights:     map[netip.Addr]map[string]uint32{},
 		anns:        map[netip.Addr]*agentv1.Announcement{},
 		annNodes:    map[netip.Addr][]string{},
 		parts:       map[string]*nodePart{},
@@ -350,6 +352,7 @@ func (a *Announcer) specRound(ip netip.Addr, r *round) {
 	if len(keys) == 0 {
 		delete(s.vips, ip)
 		delete(s.vipPool, ip)
+		delete(s.weights, ip)
 		if had {
 			a.removeFromGroup(old.Group, ip)
 			if !s.first {
@@ -370,11 +373,17 @@ func (a *Announcer) specRound(ip netip.Addr, r *round) {
 			sel := labels.SelectorFromSet(labels.Set{"kubernetes.io/service-name": svc.Name})
 			es, _ := a.endpoints.EndpointSlices(svc.Namespace).List(sel)
 			sh.EndpointNodes = desired.ReadyEndpointNodes(es)
+			sh.EndpointCounts = desired.ReadyEndpointCounts(es)
 		}
 		sharers = append(sharers, sh)
 	}
 	pool := a.poolFor(ip)
 	v := desired.VIP(ip, sharers, pool)
+	if w := desired.Weights(v, sharers, pool); w != nil {
+		s.weights[ip] = w
+	} else {
+		delete(s.weights, ip)
+	}
 	poolChanged := s.vipPool[ip] != pool
 	s.vipPool[ip] = pool
 	s.vips[ip] = v
@@ -423,7 +432,7 @@ func (a *Announcer) entryRound(ip netip.Addr, r *round) {
 	e, ok := s.planner.Entry(ip)
 	var next *agentv1.Announcement
 	if v, known := s.vips[ip]; ok && known {
-		next = desired.Announcement(e, v, s.vipPool[ip], s.vipSvcs[ip], s.addrOf)
+		next = desired.Announcement(e, v, s.vipPool[ip], s.vipSvcs[ip], s.addrOf, s.weights[ip])
 	}
 	if old != nil && next != nil && proto.Equal(old, next) && slices.Equal(s.annNodes[ip], e.Nodes) {
 		return // (a BGP announcement does not name its nodes: compare them apart)

@@ -359,11 +359,22 @@ func (a *Agent) applyLocked(ctx context.Context) {
 			}
 		case agentv1.Mode_MODE_BGP:
 			view.Active, view.Reason = true, "advertised to BGP peers"
-			routes = append(routes, bgp.Route{
-				Prefix:      netip.PrefixFrom(vip, vip.BitLen()),
-				Communities: an.GetBgp().GetCommunities(),
-				LocalPref:   an.GetBgp().GetLocalPref(),
-			})
+			r := bgp.Route{
+				Prefix:           netip.PrefixFrom(vip, vip.BitLen()),
+				Communities:      an.GetBgp().GetCommunities(),
+				LocalPref:        an.GetBgp().GetLocalPref(),
+				GracefulShutdown: st.GetDraining(),
+			}
+			for _, w := range an.GetBgp().GetWeights() {
+				if w.GetNode() == a.opts.Node {
+					r.Weight = w.GetEndpoints()
+					view.Reason = fmt.Sprintf("advertised to BGP peers, weight %d", r.Weight)
+				}
+			}
+			if r.GracefulShutdown {
+				view.Reason += ", graceful shutdown (draining)"
+			}
+			routes = append(routes, r)
 		}
 	}
 	cp := a.controlPlaneWire()
