@@ -33,10 +33,13 @@ type loopState struct {
 	reachable map[string]bool
 	planner   *planner.Planner
 
-	svcAddrs map[string][]netip.Addr    // Service -> addresses its status shows
-	vipSvcs  map[netip.Addr][]string    // address -> Services showing it, sorted
-	vips     map[netip.Addr]planner.VIP // what the planner was given
-	vipPool  map[netip.Addr]*pools.Pool // the address's pool (nil: none)
+	svcAddrs map[string][]netip.Addr          // Service -> addresses its status shows, and its externalIPs announced
+	extIPs   map[string][]netip.Addr          // Service -> its externalIPs announced (also in svcAddrs)
+	extWant  map[string]bool                  // Services that ask for their externalIPs to be announced
+	extSaid  map[string]string                // Service -> its ExternalIPs condition last set (text form)
+	vipSvcs  map[netip.Addr][]string          // address -> Services showing it, sorted
+	vips     map[netip.Addr]planner.VIP       // what the planner was given
+	vipPool  map[netip.Addr]*pools.Pool       // the address's pool (nil: none)
 	weights  map[netip.Addr]map[string]uint32 // BGP VIPs weighted by endpoints: node -> weight
 	anns     map[netip.Addr]*agentv1.Announcement
 	annNodes map[netip.Addr][]string // the nodes each announcement was given to
@@ -106,6 +109,9 @@ func newLoopState(maxCandidates int) loopState {
 		addrs:       map[string]netip.Addr{},
 		reachable:   map[string]bool{},
 		svcAddrs:    map[string][]netip.Addr{},
+		extIPs:      map[string][]netip.Addr{},
+		extWant:     map[string]bool{},
+		extSaid:     map[string]string{},
 		vipSvcs:     map[netip.Addr][]string{},
 		vips:        map[netip.Addr]planner.VIP{},
 		vipPool:     map[netip.Addr]*pools.Pool{},
@@ -187,6 +193,13 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 	}
 	for key := range ch.services {
 		a.serviceRound(key, &r)
+	}
+	// The externalIPs a Service may have depend on the pools and on the LoadBalancer
+	// addresses of every other Service: decide them again (they are few).
+	if len(ch.services) > 0 || len(ch.pools) > 0 {
+		for key := range s.extWant {
+			a.serviceRound(key, &r)
+		}
 	}
 	// Pools: the addresses whose pool, or whose pool's spec, changed.
 	if len(ch.pools) > 0 {
@@ -313,8 +326,29 @@ func (a *Announcer) service(key string) *v1.Service {
 func (a *Announcer) serviceRound(key string, r *round) {
 	s := &a.loop
 	var now []netip.Addr
-	if svc := a.service(key); svc != nil && a.cfg.Serves.Ours(svc) {
+	svc := a.service(key)
+	if svc != nil && a.cfg.Serves.Ours(svc) {
 		now = desired.StatusIPs(svc)
+	}
+	if svc != nil && a.cfg.Serves.WantsExternalIPs(svc) {
+		s.extWant[key] = true
+		ext, refused := a.cfg.Serves.ExternalIPs(svc, s.set, func(ip netip.Addr) string { return a.lbHolder(ip, key) })
+		for _, ip := range ext {
+			if !slices.Contains(now, ip) {
+				now = append(now, ip)
+			}
+		}
+		s.extIPs[key] = ext
+		a.externalIPsStatus(svc, ext, refused)
+	} else {
+		if s.extWant[key] && svc != nil {
+			a.externalIPsStatus(svc, nil, nil)
+		}
+		delete(s.extWant, key)
+		delete(s.extIPs, key)
+		if svc == nil {
+			delete(s.extSaid, key)
+		}
 	}
 	old := s.svcAddrs[key]
 	for _, ip := range old {
@@ -497,6 +531,15 @@ func (a *Announcer) nodeHead(n *v1.Node) (*agentv1.DesiredState, []desired.PeerC
 	p := s.part(n.Name)
 	peers, conflicts := desired.Peers(n, s.set, a.password)
 	st := desired.NodeState(n, nil, peers, slices.Collect(maps.Keys(p.peers)), a.cfg.Options, s.addrOf, a.agents.Keys)
+	// The ClusterIP ranges come from every eligible node the peers select.
+	if pn := desired.Node(n, s.reachable[n.Name]); !pn.Excluded && len(peers) > 0 {
+		if pf := desired.ServicePrefixes(n, s.set); len(pf) > 0 {
+			if st.Bgp == nil {
+				st.Bgp = &agentv1.BGPOptions{}
+			}
+			st.Bgp.Prefixes = pf
+		}
+	}
 	return st, conflicts
 }
 

@@ -377,6 +377,16 @@ func (a *Agent) applyLocked(ctx context.Context) {
 			routes = append(routes, r)
 		}
 	}
+	for i, s := range st.GetBgp().GetPrefixes() {
+		p, err := netip.ParsePrefix(s)
+		switch {
+		case err != nil || p.Masked() != p || p.Addr().Is4In6():
+			problems = append(problems, fmt.Sprintf("bgp.prefixes[%d]: %q is not a CIDR such as 10.96.0.0/16; not advertised", i, s))
+		case slices.ContainsFunc(routes, func(r bgp.Route) bool { return r.Prefix == p }):
+		default:
+			routes = append(routes, bgp.Route{Prefix: p, GracefulShutdown: st.GetDraining()})
+		}
+	}
 	cp := a.controlPlaneWire()
 	vips, routes = append(vips, cp.l2...), append(routes, cp.routes...)
 	if a.opts.L2 != nil {

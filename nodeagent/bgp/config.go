@@ -74,7 +74,8 @@ type Peer struct {
 
 // Route is one VIP to announce, with this speaker as the next hop.
 type Route struct {
-	// Prefix is a /32 or a /128.
+	// Prefix is a /32 or a /128 for a VIP, or an aggregate such as the ClusterIP range
+	// (no bits set after its length).
 	Prefix netip.Prefix
 	// Communities are standard communities, "ASN:value" with both halves at most 65535.
 	Communities []string
@@ -299,8 +300,8 @@ func normalizeRoute(r Route) (route, error) {
 	if p.Addr().Zone() != "" {
 		return route{}, errors.New("zoned prefix")
 	}
-	if !p.IsSingleIP() {
-		return route{}, fmt.Errorf("want a single address (/%d)", p.Addr().BitLen())
+	if p.Masked() != p {
+		return route{}, fmt.Errorf("bits set after the prefix length: want %s", p.Masked())
 	}
 	if p.Addr().IsUnspecified() || p.Addr().IsMulticast() || p.Addr().IsLoopback() || p.Addr().IsLinkLocalUnicast() {
 		return route{}, errors.New("not a usable unicast address")
