@@ -382,7 +382,7 @@ func (a *Agents) apply(ctx context.Context, c *agentConn) error {
 	st := &agentv1.DesiredState{
 		Term: term, Generation: gen, Node: c.node,
 		Announcements: desired.Announcements, BgpPeers: desired.BgpPeers, L2: desired.L2, Bgp: desired.Bgp,
-		HeartbeatPeers: desired.HeartbeatPeers,
+		HeartbeatPeers: desired.HeartbeatPeers, Draining: desired.Draining,
 	}
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()

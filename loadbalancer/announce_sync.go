@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/btree"
 	"google.golang.org/protobuf/proto"
@@ -59,6 +60,9 @@ type loopState struct {
 	statusSet   map[string]string                          // pool/peer/node status last set (text form)
 	conflicts   map[string][]desired.PeerConflict          // node -> peers left off it
 	sessions    map[string][]*agentv1.PeerStatus           // node -> its BGP sessions, as its agent reported them
+	drainSince  map[string]time.Time                       // node -> when its drain began (as this CCM saw it)
+	drainEnded  map[string]bool                            // nodes whose drain delay is over
+	drainTimers map[string]*time.Timer                     // wake the loop at the end of a drain's delay
 }
 
 // nodePart is one node's announcements, ordered by VIP in a copy-on-write tree (a snapshot
@@ -133,6 +137,9 @@ func newLoopState(maxCandidates int) loopState {
 		statusSet:   map[string]string{},
 		conflicts:   map[string][]desired.PeerConflict{},
 		sessions:    map[string][]*agentv1.PeerStatus{},
+		drainSince:  map[string]time.Time{},
+		drainEnded:  map[string]bool{},
+		drainTimers: map[string]*time.Timer{},
 	}
 }
 
@@ -155,12 +162,20 @@ func (s *loopState) refreshNodes(a *Announcer) {
 
 func (s *loopState) addrOf(node string) netip.Addr { return s.addrs[node] }
 
-func (s *loopState) plannerNodes() []planner.Node {
+func (s *loopState) plannerNodes(d desired.Drain) []planner.Node {
 	out := make([]planner.Node, 0, len(s.nodeList))
 	for _, n := range s.nodeList {
-		out = append(out, desired.Node(n, s.reachable[n.Name]))
+		out = append(out, s.plannerNode(n, d))
 	}
 	return out
+}
+
+// plannerNode is what the planner knows of a node: a node being drained takes nothing (what
+// it announces lingers for the drain's delay, see drainRound).
+func (s *loopState) plannerNode(n *v1.Node, d desired.Drain) planner.Node {
+	pn := desired.Node(n, s.reachable[n.Name])
+	pn.Excluded = pn.Excluded || d.Draining(n)
+	return pn
 }
 
 // round is what one sync found to redo.
@@ -221,6 +236,7 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 	if ch.nodes {
 		s.refreshNodes(a)
 		a.agents.SetNodes(ctx, s.addrs)
+		a.drainRound(&r)
 		for _, n := range s.nodeList {
 			r.nodes[n.Name] = true
 		}
@@ -233,13 +249,13 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 		for _, v := range s.vips {
 			list = append(list, v)
 		}
-		s.planner.Reset(s.seed, list, s.plannerNodes())
+		s.planner.Reset(s.seed, list, s.plannerNodes(a.cfg.Drain))
 		s.seed, s.first = nil, false
 		for ip := range s.vips {
 			r.entry[ip] = true
 		}
 	} else if ch.nodes {
-		for _, ip := range s.planner.SetNodes(s.plannerNodes()) {
+		for _, ip := range s.planner.SetNodes(s.plannerNodes(a.cfg.Drain)) {
 			r.entry[ip] = true
 		}
 	}
@@ -464,6 +480,11 @@ func (a *Announcer) entryRound(ip netip.Addr, r *round) {
 	}
 	old := s.anns[ip]
 	e, ok := s.planner.Entry(ip)
+	if ok {
+		pool := s.vipPool[ip]
+		e = desired.Linger(e, s.vips[ip], s.annNodes[ip], a.lingering,
+			pool != nil && pool.Announce.PerClient, pool != nil && pool.VirtualMAC(ip) != "")
+	}
 	var next *agentv1.Announcement
 	if v, known := s.vips[ip]; ok && known {
 		next = desired.Announcement(e, v, s.vipPool[ip], s.vipSvcs[ip], s.addrOf, s.weights[ip])
@@ -531,8 +552,10 @@ func (a *Announcer) nodeHead(n *v1.Node) (*agentv1.DesiredState, []desired.PeerC
 	p := s.part(n.Name)
 	peers, conflicts := desired.Peers(n, s.set, a.password)
 	st := desired.NodeState(n, nil, peers, slices.Collect(maps.Keys(p.peers)), a.cfg.Options, s.addrOf, a.agents.Keys)
-	// The ClusterIP ranges come from every eligible node the peers select.
-	if pn := desired.Node(n, s.reachable[n.Name]); !pn.Excluded && len(peers) > 0 {
+	st.Draining = a.cfg.Drain.Draining(n)
+	// The ClusterIP ranges come from every eligible node the peers select (a drained one
+	// during its delay, with GRACEFUL_SHUTDOWN).
+	if pn := desired.Node(n, s.reachable[n.Name]); !pn.Excluded && (!st.Draining || a.lingering(n.Name)) && len(peers) > 0 {
 		if pf := desired.ServicePrefixes(n, s.set); len(pf) > 0 {
 			if st.Bgp == nil {
 				st.Bgp = &agentv1.BGPOptions{}
@@ -798,4 +821,55 @@ func seedPlan(held map[string]*agentv1.DesiredState) planner.Plan {
 		}
 	}
 	return plan
+}
+
+// drainRound notes the drains that began or ended: a node that began draining gets a timer for
+// the end of its delay (which re-plans it); one whose delay is over has its lingering
+// announcements rebuilt without it.
+func (a *Announcer) drainRound(r *round) {
+	s := &a.loop
+	now := time.Now()
+	for _, n := range s.nodeList {
+		draining := a.cfg.Drain.Draining(n)
+		since, known := s.drainSince[n.Name]
+		switch {
+		case draining && !known:
+			s.drainSince[n.Name] = now
+			klog.InfoS("Node is being drained: it takes no new VIP, and withdraws what it announces after the delay", "node", n.Name, "delay", a.cfg.Drain.Delay)
+			s.drainTimers[n.Name] = time.AfterFunc(a.cfg.Drain.Delay+10*time.Millisecond, func() {
+				a.note(func(c *changes) { c.nodes = true })
+			})
+		case draining && !s.drainEnded[n.Name] && !now.Before(since.Add(a.cfg.Drain.Delay)):
+			s.drainEnded[n.Name] = true
+			klog.InfoS("Drain delay over: the node withdraws what it announced", "node", n.Name)
+			s.part(n.Name).anns.Ascend(func(it annItem) bool {
+				r.entry[it.ip] = true
+				return true
+			})
+		case !draining && known:
+			a.endDrain(n.Name)
+		}
+	}
+	for name := range s.drainSince {
+		if _, ok := s.byName[name]; !ok {
+			a.endDrain(name)
+		}
+	}
+}
+
+func (a *Announcer) endDrain(node string) {
+	s := &a.loop
+	if t := s.drainTimers[node]; t != nil {
+		t.Stop()
+	}
+	delete(s.drainTimers, node)
+	delete(s.drainSince, node)
+	delete(s.drainEnded, node)
+}
+
+// lingering reports whether a node is within its drain's delay: it keeps announcing what it
+// announced, and takes nothing new.
+func (a *Announcer) lingering(node string) bool {
+	since, ok := a.loop.drainSince[node]
+	return ok && time.Now().Before(since.Add(a.cfg.Drain.Delay))
 }

@@ -46,6 +46,8 @@ type AnnouncerConfig struct {
 	MaxCandidates int
 	// PasswordNamespace is the only namespace BGP password Secrets are read from.
 	PasswordNamespace string
+	// Drain says which nodes are being drained, and for how long they keep announcing.
+	Drain desired.Drain
 	// Settle is how long changes are collected before they are planned and pushed.
 	Settle time.Duration
 	// Discover bounds the wait, at start, for every agent to say what it holds: the first
@@ -257,6 +259,11 @@ func (a *Announcer) Run(ctx context.Context, fence Fence) {
 	a.fence = fence
 	a.agents = a.newAgents(fence.Term())
 	defer a.agents.Close()
+	defer func() {
+		for node := range a.loop.drainTimers {
+			a.endDrain(node) // no timer outlives the loop
+		}
+	}()
 	if a.secretsF != nil {
 		a.secretsF.Start(ctx.Done())
 		defer a.secretsF.Shutdown()

@@ -506,6 +506,15 @@ func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agent
 		a.noteHeardLocked(live)
 		d = a.cautiousLocked(vip, cands, an, live, d)
 	}
+	// Make-before-break: a node being drained that answered the VIP keeps answering while it
+	// stays a candidate (the CCM takes it off after the drain's delay), behind the new owner,
+	// which answers and announces at once. It sends no gratuitous ARP meanwhile, which would
+	// draw the clients back (a share of one member answers every client and announces none).
+	lingers := !d.Active && a.state.GetDraining() && !an.GetPerClient() && an.GetVirtualMac() == "" &&
+		slices.Contains(cands, a.opts.Node) && a.views[vip].GetActive()
+	if lingers {
+		d = l2Decision{Active: true, Reason: "draining: answers while " + cands[0] + " takes over (make-before-break), without gratuitous ARP"}
+	}
 	view.Active, view.Reason, view.Sharing = d.Active, d.Reason, d.Sharing
 	if !d.Active {
 		return l2.VIP{}, false
@@ -513,6 +522,9 @@ func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agent
 	v := l2.VIP{Addr: vip, Interfaces: view.Interfaces}
 	if an.GetPerClient() {
 		v.Share = &l2.Share{Self: a.opts.Node, Members: d.Sharing}
+	}
+	if lingers {
+		v.Share = &l2.Share{Self: a.opts.Node, Members: []string{a.opts.Node}}
 	}
 	if m := an.GetVirtualMac(); m != "" {
 		v.MAC, _ = net.ParseMAC(m) // checked by checkItems

@@ -223,10 +223,12 @@ func Node(n *v1.Node, agentReachable bool) planner.Node {
 }
 
 // SameNode reports whether two nodes are the same to the plan and the node states: labels,
-// taints that exclude, deletion and the data-plane address; kubelet heartbeats are not.
+// taints that exclude, deletion, cordoning (a drain) and the data-plane address; kubelet
+// heartbeats are not.
 func SameNode(a, b *v1.Node) bool {
 	pa, pb := Node(a, false), Node(b, false)
-	return pa.Excluded == pb.Excluded && labels.Equals(a.Labels, b.Labels) && NodeAddress(a) == NodeAddress(b)
+	return pa.Excluded == pb.Excluded && labels.Equals(a.Labels, b.Labels) && NodeAddress(a) == NodeAddress(b) &&
+		a.Spec.Unschedulable == b.Spec.Unschedulable
 }
 
 // NodeAddress is the node's data-plane address: its first InternalIP, IPv4 first.
