@@ -151,6 +151,11 @@ func main() {
 	l2Failover(m, r, c)
 	perClient(m, r, c)
 	bgpFailover(m, r, c)
+	for _, n := range c.Lab.Nodes {
+		n.ServeName(m, 80) // the endpoints of the BGP sections below
+	}
+	bgpWeighted(m, r, c)
+	bgpDrain(m, r, c, 15*time.Second)
 	arpLatency(m, r, c)
 	agentMemory(m, r, c)
 

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,95 +26,6 @@ func cordon(t *testing.T, c *cluster.Cluster, node string, on bool) {
 	patch := fmt.Appendf(nil, `{"spec":{"unschedulable":%v}}`, on)
 	if _, err := c.Srv.Client.CoreV1().Nodes().Patch(context.Background(), node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// drainTraffic is the remote client's traffic through a BGP VIP during a drain: long
-// connections checked every 100 ms, and a new connection every 50 ms.
-type drainTraffic struct {
-	mu      sync.Mutex
-	long    []*lab.NameConn
-	resetAt []time.Time // per long connection; zero while it lives
-	news    []newConn
-	stop    chan struct{}
-	wg      sync.WaitGroup
-}
-
-type newConn struct {
-	at     time.Time
-	server string // "" when it failed
-}
-
-func startDrainTraffic(t *testing.T, from *lab.Host, addr netip.AddrPort, long int) *drainTraffic {
-	t.Helper()
-	d := &drainTraffic{stop: make(chan struct{})}
-	for range long {
-		c, err := from.DialName(addr, 5*time.Second)
-		if err != nil {
-			t.Fatalf("long connection: %v", err)
-		}
-		d.long = append(d.long, c)
-	}
-	d.resetAt = make([]time.Time, long)
-	d.wg.Add(2)
-	go func() { // checks, bounded by stop and by 2,000 rounds
-		defer d.wg.Done()
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for range 2000 {
-			select {
-			case <-d.stop:
-				return
-			case <-tick.C:
-			}
-			for i, c := range d.long {
-				d.mu.Lock()
-				dead := !d.resetAt[i].IsZero()
-				d.mu.Unlock()
-				if dead {
-					continue
-				}
-				if err := c.Check(time.Second); err != nil {
-					d.mu.Lock()
-					d.resetAt[i] = time.Now()
-					d.mu.Unlock()
-				}
-			}
-		}
-	}()
-	go func() { // new connections, bounded likewise
-		defer d.wg.Done()
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for range 4000 {
-			select {
-			case <-d.stop:
-				return
-			case <-tick.C:
-			}
-			nc := newConn{at: time.Now()}
-			if c, err := from.DialName(addr, time.Second); err == nil {
-				nc.server = c.Server
-				c.Close()
-			}
-			d.mu.Lock()
-			d.news = append(d.news, nc)
-			d.mu.Unlock()
-		}
-	}()
-	t.Cleanup(d.Stop)
-	return d
-}
-
-func (d *drainTraffic) Stop() {
-	select {
-	case <-d.stop:
-	default:
-		close(d.stop)
-	}
-	d.wg.Wait()
-	for _, c := range d.long {
-		c.Close()
 	}
 }
 
@@ -140,9 +50,9 @@ func TestDrain(t *testing.T) {
 		c.T = t
 		vip := c.Service("drain-bgp", cluster.InPool("bgp-"+c.NS))
 		cluster.Eventually(t, 60*time.Second, "three next hops", func() bool { return slices.Equal(c.NextHops(vip), every) })
-		tr := startDrainTraffic(t, c.Lab.Remote, netip.AddrPortFrom(vip, 80), 20)
+		tr := lab.StartTraffic(t, c.Lab.Remote, netip.AddrPortFrom(vip, 80), 20)
 		before := map[string]int{}
-		for _, lc := range tr.long {
+		for _, lc := range tr.Long {
 			before[lc.Server]++
 		}
 		victim := "node1"
@@ -173,16 +83,16 @@ func TestDrain(t *testing.T) {
 		// New connections: the last one node1 served after the cordon.
 		var lastOnVictim time.Duration
 		newAfter, failedNew := 0, 0
-		for _, nc := range tr.news {
-			if nc.at.Before(t0) {
+		for _, nc := range tr.News {
+			if nc.At.Before(t0) {
 				continue
 			}
 			newAfter++
-			if nc.server == "" {
+			if nc.Server == "" {
 				failedNew++
 			}
-			if nc.server == victim {
-				lastOnVictim = nc.at.Sub(t0)
+			if nc.Server == victim {
+				lastOnVictim = nc.At.Sub(t0)
 			}
 		}
 		if lastOnVictim >= drainDelay {
@@ -191,8 +101,8 @@ func TestDrain(t *testing.T) {
 		// Established connections: which were reset, and when.
 		var resets []string
 		resetBeforeWithdraw, resetOfVictim := 0, 0
-		for i, lc := range tr.long {
-			if at := tr.resetAt[i]; !at.IsZero() {
+		for i, lc := range tr.Long {
+			if at := tr.ResetAt[i]; !at.IsZero() {
 				resets = append(resets, fmt.Sprintf("%s@%s", lc.Server, at.Sub(t0).Round(10*time.Millisecond)))
 				if at.Sub(t0) < withdrawn {
 					resetBeforeWithdraw++

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -141,4 +142,34 @@ func (h *Host) Split(ctx context.Context, addr netip.AddrPort, n int) (byServer 
 		c.Close()
 	}
 	return byServer, failed
+}
+
+// RouteWeights returns the router's kernel route to dst as next hop -> weight (1 where the
+// route names none), and the route as ip prints it.
+func (l *Lab) RouteWeights(dst string) (map[netip.Addr]int, string, error) {
+	out, err := l.Router.Run(context.Background(), "ip", "route", "show", dst)
+	if err != nil {
+		return nil, string(out), err
+	}
+	weights := map[netip.Addr]int{}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		for i := 0; i+1 < len(f); i++ {
+			if f[i] != "via" {
+				continue
+			}
+			hop, err := netip.ParseAddr(f[i+1])
+			if err != nil {
+				continue
+			}
+			w := 1
+			for j := i + 2; j+1 < len(f); j++ {
+				if f[j] == "weight" {
+					w, _ = strconv.Atoi(f[j+1])
+				}
+			}
+			weights[hop] = w
+		}
+	}
+	return weights, strings.TrimSpace(string(out)), nil
 }
