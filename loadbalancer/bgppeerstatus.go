@@ -24,6 +24,9 @@ const (
 	SessionNotConfigured = "NotConfigured" // the agent runs no session with the peer
 )
 
+// maxPeerNodes is the most nodes a BGPPeer's status lists (status.nodes' MaxItems).
+const maxPeerNodes = 5000
+
 // peerSessionsStatus is the part of a BGPPeer's status the sessions writer owns.
 type peerSessionsStatus struct {
 	Sessions string                       `json:"sessions"`
@@ -101,6 +104,9 @@ func (a *Announcer) writePeerSessions() {
 			continue
 		}
 		s.statusSet[key] = b.String()
+		if len(list) > maxPeerNodes {
+			list = list[:maxPeerNodes] // the CRD's bound; the summary counts every node
+		}
 		st := peerSessionsStatus{Sessions: sum, Nodes: list}
 		name := p.Name
 		a.writer.Set(key, func(ctx context.Context) error {
