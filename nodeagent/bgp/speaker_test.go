@@ -247,15 +247,17 @@ func TestSetPeersAddsChangesAndRemoves(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitEstablished(t, p.receiver, loop)
-	mu.Lock()
-	var sawEstablished bool
-	for _, e := range events {
-		sawEstablished = sawEstablished || e.Peer == loop && e.Established()
-	}
-	mu.Unlock()
-	if !sawEstablished {
-		t.Errorf("OnSessionChange did not report the session re-established: %+v", events)
-	}
+	// Sessions shows the new state a moment before the handlers are called: wait for them.
+	waitFor(t, 5*time.Second, func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, e := range events {
+			if e.Peer == loop && e.Established() {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("OnSessionChange did not report the session re-established: %+v", events)
+	})
 	if err := p.announcer.SetRoutes(ctx, []Route{{Prefix: vip4}}); err != nil {
 		t.Fatal(err)
 	}
