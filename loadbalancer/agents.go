@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"k8s.io/component-base/metrics"
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
@@ -68,6 +70,8 @@ type AgentHooks struct {
 	// NewerTerm: the agent holds a term above this leader's (a claim from elsewhere); the
 	// announcer raises its term from the Lease, never from what the agent says alone.
 	NewerTerm func(node string, held uint64)
+	// Sessions: the node's BGP sessions, as its agent reported them, changed.
+	Sessions func(node string, sessions []*agentv1.PeerStatus)
 }
 
 // Agents keeps one connection per node's agent, pushes each node's desired state to it (only
@@ -110,6 +114,7 @@ type agentConn struct {
 	known     bool                  // reachability decided at least once
 	held      *agentv1.DesiredState // what the agent held when last asked
 	keys      [][]byte
+	sessions  []*agentv1.PeerStatus // the BGP sessions the agent last reported
 
 	renewAt atomic.Int64 // enrolled agents: when its certificate is due for renewal (Unix ns)
 }
@@ -389,7 +394,7 @@ func (a *Agents) apply(ctx context.Context, c *agentConn) error {
 	st := &agentv1.DesiredState{
 		Term: term, Generation: gen, Node: c.node,
 		Announcements: desired.Announcements, BgpPeers: desired.BgpPeers, L2: desired.L2, Bgp: desired.Bgp,
-		HeartbeatPeers: desired.HeartbeatPeers,
+		HeartbeatPeers: desired.HeartbeatPeers, Draining: desired.Draining,
 	}
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
@@ -466,7 +471,12 @@ func (a *Agents) probe(ctx context.Context, c *agentConn) error {
 	}
 	keysChanged := !sameKeys(c.keys, resp.GetHeartbeatPublicKeys())
 	c.keys = resp.GetHeartbeatPublicKeys()
+	sessionsChanged := !slices.EqualFunc(c.sessions, resp.GetPeers(), func(x, y *agentv1.PeerStatus) bool { return proto.Equal(x, y) })
+	c.sessions = resp.GetPeers()
 	c.mu.Unlock()
+	if sessionsChanged && a.hooks.Sessions != nil {
+		a.hooks.Sessions(c.node, resp.GetPeers())
+	}
 	if keysChanged && a.hooks.Keys != nil {
 		a.hooks.Keys(c.node, resp.GetHeartbeatPublicKeys())
 	}
@@ -573,6 +583,13 @@ func (a *Agents) watch(ctx context.Context, c *agentConn) {
 					break
 				}
 				backoff = 500 * time.Millisecond
+				if k := resp.GetEvent().GetKind(); k == agentv1.Event_KIND_SESSION_UP || k == agentv1.Event_KIND_SESSION_DOWN {
+					// A session changed: ask for the sessions now (for the BGPPeer's status).
+					select {
+					case c.probe <- struct{}{}:
+					default:
+					}
+				}
 				if a.hooks.Event != nil {
 					a.hooks.Event(c.node, resp.GetEvent())
 				}

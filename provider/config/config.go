@@ -40,6 +40,8 @@ const (
 	DefaultAgentTimeout       = 5 * time.Second
 	DefaultPendingRetry       = 10 * time.Second
 	DefaultPoolStatusInterval = time.Second
+	DefaultDrainLabel         = "metalvip.io/drain"
+	DefaultDrainDelay         = 15 * time.Second
 )
 
 // Config is the whole cloud-config file.
@@ -61,6 +63,9 @@ type Config struct {
 
 	// BGP holds the CCM's settings for BGP peers.
 	BGP BGP `yaml:"bgp"`
+
+	// Drain says which nodes are being drained and how long they keep announcing.
+	Drain Drain `yaml:"drain"`
 
 	// Nodes says whether the CCM initialises nodes.
 	Nodes Nodes `yaml:"nodes"`
@@ -148,6 +153,20 @@ type Services struct {
 
 // ServesClassless reports whether class-less Services are served.
 func (s Services) ServesClassless() bool { return s.Classless == nil || *s.Classless }
+
+// Drain says which nodes are being drained: a drained node's BGP routes carry
+// GRACEFUL_SHUTDOWN for Delay before they are withdrawn, and the L2 VIPs it answers move to
+// the next candidate while it keeps answering for Delay (make-before-break).
+type Drain struct {
+	// Label marks a node as being drained when present (any value). Default metalvip.io/drain.
+	Label string `yaml:"label"`
+	// OnCordon: a cordoned node (spec.unschedulable, kubectl cordon or drain) is being
+	// drained too. Default true.
+	OnCordon *bool `yaml:"onCordon"`
+	// Delay between the start of a drain and the withdrawal. Default 15s; 0s is not allowed
+	// (write 1s for a quick one), at most 10m.
+	Delay Duration `yaml:"delay"`
+}
 
 // BGP holds the CCM's settings for BGP peers.
 type BGP struct {
@@ -270,6 +289,16 @@ func (c *Config) setDefaults() {
 	if f.MaxCandidates == 0 {
 		f.MaxCandidates = DefaultMaxCandidates
 	}
+	if c.Drain.Label == "" {
+		c.Drain.Label = DefaultDrainLabel
+	}
+	if c.Drain.OnCordon == nil {
+		yes := true
+		c.Drain.OnCordon = &yes
+	}
+	if c.Drain.Delay.Duration == 0 {
+		c.Drain.Delay.Duration = DefaultDrainDelay
+	}
 	if f.GratuitousRefresh.Duration == 0 {
 		f.GratuitousRefresh.Duration = DefaultGratuitousRefresh
 	}
@@ -383,6 +412,12 @@ func (c *Config) validate(root *yaml.Node) error {
 	}
 	if ns := c.BGP.PasswordSecretNamespace; ns != "" && len(validation.IsDNS1123Label(ns)) > 0 {
 		add("bgp.passwordSecretNamespace", fmt.Sprintf("%q is not a namespace name; write e.g. %q", ns, DefaultPasswordNamespace))
+	}
+	if d := c.Drain.Delay.Duration; d < 0 || d > 10*time.Minute {
+		add("drain.delay", fmt.Sprintf("%s is out of range; write 1s to 10m (default %s)", d, DefaultDrainDelay))
+	}
+	if l := c.Drain.Label; l != "" && len(validation.IsQualifiedName(l)) > 0 {
+		add("drain.label", fmt.Sprintf("%q is not a label key; write one such as %q", l, DefaultDrainLabel))
 	}
 	if fo.MaxCandidates < 0 || fo.MaxCandidates == 1 || fo.MaxCandidates > 16 {
 		add("failover.maxCandidates", fmt.Sprintf("%d: write 2 to 16 (default %d); one candidate has no failover", fo.MaxCandidates, DefaultMaxCandidates))

@@ -168,6 +168,11 @@ func main() {
 	virtualMACFailover(m, r, c)
 	perClient(m, r, c)
 	bgpFailover(m, r, c)
+	for _, n := range c.Lab.Nodes {
+		n.ServeName(m, 80) // the endpoints of the BGP sections below
+	}
+	bgpWeighted(m, r, c)
+	bgpDrain(m, r, c, 15*time.Second)
 	arpLatency(m, r, c)
 	agentMemory(m, r, c)
 	testFigures(m, r, "Control-plane VIP (kubeadm HA)",
