@@ -111,19 +111,7 @@ func (a *Agent) Gauges() Gauges {
 			g.BGPSessions[s.State]++
 		}
 	}
-	if a.opts.L2 != nil {
-		c := a.opts.L2.Counters()
-		g.L2 = &agentv1.L2Counters{
-			ArpRequests: c.ARPRequests, ArpReplies: c.ARPReplies, GratuitousArps: c.GratuitousARPs,
-			NeighborSolicitations: c.NeighborSolicitations, NeighborAdvertisements: c.NeighborAdvertisements,
-			UnsolicitedAdvertisements: c.UnsolicitedAdvertisements, TargetedReplies: c.TargetedReplies,
-		}
-	}
-	hb := a.hbBase
-	if a.live != nil {
-		hb = addCounters(hb, a.live.Counters())
-	}
-	g.Heartbeats = &agentv1.HeartbeatCounters{Sent: hb.Sent, Accepted: hb.Accepted, Unproven: hb.Unproven, Refused: hb.Refused}
+	g.L2, g.Heartbeats = a.countersLocked()
 	return g
 }
 

@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -122,4 +123,18 @@ func TestTheObserverDatesATakeoverFromTheDeadOwnersLastSign(t *testing.T) {
 			t.Errorf("once the lock is free: %v", err)
 		}
 	})
+}
+
+func TestANodeWithoutARouterIDSaysSoWhenBGPIsUsed(t *testing.T) {
+	h := serve(t, t.TempDir(), func(o *Options) { o.RouterID = netip.Addr{} })
+	c := h.ccm(t)
+	st := state(1, 1, bgpVIP("203.0.113.20"))
+	st.Bgp.RouterId = ""
+	resp, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(resp.GetProblems(), func(p string) bool { return strings.Contains(p, "--router-id") }) {
+		t.Errorf("problems %v; want one naming --router-id", resp.GetProblems())
+	}
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/metalvip/metalvip/internal/certs"
+	"github.com/metalvip/metalvip/internal/identity"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/provider/config"
 )
@@ -44,10 +47,11 @@ whether the node answers or advertises it and why, and for per-client L2 VIPs th
 its clients and how many of the clients seen this node answers; then its BGP sessions, its
 ARP/NDP counters and any problem.
 
-The agent accepts only the CCM's identity. By default metalvipctl reads it from the CCM's
-Secret (--tls-secret, kube-system/metalvip-ccm-tls) through the kubeconfig, which takes the
-right to read that Secret; or give the files "metalvipctl certs --out DIR" wrote with
---tls-ca, --tls-cert and --tls-key. The agent's address is the node's InternalIP, read from the
+The agent answers the viewer's identity (it may read the state, never change it) and the CCM's.
+By default metalvipctl reads the viewer's from its Secret (--tls-secret,
+kube-system/metalvip-viewer-tls) through the kubeconfig, which takes the right to read that
+Secret; or give the files "metalvipctl certs --out DIR" wrote with --tls-ca, --tls-cert and
+--tls-key (viewer.crt and viewer.key by default; ccm.crt and ccm.key work too). The agent's address is the node's InternalIP, read from the
 cluster (like kubectl: --kubeconfig, else $KUBECONFIG, else ~/.kube/config), unless --address
 gives it.`,
 		Args: cobra.ExactArgs(1),
@@ -120,10 +124,10 @@ gives it.`,
 	f.StringVar(&kubeconfig, "kubeconfig", "", "path of the kubeconfig, to find the node's address (default: $KUBECONFIG, else ~/.kube/config)")
 	f.StringVar(&address, "address", "", "the agent's IP address (default: the node's InternalIP)")
 	f.IntVar(&port, "port", config.DefaultAgentPort, "the agent's gRPC port")
-	f.StringVar(&tlsSecret, "tls-secret", "kube-system/metalvip-ccm-tls", "NAMESPACE/NAME of the CCM's TLS Secret, read through the kubeconfig unless the --tls-* files are given")
+	f.StringVar(&tlsSecret, "tls-secret", "kube-system/metalvip-viewer-tls", "NAMESPACE/NAME of the TLS Secret to read the client identity from (the viewer's by default; the CCM's, metalvip-ccm-tls, works too), through the kubeconfig, unless the --tls-* files are given")
 	f.StringVar(&tlsFiles.CA, "tls-ca", "ca.crt", "the CA certificate of metalvip's mutual TLS (instead of --tls-secret)")
-	f.StringVar(&tlsFiles.Cert, "tls-cert", "ccm.crt", "the CCM's client certificate (instead of --tls-secret)")
-	f.StringVar(&tlsFiles.Key, "tls-key", "ccm.key", "the CCM's client key (instead of --tls-secret)")
+	f.StringVar(&tlsFiles.Cert, "tls-cert", "viewer.crt", "the viewer's (or the CCM's) client certificate (instead of --tls-secret)")
+	f.StringVar(&tlsFiles.Key, "tls-key", "viewer.key", "the viewer's (or the CCM's) client key (instead of --tls-secret)")
 	f.BoolVar(&plaintext, "insecure", false, "talk plaintext, to an agent started with --insecure")
 	f.StringVarP(&output, "output", "o", "table", "table or json")
 	return cmd
@@ -162,7 +166,7 @@ func agentAddress(ctx context.Context, client kubernetes.Interface, node, given 
 	return netip.Addr{}, errors.New("node " + node + " has no InternalIP; give --address")
 }
 
-// filesFromSecret writes the CCM's TLS Secret (ca.crt, tls.crt, tls.key, as
+// filesFromSecret writes a client TLS Secret (ca.crt, tls.crt, tls.key, as
 // `metalvipctl certs --manifests` makes it) into a private temporary folder for
 // certs.ClientConfig, the one place that builds the CCM's client TLS; cleanup removes it.
 func filesFromSecret(ctx context.Context, client kubernetes.Interface, ref string) (certs.Files, func(), error) {
@@ -172,7 +176,12 @@ func filesFromSecret(ctx context.Context, client kubernetes.Interface, ref strin
 	}
 	sec, err := client.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		return certs.Files{}, nil, fmt.Errorf("the CCM's TLS Secret %s: %w; give --tls-ca, --tls-cert and --tls-key (the files metalvipctl certs --out wrote) instead", ref, err)
+		return certs.Files{}, nil, fmt.Errorf("the TLS Secret %s: %w; give --tls-ca, --tls-cert and --tls-key (the files metalvipctl certs --out wrote) instead, or with enrolled agents --tls-secret %s/%s (docs/agent-tls.md)", ref, err, ns, identity.CAName)
+	}
+	if viewer, ok := viewerFromCA(sec.Data); ok {
+		// Enrolled agents: the Secret is their CA; a viewer's certificate for an hour, made
+		// here and never written but to the private folder below.
+		sec.Data = viewer
 	}
 	dir, err := os.MkdirTemp("", "metalvipctl-tls-")
 	if err != nil {
@@ -192,6 +201,24 @@ func filesFromSecret(ctx context.Context, client kubernetes.Interface, ref strin
 		}
 	}
 	return files, cleanup, nil
+}
+
+// viewerFromCA issues a viewer's certificate (an hour) when data is the agents' CA Secret
+// (identity.CAName: its tls.crt is a CA), in the keys filesFromSecret reads.
+func viewerFromCA(data map[string][]byte) (map[string][]byte, bool) {
+	b, _ := pem.Decode(data["tls.crt"])
+	if b == nil {
+		return nil, false
+	}
+	c, err := x509.ParseCertificate(b.Bytes)
+	if err != nil || !c.IsCA {
+		return nil, false
+	}
+	p, err := certs.Issue(certs.Pair{Cert: data["tls.crt"], Key: data["tls.key"]}, certs.ViewerName, certs.Client, time.Hour)
+	if err != nil {
+		return nil, false
+	}
+	return map[string][]byte{"ca.crt": data["tls.crt"], "tls.crt": p.Cert, "tls.key": p.Key}, true
 }
 
 func printAgent(out io.Writer, st *agentv1.GetStateResponse) {

@@ -2,17 +2,12 @@ package agentlab
 
 import (
 	"context"
-	"net"
 	"net/netip"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-
-	"github.com/metalvip/metalvip/internal/certs"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/lab"
 )
@@ -34,27 +29,7 @@ func TestAnIPv6OnlyNodesAgentStarts(t *testing.T) {
 		"--state-dir", a.state, "--interfaces", "eth0",
 		"--tls-ca", filepath.Join(tlsDir, "ca.crt"), "--tls-cert", filepath.Join(tlsDir, h.Name+".crt"), "--tls-key", filepath.Join(tlsDir, h.Name+".key"),
 		"--v", "2")
-	cfg, err := certs.ClientConfig(certs.Files{CA: filepath.Join(tlsDir, "ca.crt"), Cert: filepath.Join(tlsDir, "ccm.crt"), Key: filepath.Join(tlsDir, "ccm.key")}, h.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dial := func(ctx context.Context, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := h.Do(func() error {
-			var d net.Dialer
-			var err error
-			c, err = d.DialContext(ctx, "tcp", addr)
-			return err
-		})
-		return c, err
-	}
-	conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(h.IPv6, 7472).String(),
-		grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dial))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	a.client = agentv1.NewAgentServiceClient(conn)
+	a.client = ccmClient(t, h, tlsDir, netip.AddrPortFrom(h.IPv6, 7472))
 	a.waitServing()
 
 	vip := netip.MustParseAddr("2001:db8:100::60")
