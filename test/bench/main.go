@@ -601,7 +601,8 @@ func l2Failover(m *testenv.Main, r *report, c *cluster.Cluster) {
 func failoverTrials(c *cluster.Cluster, vip netip.Addr) []float64 {
 	var outages []float64
 	for i := range *trials {
-		victim := c.Owner(vip)
+		var victim string
+		cluster.Eventually(c.T, 10*time.Second, "one node answers before the kill", func() bool { victim = c.Owner(vip); return victim != "" })
 		d := c.Failover(vip, victim)
 		outages = append(outages, float64(d))
 		step("  trial %d: %s died, outage %s", i, victim, d.Round(time.Millisecond))
