@@ -1,0 +1,228 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/metalvip/metalvip/test/testenv"
+)
+
+// report is docs/benchmarks-scale.md.
+type report struct {
+	nodes, services    int
+	loadStart, loadEnd string
+	simStart           time.Duration
+	simRSS             int64
+	simCPU             float64
+	nodesIn            time.Duration
+	servicesIn         time.Duration
+	createCalls        apiCalls
+	stages             []stage
+	deaths             []deathResult
+	balance            string
+}
+
+type deathResult struct {
+	victim    string
+	holders   int // live agents that held the node among a VIP's candidates
+	pushed    int // agents pushed a state until converged
+	missed    int // holders never pushed a state without the node
+	converged time.Duration
+	lat       []float64 // per pushed agent: death to its last state landing
+	st        stage
+	back      stage
+}
+
+func (r *report) markdown() string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	w("# Benchmarks at scale\n\n")
+	w("Written by `make bench-scale` (`test/scale`) on %s. Machine: %s, %d cores, Linux %s, %s; kube-apiserver v1.37.2 on etcd (data on tmpfs). The machine was shared with other work: load average %s (1, 5, 15 min) at the start, %s at the end. Compare runs on the same machine; the CCM's CPU seconds vary less than its wall-clock times.\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), cpuModel(), runtime.NumCPU(), kernel(), runtime.Version(), r.loadStart, r.loadEnd)
+	w("## What runs\n\n")
+	w("The real CCM binary (`--controllers=service-lb-controller`, default flags, no leader election) against a real kube-apiserver with %s Node objects and %s LoadBalancer Services of one L2 pool (one VIP each; `failover.maxCandidates` %d, the default). %s simulated agents in the measuring process: each is the real agent logic (`nodeagent.New` without speakers: it checks, persists and applies every state, decides which VIPs it answers, keeps its heartbeat keys) behind a gRPC server of its own with mutual TLS, the agent's limits and connection bounds, on a loopback address of its own (127.77.x.y, the Node's InternalIP). Left out is only what goes on a wire: no ARP or BGP, and instead of UDP heartbeats a shared table of dead nodes (a killed node's peers learn it at once and take over, then tell the CCM over Watch as real agents do; the heartbeats' own cost is measured in the lab, docs/benchmarks.md). The simulated agents started in %s and hold %s in this process.\n\n",
+		thousands(r.nodes), thousands(r.services), *candidates, thousands(r.nodes), dur(r.simStart), mib(r.simRSS))
+	w("Converged means: every Service's VIP is held by exactly its %d candidates, all holding the same ranked list, no dead node among them, no other VIP held anywhere, and every live agent holds a state of the CCM's current term; the time is that of the state landing that made it so (the agents record when each Apply lands), measured from the stage's start, and the stage ends once no state has landed for a few seconds.\n\n", *candidates)
+
+	w("## Stages\n\n")
+	w("CCM CPU is user+system seconds of the CCM process over the stage; memory its resident set at the end (VmRSS) and peak (VmHWM). API calls are the API server's own count (apiserver_request_total) over the stage, all made by the CCM but the measuring process's one Service watch. Pushed: bytes the agents read and wrote on their TLS connections (the CCM's Applies and GetStates, their answers, Watch events), and the Apply messages alone.\n\n")
+	rows := [][]string{{"stage", "to converged", "last state landed", "CCM CPU", "CCM memory (peak)", "API calls (writes)", "pushed on the wire", "Apply messages", "Applies taken", "GetStates"}}
+	rows = append(rows, []string{fmt.Sprintf("create %s Nodes (API server alone)", thousands(r.nodes)), dur(r.nodesIn), "", "", "", "", "", "", "", ""})
+	rows = append(rows, []string{fmt.Sprintf("create %s Services (API server alone)", thousands(r.services)), dur(r.servicesIn), "", "", "", fmt.Sprintf("%.0f (%.0f)", r.createCalls.total(), r.createCalls.writes()), "", "", "", ""})
+	for _, s := range r.stages {
+		rows = append(rows, s.row())
+	}
+	table(&b, rows)
+	for _, s := range r.stages {
+		if s.allocated > 0 {
+			w("\n%s: every Service had its address after %s, its Announced condition after %s. Primaries per node after it: %s.\n", s.name, dur(s.allocated), dur(s.announced), r.balance)
+		}
+	}
+
+	w("\n## A node dies\n\n")
+	w("A random node's agent stops (its gRPC server and connections close, as when the node dies; its peers' heartbeats would say so within the failover bound, and here say so at once). Measured from the stop: the CCM sees the Watch stream break, finds the agent unreachable, re-plans its VIPs and pushes every agent concerned: those that held the node among a VIP's candidates (each must get a state without it) and those that become candidates in its place. Per agent the time its last state landed before convergence; over all agents of all trials at the end. Then the agent starts again on its saved state and the CCM takes it back into the plan (back in the plan: from its start to converged with it among the candidates again, which waits for the CCM's reconnection backoff). Target: every affected agent updated within 1 s p99.\n\n")
+	rows = [][]string{{"trial", "node", "agents holding it", "agents pushed", "holders not updated", "updated p50", "p99", "max (converged)", "CCM CPU", "API calls (writes)", "pushed on the wire", "back in the plan after", "CPU"}}
+	var all []float64
+	for i, d := range r.deaths {
+		all = append(all, d.lat...)
+		rows = append(rows, []string{fmt.Sprint(i + 1), d.victim, fmt.Sprint(d.holders), fmt.Sprint(d.pushed), fmt.Sprint(d.missed),
+			dur(time.Duration(percentile(d.lat, 50))), dur(time.Duration(percentile(d.lat, 99))), dur(d.converged),
+			fmt.Sprintf("%.2f s", d.st.cpu), fmt.Sprintf("%.0f (%.0f)", d.st.calls.total(), d.st.calls.writes()), bytesOf(float64(d.st.fleet.wireIn + d.st.fleet.wireOut)),
+			dur(d.back.wall), fmt.Sprintf("%.2f s", d.back.cpu)})
+	}
+	table(&b, rows)
+	if len(all) > 0 {
+		w("\nAll %d trials, %d agent updates: p50 %s, p99 %s, max %s.\n", len(r.deaths), len(all), dur(time.Duration(percentile(all, 50))), dur(time.Duration(percentile(all, 99))), dur(time.Duration(slices.Max(all))))
+	}
+
+	w("\n## API calls by stage\n\n")
+	w("- create: %s\n", r.createCalls.describe(1))
+	for _, s := range r.stages {
+		w("- %s: %s\n", s.name, s.calls.describe(1))
+	}
+	for _, d := range r.deaths {
+		w("- %s: %s; back: %s\n", d.st.name, d.st.calls.describe(1), d.back.calls.describe(1))
+	}
+
+	w("\n## Where the CCM's CPU goes\n\nCPU profiles of the CCM (`--profiling`, /debug/pprof/profile, 10-s profiles back to back over the stage, summed), top 20 by own time; the profiles are kept in `_output/scale/`.\n\n")
+	for _, s := range r.stages {
+		w("%s:\n\n```\n%s\n```\n\n", s.name, s.profile)
+		if s.heap != "" {
+			w("%s, heap in use at the end:\n\n```\n%s\n```\n\n", s.name, s.heap)
+		}
+	}
+	if len(r.deaths) > 0 {
+		w("%s:\n\n```\n%s\n```\n\n", r.deaths[0].st.name, r.deaths[0].st.profile)
+	}
+	w("The measuring process (simulated agents, the Service watch, the profiles) used %.0f s of CPU in all.\n", r.simCPU)
+	w("%s", analysis)
+	return b.String()
+}
+
+func (s stage) row() []string {
+	return []string{s.name, dur(s.wall), dur(s.lastLanding), fmt.Sprintf("%.1f s", s.cpu), fmt.Sprintf("%s (%s)", mib(s.rss), mib(s.hwm)),
+		fmt.Sprintf("%.0f (%.0f)", s.calls.total(), s.calls.writes()), bytesOf(float64(s.fleet.wireIn + s.fleet.wireOut)),
+		bytesOf(float64(s.fleet.applyBytes)), fmt.Sprint(s.fleet.accepted), fmt.Sprint(s.fleet.gets)}
+}
+
+func table(b *strings.Builder, rows [][]string) {
+	for i, row := range rows {
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+		if i == 0 {
+			b.WriteString(strings.Repeat("| --- ", len(row)) + "|\n")
+		}
+	}
+}
+
+// balance describes the primaries per node.
+func balance(prim map[string]int, nodes int) string {
+	counts := make([]int, 0, nodes)
+	for i := range nodes {
+		counts = append(counts, prim[simName(i)])
+	}
+	if len(counts) == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%d to %d", slices.Min(counts), slices.Max(counts))
+}
+
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(float64(len(s))*p/100+0.5) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+func dur(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "-"
+	case d >= 10*time.Second:
+		return fmt.Sprintf("%.1f s", d.Seconds())
+	case d >= time.Second:
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+	default:
+		return fmt.Sprintf("%.1f us", float64(d)/float64(time.Microsecond))
+	}
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
+
+func bytesOf(b float64) string {
+	switch {
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", b/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", b/(1<<10))
+	}
+	return fmt.Sprintf("%.0f B", b)
+}
+
+func thousands(n int) string {
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+func cpuModel() string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if strings.HasPrefix(l, "model name") {
+			if _, v, ok := strings.Cut(l, ":"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+	}
+	return "unknown CPU"
+}
+
+func kernel() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return strings.TrimSpace(string(b))
+}
+
+func freePort(m *testenv.Main) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		m.Fatalf("%v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func splitFields(s string) []string { return strings.Fields(s) }
+
+func copyFile(from, to string) {
+	in, err := os.Open(from)
+	if err != nil {
+		return
+	}
+	defer in.Close()
+	out, err := os.Create(to)
+	if err != nil {
+		return
+	}
+	defer out.Close()
+	_, _ = io.Copy(out, in)
+}
+
+// analysis is the reading of the figures: what grew faster than linearly and what was done
+// about it, and what would break first at 5,000 nodes.
+const analysis = `
+## Reading the figures
+
+(written after the measurements)
+`
