@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -46,6 +47,7 @@ var (
 	ccmBin     = flag.String("ccm", "", "a CCM binary to measure instead of this tree's (for before and after)")
 	ccmArgs    = flag.String("ccm-flags", "", "extra CCM flags, space-separated")
 	timeout    = flag.Duration("timeout", 30*time.Minute, "the longest any stage may take")
+	simProfile = flag.String("sim-cpuprofile", "", "write this process's CPU profile (the simulated agents) over the node deaths to this file")
 )
 
 var begin = time.Now()
@@ -83,6 +85,11 @@ func main() {
 	if err := os.MkdirAll(r.dir, 0o755); err != nil {
 		m.Fatalf("%v", err)
 	}
+	// An earlier run's profiles would be summed with this one's.
+	old, _ := filepath.Glob(filepath.Join(r.dir, "ccm-*.pprof"))
+	for _, f := range old {
+		_ = os.Remove(f)
+	}
 	quietKlog(m, filepath.Join(r.dir, "agents.log"))
 
 	step("building the CCM")
@@ -103,8 +110,21 @@ func main() {
 	r.agents()
 	r.objects()
 	r.coldStart()
+	if *simProfile != "" {
+		f, err := os.Create(*simProfile)
+		if err != nil {
+			m.Fatalf("%v", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			m.Fatalf("%v", err)
+		}
+	}
 	for i := range *deaths {
 		r.death(i)
+	}
+	pprof.StopCPUProfile()
+	if files, _ := filepath.Glob(filepath.Join(r.dir, "ccm-death*-cpu-*.pprof")); len(files) > 0 {
+		r.rep.deathProfile = pprofTop(append([]string{"-top", "-nodecount=25"}, files...)...)
 	}
 	r.restart()
 	r.rep.loadEnd = loadAverage()
@@ -336,7 +356,7 @@ func (r *run) coldStart() {
 	step("cold start: the CCM allocates %d Services and pushes %d agents their state", *services, *nodes)
 	from := r.mark()
 	r.startCCM("ccm-cold")
-	prof := r.ccm.profile(r.dir, "cold")
+	prof := r.ccm.profile(r.dir, "cold", 5*time.Second)
 	allocated := r.svcs.waitAllocated(r.m, *timeout)
 	step("  all allocated after %s", allocated.Sub(from.at).Round(time.Millisecond))
 	r.tr.expect(r.svcs.vips())
@@ -360,7 +380,7 @@ func (r *run) death(i int) {
 	holders := r.tr.holders(victim.name)
 	step("node death %d: %s (a candidate with %d other agents)", i+1, victim.name, len(holders))
 	from := r.mark()
-	prof := r.ccm.profile(r.dir, fmt.Sprintf("death%d", i+1))
+	prof := r.ccm.profile(r.dir, fmt.Sprintf("death%d", i+1), time.Second)
 	died := time.Now()
 	r.fl.live.set(victim.name, true)
 	r.tr.kill(victim.name, died)
@@ -372,29 +392,36 @@ func (r *run) death(i int) {
 	// was pushed a state (those that held the dead node among their candidates, and those
 	// that became candidates); and whether each holder was pushed one that drops it.
 	last := map[string]time.Time{}
-	dropped := map[string]bool{}
+	dropped := map[string]time.Time{} // a holder's first state without the dead node
 	for _, l := range r.tr.since(died) {
 		if l.at.After(conv) {
 			continue
 		}
 		last[l.agent] = l.at
-		if l.dropped {
-			dropped[l.agent] = true
+		if os.Getenv("SCALE_DEBUG") != "" {
+			fmt.Printf("DEBUG landing %s +%s term %d held %v dropped %v\n", l.agent, l.at.Sub(died), l.term, l.held, l.dropped)
+		}
+		if _, ok := dropped[l.agent]; l.dropped && !ok {
+			dropped[l.agent] = l.at
 		}
 	}
-	var lat []float64
+	var lat, drop []float64
 	for _, at := range last {
 		lat = append(lat, float64(at.Sub(died)))
 	}
 	missed := 0
 	for _, h := range holders {
-		if !dropped[h] {
+		at, ok := dropped[h]
+		if !ok {
 			missed++
+			continue
 		}
+		drop = append(drop, float64(at.Sub(died)))
 	}
-	d := deathResult{victim: victim.name, holders: len(holders), pushed: len(last), missed: missed, converged: conv.Sub(died), lat: lat, st: st}
-	step("  died at %s; %d agents updated, the last %s after the death (p50 %s, p99 %s); holders not updated: %d",
-		died.Format("15:04:05.000000"), len(last), d.converged.Round(time.Millisecond), dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))), missed)
+	d := deathResult{victim: victim.name, holders: len(holders), pushed: len(last), missed: missed, converged: conv.Sub(died), lat: lat, drop: drop, st: st}
+	step("  died at %s; %d agents updated, the last %s after the death (p50 %s, p99 %s); holders without the node p50 %s, p99 %s; holders not updated: %d",
+		died.Format("15:04:05.000000"), len(last), d.converged.Round(time.Millisecond), dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))),
+		dur(time.Duration(percentile(drop, 50))), dur(time.Duration(percentile(drop, 99))), missed)
 
 	// Back: the agent restarts on its saved state, as a rebooted node's does.
 	from = r.mark()
@@ -418,7 +445,7 @@ func (r *run) restart() {
 	r.tr.requireTerm(r.tr.maxTerm() + 1)
 	from := r.mark()
 	r.startCCM("ccm-restart")
-	prof := r.ccm.profile(r.dir, "restart")
+	prof := r.ccm.profile(r.dir, "restart", 5*time.Second)
 	conv := r.waitConverged("restart", from.at, 5*time.Second)
 	st := r.finish("CCM restart", from, conv)
 	st.profile = prof.stop()

@@ -206,7 +206,8 @@ func newDebugClient() *http.Client {
 }
 
 // profiler takes CPU profiles of the CCM back to back while a stage runs, so that the stage's
-// whole profile is their sum.
+// whole profile is their sum. Each lasts every (one cut short by the stage's end is lost): a
+// stage of a second or two needs profiles of a second.
 type profiler struct {
 	c      *ccm
 	dir    string
@@ -218,14 +219,14 @@ type profiler struct {
 	errs   []string
 }
 
-func (c *ccm) profile(dir, stage string) *profiler {
+func (c *ccm) profile(dir, stage string, every time.Duration) *profiler {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &profiler{c: c, dir: dir, stage: stage, cancel: cancel}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
 		for i := 0; ctx.Err() == nil && i < 200; i++ {
-			b, err := c.debug(ctx, "/debug/pprof/profile?seconds=10")
+			b, err := c.debug(ctx, fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(every.Seconds())))
 			if err != nil {
 				if ctx.Err() == nil {
 					p.mu.Lock()
@@ -256,7 +257,7 @@ func (p *profiler) stop() string {
 	if len(p.files) == 0 {
 		return "no profile: " + strings.Join(p.errs, "; ")
 	}
-	return pprofTop(append([]string{"-top", "-nodecount=20"}, p.files...)...)
+	return pprofTop(append([]string{"-top", "-nodecount=25"}, p.files...)...)
 }
 
 // heap saves the CCM's heap profile and returns its top by memory in use.
