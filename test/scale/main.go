@@ -398,9 +398,6 @@ func (r *run) death(i int) {
 			continue
 		}
 		last[l.agent] = l.at
-		if os.Getenv("SCALE_DEBUG") != "" {
-			fmt.Printf("DEBUG landing %s +%s term %d held %v dropped %v\n", l.agent, l.at.Sub(died), l.term, l.held, l.dropped)
-		}
 		if _, ok := dropped[l.agent]; l.dropped && !ok {
 			dropped[l.agent] = l.at
 		}
