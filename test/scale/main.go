@@ -370,6 +370,7 @@ func (r *run) coldStart() {
 		st.wall.Round(time.Millisecond), st.lastLanding.Round(time.Millisecond), st.announced.Round(time.Millisecond), st.cpu, mib(st.rss), mib(st.hwm))
 	r.rep.stages = append(r.rep.stages, st)
 	r.rep.balance = balance(r.tr.primaries(), *nodes)
+	r.rep.peers = r.tr.peers()
 }
 
 // death stops one node's agent, measures until every affected agent holds a state without

@@ -27,6 +27,7 @@ type report struct {
 	deaths             []deathResult
 	balance            string
 	deathProfile       string
+	peers              []int // heartbeat peers per node after the cold start, sorted
 }
 
 type deathResult struct {
@@ -65,6 +66,11 @@ func (r *report) markdown() string {
 		if s.allocated > 0 {
 			w("\n%s: every Service had its address after %s, its Announced condition after %s. Primaries per node after it: %s.\n", s.name, dur(s.allocated), dur(s.announced), r.balance)
 		}
+	}
+	if n := len(r.peers); n > 0 {
+		med := r.peers[n/2]
+		w("\nHeartbeat peers per node (the other candidates of its VIPs, from the states pushed): %d to %d, median %d. Each node sends each peer one heartbeat per interval and receives one: at the median, %s heartbeats a second sent at the default 50 ms and %s at 10 ms (and as many received and verified), %.0f KiB/s each way at 10 ms.\n",
+			r.peers[0], r.peers[n-1], med, thousands(med*20), thousands(med*100), float64(med*100*116)/1024)
 	}
 
 	w("\n## A node dies\n\n")

@@ -34,8 +34,9 @@ type tracker struct {
 }
 
 type agentHold struct {
-	term uint64
-	held map[netip.Addr]string // VIP -> its candidates, joined by ","
+	term  uint64
+	held  map[netip.Addr]string // VIP -> its candidates, joined by ","
+	peers int                   // the nodes it exchanges heartbeats with
 }
 
 type vipHold struct {
@@ -180,6 +181,7 @@ func (t *tracker) landed(name string, st *agentv1.DesiredState, at time.Time) {
 		}
 	}
 	a.held = next
+	a.peers = len(st.GetHeartbeatPeers())
 	t.lands = append(t.lands, l)
 	t.settle(at)
 }
@@ -341,5 +343,19 @@ func (t *tracker) primaries() map[string]int {
 			}
 		}
 	}
+	return out
+}
+
+// peers returns, per live agent, the number of nodes it exchanges heartbeats with, sorted.
+func (t *tracker) peers() []int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []int
+	for name, a := range t.agents {
+		if !t.dead[name] {
+			out = append(out, a.peers)
+		}
+	}
+	slices.Sort(out)
 	return out
 }
