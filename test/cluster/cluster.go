@@ -50,6 +50,10 @@ type Options struct {
 	// Controllers is the CCM's --controllers (default service-lb-controller: the lab's nodes
 	// have no kubelet).
 	Controllers string
+	// HeartbeatInterval and HeartbeatMisses are the CCM's failover.interval and
+	// failover.misses (default 50ms and 3).
+	HeartbeatInterval time.Duration
+	HeartbeatMisses   int
 }
 
 // Build builds the CCM and agent binaries into dir.
@@ -99,6 +103,12 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 	if opts.Controllers == "" {
 		opts.Controllers = "service-lb-controller"
 	}
+	if opts.HeartbeatInterval == 0 {
+		opts.HeartbeatInterval = 50 * time.Millisecond
+	}
+	if opts.HeartbeatMisses == 0 {
+		opts.HeartbeatMisses = 3
+	}
 	srv.InstallCRDs(t)
 	l := lab.New(t, lab.Options{Nodes: opts.Nodes, ClientAddrs: opts.ClientAddrs})
 	dyn, err := dynamic.NewForConfig(srv.Config)
@@ -122,23 +132,7 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 	cfg.Host = "https://127.0.0.1:16443"
 	c.kcfg = srv.Kubeconfig(t, cfg)
 	c.ccmCfg = filepath.Join(t.TempDir(), "cloud-config.yaml")
-	if err := os.WriteFile(c.ccmCfg, fmt.Appendf(nil, `
-agent:
-  port: 7472
-  caFile: %[1]s/ca.crt
-  certFile: %[1]s/ccm.crt
-  keyFile: %[1]s/ccm.key
-  timeout: 2s
-failover:
-  interval: 50ms
-  misses: 3
-allocation:
-  pendingRetry: 1s
-  poolStatusInterval: 200ms
-%[2]s
-`, c.PKI, opts.CloudConfig), 0o600); err != nil {
-		t.Fatalf("%v", err)
-	}
+	c.writeCCMConfig()
 	c.StartCCM()
 	// No namespace controller runs here: the namespace's Services would outlive the test, and
 	// later tests' CCMs would announce them in their labs.
@@ -147,6 +141,37 @@ allocation:
 	c.Object(v1alpha1.IPPoolResource, "bgp-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.64/27"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {mode: BGP}}`, c.NS))
 	c.Object(v1alpha1.BGPPeerResource, "router-"+c.NS, `{address: 198.51.100.1, peerASN: 64496, myASN: 64497, bfd: {enabled: true, minRxMilliseconds: 100, minTxMilliseconds: 100, multiplier: 3}}`)
 	return c
+}
+
+// writeCCMConfig writes the CCM's cloud-config from the options.
+func (c *Cluster) writeCCMConfig() {
+	if err := os.WriteFile(c.ccmCfg, fmt.Appendf(nil, `
+agent:
+  port: 7472
+  caFile: %[1]s/ca.crt
+  certFile: %[1]s/ccm.crt
+  keyFile: %[1]s/ccm.key
+  timeout: 2s
+failover:
+  interval: %[3]s
+  misses: %[4]d
+allocation:
+  pendingRetry: 1s
+  poolStatusInterval: 200ms
+%[2]s
+`, c.PKI, c.opts.CloudConfig, c.opts.HeartbeatInterval, c.opts.HeartbeatMisses), 0o600); err != nil {
+		c.T.Fatalf("%v", err)
+	}
+}
+
+// SetHeartbeat restarts the CCM with another failover.interval and failover.misses; the agents
+// take them with the state it pushes them.
+func (c *Cluster) SetHeartbeat(interval time.Duration, misses int) {
+	c.T.Helper()
+	c.opts.HeartbeatInterval, c.opts.HeartbeatMisses = interval, misses
+	c.writeCCMConfig()
+	c.CCM.Stop(10 * time.Second)
+	c.StartCCM()
 }
 
 func (c *Cluster) writePKI() {
