@@ -152,6 +152,7 @@ func main() {
 	perClient(m, r, c)
 	bgpFailover(m, r, c)
 	arpLatency(m, r, c)
+	fastFailover(m, r, c)
 	agentMemory(m, r, c)
 
 	write(m, r)
