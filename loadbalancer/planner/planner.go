@@ -161,7 +161,7 @@ func Compute(prev Plan, vips []VIP, nodes []Node, opts Options) Plan {
 		load[primary[i]]++
 		grp.add(v.Group, primary[i], 1)
 	}
-	rebalance(sorted, eligible, primary, load, grp)
+	rebalance(sorted, eligible, primary, load, grp, nodes)
 
 	for i, v := range sorted {
 		if v.Mode != L2 {
@@ -311,14 +311,32 @@ func standbys(cs []cand, primary string, k int) []string {
 // the least loaded node that may take it: donors are never drained below the balance point,
 // so a node joining K balanced nodes takes about N/(K+1) VIPs and nothing else moves. Every
 // move lowers the sum of squared loads, so the loop ends; it is also bounded.
-func rebalance(vips []VIP, eligible [][]cand, primary []string, load map[string]int, grp groups) {
+//
+// A donor carrying at most one more than the least loaded node that any VIP may go to cannot
+// give: the donors are scanned most loaded first and the scan stops there. Without that bound
+// a balanced plan (the usual one) costs a leastLoaded over every VIP's candidates to find
+// nothing: 20,000 VIPs on 1,000 nodes, 20 million candidates, on every node change.
+func rebalance(vips []VIP, eligible [][]cand, primary []string, load map[string]int, grp groups, nodes []Node) {
 	onNode := map[string][]int{}
 	for i, v := range vips {
 		if v.Mode == L2 && primary[i] != "" {
 			onNode[primary[i]] = append(onNode[primary[i]], i)
 		}
 	}
+	// The nodes any VIP may be given to: eligible lists are made of these only.
+	var open []string
+	for _, n := range nodes {
+		if !n.Excluded && n.AgentReachable {
+			open = append(open, n.Name)
+		}
+	}
 	for range 2*len(vips) + 1 {
+		least := -1
+		for _, n := range open {
+			if l := load[n]; least < 0 || l < least {
+				least = l
+			}
+		}
 		donors := make([]string, 0, len(onNode))
 		for n, is := range onNode {
 			if len(is) > 0 {
@@ -333,6 +351,9 @@ func rebalance(vips []VIP, eligible [][]cand, primary []string, load map[string]
 		})
 		moved := false
 		for _, p := range donors {
+			if load[p] <= least+1 {
+				break // no node is two below p, nor below any donor after it
+			}
 			best, bestQ := -1, ""
 			for _, i := range onNode[p] {
 				sib := grp.of(vips[i].Group)
