@@ -113,25 +113,35 @@ func Compute(prev Plan, vips []VIP, nodes []Node, opts Options) Plan {
 		nodeHash[i] = hashString(n.Name)
 	}
 
-	plan := make(Plan, len(vips))
-	eligible := make([][]cand, len(sorted))
+	at := make(map[string]int, len(byName))
+	for i, n := range byName {
+		at[n.Name] = i
+	}
+	// A VIP's candidates are made when needed, into one buffer, never kept for all VIPs at
+	// once: 20,000 VIPs on 1,000 nodes would hold 20 million (640 MB) for a replan.
+	var buf []cand
 	var idx []int
-	for i, v := range sorted {
+	eligible := func(i int) []cand {
+		v := sorted[i]
 		idx = eligibleIndices(v, byName, idx[:0])
+		vh := hashAddr(v.Addr)
+		buf = buf[:0]
+		for _, k := range idx {
+			buf = append(buf, cand{name: byName[k].Name, score: mix(vh, nodeHash[k]), preferred: preferred(v, &byName[k])})
+		}
+		return buf
+	}
+
+	plan := make(Plan, len(vips))
+	for _, v := range sorted {
 		if v.Mode == BGP {
+			idx = eligibleIndices(v, byName, idx[:0])
 			names := make([]string, len(idx))
 			for j, k := range idx {
 				names[j] = byName[k].Name
 			}
 			plan[v.Addr] = Entry{Mode: BGP, Nodes: names}
-			continue
 		}
-		vh := hashAddr(v.Addr)
-		cs := make([]cand, len(idx))
-		for j, k := range idx {
-			cs[j] = cand{name: byName[k].Name, score: mix(vh, nodeHash[k]), preferred: preferred(v, &byName[k])}
-		}
-		eligible[i] = cs
 	}
 
 	// L2 primaries: keep, then fill, then rebalance. A VIP keeps its primary while that is
@@ -144,14 +154,17 @@ func Compute(prev Plan, vips []VIP, nodes []Node, opts Options) Plan {
 		if v.Mode != L2 {
 			continue
 		}
-		if p := prev[v.Addr].Primary(); p != "" && slices.ContainsFunc(eligible[i], func(c cand) bool { return c.name == p }) {
-			primary[i] = p
-			grp.add(v.Group, p, 1)
+		if p := prev[v.Addr].Primary(); p != "" {
+			if k, ok := at[p]; ok && isEligible(v, &byName[k]) {
+				primary[i] = p
+				grp.add(v.Group, p, 1)
+			}
 		}
 	}
 	for i, v := range sorted {
 		if p := primary[i]; p != "" {
-			if sib := grp.of(v.Group); sib[p] > fewestSiblings(eligible[i], sib)+1 {
+			// Without a group, no siblings: nothing to compare.
+			if sib := grp.of(v.Group); sib != nil && sib[p] > fewestSiblings(eligible(i), sib)+1 {
 				primary[i] = ""
 				grp.add(v.Group, p, -1)
 				continue
@@ -160,10 +173,14 @@ func Compute(prev Plan, vips []VIP, nodes []Node, opts Options) Plan {
 		}
 	}
 	for i, v := range sorted {
-		if v.Mode != L2 || primary[i] != "" || len(eligible[i]) == 0 {
+		if v.Mode != L2 || primary[i] != "" {
 			continue
 		}
-		primary[i] = leastLoaded(eligible[i], load, grp.of(v.Group)).name
+		cs := eligible(i)
+		if len(cs) == 0 {
+			continue
+		}
+		primary[i] = leastLoaded(cs, load, grp.of(v.Group)).name
 		load[primary[i]]++
 		grp.add(v.Group, primary[i], 1)
 	}
@@ -176,7 +193,7 @@ func Compute(prev Plan, vips []VIP, nodes []Node, opts Options) Plan {
 		e := Entry{Mode: L2}
 		if primary[i] != "" {
 			e.Nodes = append(e.Nodes, primary[i])
-			e.Nodes = append(e.Nodes, standbys(eligible[i], primary[i], opts.MaxCandidates-1)...)
+			e.Nodes = append(e.Nodes, standbys(eligible(i), primary[i], opts.MaxCandidates-1)...)
 		}
 		plan[v.Addr] = e
 	}
@@ -219,6 +236,12 @@ func eligibleIndices(v VIP, nodes []Node, out []int) []int {
 		out = append(out, k)
 	}
 	return out
+}
+
+// isEligible says whether n may announce v (as eligibleIndices decides for all nodes).
+func isEligible(v VIP, n *Node) bool {
+	return !n.Excluded && n.AgentReachable && (v.NodeSelector == nil || v.NodeSelector.Matches(n.Labels)) &&
+		(!v.Local || slices.Contains(v.EndpointNodes, n.Name))
 }
 
 func preferred(v VIP, n *Node) bool {
@@ -335,7 +358,7 @@ func standbys(cs []cand, primary string, k int) []string {
 // give: the donors are scanned most loaded first and the scan stops there. Without that bound
 // a balanced plan (the usual one) costs a leastLoaded over every VIP's candidates to find
 // nothing: 20,000 VIPs on 1,000 nodes, 20 million candidates, on every node change.
-func rebalance(vips []VIP, eligible [][]cand, primary []string, load map[string]int, grp groups, nodes []Node) {
+func rebalance(vips []VIP, eligible func(i int) []cand, primary []string, load map[string]int, grp groups, nodes []Node) {
 	onNode := map[string][]int{}
 	for i, v := range vips {
 		if v.Mode == L2 && primary[i] != "" {
@@ -376,7 +399,7 @@ func rebalance(vips []VIP, eligible [][]cand, primary []string, load map[string]
 			best, bestQ := -1, ""
 			for _, i := range onNode[p] {
 				sib := grp.of(vips[i].Group)
-				q := leastLoaded(eligible[i], load, sib).name
+				q := leastLoaded(eligible(i), load, sib).name
 				// A move never puts a VIP with more of its siblings than it leaves.
 				if load[q]+1 < load[p] && (sib == nil || sib[q] < sib[p]) && (best < 0 || load[q] < load[bestQ]) {
 					best, bestQ = i, q
