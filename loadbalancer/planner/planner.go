@@ -332,6 +332,11 @@ func standbys(cs []cand, primary string, k int) []string {
 		if c.name == primary {
 			continue
 		}
+		// Most candidates score below the k-th kept: no search for them (an equal score
+		// still goes through, and in before the kept one, as the search puts it).
+		if k > 0 && len(top) == k && c.score < top[k-1].score {
+			continue
+		}
 		i, _ := slices.BinarySearchFunc(top, c, func(a, b cand) int { return cmp.Compare(b.score, a.score) })
 		if i >= k {
 			continue
