@@ -231,6 +231,22 @@ func copyFile(from, to string) {
 	_, _ = io.Copy(out, in)
 }
 
+// readingHeading starts the report's last section, the reading of the figures.
+const readingHeading = "\n## Reading the figures\n"
+
+// rewriteReading replaces the reading of the figures in the report file with this build's.
+func rewriteReading(file string) error {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	i := strings.LastIndex(string(b), readingHeading)
+	if i < 0 {
+		return fmt.Errorf("%s has no %q section", file, strings.TrimSpace(readingHeading))
+	}
+	return os.WriteFile(file, append(b[:i:i], analysis...), 0o644)
+}
+
 // analysis is the reading of the figures: what grew faster than linearly and what was done
 // about it, and what would break first at 5,000 nodes.
 const analysis = `
