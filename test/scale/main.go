@@ -16,11 +16,13 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -85,6 +87,19 @@ func main() {
 	}
 	m := testenv.NewMain("metalvip-scale")
 	defer m.Close()
+	// Ctrl-C stops the CCM, the API server and the agents, and removes their state.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		fmt.Println("\ninterrupted: stopping (Ctrl-C again to leave at once)")
+		go func() {
+			<-sig
+			os.Exit(130)
+		}()
+		m.Close()
+		os.Exit(130)
+	}()
 	r := &run{m: m, rep: &report{loadStart: loadAverage(), nodes: *nodes, services: *services}}
 	var err error
 	if r.dir, err = filepath.Abs(*outputDir); err != nil {
