@@ -83,6 +83,8 @@ type Options struct {
 	// HearPeerTimeout is how long after the agent starts a peer not heard since counts as
 	// alive and not seeing this node (see heardFacts); 0 means 10 s.
 	HearPeerTimeout time.Duration
+	// Observer is told what the agent does, for metrics; nil for none.
+	Observer Observer
 }
 
 // Liveness is the seam to the heartbeat exchange.
@@ -131,6 +133,11 @@ type Agent struct {
 	// wrong the last time the speaker and the filter were set.
 	macs       map[string][]net.HardwareAddr
 	l2Problems []string
+	// hbPeers counts the heartbeat peers; deadAhead, for each L2 VIP this node answers after
+	// a better candidate died, when that candidate was last proven alive (observe.go).
+	hbPeers   int
+	deadAhead map[netip.Addr]time.Time
+	healthState
 
 	watchMu  sync.Mutex
 	watchers map[chan *agentv1.Event]struct{}
@@ -168,12 +175,16 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 		}
 		opts.MACFilter = f
 	}
+	if opts.Observer == nil {
+		opts.Observer = noObserver{}
+	}
 	a := &Agent{
 		opts:       opts,
 		views:      map[netip.Addr]*agentv1.AnnouncedVIP{},
 		started:    time.Now(),
 		standbyFor: map[netip.Addr]string{},
 		handover:   map[netip.Addr]time.Time{},
+		deadAhead:  map[netip.Addr]time.Time{},
 		watchers:   map[chan *agentv1.Event]struct{}{},
 		rotate:     make(chan struct{}, 1),
 		stop:       make(chan struct{}),
@@ -292,6 +303,7 @@ func (a *Agent) Apply(ctx context.Context, req *agentv1.ApplyRequest) (*agentv1.
 	if changed {
 		a.checked = a.checkState(a.state)
 		a.applyLocked(ctx)
+		a.opts.Observer.Applied(len(a.checked.refused))
 	}
 	klog.V(2).InfoS("Applied state", "term", st.GetTerm(), "generation", st.GetGeneration(), "changed", changed,
 		"problems", len(a.problems), "refused", len(a.checked.refused))
@@ -455,16 +467,33 @@ func withoutMACs(vips []l2.VIP) []l2.VIP {
 func (a *Agent) emitChanges(views map[netip.Addr]*agentv1.AnnouncedVIP) {
 	for vip, v := range views {
 		old := a.views[vip]
+		l2 := v.GetMode() != agentv1.Mode_MODE_BGP
 		if v.Active && (old == nil || !old.Active) {
 			a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_TOOK_OVER, Vip: vip.String(), Detail: v.Reason})
+			if l2 {
+				var after time.Duration
+				if t, ok := a.deadAhead[vip]; ok {
+					after = time.Since(t)
+				}
+				a.opts.Observer.TookOver(vip, after)
+			}
 		}
 		if !v.Active && old != nil && old.Active {
 			a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_RELEASED, Vip: vip.String(), Detail: v.Reason})
+			if l2 {
+				a.opts.Observer.Released(vip)
+			}
 		}
 	}
 	for vip, old := range a.views {
+		if _, still := views[vip]; !still {
+			delete(a.deadAhead, vip)
+		}
 		if _, still := views[vip]; !still && old.Active {
 			a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_RELEASED, Vip: vip.String(), Detail: "no longer announced"})
+			if old.GetMode() != agentv1.Mode_MODE_BGP {
+				a.opts.Observer.Released(vip)
+			}
 		}
 	}
 }
@@ -486,8 +515,14 @@ func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agent
 		d = a.cautiousLocked(vip, cands, an, live, d)
 	}
 	view.Active, view.Reason, view.Sharing = d.Active, d.Reason, d.Sharing
+	delete(a.deadAhead, vip)
 	if !d.Active {
 		return l2.VIP{}, false
+	}
+	if live != nil {
+		if t, ok := a.deadAheadLocked(cands, live); ok {
+			a.deadAhead[vip] = t
+		}
 	}
 	v := l2.VIP{Addr: vip, Interfaces: view.Interfaces}
 	if an.GetPerClient() {
@@ -685,6 +720,7 @@ func (a *Agent) applyLivenessLocked(st *agentv1.DesiredState) error {
 		Misses:   int(opts.GetHeartbeatMisses()),
 		Identity: a.identity,
 		OnChange: a.livenessChanged,
+		OnRTT:    a.opts.Observer.HeartbeatRTT,
 	}
 	if a.live != nil && (a.liveCfg.Listen != cfg.Listen || a.liveCfg.Interval != cfg.Interval || a.liveCfg.Misses != cfg.Misses) {
 		a.closeLivenessLocked()
@@ -701,6 +737,7 @@ func (a *Agent) applyLivenessLocked(st *agentv1.DesiredState) error {
 		list = append(list, p)
 	}
 	a.live.SetPeers(list)
+	a.hbPeers = len(list)
 	return nil
 }
 
@@ -757,6 +794,9 @@ func (a *Agent) applyBGPLocked(ctx context.Context, st *agentv1.DesiredState, ro
 		}
 		if cfg.ASN == 0 {
 			return append(problems, "BGP: bgp.asn is not set and no peer gives a local ASN: nothing to speak BGP as")
+		}
+		if !cfg.RouterID.IsValid() {
+			return append(problems, "BGP: no router ID: the node has no IPv4 address to use; give the agent --router-id (a 32-bit ID unique among the peers, written as an IPv4 address)")
 		}
 		s, err := a.opts.NewBGP(ctx, cfg)
 		if err != nil {
@@ -820,9 +860,17 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 			})
 		}
 	}
+	resp.L2, resp.Heartbeats = a.countersLocked()
+	return resp, nil
+}
+
+// countersLocked returns the speaker's and the heartbeat monitors' counters so far. The
+// caller holds mu.
+func (a *Agent) countersLocked() (*agentv1.L2Counters, *agentv1.HeartbeatCounters) {
+	var l2c *agentv1.L2Counters
 	if a.opts.L2 != nil {
 		c := a.opts.L2.Counters()
-		resp.L2 = &agentv1.L2Counters{
+		l2c = &agentv1.L2Counters{
 			ArpRequests: c.ARPRequests, ArpReplies: c.ARPReplies, GratuitousArps: c.GratuitousARPs,
 			NeighborSolicitations: c.NeighborSolicitations, NeighborAdvertisements: c.NeighborAdvertisements,
 			UnsolicitedAdvertisements: c.UnsolicitedAdvertisements, TargetedReplies: c.TargetedReplies,
@@ -832,8 +880,7 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 	if a.live != nil {
 		hb = addCounters(hb, a.live.Counters())
 	}
-	resp.Heartbeats = &agentv1.HeartbeatCounters{Sent: hb.Sent, Accepted: hb.Accepted, Unproven: hb.Unproven, Refused: hb.Refused}
-	return resp, nil
+	return l2c, &agentv1.HeartbeatCounters{Sent: hb.Sent, Accepted: hb.Accepted, Unproven: hb.Unproven, Refused: hb.Refused}
 }
 
 // withoutSecrets returns a copy of st without BGP passwords or the deprecated shared keys.

@@ -399,7 +399,8 @@ func TestInBGPModeTheVIPIsAdvertisedWhileTheAPIServerIsReady(t *testing.T) {
 	speaker := &fakeBGP{}
 	var cfg bgp.Config
 	a, err := New(context.Background(), Options{Node: "node-a", StateDir: filepath.Join(dir, "state"), L2: &fakeL2{},
-		NewBGP: func(_ context.Context, c bgp.Config) (BGP, error) { cfg = c; return speaker, nil }, ControlPlane: cp})
+		RouterID: netip.MustParseAddr("198.51.100.11"),
+		NewBGP:   func(_ context.Context, c bgp.Config) (BGP, error) { cfg = c; return speaker, nil }, ControlPlane: cp})
 	if err != nil {
 		t.Fatal(err)
 	}

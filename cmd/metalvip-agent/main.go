@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -36,6 +37,7 @@ import (
 
 type flags struct {
 	node, listen, stateDir    string
+	metrics                   string
 	caFile, certFile, keyFile string
 	insecure                  bool
 	interfaces                string
@@ -50,7 +52,8 @@ func parseFlags(args []string) (*flags, error) {
 	f := &flags{}
 	fs := flag.NewFlagSet("metalvip-agent", flag.ContinueOnError)
 	fs.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name, as the Node object has it (default $NODE_NAME)")
-	fs.StringVar(&f.listen, "listen-address", ":7472", "address and port the gRPC service listens on")
+	fs.StringVar(&f.listen, "listen-address", ":7472", "where the gRPC service listens: host:port, [v6]:port, or a bare address (port 7472), so $(NODE_IP) suits IPv4 and IPv6 nodes")
+	fs.StringVar(&f.metrics, "metrics-address", ":7474", "where /metrics (Prometheus), /healthz and /readyz are served in plain HTTP: host:port, [v6]:port or a bare address (port 7474); empty for none")
 	fs.StringVar(&f.stateDir, "state-dir", "/var/lib/metalvip-agent", "folder for the last applied state, so that a restart resumes announcing")
 	fs.StringVar(&f.caFile, "tls-ca", "", "PEM file of the CA that signs the CCM's certificate")
 	fs.StringVar(&f.certFile, "tls-cert", "", "PEM file of this agent's certificate (naming the node)")
@@ -97,8 +100,14 @@ func parseFlags(args []string) (*flags, error) {
 			return nil, fmt.Errorf("--router-id=%q is not an IPv4 address", f.routerID)
 		}
 	}
-	if _, _, err := net.SplitHostPort(f.listen); err != nil {
-		return nil, fmt.Errorf("--listen-address=%q: %v", f.listen, err)
+	var err error
+	if f.listen, err = hostPort(f.listen, "7472"); err != nil {
+		return nil, fmt.Errorf("--listen-address: %w", err)
+	}
+	if f.metrics != "" {
+		if f.metrics, err = hostPort(f.metrics, "7474"); err != nil {
+			return nil, fmt.Errorf("--metrics-address: %w", err)
+		}
 	}
 	return f, nil
 }
@@ -154,8 +163,10 @@ func run(f *flags) error {
 		}
 	}
 	speaker := l2.New(l2.Options{Refresh: f.refresh})
+	reg := newRegistry()
 	agent, err := nodeagent.New(ctx, nodeagent.Options{
-		Node: f.node, StateDir: f.stateDir, Interfaces: ifaces, RouterID: routerID, L2: speaker,
+		Observer: newObserver(reg),
+		Node:     f.node, StateDir: f.stateDir, Interfaces: ifaces, RouterID: routerID, L2: speaker,
 		NewBGP:               func(ctx context.Context, cfg bgp.Config) (nodeagent.BGP, error) { return bgp.New(ctx, cfg) },
 		HeartbeatKeyLifetime: f.keyLifetime,
 		ControlPlane:         cp,
@@ -164,7 +175,20 @@ func run(f *flags) error {
 		speaker.Close()
 		return err
 	}
+	reg.MustRegister(newGauges(agent))
+	var metrics *metricsServer
+	if f.metrics != "" {
+		if metrics, err = newMetricsServer(f.metrics, reg, agent); err != nil {
+			_ = agent.Close(context.Background())
+			return fmt.Errorf("--metrics-address: %w", err)
+		}
+		defer metrics.Close()
+		klog.InfoS("Serving metrics and health", "address", metrics.lis.Addr().String())
+	}
 	if f.controlPlane != "" && !f.insecure && f.caFile == "" {
+		if metrics != nil {
+			metrics.ready.Store(true)
+		}
 		klog.InfoS("metalvip-agent serving the control-plane VIP alone (no TLS flags: no gRPC service, no CCM)", "node", f.node, "interfaces", ifaces)
 		<-ctx.Done()
 		klog.InfoS("Shutting down: withdrawing routes and closing sessions")
@@ -195,6 +219,9 @@ func run(f *flags) error {
 	klog.InfoS("metalvip-agent serving", "node", f.node, "address", lis.Addr().String(), "interfaces", ifaces, "routerID", routerID, "tls", !f.insecure)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
+	if metrics != nil {
+		metrics.ready.Store(true)
+	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -229,6 +256,22 @@ func run(f *flags) error {
 	return err
 }
 
+// hostPort returns s as host:port: s itself when it is one, else s as a bare IP address with
+// port def ("198.51.100.1", "2001:db8::1" and "[2001:db8::1]" alike).
+func hostPort(s, def string) (string, error) {
+	if _, port, err := net.SplitHostPort(s); err == nil {
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return "", fmt.Errorf("%q: the port must be 1 to 65535", s)
+		}
+		return s, nil
+	}
+	a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(s, "["), "]"))
+	if err != nil {
+		return "", fmt.Errorf("%q is neither host:port, [v6]:port nor an IP address", s)
+	}
+	return net.JoinHostPort(a.String(), def), nil
+}
+
 // interfaces returns the named interfaces, or the one holding the default route.
 func interfaces(list string) ([]string, error) {
 	if list != "" {
@@ -251,7 +294,7 @@ func interfaces(list string) ([]string, error) {
 
 func routerID(flag string, ifaces []string) (netip.Addr, error) {
 	if flag != "" {
-		return netip.MustParseAddr(flag), nil
+		return netip.MustParseAddr(flag), nil // checked by parseFlags
 	}
 	ifi, err := net.InterfaceByName(ifaces[0])
 	if err != nil {
@@ -266,5 +309,7 @@ func routerID(flag string, ifaces []string) (netip.Addr, error) {
 			return p.Addr(), nil
 		}
 	}
-	return netip.Addr{}, fmt.Errorf("interface %s has no IPv4 address for a BGP router ID; give --router-id", ifaces[0])
+	// An IPv6-only node: L2 needs no router ID, and BGP says what is missing when it is used.
+	klog.InfoS("No IPv4 address for a BGP router ID; BGP needs --router-id on this node", "interface", ifaces[0])
+	return netip.Addr{}, nil
 }

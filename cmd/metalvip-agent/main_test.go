@@ -30,3 +30,32 @@ func TestParseFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestListenAddresses(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"a bare IPv4 address gets the default port", "198.51.100.10", "198.51.100.10:7472"},
+		{"a bare IPv6 address gets brackets and the default port", "2001:db8::10", "[2001:db8::10]:7472"},
+		{"a bracketed bare IPv6 address gets the default port", "[2001:db8::10]", "[2001:db8::10]:7472"},
+		{"host:port is kept", "198.51.100.10:9000", "198.51.100.10:9000"},
+		{"[v6]:port is kept", "[2001:db8::10]:9000", "[2001:db8::10]:9000"},
+		{"every address with a port is kept", ":7472", ":7472"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := parseFlags([]string{"--node-name", "n1", "--insecure", "--listen-address", tc.in})
+			if err != nil || f.listen != tc.want {
+				t.Fatalf("--listen-address %q: got %q, %v; want %q", tc.in, f.listen, err, tc.want)
+			}
+		})
+	}
+	for _, in := range []string{"7472", "node-a", "198.51.100.10:0", "198.51.100.10:70000", "2001:db8::10:"} {
+		if _, err := parseFlags([]string{"--node-name", "n1", "--insecure", "--listen-address", in}); err == nil {
+			t.Errorf("--listen-address %q accepted", in)
+		}
+	}
+	if f, err := parseFlags([]string{"--node-name", "n1", "--insecure", "--metrics-address", ""}); err != nil || f.metrics != "" {
+		t.Errorf("--metrics-address empty: %q, %v; want none", f.metrics, err)
+	}
+	if f, err := parseFlags([]string{"--node-name", "n1", "--insecure"}); err != nil || f.metrics != ":7474" {
+		t.Errorf("--metrics-address default: %q, %v", f.metrics, err)
+	}
+}

@@ -44,10 +44,11 @@ whether the node answers or advertises it and why, and for per-client L2 VIPs th
 its clients and how many of the clients seen this node answers; then its BGP sessions, its
 ARP/NDP counters and any problem.
 
-The agent accepts only the CCM's identity. By default metalvipctl reads it from the CCM's
-Secret (--tls-secret, kube-system/metalvip-ccm-tls) through the kubeconfig, which takes the
-right to read that Secret; or give the files "metalvipctl certs --out DIR" wrote with
---tls-ca, --tls-cert and --tls-key. The agent's address is the node's InternalIP, read from the
+The agent answers the viewer's identity (it may read the state, never change it) and the CCM's.
+By default metalvipctl reads the viewer's from its Secret (--tls-secret,
+kube-system/metalvip-viewer-tls) through the kubeconfig, which takes the right to read that
+Secret; or give the files "metalvipctl certs --out DIR" wrote with --tls-ca, --tls-cert and
+--tls-key (viewer.crt and viewer.key by default; ccm.crt and ccm.key work too). The agent's address is the node's InternalIP, read from the
 cluster (like kubectl: --kubeconfig, else $KUBECONFIG, else ~/.kube/config), unless --address
 gives it.`,
 		Args: cobra.ExactArgs(1),
@@ -120,10 +121,10 @@ gives it.`,
 	f.StringVar(&kubeconfig, "kubeconfig", "", "path of the kubeconfig, to find the node's address (default: $KUBECONFIG, else ~/.kube/config)")
 	f.StringVar(&address, "address", "", "the agent's IP address (default: the node's InternalIP)")
 	f.IntVar(&port, "port", config.DefaultAgentPort, "the agent's gRPC port")
-	f.StringVar(&tlsSecret, "tls-secret", "kube-system/metalvip-ccm-tls", "NAMESPACE/NAME of the CCM's TLS Secret, read through the kubeconfig unless the --tls-* files are given")
+	f.StringVar(&tlsSecret, "tls-secret", "kube-system/metalvip-viewer-tls", "NAMESPACE/NAME of the TLS Secret to read the client identity from (the viewer's by default; the CCM's, metalvip-ccm-tls, works too), through the kubeconfig, unless the --tls-* files are given")
 	f.StringVar(&tlsFiles.CA, "tls-ca", "ca.crt", "the CA certificate of metalvip's mutual TLS (instead of --tls-secret)")
-	f.StringVar(&tlsFiles.Cert, "tls-cert", "ccm.crt", "the CCM's client certificate (instead of --tls-secret)")
-	f.StringVar(&tlsFiles.Key, "tls-key", "ccm.key", "the CCM's client key (instead of --tls-secret)")
+	f.StringVar(&tlsFiles.Cert, "tls-cert", "viewer.crt", "the viewer's (or the CCM's) client certificate (instead of --tls-secret)")
+	f.StringVar(&tlsFiles.Key, "tls-key", "viewer.key", "the viewer's (or the CCM's) client key (instead of --tls-secret)")
 	f.BoolVar(&plaintext, "insecure", false, "talk plaintext, to an agent started with --insecure")
 	f.StringVarP(&output, "output", "o", "table", "table or json")
 	return cmd
@@ -162,7 +163,7 @@ func agentAddress(ctx context.Context, client kubernetes.Interface, node, given 
 	return netip.Addr{}, errors.New("node " + node + " has no InternalIP; give --address")
 }
 
-// filesFromSecret writes the CCM's TLS Secret (ca.crt, tls.crt, tls.key, as
+// filesFromSecret writes a client TLS Secret (ca.crt, tls.crt, tls.key, as
 // `metalvipctl certs --manifests` makes it) into a private temporary folder for
 // certs.ClientConfig, the one place that builds the CCM's client TLS; cleanup removes it.
 func filesFromSecret(ctx context.Context, client kubernetes.Interface, ref string) (certs.Files, func(), error) {
@@ -172,7 +173,7 @@ func filesFromSecret(ctx context.Context, client kubernetes.Interface, ref strin
 	}
 	sec, err := client.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		return certs.Files{}, nil, fmt.Errorf("the CCM's TLS Secret %s: %w; give --tls-ca, --tls-cert and --tls-key (the files metalvipctl certs --out wrote) instead", ref, err)
+		return certs.Files{}, nil, fmt.Errorf("the TLS Secret %s: %w; give --tls-ca, --tls-cert and --tls-key (the files metalvipctl certs --out wrote) instead", ref, err)
 	}
 	dir, err := os.MkdirTemp("", "metalvipctl-tls-")
 	if err != nil {

@@ -61,6 +61,10 @@ type Config struct {
 	// OnChange returns, so a node that stops answering for a VIP in OnChange has stopped
 	// before its peers learn that it sees the new node.
 	OnChange func()
+	// OnRTT, when set, is given the round trip of each heartbeat that echoes one this node
+	// sent: the time from sending it to hearing the echo (metrics). It is called with the
+	// monitor locked: it must not block or call the monitor.
+	OnRTT func(time.Duration)
 
 	// sent, when set (tests), sees every heartbeat this monitor sends.
 	sent func(b []byte, to netip.AddrPort)
@@ -276,6 +280,18 @@ func (m *Monitor) Sees(node string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.seesMe[node]
+}
+
+// LastAlive returns when node was last proven alive by a heartbeat echoing one of this node's;
+// false if it never was since it became a peer.
+func (m *Monitor) LastAlive(node string) (time.Time, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p := m.peers[node]
+	if p == nil || !p.proven {
+		return time.Time{}, false
+	}
+	return p.proof, true
 }
 
 // AliveNodes returns the alive peers, sorted.
@@ -512,6 +528,9 @@ func (m *Monitor) handle(dgs []datagram, now time.Time) bool {
 		}
 		if !p.proven || proof.After(p.proof) {
 			p.proof, p.proven = proof, true
+		}
+		if m.cfg.OnRTT != nil {
+			m.cfg.OnRTT(now.Sub(echoed))
 		}
 		p.sees = f.flags&flagAlive != 0
 		m.accepted.Add(1)

@@ -90,6 +90,14 @@ func startAgent(t *testing.T, h *lab.Host, tlsDir, stateDir string, wrap ...stri
 	t.Helper()
 	a := &agent{t: t, host: h, state: stateDir, tls: tlsDir, wrap: wrap}
 	a.start()
+	a.client = ccmClient(t, h, tlsDir, netip.AddrPortFrom(h.IPv4, 7472))
+	a.waitServing()
+	return a
+}
+
+// ccmClient dials the agent at addr inside h's namespace with the CCM's certificate.
+func ccmClient(t *testing.T, h *lab.Host, tlsDir string, addr netip.AddrPort) agentv1.AgentServiceClient {
+	t.Helper()
 	cfg, err := certs.ClientConfig(certs.Files{CA: filepath.Join(tlsDir, "ca.crt"), Cert: filepath.Join(tlsDir, "ccm.crt"), Key: filepath.Join(tlsDir, "ccm.key")}, h.Name)
 	if err != nil {
 		t.Fatal(err)
@@ -105,15 +113,12 @@ func startAgent(t *testing.T, h *lab.Host, tlsDir, stateDir string, wrap ...stri
 		})
 		return c, err
 	}
-	conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(h.IPv4, 7472).String(),
-		grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dial))
+	conn, err := grpc.NewClient("passthrough:///"+addr.String(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dial))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	a.client = agentv1.NewAgentServiceClient(conn)
-	a.waitServing()
-	return a
+	return agentv1.NewAgentServiceClient(conn)
 }
 
 func (a *agent) start() {

@@ -15,6 +15,9 @@ import (
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	corev1 "k8s.io/api/core/v1"
@@ -595,4 +598,41 @@ func (c *Cluster) deleteServices() {
 	for _, s := range l.Items {
 		_, _ = svcs.Patch(ctx, s.Name, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
 	}
+}
+
+// AgentMetrics scrapes node's agent's /metrics (port 7474, from inside the node) and returns
+// the families by name.
+func (c *Cluster) AgentMetrics(node string) (map[string]*dto.MetricFamily, error) {
+	out, err := c.Agents[node].Host.Run(c.ctx, "curl", "-sf", "--max-time", "5", "http://127.0.0.1:7474/metrics")
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w: %s", node, err, out)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	return p.TextToMetricFamilies(strings.NewReader(string(out)))
+}
+
+// MetricValue returns the value of the sample of family name whose labels include labels
+// (name=value pairs); for a histogram, its count. ok is false without such a sample.
+func MetricValue(fams map[string]*dto.MetricFamily, name string, labels ...string) (v float64, ok bool) {
+	f := fams[name]
+	if f == nil {
+		return 0, false
+	}
+next:
+	for _, m := range f.GetMetric() {
+		for i := 0; i+1 < len(labels); i += 2 {
+			if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == labels[i] && l.GetValue() == labels[i+1] }) {
+				continue next
+			}
+		}
+		switch {
+		case m.GetCounter() != nil:
+			return m.GetCounter().GetValue(), true
+		case m.GetGauge() != nil:
+			return m.GetGauge().GetValue(), true
+		case m.GetHistogram() != nil:
+			return float64(m.GetHistogram().GetSampleCount()), true
+		}
+	}
+	return 0, false
 }

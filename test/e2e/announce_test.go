@@ -230,9 +230,22 @@ func TestAnnouncing(t *testing.T) {
 			if victim == "" {
 				t.Fatalf("trial %d: nobody answers %s", trial, vip)
 			}
+			before := map[string]float64{}
+			if trial == 0 {
+				for name := range c.Agents {
+					fams, err := c.AgentMetrics(name)
+					if err != nil {
+						t.Fatalf("%v", err)
+					}
+					before[name], _ = cluster.MetricValue(fams, "metalvip_agent_takeover_seconds")
+				}
+			}
 			d := c.Failover(vip, victim)
 			outages = append(outages, d)
 			t.Logf("trial %d: %s died, outage %s, %s answers now", trial, victim, d.Round(time.Millisecond), c.Owner(vip))
+			if trial == 0 {
+				checkTakeoverMetrics(t, c, c.Owner(vip), before[c.Owner(vip)])
+			}
 			c.Revive(victim)
 			// Settle: the revived node's agent is reachable again before the next trial.
 			cluster.Eventually(t, 60*time.Second, "the revived agent is back in the plan", func() bool {
@@ -257,4 +270,34 @@ func TestAnnouncing(t *testing.T) {
 		c.Revive(victim)
 		c.StartCCM()
 	})
+}
+
+// checkTakeoverMetrics checks that node's agent counted the takeover it just made after a
+// death, with its duration, and that its health and readiness endpoints answer.
+func checkTakeoverMetrics(t *testing.T, c *cluster.Cluster, node string, before float64) {
+	t.Helper()
+	fams, err := c.AgentMetrics(node)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	n, ok := cluster.MetricValue(fams, "metalvip_agent_takeover_seconds")
+	if !ok || n < before+1 {
+		t.Errorf("%s: metalvip_agent_takeover_seconds counts %v takeovers after a death (before the kill: %v); want one more", node, n, before)
+	}
+	h := fams["metalvip_agent_takeover_seconds"].GetMetric()[0].GetHistogram()
+	if mean := h.GetSampleSum() / float64(h.GetSampleCount()); !(mean > 0 && mean < 5) {
+		t.Errorf("%s: takeovers took %.3f s on average; want between 0 and the 5 s bound", node, mean)
+	}
+	if tk, ok := cluster.MetricValue(fams, "metalvip_agent_failovers_total", "direction", "took_over"); !ok || tk < 1 {
+		t.Errorf("%s: metalvip_agent_failovers_total{direction=took_over} = %v", node, tk)
+	}
+	if a, ok := cluster.MetricValue(fams, "metalvip_agent_vips", "state", "answered"); !ok || a < 1 {
+		t.Errorf("%s: metalvip_agent_vips{state=answered} = %v; it answers at least the VIP it took", node, a)
+	}
+	t.Logf("%s's metrics after the takeover: %v takeovers after a death, %.1f ms on average", node, n, 1000*h.GetSampleSum()/float64(h.GetSampleCount()))
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if out, err := c.Agents[node].Host.Run(context.Background(), "curl", "-sf", "--max-time", "10", "http://127.0.0.1:7474"+path); err != nil {
+			t.Errorf("%s %s: %v %s", node, path, err, out)
+		}
+	}
 }

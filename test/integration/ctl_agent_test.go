@@ -34,7 +34,7 @@ func (a stateAgent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv
 
 func serveAgent(t *testing.T, pki, node string) int {
 	t.Helper()
-	cfg, err := certs.ServerConfig(certs.Files{CA: filepath.Join(pki, "ca.crt"), Cert: filepath.Join(pki, node+".crt"), Key: filepath.Join(pki, node+".key")}, "metalvip-cloud-controller-manager")
+	cfg, err := certs.ServerConfig(certs.Files{CA: filepath.Join(pki, "ca.crt"), Cert: filepath.Join(pki, node+".crt"), Key: filepath.Join(pki, node+".key")}, certs.CCMName, certs.ViewerName) // as the agent does
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,11 +49,12 @@ func serveAgent(t *testing.T, pki, node string) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// TestMetalvipctlAgentTakesTheCCMsIdentityFromItsSecret: `metalvipctl agent NODE` with no TLS
-// flags reads the metalvip-ccm-tls Secret that `metalvipctl certs --manifests` made, as
-// docs/operations.md says; it used to fail with "stat ca.crt: no such file". Without the
-// Secret it says what to give instead.
-func TestMetalvipctlAgentTakesTheCCMsIdentityFromItsSecret(t *testing.T) {
+// TestMetalvipctlAgentTakesTheViewersIdentityFromItsSecret: `metalvipctl agent NODE` with no
+// TLS flags reads the metalvip-viewer-tls Secret that `metalvipctl certs --manifests` made (an
+// identity that may read an agent's state, never change it), as docs/operations.md says; it
+// used to fail with "stat ca.crt: no such file". Without the Secret it says what to give
+// instead.
+func TestMetalvipctlAgentTakesTheViewersIdentityFromItsSecret(t *testing.T) {
 	srv := kubeapi.Get(t)
 	ns := srv.Namespace(t)
 	pki := t.TempDir()
@@ -84,10 +85,11 @@ func TestMetalvipctlAgentTakesTheCCMsIdentityFromItsSecret(t *testing.T) {
 		ok   bool
 	}{
 		{"with no TLS flag it reads the Secret and finds the node's address", nil, "Agent ctl-node: term 7, generation 42", true},
-		{"the files still work instead of the Secret", []string{"--address", "127.0.0.1", "--tls-ca", filepath.Join(pki, "ca.crt"), "--tls-cert", filepath.Join(pki, "ccm.crt"), "--tls-key", filepath.Join(pki, "ccm.key")}, "Agent ctl-node: term 7", true},
+		{"the CCM's Secret works too", []string{"--tls-secret", "kube-system/metalvip-ccm-tls"}, "Agent ctl-node: term 7", true},
+		{"the files still work instead of the Secret", []string{"--address", "127.0.0.1", "--tls-ca", filepath.Join(pki, "ca.crt"), "--tls-cert", filepath.Join(pki, "viewer.crt"), "--tls-key", filepath.Join(pki, "viewer.key")}, "Agent ctl-node: term 7", true},
 		{"a missing Secret says what to give instead", []string{"--tls-secret", ns + "/nope"}, "give --tls-ca, --tls-cert and --tls-key", false},
 		{"a Secret name without namespace is refused", []string{"--tls-secret", "metalvip-ccm-tls"}, "give NAMESPACE/NAME", false},
-		{"the agents' Secret is not the CCM's identity", []string{"--tls-secret", "kube-system/metalvip-agent-tls"}, "has no tls.crt", false},
+		{"the agents' Secret is no client identity", []string{"--tls-secret", "kube-system/metalvip-agent-tls"}, "has no tls.crt", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := run(tc.args...)
