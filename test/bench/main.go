@@ -149,7 +149,7 @@ func main() {
 	c := cluster.New(m, srv, cluster.Options{CCMBinary: ccm, AgentBinary: agent, ClientAddrs: 29})
 	if *fastOnly {
 		fastFailover(m, r, c)
-		fmt.Print(strings.Join(r.sections[1:], "\n"))
+		fmt.Print(strings.Join(r.sections[len(r.sections)-2:], "\n")) // its two sections
 		return
 	}
 	lab2Answer(m, r, c)
