@@ -281,6 +281,11 @@ func (r *run) objects() {
 func (r *run) startCCM(name string) {
 	if r.cfg == "" {
 		r.cfg = filepath.Join(r.m.TempDir(), "cloud-config.yaml")
+		// agent.timeout 30s, not 5s: the simulated agents share the CCM's cores (and, here,
+		// a machine others load), so an answer can take seconds that a node's own agent
+		// would not; at 5 s the CCM counted slow agents unreachable by the thousand and
+		// replanned around them (the first runs: see the reading). A dead agent's refused
+		// connection is seen at once whatever the timeout.
 		dir := r.fl.dir
 		if err := os.WriteFile(r.cfg, fmt.Appendf(nil, `
 agent:
@@ -288,6 +293,7 @@ agent:
   caFile: %[2]s/ca.crt
   certFile: %[2]s/ccm.crt
   keyFile: %[2]s/ccm.key
+  timeout: 30s
 failover:
   maxCandidates: %d
 allocation:
