@@ -43,8 +43,12 @@ func (c *Cluster) FailoverHTTP(vip netip.Addr, port uint16, interval time.Durati
 	})
 	killed := time.Now()
 	c.Kill(victim)
-	Eventually(c.T, 5*time.Second, "the HTTP client is answered again", func() bool {
-		return time.Since(killed) > 500*time.Millisecond && probe.Answered()
+	// Killing takes a moment (the link is set down by a command): the victim answers until
+	// then. Another node must answer an attempt made after.
+	down := time.Now()
+	Eventually(c.T, 5*time.Second, "another node answers the HTTP client", func() bool {
+		_, _, by := probe.Outage(down)
+		return len(by) > 0 && by[len(by)-1] != victim && probe.Answered()
 	})
 	if err := probe.Stop(); err != nil {
 		c.T.Fatalf("%v", err)
