@@ -269,9 +269,13 @@ What grew faster than linearly, and what was done (each its own commit, with its
   search for candidates scoring below the k-th: 2.9-3.8 s at load 13-16, 10.8 MB. It is still
   VIPs x nodes, once per node change: in a node death at 5,000 VIPs it is about 10% of the
   CCM's CPU.
-- Every reachability change rebuilt every node's state head and compared it (proto.Equal):
-  58% of the CCM's CPU over a node's death (1.7-2.1 s of CPU per death here, nodes x heartbeat
-  peers). A change of reachability alone now rebuilds only the nodes whose part changed.
+- Every change of reachability rebuilt every node's state head and compared it with the last
+  (desired.NodeState, proto.Equal): 58% of the CCM's CPU over a node's death, 1.7-2.1 s of CPU
+  per death, and holders updated p99 1.85-3.5 s. A change of reachability alone now rebuilds
+  only the nodes whose part changed: 0.5-0.9 s of CPU per death, holders updated p99 930 ms
+  (the table above). The profile then showed every Apply's answer doing the same (it reports
+  the agent's refusals, most often none after none): that rebuilds nothing now either (after
+  the run above; not measured at scale yet).
 - Slow agents counted as dead: with the default 5-s agent timeout, the first cold starts never
   converged: 1,000 simulated agents starved of CPU answered Applies late, the CCM counted them
   unreachable (17,132 times in seven minutes), replanned every time and moved their VIPs, which
@@ -279,19 +283,18 @@ What grew faster than linearly, and what was done (each its own commit, with its
   and the agent stays reachable. The simulation itself runs with a 30-s timeout, because its
   agents share the CCM's cores, which real nodes' agents do not.
 
-Node death to every holder updated: p99 1.85-3.5 s in this run (target 1 s), at load average
-14-22, where the CCM's 1.7-2.1 s of CPU per death is the wall time; the rebuild of every head
-was most of it (fixed after this run: see above).
+Node death to every holder updated: p99 930 ms over 3 trials (target 1 s), at load average
+15-22. The CCM's CPU per death (0.5-0.9 s) is most of it.
 
 What would break first at 5,000 nodes:
 
 1. A CCM restart or a leader change would move VIPs. A new leader first asks every agent what
    it holds (Discover) and keeps each primary that is still eligible; it waits at most 6 s
-   (announcer Discover). Here it took 4.1 s for 1,000 agents (a GetState each, over 1,000 new
-   mutual-TLS connections); at 5,000 it would take about 20 s, so the leader would plan without
-   knowing what most agents hold and move their VIPs. The deadline must grow with the nodes, or
+   (announcer Discover). Here it took 2.0 s for 1,000 agents (a GetState each, over 1,000 new
+   mutual-TLS connections; 4.1 s in a run at load average 20); at 5,000 it would take 10 to
+   20 s, so the leader would plan without knowing what most agents hold and move their VIPs. The deadline must grow with the nodes, or
    Discover must wait for every reachable agent.
-2. The CCM's memory: 500 MiB resident here, 2.7 times its 187 MB of heap in use (Go's
+2. The CCM's memory: about 500 MiB resident here, 2.7 times its 190 MB of heap in use (Go's
    collector lets the heap double before it runs). What the 1,000 gRPC connections hold is a
    good part of that heap (their 32-KiB read buffers alone are 32 MB, 17%, beside TLS and
    HTTP/2 state), and it grows with the nodes: at 5,000 the read buffers alone would be
