@@ -271,11 +271,13 @@ What grew faster than linearly, and what was done (each its own commit, with its
   CCM's CPU.
 - Every change of reachability rebuilt every node's state head and compared it with the last
   (desired.NodeState, proto.Equal): 58% of the CCM's CPU over a node's death, 1.7-2.1 s of CPU
-  per death, and holders updated p99 1.85-3.5 s. A change of reachability alone now rebuilds
-  only the nodes whose part changed: 0.5-0.9 s of CPU per death, holders updated p99 930 ms
-  (the table above). The profile then showed every Apply's answer doing the same (it reports
-  the agent's refusals, most often none after none): that rebuilds nothing now either (after
-  the run above; not measured at scale yet).
+  per death, holders updated p99 1.85-3.5 s (a run at load average 14-22). A change of
+  reachability alone now rebuilds only the nodes whose part changed: 0.5-0.9 s of CPU per
+  death, p99 930 ms (a run at 15-22). Then every Apply's answer still did the same (it reports
+  the agent's refusals, most often none after none: 40% of the CCM's CPU over a death); it
+  rebuilds nothing now either. This run has both: 0.26-0.59 s of CPU per death, 0.44-0.48 s
+  per node back in the plan (2.3-2.7 s before), 30.8 s for the cold start (54 s before). The
+  replan is now the largest part of a death's CPU.
 - Slow agents counted as dead: with the default 5-s agent timeout, the first cold starts never
   converged: 1,000 simulated agents starved of CPU answered Applies late, the CCM counted them
   unreachable (17,132 times in seven minutes), replanned every time and moved their VIPs, which
@@ -283,22 +285,27 @@ What grew faster than linearly, and what was done (each its own commit, with its
   and the agent stays reachable. The simulation itself runs with a 30-s timeout, because its
   agents share the CCM's cores, which real nodes' agents do not.
 
-Node death to every holder updated: p99 930 ms over 3 trials (target 1 s), at load average
-15-22. The CCM's CPU per death (0.5-0.9 s) is most of it.
+Node death to every holder updated, over 3 trials: p50 557 ms, p99 1.20 s (one trial reached
+1.2 s, the two others stayed under 0.7 s; target 1 s), at load average 6-14. The CCM spent only
+0.26-0.59 s of CPU per death, so the rest is waiting, not yet broken down: the CCM learns of
+the death when the agent's Watch stream breaks and a probe fails, lets changes settle 20 ms,
+replans, and pushes 56-79 agents, which share its two cores here.
 
 What would break first at 5,000 nodes:
 
 1. A CCM restart or a leader change would move VIPs. A new leader first asks every agent what
    it holds (Discover) and keeps each primary that is still eligible; it waits at most 6 s
-   (announcer Discover). Here it took 2.0 s for 1,000 agents (a GetState each, over 1,000 new
-   mutual-TLS connections; 4.1 s in a run at load average 20); at 5,000 it would take 10 to
-   20 s, so the leader would plan without knowing what most agents hold and move their VIPs. The deadline must grow with the nodes, or
-   Discover must wait for every reachable agent.
-2. The CCM's memory: about 500 MiB resident here, 2.7 times its 190 MB of heap in use (Go's
-   collector lets the heap double before it runs). What the 1,000 gRPC connections hold is a
-   good part of that heap (their 32-KiB read buffers alone are 32 MB, 17%, beside TLS and
-   HTTP/2 state), and it grows with the nodes: at 5,000 the read buffers alone would be
-   160 MB, and the CCM would pass a 512-MiB memory limit before anything else here.
+   (announcer Discover). Here it took 0.6 s for 1,000 agents (a GetState each, over 1,000 new
+   mutual-TLS connections), 2.0 to 4.1 s in runs at load average 15-22; at 5,000 it would take
+   3 to 20 s, so a leader on a busy machine would plan without knowing what many agents hold
+   and move their VIPs. The deadline must grow with the nodes, or Discover must wait for
+   every reachable agent.
+2. The CCM's memory: about 500 MiB resident here, 2.5 to 2.7 times its 190 MB of heap in use
+   (Go's collector lets the heap double before it runs). What the 1,000 gRPC connections hold
+   is a good part of that heap (their read buffers alone are 27 MB, 14%, beside TLS and HTTP/2
+   state and gRPC's buffer pool, 17 MB), and it grows with the nodes: at 5,000 the read
+   buffers alone would be 135 MB, and the CCM would pass a 512-MiB memory limit before
+   anything else here.
 3. The replan per node change grows as VIPs x nodes, and node changes grow with the nodes: at
    5,000 nodes and 25,000 VIPs (the same 5 per node), 25 times the work of a replan here, with
    5 times as many node changes to do it for. The next step is an incremental replan (only the
