@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"k8s.io/component-base/metrics"
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
@@ -45,9 +47,11 @@ const MaxStateBytes = agentapi.MaxMessageBytes
 // AgentConfig says how the CCM reaches agents.
 type AgentConfig struct {
 	Port     int
-	TLS      certs.Files // empty with Insecure
+	TLS      certs.Files // empty with Insecure or Enroll
 	Insecure bool
-	Timeout  time.Duration
+	// Enroll issues the agents' certificates (enroll.go); nil: they come from files.
+	Enroll  Enroller
+	Timeout time.Duration
 	// Dial overrides how connections are made (tests in network namespaces); nil dials TCP.
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
 }
@@ -66,6 +70,8 @@ type AgentHooks struct {
 	// NewerTerm: the agent holds a term above this leader's (a claim from elsewhere); the
 	// announcer raises its term from the Lease, never from what the agent says alone.
 	NewerTerm func(node string, held uint64)
+	// Sessions: the node's BGP sessions, as its agent reported them, changed.
+	Sessions func(node string, sessions []*agentv1.PeerStatus)
 }
 
 // Agents keeps one connection per node's agent, pushes each node's desired state to it (only
@@ -108,12 +114,15 @@ type agentConn struct {
 	known     bool                  // reachability decided at least once
 	held      *agentv1.DesiredState // what the agent held when last asked
 	keys      [][]byte
+	sessions  []*agentv1.PeerStatus // the BGP sessions the agent last reported
+
+	renewAt atomic.Int64 // enrolled agents: when its certificate is due for renewal (Unix ns)
 }
 
 // NewAgents returns the connection manager; term is this leader's term.
 func NewAgents(cfg AgentConfig, term uint64, hooks AgentHooks) *Agents {
 	registerMetrics.Do(func() {
-		legacyregistry.MustRegister(agentReachable, agentApplies)
+		legacyregistry.MustRegister(agentReachable, agentApplies, agentEnrollments)
 	})
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
@@ -167,10 +176,14 @@ func (a *Agents) SetNodes(ctx context.Context, addrs map[string]netip.Addr) {
 }
 
 func (a *Agents) dial(ctx context.Context, node string, addr netip.Addr) (*agentConn, error) {
+	c := &agentConn{node: node, addr: addr, kick: make(chan struct{}, 1), probe: make(chan struct{}, 1)}
 	var creds credentials.TransportCredentials
-	if a.cfg.Insecure {
+	switch {
+	case a.cfg.Insecure:
 		creds = insecure.NewCredentials()
-	} else {
+	case a.cfg.Enroll != nil:
+		creds = credentials.NewTLS(a.enrolledTLS(c))
+	default:
 		cfg, err := certs.ClientConfig(a.cfg.TLS, node)
 		if err != nil {
 			return nil, err
@@ -190,8 +203,7 @@ func (a *Agents) dial(ctx context.Context, node string, addr netip.Addr) (*agent
 		return nil, err
 	}
 	cctx, cancel := context.WithCancel(ctx)
-	c := &agentConn{node: node, addr: addr, conn: conn, client: agentv1.NewAgentServiceClient(conn), cancel: cancel,
-		kick: make(chan struct{}, 1), probe: make(chan struct{}, 1)}
+	c.conn, c.client, c.cancel = conn, agentv1.NewAgentServiceClient(conn), cancel
 	go a.run(cctx, c)
 	go a.watch(cctx, c)
 	return c, nil
@@ -317,8 +329,12 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 		switch {
 		case !known || !reachable:
 			// First ask what the agent holds: the generation resumes from it (and its keys
-			// come from it). An agent that did not answer is asked again after the backoff.
+			// come from it). An agent that did not answer is asked again after the backoff;
+			// one that holds no certificate of the CA yet is enrolled first.
 			err = a.probe(ctx, c)
+			if err != nil && a.enrollNew(ctx, c) == nil {
+				err = a.probe(ctx, c)
+			}
 		case pending:
 			err = a.apply(ctx, c)
 			if grpcstatus.Code(err) == codes.DeadlineExceeded && ctx.Err() == nil {
@@ -359,6 +375,7 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 			continue
 		}
 		a.setReachable(c, true, nil)
+		a.renewDue(ctx, c)
 		backoff, wait = 200*time.Millisecond, 0
 	}
 }
@@ -387,7 +404,7 @@ func (a *Agents) apply(ctx context.Context, c *agentConn) error {
 	st := &agentv1.DesiredState{
 		Term: term, Generation: gen, Node: c.node,
 		Announcements: desired.Announcements, BgpPeers: desired.BgpPeers, L2: desired.L2, Bgp: desired.Bgp,
-		HeartbeatPeers: desired.HeartbeatPeers,
+		HeartbeatPeers: desired.HeartbeatPeers, Draining: desired.Draining,
 	}
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
@@ -464,7 +481,12 @@ func (a *Agents) probe(ctx context.Context, c *agentConn) error {
 	}
 	keysChanged := !sameKeys(c.keys, resp.GetHeartbeatPublicKeys())
 	c.keys = resp.GetHeartbeatPublicKeys()
+	sessionsChanged := !slices.EqualFunc(c.sessions, resp.GetPeers(), func(x, y *agentv1.PeerStatus) bool { return proto.Equal(x, y) })
+	c.sessions = resp.GetPeers()
 	c.mu.Unlock()
+	if sessionsChanged && a.hooks.Sessions != nil {
+		a.hooks.Sessions(c.node, resp.GetPeers())
+	}
 	if keysChanged && a.hooks.Keys != nil {
 		a.hooks.Keys(c.node, resp.GetHeartbeatPublicKeys())
 	}
@@ -571,6 +593,13 @@ func (a *Agents) watch(ctx context.Context, c *agentConn) {
 					break
 				}
 				backoff = 500 * time.Millisecond
+				if k := resp.GetEvent().GetKind(); k == agentv1.Event_KIND_SESSION_UP || k == agentv1.Event_KIND_SESSION_DOWN {
+					// A session changed: ask for the sessions now (for the BGPPeer's status).
+					select {
+					case c.probe <- struct{}{}:
+					default:
+					}
+				}
 				if a.hooks.Event != nil {
 					a.hooks.Event(c.node, resp.GetEvent())
 				}

@@ -237,7 +237,7 @@ func (a *Announcer) eligibility(p *pools.Pool) metav1.Condition {
 			continue
 		}
 		matching++
-		pn := desired.Node(n, s.reachable[n.Name])
+		pn := s.plannerNode(n, a.cfg.Drain)
 		switch {
 		case pn.Excluded:
 			excluded = append(excluded, n.Name)

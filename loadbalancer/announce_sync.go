@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/btree"
 	"google.golang.org/protobuf/proto"
@@ -33,10 +34,14 @@ type loopState struct {
 	reachable map[string]bool
 	planner   *planner.Planner
 
-	svcAddrs map[string][]netip.Addr    // Service -> addresses its status shows
-	vipSvcs  map[netip.Addr][]string    // address -> Services showing it, sorted
-	vips     map[netip.Addr]planner.VIP // what the planner was given
-	vipPool  map[netip.Addr]*pools.Pool // the address's pool (nil: none)
+	svcAddrs map[string][]netip.Addr          // Service -> addresses its status shows, and its externalIPs announced
+	extIPs   map[string][]netip.Addr          // Service -> its externalIPs announced (also in svcAddrs)
+	extWant  map[string]bool                  // Services that ask for their externalIPs to be announced
+	extSaid  map[string]string                // Service -> its ExternalIPs condition last set (text form)
+	vipSvcs  map[netip.Addr][]string          // address -> Services showing it, sorted
+	vips     map[netip.Addr]planner.VIP       // what the planner was given
+	vipPool  map[netip.Addr]*pools.Pool       // the address's pool (nil: none)
+	weights  map[netip.Addr]map[string]uint32 // BGP VIPs weighted by endpoints: node -> weight
 	anns     map[netip.Addr]*agentv1.Announcement
 	annNodes map[netip.Addr][]string // the nodes each announcement was given to
 	parts    map[string]*nodePart    // node -> its announcements
@@ -54,6 +59,10 @@ type loopState struct {
 	passwords   map[string]string                          // peer -> last password read
 	statusSet   map[string]string                          // pool/peer/node status last set (text form)
 	conflicts   map[string][]desired.PeerConflict          // node -> peers left off it
+	sessions    map[string][]*agentv1.PeerStatus           // node -> its BGP sessions, as its agent reported them
+	drainSince  map[string]time.Time                       // node -> when its drain began (as this CCM saw it)
+	drainEnded  map[string]bool                            // nodes whose drain delay is over
+	drainTimers map[string]*time.Timer                     // wake the loop at the end of a drain's delay
 }
 
 // nodePart is one node's announcements, ordered by VIP in a copy-on-write tree (a snapshot
@@ -104,9 +113,13 @@ func newLoopState(maxCandidates int) loopState {
 		addrs:       map[string]netip.Addr{},
 		reachable:   map[string]bool{},
 		svcAddrs:    map[string][]netip.Addr{},
+		extIPs:      map[string][]netip.Addr{},
+		extWant:     map[string]bool{},
+		extSaid:     map[string]string{},
 		vipSvcs:     map[netip.Addr][]string{},
 		vips:        map[netip.Addr]planner.VIP{},
 		vipPool:     map[netip.Addr]*pools.Pool{},
+		weights:     map[netip.Addr]map[string]uint32{},
 		anns:        map[netip.Addr]*agentv1.Announcement{},
 		annNodes:    map[netip.Addr][]string{},
 		parts:       map[string]*nodePart{},
@@ -123,6 +136,10 @@ func newLoopState(maxCandidates int) loopState {
 		passwords:   map[string]string{},
 		statusSet:   map[string]string{},
 		conflicts:   map[string][]desired.PeerConflict{},
+		sessions:    map[string][]*agentv1.PeerStatus{},
+		drainSince:  map[string]time.Time{},
+		drainEnded:  map[string]bool{},
+		drainTimers: map[string]*time.Timer{},
 	}
 }
 
@@ -145,12 +162,20 @@ func (s *loopState) refreshNodes(a *Announcer) {
 
 func (s *loopState) addrOf(node string) netip.Addr { return s.addrs[node] }
 
-func (s *loopState) plannerNodes() []planner.Node {
+func (s *loopState) plannerNodes(d desired.Drain) []planner.Node {
 	out := make([]planner.Node, 0, len(s.nodeList))
 	for _, n := range s.nodeList {
-		out = append(out, desired.Node(n, s.reachable[n.Name]))
+		out = append(out, s.plannerNode(n, d))
 	}
 	return out
+}
+
+// plannerNode is what the planner knows of a node: a node being drained takes nothing (what
+// it announces lingers for the drain's delay, see drainRound).
+func (s *loopState) plannerNode(n *v1.Node, d desired.Drain) planner.Node {
+	pn := desired.Node(n, s.reachable[n.Name])
+	pn.Excluded = pn.Excluded || d.Draining(n)
+	return pn
 }
 
 // round is what one sync found to redo.
@@ -184,6 +209,13 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 	for key := range ch.services {
 		a.serviceRound(key, &r)
 	}
+	// The externalIPs a Service may have depend on the pools and on the LoadBalancer
+	// addresses of every other Service: decide them again (they are few).
+	if len(ch.services) > 0 || len(ch.pools) > 0 {
+		for key := range s.extWant {
+			a.serviceRound(key, &r)
+		}
+	}
 	// Pools: the addresses whose pool, or whose pool's spec, changed.
 	if len(ch.pools) > 0 {
 		for ip := range s.vipSvcs {
@@ -208,6 +240,7 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 	if ch.nodes {
 		s.refreshNodes(a)
 		a.agents.SetNodes(ctx, s.addrs)
+		a.drainRound(&r)
 		for _, n := range s.nodeList {
 			r.nodes[n.Name] = true
 		}
@@ -220,13 +253,13 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 		for _, v := range s.vips {
 			list = append(list, v)
 		}
-		s.planner.Reset(s.seed, list, s.plannerNodes())
+		s.planner.Reset(s.seed, list, s.plannerNodes(a.cfg.Drain))
 		s.seed, s.first = nil, false
 		for ip := range s.vips {
 			r.entry[ip] = true
 		}
 	} else if ch.nodes || reach {
-		for _, ip := range s.planner.SetNodes(s.plannerNodes()) {
+		for _, ip := range s.planner.SetNodes(s.plannerNodes(a.cfg.Drain)) {
 			r.entry[ip] = true
 		}
 	}
@@ -276,6 +309,12 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 	if ch.peers || ch.nodes || reach || len(ch.refused) > 0 {
 		a.writePeerConditions()
 	}
+	for node, ss := range ch.sessions {
+		s.sessions[node] = ss
+	}
+	if ch.peers || ch.nodes || len(ch.reach) > 0 || len(ch.sessions) > 0 {
+		a.writePeerSessions()
+	}
 	for _, t := range ch.tookOver {
 		a.tookOverEvent(t)
 	}
@@ -307,8 +346,29 @@ func (a *Announcer) service(key string) *v1.Service {
 func (a *Announcer) serviceRound(key string, r *round) {
 	s := &a.loop
 	var now []netip.Addr
-	if svc := a.service(key); svc != nil && a.cfg.Serves.Ours(svc) {
+	svc := a.service(key)
+	if svc != nil && a.cfg.Serves.Ours(svc) {
 		now = desired.StatusIPs(svc)
+	}
+	if svc != nil && a.cfg.Serves.WantsExternalIPs(svc) {
+		s.extWant[key] = true
+		ext, refused := a.cfg.Serves.ExternalIPs(svc, s.set, func(ip netip.Addr) string { return a.lbHolder(ip, key) })
+		for _, ip := range ext {
+			if !slices.Contains(now, ip) {
+				now = append(now, ip)
+			}
+		}
+		s.extIPs[key] = ext
+		a.externalIPsStatus(svc, ext, refused)
+	} else {
+		if s.extWant[key] && svc != nil {
+			a.externalIPsStatus(svc, nil, nil)
+		}
+		delete(s.extWant, key)
+		delete(s.extIPs, key)
+		if svc == nil {
+			delete(s.extSaid, key)
+		}
 	}
 	old := s.svcAddrs[key]
 	for _, ip := range old {
@@ -346,6 +406,7 @@ func (a *Announcer) specRound(ip netip.Addr, r *round) {
 	if len(keys) == 0 {
 		delete(s.vips, ip)
 		delete(s.vipPool, ip)
+		delete(s.weights, ip)
 		if had {
 			a.removeFromGroup(old.Group, ip)
 			if !s.first {
@@ -366,11 +427,17 @@ func (a *Announcer) specRound(ip netip.Addr, r *round) {
 			sel := labels.SelectorFromSet(labels.Set{"kubernetes.io/service-name": svc.Name})
 			es, _ := a.endpoints.EndpointSlices(svc.Namespace).List(sel)
 			sh.EndpointNodes = desired.ReadyEndpointNodes(es)
+			sh.EndpointCounts = desired.ReadyEndpointCounts(es)
 		}
 		sharers = append(sharers, sh)
 	}
 	pool := a.poolFor(ip)
 	v := desired.VIP(ip, sharers, pool)
+	if w := desired.Weights(v, sharers, pool); w != nil {
+		s.weights[ip] = w
+	} else {
+		delete(s.weights, ip)
+	}
 	poolChanged := s.vipPool[ip] != pool
 	s.vipPool[ip] = pool
 	s.vips[ip] = v
@@ -417,9 +484,14 @@ func (a *Announcer) entryRound(ip netip.Addr, r *round) {
 	}
 	old := s.anns[ip]
 	e, ok := s.planner.Entry(ip)
+	if ok {
+		pool := s.vipPool[ip]
+		e = desired.Linger(e, s.vips[ip], s.annNodes[ip], a.lingering,
+			pool != nil && pool.Announce.PerClient, pool != nil && pool.VirtualMAC(ip) != "")
+	}
 	var next *agentv1.Announcement
 	if v, known := s.vips[ip]; ok && known {
-		next = desired.Announcement(e, v, s.vipPool[ip], s.vipSvcs[ip], s.addrOf)
+		next = desired.Announcement(e, v, s.vipPool[ip], s.vipSvcs[ip], s.addrOf, s.weights[ip])
 	}
 	if old != nil && next != nil && proto.Equal(old, next) && slices.Equal(s.annNodes[ip], e.Nodes) {
 		return // (a BGP announcement does not name its nodes: compare them apart)
@@ -484,6 +556,17 @@ func (a *Announcer) nodeHead(n *v1.Node) (*agentv1.DesiredState, []desired.PeerC
 	p := s.part(n.Name)
 	peers, conflicts := desired.Peers(n, s.set, a.password)
 	st := desired.NodeState(n, nil, peers, slices.Collect(maps.Keys(p.peers)), a.cfg.Options, s.addrOf, a.agents.Keys)
+	st.Draining = a.cfg.Drain.Draining(n)
+	// The ClusterIP ranges come from every eligible node the peers select (a drained one
+	// during its delay, with GRACEFUL_SHUTDOWN).
+	if pn := desired.Node(n, s.reachable[n.Name]); !pn.Excluded && (!st.Draining || a.lingering(n.Name)) && len(peers) > 0 {
+		if pf := desired.ServicePrefixes(n, s.set); len(pf) > 0 {
+			if st.Bgp == nil {
+				st.Bgp = &agentv1.BGPOptions{}
+			}
+			st.Bgp.Prefixes = pf
+		}
+	}
 	return st, conflicts
 }
 
@@ -756,4 +839,55 @@ func seedPlan(held map[string]*agentv1.DesiredState) planner.Plan {
 		}
 	}
 	return plan
+}
+
+// drainRound notes the drains that began or ended: a node that began draining gets a timer for
+// the end of its delay (which re-plans it); one whose delay is over has its lingering
+// announcements rebuilt without it.
+func (a *Announcer) drainRound(r *round) {
+	s := &a.loop
+	now := time.Now()
+	for _, n := range s.nodeList {
+		draining := a.cfg.Drain.Draining(n)
+		since, known := s.drainSince[n.Name]
+		switch {
+		case draining && !known:
+			s.drainSince[n.Name] = now
+			klog.InfoS("Node is being drained: it takes no new VIP, and withdraws what it announces after the delay", "node", n.Name, "delay", a.cfg.Drain.Delay)
+			s.drainTimers[n.Name] = time.AfterFunc(a.cfg.Drain.Delay+10*time.Millisecond, func() {
+				a.note(func(c *changes) { c.nodes = true })
+			})
+		case draining && !s.drainEnded[n.Name] && !now.Before(since.Add(a.cfg.Drain.Delay)):
+			s.drainEnded[n.Name] = true
+			klog.InfoS("Drain delay over: the node withdraws what it announced", "node", n.Name)
+			s.part(n.Name).anns.Ascend(func(it annItem) bool {
+				r.entry[it.ip] = true
+				return true
+			})
+		case !draining && known:
+			a.endDrain(n.Name)
+		}
+	}
+	for name := range s.drainSince {
+		if _, ok := s.byName[name]; !ok {
+			a.endDrain(name)
+		}
+	}
+}
+
+func (a *Announcer) endDrain(node string) {
+	s := &a.loop
+	if t := s.drainTimers[node]; t != nil {
+		t.Stop()
+	}
+	delete(s.drainTimers, node)
+	delete(s.drainSince, node)
+	delete(s.drainEnded, node)
+}
+
+// lingering reports whether a node is within its drain's delay: it keeps announcing what it
+// announced, and takes nothing new.
+func (a *Announcer) lingering(node string) bool {
+	since, ok := a.loop.drainSince[node]
+	return ok && time.Now().Before(since.Add(a.cfg.Drain.Delay))
 }

@@ -46,6 +46,8 @@ type AnnouncerConfig struct {
 	MaxCandidates int
 	// PasswordNamespace is the only namespace BGP password Secrets are read from.
 	PasswordNamespace string
+	// Drain says which nodes are being drained, and for how long they keep announcing.
+	Drain desired.Drain
 	// Settle is how long changes are collected before they are planned and pushed.
 	Settle time.Duration
 	// Discover bounds the wait, at start, for every agent to say what it holds: the first
@@ -90,6 +92,7 @@ type changes struct {
 	refused   map[string]refusal
 	tookOver  []tookOver
 	newerTerm uint64
+	sessions  map[string][]*agentv1.PeerStatus // node -> its BGP sessions, as reported
 }
 
 type refusal struct {
@@ -103,7 +106,7 @@ type tookOver struct {
 }
 
 func newChanges() changes {
-	return changes{services: map[string]bool{}, pools: map[string]bool{}, reach: map[string]bool{}, refused: map[string]refusal{}}
+	return changes{services: map[string]bool{}, pools: map[string]bool{}, reach: map[string]bool{}, refused: map[string]refusal{}, sessions: map[string][]*agentv1.PeerStatus{}}
 }
 
 // NewAnnouncer returns an announcer; Register and Run make it work.
@@ -135,6 +138,9 @@ func (a *Announcer) newAgents(term uint64) *Agents {
 		Keys: func(string, [][]byte) { a.note(func(c *changes) { c.keys = true }) },
 		NewerTerm: func(_ string, held uint64) {
 			a.note(func(c *changes) { c.newerTerm = max(c.newerTerm, held) })
+		},
+		Sessions: func(node string, sessions []*agentv1.PeerStatus) {
+			a.note(func(c *changes) { c.sessions[node] = sessions })
 		},
 	})
 }
@@ -253,6 +259,11 @@ func (a *Announcer) Run(ctx context.Context, fence Fence) {
 	a.fence = fence
 	a.agents = a.newAgents(fence.Term())
 	defer a.agents.Close()
+	defer func() {
+		for node := range a.loop.drainTimers {
+			a.endDrain(node) // no timer outlives the loop
+		}
+	}()
 	if a.secretsF != nil {
 		a.secretsF.Start(ctx.Done())
 		defer a.secretsF.Shutdown()

@@ -24,6 +24,7 @@ const (
 	ReasonAnnouncementRefused = "AnnouncementRefused"
 	ReasonVIPsShareNodes      = "VIPsShareNodes"
 	ReasonVIPsSpread          = "VIPsSpread"
+	ReasonExternalIPRefused   = "ExternalIPRefused"
 
 	// On Nodes.
 	ReasonAgentReachable   = "AgentReachable"

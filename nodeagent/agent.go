@@ -371,11 +371,32 @@ func (a *Agent) applyLocked(ctx context.Context) {
 			}
 		case agentv1.Mode_MODE_BGP:
 			view.Active, view.Reason = true, "advertised to BGP peers"
-			routes = append(routes, bgp.Route{
-				Prefix:      netip.PrefixFrom(vip, vip.BitLen()),
-				Communities: an.GetBgp().GetCommunities(),
-				LocalPref:   an.GetBgp().GetLocalPref(),
-			})
+			r := bgp.Route{
+				Prefix:           netip.PrefixFrom(vip, vip.BitLen()),
+				Communities:      an.GetBgp().GetCommunities(),
+				LocalPref:        an.GetBgp().GetLocalPref(),
+				GracefulShutdown: st.GetDraining(),
+			}
+			for _, w := range an.GetBgp().GetWeights() {
+				if w.GetNode() == a.opts.Node {
+					r.Weight = w.GetEndpoints()
+					view.Reason = fmt.Sprintf("advertised to BGP peers, weight %d", r.Weight)
+				}
+			}
+			if r.GracefulShutdown {
+				view.Reason += ", graceful shutdown (draining)"
+			}
+			routes = append(routes, r)
+		}
+	}
+	for i, s := range st.GetBgp().GetPrefixes() {
+		p, err := netip.ParsePrefix(s)
+		switch {
+		case err != nil || p.Masked() != p || p.Addr().Is4In6():
+			problems = append(problems, fmt.Sprintf("bgp.prefixes[%d]: %q is not a CIDR such as 10.96.0.0/16; not advertised", i, s))
+		case slices.ContainsFunc(routes, func(r bgp.Route) bool { return r.Prefix == p }):
+		default:
+			routes = append(routes, bgp.Route{Prefix: p, GracefulShutdown: st.GetDraining()})
 		}
 	}
 	cp := a.controlPlaneWire()
@@ -514,6 +535,15 @@ func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agent
 		a.noteHeardLocked(live)
 		d = a.cautiousLocked(vip, cands, an, live, d)
 	}
+	// Make-before-break: a node being drained that answered the VIP keeps answering while it
+	// stays a candidate (the CCM takes it off after the drain's delay), behind the new owner,
+	// which answers and announces at once. It sends no gratuitous ARP meanwhile, which would
+	// draw the clients back (a share of one member answers every client and announces none).
+	lingers := !d.Active && a.state.GetDraining() && !an.GetPerClient() && an.GetVirtualMac() == "" &&
+		slices.Contains(cands, a.opts.Node) && a.views[vip].GetActive()
+	if lingers {
+		d = l2Decision{Active: true, Reason: "draining: answers while " + cands[0] + " takes over (make-before-break), without gratuitous ARP"}
+	}
 	view.Active, view.Reason, view.Sharing = d.Active, d.Reason, d.Sharing
 	delete(a.deadAhead, vip)
 	if !d.Active {
@@ -527,6 +557,9 @@ func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agent
 	v := l2.VIP{Addr: vip, Interfaces: view.Interfaces}
 	if an.GetPerClient() {
 		v.Share = &l2.Share{Self: a.opts.Node, Members: d.Sharing}
+	}
+	if lingers {
+		v.Share = &l2.Share{Self: a.opts.Node, Members: []string{a.opts.Node}}
 	}
 	if m := an.GetVirtualMac(); m != "" {
 		v.MAC, _ = net.ParseMAC(m) // checked by checkItems
@@ -857,6 +890,7 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 		for _, s := range a.bgp.Sessions() {
 			resp.Peers = append(resp.Peers, &agentv1.PeerStatus{
 				Address: s.Peer.String(), State: s.State, BfdState: s.BFDState, LastError: s.LastError, SinceUnix: s.Since.Unix(),
+				RoutesAdvertised: uint32(min(s.RoutesAdvertised, 1<<32-1)),
 			})
 		}
 	}

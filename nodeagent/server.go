@@ -15,6 +15,7 @@ import (
 	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/internal/connlimit"
+	"github.com/metalvip/metalvip/internal/identity"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
@@ -23,14 +24,59 @@ var roles = map[string][]string{
 	agentv1.AgentService_Apply_FullMethodName:    {certs.CCMName},
 	agentv1.AgentService_GetState_FullMethodName: {certs.CCMName, certs.ViewerName},
 	agentv1.AgentService_Watch_FullMethodName:    {certs.CCMName, certs.ViewerName},
+	agentv1.AgentService_Enroll_FullMethodName:   {certs.CCMName},
+	agentv1.AgentService_Install_FullMethodName:  {certs.CCMName},
+}
+
+// ServerOption adds to NewServer.
+type ServerOption func(*enrolling)
+
+// WithEnrollee serves Enroll and Install for the agent's enrollment (docs/agent-tls.md), and
+// while e holds no valid certificate answers nothing else: the connection's server
+// certificate is then one nobody trusts.
+func WithEnrollee(e *identity.Enrollee) ServerOption {
+	return func(s *enrolling) { s.enrollee = e }
+}
+
+// enrolling is the agent's service with its enrollment.
+type enrolling struct {
+	*Agent
+	enrollee *identity.Enrollee
+}
+
+func (s *enrolling) Enroll(context.Context, *agentv1.EnrollRequest) (*agentv1.EnrollResponse, error) {
+	if s.enrollee == nil {
+		return nil, status.Error(codes.FailedPrecondition, "this agent's certificate comes from files (--tls-mode=files): nothing to enroll")
+	}
+	r, err := s.enrollee.Enroll()
+	if err != nil {
+		// The token is missing or unreadable: the node's setup, not the call, is at fault.
+		return nil, status.Errorf(codes.FailedPrecondition, "enroll: %v", err)
+	}
+	return &agentv1.EnrollResponse{Node: r.Node, CertificateRequest: r.CertificateRequest, Token: r.Token}, nil
+}
+
+func (s *enrolling) Install(_ context.Context, req *agentv1.InstallRequest) (*agentv1.InstallResponse, error) {
+	if s.enrollee == nil {
+		return nil, status.Error(codes.FailedPrecondition, "this agent's certificate comes from files (--tls-mode=files): nothing to install")
+	}
+	if err := s.enrollee.Install(req.GetCertificate()); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "install: %v", err)
+	}
+	return &agentv1.InstallResponse{}, nil
 }
 
 // NewServer returns the agent's gRPC server, bounded as agentapi says: handshake timeout,
 // message limits, streams per connection, keepalive enforcement. With authorize, every call
 // is checked against the role the client's verified certificate names (the CCM may Apply, the
-// viewer only read); without (plaintext labs), nobody is checked. Serve it on a
+// viewer only read); without (plaintext labs), nobody is checked. WithEnrollee adds the
+// agent's enrollment. Serve it on a
 // connlimit.Listener: the server marks each connection authenticated after its handshake.
-func NewServer(a *Agent, creds credentials.TransportCredentials, authorize bool) *grpc.Server {
+func NewServer(a *Agent, creds credentials.TransportCredentials, authorize bool, options ...ServerOption) *grpc.Server {
+	svc := &enrolling{Agent: a}
+	for _, o := range options {
+		o(svc)
+	}
 	opts := []grpc.ServerOption{
 		grpc.Creds(markAuthenticated{creds}),
 		grpc.ConnectionTimeout(agentapi.HandshakeTimeout),
@@ -43,15 +89,22 @@ func NewServer(a *Agent, creds credentials.TransportCredentials, authorize bool)
 		grpc.ChainUnaryInterceptor(limitAnswer),
 	}
 	if authorize {
-		opts = append(opts, grpc.ChainUnaryInterceptor(authorizeUnary), grpc.ChainStreamInterceptor(authorizeStream))
+		az := authorizer{svc.enrollee}
+		opts = append(opts, grpc.ChainUnaryInterceptor(az.unary), grpc.ChainStreamInterceptor(az.stream))
 	}
 	srv := grpc.NewServer(opts...)
-	agentv1.RegisterAgentServiceServer(srv, a)
+	agentv1.RegisterAgentServiceServer(srv, svc)
 	return srv
 }
 
+// authorizer checks every call: the caller's role, and, with an enrollee, that the agent is
+// enrolled for everything but enrolling.
+type authorizer struct {
+	enrollee *identity.Enrollee
+}
+
 // allowed checks the caller of method against its roles.
-func allowed(ctx context.Context, method string) error {
+func (az authorizer) allowed(ctx context.Context, method string) error {
 	want, ok := roles[method]
 	if !ok {
 		return status.Errorf(codes.PermissionDenied, "%s: no role may call it", method)
@@ -67,18 +120,22 @@ func allowed(ctx context.Context, method string) error {
 	if _, err := certs.Identity(info.State, want...); err != nil {
 		return status.Errorf(codes.PermissionDenied, "%s: %v", method, err)
 	}
+	enrolling := method == agentv1.AgentService_Enroll_FullMethodName || method == agentv1.AgentService_Install_FullMethodName
+	if az.enrollee != nil && !enrolling && !az.enrollee.Enrolled() {
+		return status.Errorf(codes.Unavailable, "%s: %v", method, identity.ErrNotEnrolled)
+	}
 	return nil
 }
 
-func authorizeUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
-	if err := allowed(ctx, info.FullMethod); err != nil {
+func (az authorizer) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+	if err := az.allowed(ctx, info.FullMethod); err != nil {
 		return nil, err
 	}
 	return next(ctx, req)
 }
 
-func authorizeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) error {
-	if err := allowed(ss.Context(), info.FullMethod); err != nil {
+func (az authorizer) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) error {
+	if err := az.allowed(ss.Context(), info.FullMethod); err != nil {
 		return err
 	}
 	return next(srv, ss)

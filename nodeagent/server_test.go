@@ -38,7 +38,7 @@ func TestAnAnswerOverTheLimitIsRefusedWithTheReason(t *testing.T) {
 }
 
 func TestAMethodNoRoleMayCallIsRefused(t *testing.T) {
-	if err := allowed(context.Background(), "/metalvip.agent.v1.AgentService/Reboot"); status.Code(err) != codes.PermissionDenied {
+	if err := (authorizer{}).allowed(context.Background(), "/metalvip.agent.v1.AgentService/Reboot"); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("allowed = %v; want PermissionDenied", err)
 	}
 }

@@ -230,6 +230,14 @@ func checkAnnouncement(an *agentv1.Announcement) (string, string) {
 				return fmt.Sprintf(".bgp.communities[%d]", k), err.Error() + "; write ASN:value with both parts from 0 to 65535, e.g. 64512:100"
 			}
 		}
+		for k, w := range an.GetBgp().GetWeights() {
+			switch {
+			case w.GetNode() == "":
+				return fmt.Sprintf(".bgp.weights[%d].node", k), "empty; give the node's name"
+			case w.GetEndpoints() > bgp.MaxWeight:
+				return fmt.Sprintf(".bgp.weights[%d].endpoints", k), fmt.Sprintf("%d is above %d", w.GetEndpoints(), bgp.MaxWeight)
+			}
+		}
 	default:
 		return ".mode", fmt.Sprintf("%v; give MODE_L2 or MODE_BGP", an.GetMode())
 	}

@@ -24,6 +24,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/internal/certs"
+	"github.com/metalvip/metalvip/internal/identity"
 	"github.com/metalvip/metalvip/loadbalancer"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/provider/config"
@@ -51,6 +52,7 @@ type Cloud struct {
 	allocs    *loadbalancer.Allocations
 	services  *loadbalancer.ServiceController
 	announcer *loadbalancer.Announcer
+	enroller  *identity.Authority // agent.enroll: the agents' CA; nil otherwise
 	dyn       dynamicinformer.DynamicSharedInformerFactory
 	// registered is closed by SetInformers: the loops started in Initialize wait for it.
 	registered chan struct{}
@@ -113,23 +115,32 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 	c.services = loadbalancer.NewServiceController(client, c.allocs, serves)
 	ac := c.cfg.Agent
 	switch {
+	case ac.Enroll.Enabled:
+		c.enroller = identity.NewAuthority(client, identity.AuthorityOptions{
+			Namespace: ac.Enroll.Namespace, ServiceAccount: ac.Enroll.ServiceAccount, Validity: ac.Enroll.Validity.Duration,
+		})
 	case !ac.Insecure && ac.CAFile == "":
-		klog.InfoS("No agent TLS settings in the cloud-config (agent.caFile, certFile, keyFile): addresses are allocated but not announced")
-	default:
+		klog.InfoS("No agent TLS settings in the cloud-config (agent.enroll, or caFile, certFile, keyFile): addresses are allocated but not announced")
+	}
+	if ac.Insecure || ac.CAFile != "" || c.enroller != nil {
 		if ac.Insecure {
 			klog.InfoS("WARNING: talking to agents in plaintext without authenticating them (agent.insecure); for labs only")
 		}
 		f := c.cfg.Failover
+		agents := loadbalancer.AgentConfig{
+			Port: ac.Port, Insecure: ac.Insecure, Timeout: ac.Timeout.Duration,
+			TLS: certs.Files{CA: ac.CAFile, Cert: ac.CertFile, Key: ac.KeyFile},
+		}
+		if c.enroller != nil {
+			agents.Enroll = c.enroller
+		}
 		c.announcer = loadbalancer.NewAnnouncer(loadbalancer.AnnouncerConfig{
 			Client:   client,
 			Dynamic:  dyn,
 			Recorder: recorder,
 			Objects:  objects,
 			Serves:   serves,
-			Agents: loadbalancer.AgentConfig{
-				Port: ac.Port, Insecure: ac.Insecure, Timeout: ac.Timeout.Duration,
-				TLS: certs.Files{CA: ac.CAFile, Cert: ac.CertFile, Key: ac.KeyFile},
-			},
+			Agents:   agents,
 			Options: desired.Options{
 				GratuitousRefresh: f.GratuitousRefresh.Duration,
 				HeartbeatInterval: f.Interval.Duration,
@@ -138,6 +149,10 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 			},
 			MaxCandidates:     f.MaxCandidates,
 			PasswordNamespace: c.cfg.BGP.PasswordSecretNamespace,
+			Drain: desired.Drain{
+				Label: c.cfg.Drain.Label, OnCordon: c.cfg.Drain.OnCordon != nil && *c.cfg.Drain.OnCordon,
+				Delay: c.cfg.Drain.Delay.Duration,
+			},
 		})
 	}
 
@@ -173,6 +188,13 @@ func (c *Cloud) run(ctx context.Context, client kubernetes.Interface) {
 		le.Name = "metalvip-cloud-controller-manager"
 	}
 	start := time.Now()
+	if c.enroller != nil {
+		// Every replica, leading or not, publishes the CA: agents wait for it to start.
+		if err := c.enroller.Load(ctx); err != nil {
+			return // ctx ended
+		}
+		klog.InfoS("Agents are enrolled: their certificates come from this CCM", "namespace", c.cfg.Agent.Enroll.Namespace, "validity", c.enroller.Validity())
+	}
 	fence, err := newLeaseFence(ctx, client, le)
 	if err != nil {
 		return // ctx ended

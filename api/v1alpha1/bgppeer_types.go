@@ -15,6 +15,7 @@ import (
 // +kubebuilder:printcolumn:name="My ASN",type=integer,JSONPath=`.spec.myASN`
 // +kubebuilder:printcolumn:name="BFD",type=boolean,JSONPath=`.spec.bfd.enabled`
 // +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
+// +kubebuilder:printcolumn:name="Sessions",type=string,JSONPath=`.status.sessions`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type BGPPeer struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -38,6 +39,47 @@ type BGPPeerStatus struct {
 	// +listMapKey=type
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// Sessions sums up the nodes' sessions, such as "Established 3/3": how many of the
+	// nodes this peer selects have their session established.
+	//
+	// +optional
+	Sessions string `json:"sessions,omitempty"`
+
+	// Nodes are the sessions, one per node this peer selects, as the nodes' agents report
+	// them.
+	//
+	// +listType=map
+	// +listMapKey=node
+	// +kubebuilder:validation:MaxItems=5000
+	// +optional
+	Nodes []BGPPeerNodeStatus `json:"nodes,omitempty"`
+}
+
+// BGPPeerNodeStatus is one node's session with the peer.
+type BGPPeerNodeStatus struct {
+	// Node is the node's name.
+	Node string `json:"node"`
+	// State is the BGP state: Idle, Connect, Active, OpenSent, OpenConfirm or Established;
+	// Unknown when the CCM does not reach the node's agent, NotConfigured when the agent
+	// runs no session with the peer (its state is not applied yet, or it refused the peer).
+	State string `json:"state"`
+	// BFDState is Up, Down, Init or AdminDown; empty without BFD.
+	//
+	// +optional
+	BFDState string `json:"bfdState,omitempty"`
+	// RoutesAdvertised is how many routes the node sends the peer.
+	//
+	// +optional
+	RoutesAdvertised int32 `json:"routesAdvertised,omitempty"`
+	// LastError says why the session last went down or failed to come up.
+	//
+	// +optional
+	LastError string `json:"lastError,omitempty"`
+	// Since is when State last changed, as the agent saw it.
+	//
+	// +optional
+	Since *metav1.Time `json:"since,omitempty"`
 }
 
 // Condition types of BGPPeer.
@@ -143,6 +185,21 @@ type BGPPeerSpec struct {
 	//
 	// +optional
 	TTLSecurity bool `json:"ttlSecurity,omitempty"`
+
+	// ServiceCIDRs are the cluster's ClusterIP ranges (the kube-apiserver's
+	// --service-cluster-ip-range, which the CCM cannot read), such as ["10.96.0.0/16"].
+	// Every eligible node this peer selects advertises each as one aggregate, with itself as
+	// the next hop, so that hosts behind the router reach ClusterIPs (kube-proxy on any node
+	// serves every ClusterIP). Note: a node advertises them on all of its sessions.
+	//
+	// +kubebuilder:validation:MaxItems=4
+	// +kubebuilder:validation:items:MaxLength=43
+	// +kubebuilder:validation:XValidation:rule="self.all(c, isCIDR(c))",message="each must be a CIDR such as 10.96.0.0/16 or fd00:10:96::/112"
+	// +kubebuilder:validation:XValidation:rule="self.all(c, !isCIDR(c) || cidr(c).ip() == cidr(c).masked().ip())",message="a CIDR must not have bits set after its prefix length: write 10.96.0.0/16, not 10.96.0.1/16"
+	// +kubebuilder:validation:XValidation:rule="self.all(c, !isCIDR(c) || cidr(c).prefixLength() >= (cidr(c).ip().family() == 4 ? 8 : 48))",message="a ClusterIP range is at most a /8 (IPv4) or a /48 (IPv6): a wider one would draw traffic that is not the cluster's"
+	// +listType=set
+	// +optional
+	ServiceCIDRs []string `json:"serviceCIDRs,omitempty"`
 }
 
 // SecretKeyRef names one key of a Secret.

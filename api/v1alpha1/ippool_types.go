@@ -82,6 +82,17 @@ type IPPoolSpec struct {
 	// +optional
 	ServiceAllocation *ServiceAllocation `json:"serviceAllocation,omitempty"`
 
+	// ExternalIPs says whether Services may have the pool's addresses announced as their
+	// spec.externalIPs. Deny (the default): an externalIP in this pool is never announced.
+	// Allow: it is, for a Service that opts in (annotation metalvip.io/announce-external-ips:
+	// "true") and that the pool's serviceAllocation admits; the address is then announced
+	// like a LoadBalancer address of the pool (mode, nodes, externalTrafficPolicy). Anyone who
+	// can edit a Service can write any externalIP, so only pools that say Allow lend theirs.
+	//
+	// +kubebuilder:validation:Enum=Deny;Allow
+	// +optional
+	ExternalIPs ExternalIPsPolicy `json:"externalIPs,omitempty"`
+
 	// Announce says how the pool's addresses are announced. Default: mode L2 from every
 	// eligible node.
 	//
@@ -122,6 +133,15 @@ type ServiceAllocation struct {
 	// +optional
 	ServiceSelector *LabelSelector `json:"serviceSelector,omitempty"`
 }
+
+// ExternalIPsPolicy says whether a pool's addresses may be announced as Services' externalIPs.
+type ExternalIPsPolicy string
+
+// ExternalIPs policies.
+const (
+	ExternalIPsDeny  ExternalIPsPolicy = "Deny"
+	ExternalIPsAllow ExternalIPsPolicy = "Allow"
+)
 
 // AnnounceMode is how a pool's addresses reach the network.
 //
@@ -260,6 +280,16 @@ type BGPAnnounce struct {
 	// +kubebuilder:validation:Maximum=4294967295
 	// +optional
 	LocalPref *int64 `json:"localPref,omitempty"`
+
+	// WeightByEndpoints weights each node's route by the ready endpoints it runs, for
+	// Services with externalTrafficPolicy Local: the route carries the link-bandwidth
+	// extended community (draft-ietf-idr-link-bandwidth, 1 Mbit/s per endpoint), so a router
+	// with weighted ECMP (FRR: bgp bestpath bandwidth) gives a node with three endpoints three
+	// times the traffic of a node with one. Routes of Cluster-policy Services carry none
+	// (every node forwards to every endpoint). Off: equal shares, as without it.
+	//
+	// +optional
+	WeightByEndpoints bool `json:"weightByEndpoints,omitempty"`
 }
 
 // IPPoolStatus is what the controller reports.

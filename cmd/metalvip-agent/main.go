@@ -1,6 +1,8 @@
 // Command metalvip-agent runs on every node (a DaemonSet with hostNetwork). It takes its node's
 // desired state from metalvip-cloud-controller-manager over mutually authenticated gRPC and
-// announces VIPs by ARP/NDP and BGP. It holds no Kubernetes credentials.
+// announces VIPs by ARP/NDP and BGP. It holds no Kubernetes credential that grants anything:
+// with --tls-mode=enroll, a projected ServiceAccount token that proves its node to the CCM and
+// that RBAC allows nothing.
 //
 // With --control-plane-config it also serves the control-plane VIP in front of the
 // kube-apiservers from a local file (a static pod on each control-plane node, see
@@ -29,6 +31,7 @@ import (
 	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/internal/connlimit"
+	"github.com/metalvip/metalvip/internal/identity"
 	"github.com/metalvip/metalvip/internal/version"
 	"github.com/metalvip/metalvip/nodeagent"
 	"github.com/metalvip/metalvip/nodeagent/bgp"
@@ -39,6 +42,7 @@ type flags struct {
 	node, listen, stateDir    string
 	metrics                   string
 	caFile, certFile, keyFile string
+	tlsMode, tokenFile        string
 	insecure                  bool
 	interfaces                string
 	routerID                  string
@@ -55,9 +59,11 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.listen, "listen-address", ":7472", "where the gRPC service listens: host:port, [v6]:port, or a bare address (port 7472), so $(NODE_IP) suits IPv4 and IPv6 nodes")
 	fs.StringVar(&f.metrics, "metrics-address", ":7474", "where /metrics (Prometheus), /healthz and /readyz are served in plain HTTP: host:port, [v6]:port or a bare address (port 7474); empty for none")
 	fs.StringVar(&f.stateDir, "state-dir", "/var/lib/metalvip-agent", "folder for the last applied state, so that a restart resumes announcing")
-	fs.StringVar(&f.caFile, "tls-ca", "", "PEM file of the CA that signs the CCM's certificate")
-	fs.StringVar(&f.certFile, "tls-cert", "", "PEM file of this agent's certificate (naming the node)")
-	fs.StringVar(&f.keyFile, "tls-key", "", "PEM file of this agent's key")
+	fs.StringVar(&f.tlsMode, "tls-mode", "files", "where this agent's certificate comes from: files (--tls-cert, --tls-key, made by metalvipctl certs) or enroll (issued by the CCM for a projected ServiceAccount token, kept in --state-dir; docs/agent-tls.md)")
+	fs.StringVar(&f.caFile, "tls-ca", "", "PEM file of the CA that signs the CCM's certificate (enroll: the ConfigMap metalvip-ca, mounted)")
+	fs.StringVar(&f.certFile, "tls-cert", "", "PEM file of this agent's certificate (naming the node); files mode")
+	fs.StringVar(&f.keyFile, "tls-key", "", "PEM file of this agent's key; files mode")
+	fs.StringVar(&f.tokenFile, "token-file", "/var/run/secrets/metalvip/token", "enroll mode: this agent's projected ServiceAccount token (audience metalvip-agent), read at every enrollment")
 	fs.BoolVar(&f.insecure, "insecure", false, "serve plaintext without authenticating the CCM: for labs only")
 	fs.StringVar(&f.interfaces, "interfaces", "", "comma-separated interfaces to answer ARP/NDP on when an announcement names none (default: the interface of the default route)")
 	fs.StringVar(&f.routerID, "router-id", "", "BGP router ID when the CCM gives none (default: the first IPv4 address of the first interface)")
@@ -82,6 +88,17 @@ func parseFlags(args []string) (*flags, error) {
 	}
 	tlsGiven := f.caFile != "" || f.certFile != "" || f.keyFile != ""
 	switch {
+	case f.tlsMode != "files" && f.tlsMode != "enroll":
+		return nil, fmt.Errorf("--tls-mode=%q: write files or enroll", f.tlsMode)
+	case f.tlsMode == "enroll" && f.insecure:
+		return nil, errors.New("--insecure turns TLS off; remove it or --tls-mode=enroll")
+	case f.tlsMode == "enroll" && (f.certFile != "" || f.keyFile != ""):
+		return nil, errors.New("--tls-mode=enroll: the certificate comes from the CCM; remove --tls-cert and --tls-key")
+	case f.tlsMode == "enroll" && f.caFile == "":
+		return nil, errors.New("--tls-mode=enroll needs --tls-ca: the CA bundle the CCM publishes in the ConfigMap metalvip-ca (docs/agent-tls.md)")
+	case f.tlsMode == "enroll" && f.tokenFile == "":
+		return nil, errors.New("--tls-mode=enroll needs --token-file: the projected ServiceAccount token (docs/agent-tls.md)")
+	case f.tlsMode == "enroll":
 	case f.insecure && tlsGiven:
 		return nil, errors.New("--insecure turns TLS off; remove it or the --tls-* flags")
 	case f.controlPlane != "" && !f.insecure && !tlsGiven:
@@ -198,10 +215,25 @@ func run(f *flags) error {
 	}
 
 	var creds credentials.TransportCredentials
-	if f.insecure {
+	var serverOpts []nodeagent.ServerOption
+	switch {
+	case f.insecure:
 		klog.InfoS("WARNING: serving plaintext with no client authentication (--insecure); anyone who reaches this port can make this node announce addresses")
 		creds = insecure.NewCredentials()
-	} else {
+	case f.tlsMode == "enroll":
+		e, err := identity.NewEnrollee(identity.EnrolleeOptions{Node: f.node, CAFile: f.caFile, TokenFile: f.tokenFile, Dir: f.stateDir})
+		if err != nil {
+			_ = agent.Close(context.Background())
+			return fmt.Errorf("enrollment: %w", err)
+		}
+		cfg, err := certs.ServerConfigFrom(e, certs.CCMName, certs.ViewerName)
+		if err != nil {
+			_ = agent.Close(context.Background())
+			return fmt.Errorf("TLS: %w", err)
+		}
+		creds = credentials.NewTLS(cfg)
+		serverOpts = append(serverOpts, nodeagent.WithEnrollee(e))
+	default:
 		cfg, err := certs.ServerConfig(certs.Files{CA: f.caFile, Cert: f.certFile, Key: f.keyFile}, certs.CCMName, certs.ViewerName)
 		if err != nil {
 			_ = agent.Close(context.Background())
@@ -209,14 +241,14 @@ func run(f *flags) error {
 		}
 		creds = credentials.NewTLS(cfg)
 	}
-	srv := nodeagent.NewServer(agent, creds, !f.insecure)
+	srv := nodeagent.NewServer(agent, creds, !f.insecure, serverOpts...)
 	tcp, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		_ = agent.Close(context.Background())
 		return err
 	}
 	lis := connlimit.New(tcp, agentapi.MaxConnsPerAddr, agentapi.MaxPendingHandshakes)
-	klog.InfoS("metalvip-agent serving", "node", f.node, "address", lis.Addr().String(), "interfaces", ifaces, "routerID", routerID, "tls", !f.insecure)
+	klog.InfoS("metalvip-agent serving", "node", f.node, "address", lis.Addr().String(), "interfaces", ifaces, "routerID", routerID, "tls", !f.insecure, "tlsMode", f.tlsMode)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
 	if metrics != nil {

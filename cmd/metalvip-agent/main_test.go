@@ -12,6 +12,9 @@ func TestParseFlags(t *testing.T) {
 	if _, err := parseFlags([]string{"--node-name", "n1", "--tls-ca", "a", "--tls-cert", "b", "--tls-key", "c"}); err != nil {
 		t.Errorf("TLS flags: %v", err)
 	}
+	if f, err := parseFlags([]string{"--node-name", "n1", "--tls-mode", "enroll", "--tls-ca", "a"}); err != nil || f.tokenFile == "" {
+		t.Errorf("enroll flags: %+v, %v", f, err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -24,6 +27,11 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--node-name", "n1", "--insecure", "--listen-address", "7472"}, "--listen-address"},
 		{[]string{"--node-name", "n1", "--insecure", "extra"}, "unexpected arguments"},
 		{[]string{"--node-name", "n1", "--insecure", "--heartbeat-key-lifetime", "10m"}, "at least 1h"},
+		{[]string{"--node-name", "n1", "--tls-mode", "auto"}, "write files or enroll"},
+		{[]string{"--node-name", "n1", "--tls-mode", "enroll"}, "needs --tls-ca"},
+		{[]string{"--node-name", "n1", "--tls-mode", "enroll", "--tls-ca", "a", "--tls-key", "k"}, "remove --tls-cert and --tls-key"},
+		{[]string{"--node-name", "n1", "--tls-mode", "enroll", "--insecure"}, "--insecure turns TLS off"},
+		{[]string{"--node-name", "n1", "--tls-mode", "enroll", "--tls-ca", "a", "--token-file", ""}, "needs --token-file"},
 	} {
 		if _, err := parseFlags(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("parseFlags(%v) = %v; want an error with %q", tc.args, err, tc.want)

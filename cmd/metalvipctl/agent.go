@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/metalvip/metalvip/internal/certs"
+	"github.com/metalvip/metalvip/internal/identity"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/provider/config"
 )
@@ -173,7 +176,12 @@ func filesFromSecret(ctx context.Context, client kubernetes.Interface, ref strin
 	}
 	sec, err := client.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		return certs.Files{}, nil, fmt.Errorf("the TLS Secret %s: %w; give --tls-ca, --tls-cert and --tls-key (the files metalvipctl certs --out wrote) instead", ref, err)
+		return certs.Files{}, nil, fmt.Errorf("the TLS Secret %s: %w; give --tls-ca, --tls-cert and --tls-key (the files metalvipctl certs --out wrote) instead, or with enrolled agents --tls-secret %s/%s (docs/agent-tls.md)", ref, err, ns, identity.CAName)
+	}
+	if viewer, ok := viewerFromCA(sec.Data); ok {
+		// Enrolled agents: the Secret is their CA; a viewer's certificate for an hour, made
+		// here and never written but to the private folder below.
+		sec.Data = viewer
 	}
 	dir, err := os.MkdirTemp("", "metalvipctl-tls-")
 	if err != nil {
@@ -193,6 +201,24 @@ func filesFromSecret(ctx context.Context, client kubernetes.Interface, ref strin
 		}
 	}
 	return files, cleanup, nil
+}
+
+// viewerFromCA issues a viewer's certificate (an hour) when data is the agents' CA Secret
+// (identity.CAName: its tls.crt is a CA), in the keys filesFromSecret reads.
+func viewerFromCA(data map[string][]byte) (map[string][]byte, bool) {
+	b, _ := pem.Decode(data["tls.crt"])
+	if b == nil {
+		return nil, false
+	}
+	c, err := x509.ParseCertificate(b.Bytes)
+	if err != nil || !c.IsCA {
+		return nil, false
+	}
+	p, err := certs.Issue(certs.Pair{Cert: data["tls.crt"], Key: data["tls.key"]}, certs.ViewerName, certs.Client, time.Hour)
+	if err != nil {
+		return nil, false
+	}
+	return map[string][]byte{"ca.crt": data["tls.crt"], "tls.crt": p.Cert, "tls.key": p.Key}, true
 }
 
 func printAgent(out io.Writer, st *agentv1.GetStateResponse) {

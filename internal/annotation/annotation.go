@@ -28,6 +28,9 @@ const (
 	// VIPCount asks for several addresses per family, announced from distinct nodes where
 	// enough are eligible, so that DNS round-robin spreads clients over nodes.
 	VIPCount Name = "metalvip.io/vip-count"
+	// AnnounceExternalIPs: "true" asks metalvip to announce the Service's spec.externalIPs
+	// that lie in an IPPool with spec.externalIPs: Allow (any Service type).
+	AnnounceExternalIPs Name = "metalvip.io/announce-external-ips"
 )
 
 // MaxVIPCount bounds metalvip.io/vip-count.

@@ -10,6 +10,7 @@
 package certs
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -70,34 +71,50 @@ const (
 	Client              // the CCM: TLS client
 )
 
-// Issue signs a certificate for name (as common name and DNS name) with ca.
+// Issue signs a certificate for name (as common name and DNS name) with ca, for a new key.
 func Issue(ca Pair, name string, usage Usage, validity time.Duration) (Pair, error) {
-	caCert, caKey, err := parsePair(ca)
-	if err != nil {
-		return Pair{}, fmt.Errorf("CA: %w", err)
-	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return Pair{}, err
+	}
+	cert, err := IssueFor(ca, &key.PublicKey, name, usage, validity)
+	if err != nil {
+		return Pair{}, err
+	}
+	kd, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return Pair{}, err
+	}
+	return Pair{Cert: cert, Key: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd})}, nil
+}
+
+// IssueFor signs a certificate (PEM) for name and the public key pub with ca: what an agent's
+// enrollment needs, whose key never leaves its node.
+func IssueFor(ca Pair, pub crypto.PublicKey, name string, usage Usage, validity time.Duration) ([]byte, error) {
+	caCert, caKey, err := parsePair(ca)
+	if err != nil {
+		return nil, fmt.Errorf("CA: %w", err)
 	}
 	eku := x509.ExtKeyUsageServerAuth
 	if usage == Client {
 		eku = x509.ExtKeyUsageClientAuth
 	}
+	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
 		Subject:      pkix.Name{CommonName: name},
 		DNSNames:     []string{name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(validity),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{eku},
+		// A little back-dated, for clocks a little behind.
+		NotBefore:   now.Add(-min(time.Hour, validity/10)),
+		NotAfter:    now.Add(validity),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{eku},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, pub, caKey)
 	if err != nil {
-		return Pair{}, err
+		return nil, err
 	}
-	return encode(der, key)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
 }
 
 func serial() *big.Int {
@@ -175,20 +192,56 @@ func (l *loader) load() (*tls.Certificate, *x509.CertPool, error) {
 	return l.cert, l.pool, nil
 }
 
-// ServerConfig is the agent's TLS: its own certificate, and only clients whose certificate
-// chains to the CA and names one of allowed (client usage).
-func ServerConfig(f Files, allowed ...string) (*tls.Config, error) {
-	if len(allowed) == 0 {
-		return nil, errors.New("no client identity allowed")
-	}
+// Source gives one side's certificate and the CA pool its peer must chain to. Both are asked
+// at every handshake, so that a certificate renewed or a CA file changed is used at once,
+// without a restart; connections already open are not touched.
+type Source interface {
+	Certificate() (*tls.Certificate, error)
+	Pool() (*x509.CertPool, error)
+}
+
+// FileSource reads a Source from PEM files, and again when they change.
+func FileSource(f Files) (Source, error) {
 	l := &loader{files: f}
 	if _, _, err := l.load(); err != nil {
 		return nil, err
 	}
+	return l, nil
+}
+
+func (l *loader) Certificate() (*tls.Certificate, error) {
+	c, _, err := l.load()
+	return c, err
+}
+
+func (l *loader) Pool() (*x509.CertPool, error) {
+	_, p, err := l.load()
+	return p, err
+}
+
+// ServerConfig is the agent's TLS: its own certificate, and only clients whose certificate
+// chains to the CA and names one of allowed (client usage).
+func ServerConfig(f Files, allowed ...string) (*tls.Config, error) {
+	src, err := FileSource(f)
+	if err != nil {
+		return nil, err
+	}
+	return ServerConfigFrom(src, allowed...)
+}
+
+// ServerConfigFrom is ServerConfig with the certificate and the CA from src.
+func ServerConfigFrom(src Source, allowed ...string) (*tls.Config, error) {
+	if len(allowed) == 0 {
+		return nil, errors.New("no client identity allowed")
+	}
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-			cert, pool, err := l.load()
+			cert, err := src.Certificate()
+			if err != nil {
+				return nil, err
+			}
+			pool, err := src.Pool()
 			if err != nil {
 				return nil, err
 			}
@@ -209,20 +262,49 @@ func ServerConfig(f Files, allowed ...string) (*tls.Config, error) {
 // ClientConfig is the CCM's TLS towards the agent of node: its own certificate, and only a
 // server whose certificate chains to the CA and names node.
 func ClientConfig(f Files, node string) (*tls.Config, error) {
-	l := &loader{files: f}
-	if _, _, err := l.load(); err != nil {
+	src, err := FileSource(f)
+	if err != nil {
 		return nil, err
 	}
-	_, pool, _ := l.load()
+	return ClientConfigFrom(src, node), nil
+}
+
+// ClientConfigFrom is ClientConfig with the certificate and the CA from src. The server's
+// chain is checked against the pool src gives at the handshake, not one taken once.
+func ClientConfigFrom(src Source, node string) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		ServerName: node,
-		RootCAs:    pool,
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			c, _, err := l.load()
-			return c, err
+		// Checked below, against the pool of the moment (crypto/tls can take only a fixed one).
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			return VerifyServer(cs, src, node)
 		},
-	}, nil
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return src.Certificate()
+		},
+	}
+}
+
+// VerifyServer checks that the server's certificate chains to src's CA, names node and is for
+// server usage.
+func VerifyServer(cs tls.ConnectionState, src Source, node string) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("the server gave no certificate")
+	}
+	pool, err := src.Pool()
+	if err != nil {
+		return err
+	}
+	inter := x509.NewCertPool()
+	for _, c := range cs.PeerCertificates[1:] {
+		inter.AddCert(c)
+	}
+	_, err = cs.PeerCertificates[0].Verify(x509.VerifyOptions{
+		Roots: pool, Intermediates: inter, DNSName: node,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	})
+	return err
 }
 
 // Identity returns which of want the peer's certificate (already verified against the CA)
@@ -238,4 +320,52 @@ func Identity(cs tls.ConnectionState, want ...string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("client certificate names %q, none of %q", leaf.Subject.CommonName, want)
+}
+
+// PoolFile is a CA bundle read from a PEM file, and again when the file changes (a ConfigMap
+// updated in place).
+type PoolFile struct {
+	path string
+	mu   sync.Mutex
+	mod  time.Time
+	pool *x509.CertPool
+}
+
+// NewPoolFile reads the CA bundle at path.
+func NewPoolFile(path string) (*PoolFile, error) {
+	p := &PoolFile{path: path}
+	if _, err := p.Pool(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Pool returns the bundle as the file holds it now; when the file cannot be read any more,
+// the last good one.
+func (p *PoolFile) Pool() (*x509.CertPool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st, err := os.Stat(p.path)
+	if err != nil {
+		if p.pool != nil {
+			return p.pool, nil
+		}
+		return nil, err
+	}
+	if p.pool != nil && !st.ModTime().After(p.mod) {
+		return p.pool, nil
+	}
+	data, err := os.ReadFile(p.path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		if p.pool != nil {
+			return p.pool, nil
+		}
+		return nil, fmt.Errorf("%s holds no PEM certificate", p.path)
+	}
+	p.pool, p.mod = pool, st.ModTime()
+	return pool, nil
 }

@@ -92,11 +92,51 @@ func ReadyEndpointNodes(slices_ []*discoveryv1.EndpointSlice) []string {
 	return out
 }
 
+// ReadyEndpointCounts returns, by node, how many ready endpoints of the slices run there.
+func ReadyEndpointCounts(slices_ []*discoveryv1.EndpointSlice) map[string]int {
+	out := map[string]int{}
+	for _, es := range slices_ {
+		for _, ep := range es.Endpoints {
+			ready := ep.Conditions.Ready == nil || *ep.Conditions.Ready
+			if ready && ep.NodeName != nil {
+				out[*ep.NodeName]++
+			}
+		}
+	}
+	return out
+}
+
 // Sharer is one Service showing an address, with what the planner needs of it.
 type Sharer struct {
 	Service *v1.Service
 	// EndpointNodes run a ready endpoint of the Service (needed for externalTrafficPolicy Local).
 	EndpointNodes []string
+	// EndpointCounts are its ready endpoints by node (for weighting by endpoints).
+	EndpointCounts map[string]int
+}
+
+// MaxWeight caps a node's weight (its endpoints counted for a VIP): the link bandwidth it
+// stands for (1 Mbit/s each) stays within the community's range, and no router's ratio
+// arithmetic overflows.
+const MaxWeight = 100000
+
+// Weights returns a BGP VIP's weight on each node: the ready endpoints of its Services
+// (summed over the sharers) for a pool that weights by endpoints and Services with
+// externalTrafficPolicy Local; nil otherwise (equal shares).
+func Weights(v planner.VIP, sharers []Sharer, pool *pools.Pool) map[string]uint32 {
+	if v.Mode != planner.BGP || !v.Local || pool == nil || !pool.Announce.WeightByEndpoints {
+		return nil
+	}
+	out := map[string]uint32{}
+	for _, sh := range sharers {
+		if !Local(sh.Service) {
+			continue
+		}
+		for n, c := range sh.EndpointCounts {
+			out[n] = min(out[n]+uint32(c), MaxWeight)
+		}
+	}
+	return out
 }
 
 // VIP returns what the planner needs of one address shown by the given Services (several when
@@ -183,10 +223,12 @@ func Node(n *v1.Node, agentReachable bool) planner.Node {
 }
 
 // SameNode reports whether two nodes are the same to the plan and the node states: labels,
-// taints that exclude, deletion and the data-plane address; kubelet heartbeats are not.
+// taints that exclude, deletion, cordoning (a drain) and the data-plane address; kubelet
+// heartbeats are not.
 func SameNode(a, b *v1.Node) bool {
 	pa, pb := Node(a, false), Node(b, false)
-	return pa.Excluded == pb.Excluded && labels.Equals(a.Labels, b.Labels) && NodeAddress(a) == NodeAddress(b)
+	return pa.Excluded == pb.Excluded && labels.Equals(a.Labels, b.Labels) && NodeAddress(a) == NodeAddress(b) &&
+		a.Spec.Unschedulable == b.Spec.Unschedulable
 }
 
 // NodeAddress is the node's data-plane address: its first InternalIP, IPv4 first.
@@ -212,8 +254,9 @@ func NodeAddress(n *v1.Node) netip.Addr {
 }
 
 // Announcement builds one VIP's part of the node states from its plan entry. services are the
-// Services behind it (namespace/name, sorted); addrs gives each node's data-plane address.
-func Announcement(e planner.Entry, v planner.VIP, pool *pools.Pool, services []string, addrs func(node string) netip.Addr) *agentv1.Announcement {
+// Services behind it (namespace/name, sorted); addrs gives each node's data-plane address;
+// weights (from Weights; nil for none) weight a BGP VIP's route on each of its nodes.
+func Announcement(e planner.Entry, v planner.VIP, pool *pools.Pool, services []string, addrs func(node string) netip.Addr, weights map[string]uint32) *agentv1.Announcement {
 	an := &agentv1.Announcement{Vip: v.Addr.String(), Services: services}
 	if v.Mode == planner.BGP {
 		an.Mode = agentv1.Mode_MODE_BGP
@@ -221,6 +264,13 @@ func Announcement(e planner.Entry, v planner.VIP, pool *pools.Pool, services []s
 		if pool != nil {
 			an.Bgp.Communities = slices.Clone(pool.Announce.Communities)
 			an.Bgp.LocalPref = pool.Announce.LocalPref
+		}
+		if weights != nil {
+			// One announcement for every node of the VIP, each finding its own weight: the
+			// nodes' parts share it (the CCM builds one message per VIP, not per node).
+			for _, n := range slices.Sorted(slices.Values(e.Nodes)) {
+				an.Bgp.Weights = append(an.Bgp.Weights, &agentv1.NodeWeight{Node: n, Endpoints: weights[n]})
+			}
 		}
 		return an
 	}

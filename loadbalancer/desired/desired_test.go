@@ -95,7 +95,7 @@ func TestVIPFromItsServicesAndPool(t *testing.T) {
 		Announce:  v1alpha1.Announce{NodeSelector: &v1alpha1.LabelSelector{MatchExpressions: []v1alpha1.LabelSelectorRequirement{{Key: "x", Operator: "In"}}}},
 	}})
 	t.Run("sharing Local Services announce from the nodes of either's endpoints", func(t *testing.T) {
-		v := VIP(ip, []Sharer{{svc("a", true, "203.0.113.1"), []string{"n2"}}, {svc("b", true, "203.0.113.1"), []string{"n1", "n2"}}}, bgp)
+		v := VIP(ip, []Sharer{{Service: svc("a", true, "203.0.113.1"), EndpointNodes: []string{"n2"}}, {Service: svc("b", true, "203.0.113.1"), EndpointNodes: []string{"n1", "n2"}}}, bgp)
 		if v.Mode != planner.BGP || !v.Local || !slices.Equal(v.EndpointNodes, []string{"n1", "n2"}) || v.Group != "" {
 			t.Errorf("%+v", v)
 		}
@@ -165,5 +165,67 @@ func TestNodesDifferOnlyByWhatThePlanReads(t *testing.T) {
 	b.Labels[LabelExcludeLB] = ""
 	if SameNode(a, b) || !Node(b, true).Excluded {
 		t.Error("excluding the node is not a change")
+	}
+}
+
+func TestWeightsCountEachNodesReadyEndpoints(t *testing.T) {
+	ip := netip.MustParseAddr("203.0.113.1")
+	pool := func(weighted bool, mode v1alpha1.AnnounceMode) *pools.Pool {
+		an := v1alpha1.Announce{Mode: mode}
+		if mode == v1alpha1.AnnounceBGP {
+			an.BGP = &v1alpha1.BGPAnnounce{WeightByEndpoints: weighted}
+		}
+		return pools.DecodePool(&v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: v1alpha1.IPPoolSpec{
+			Addresses: []v1alpha1.AddressRange{"203.0.113.0/28"}, Announce: an}})
+	}
+	local := func(name string, counts map[string]int) Sharer {
+		s := Sharer{Service: svc(name, true, "203.0.113.1"), EndpointCounts: counts}
+		for n := range counts {
+			s.EndpointNodes = append(s.EndpointNodes, n)
+		}
+		return s
+	}
+	cluster := Sharer{Service: svc("c", false, "203.0.113.1"), EndpointCounts: map[string]int{"n1": 5}}
+	for _, tc := range []struct {
+		name    string
+		sharers []Sharer
+		pool    *pools.Pool
+		want    map[string]uint32
+	}{
+		{"endpoints 1, 2 and 3 weigh 1, 2 and 3", []Sharer{local("a", map[string]int{"n1": 1, "n2": 2, "n3": 3})}, pool(true, v1alpha1.AnnounceBGP),
+			map[string]uint32{"n1": 1, "n2": 2, "n3": 3}},
+		{"sharing Services add up on a node", []Sharer{local("a", map[string]int{"n1": 1}), local("b", map[string]int{"n1": 2, "n2": 1})}, pool(true, v1alpha1.AnnounceBGP),
+			map[string]uint32{"n1": 3, "n2": 1}},
+		{"a node's weight is capped", []Sharer{local("a", map[string]int{"n1": MaxWeight + 7})}, pool(true, v1alpha1.AnnounceBGP),
+			map[string]uint32{"n1": MaxWeight}},
+		{"a pool without weighting gives none", []Sharer{local("a", map[string]int{"n1": 1})}, pool(false, v1alpha1.AnnounceBGP), nil},
+		{"a Cluster-policy Service gives none", []Sharer{cluster}, pool(true, v1alpha1.AnnounceBGP), nil},
+		{"an L2 pool gives none", []Sharer{local("a", map[string]int{"n1": 1})}, pool(false, v1alpha1.AnnounceL2), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := VIP(ip, tc.sharers, tc.pool)
+			got := Weights(v, tc.sharers, tc.pool)
+			if (got == nil) != (tc.want == nil) || len(got) != len(tc.want) {
+				t.Fatalf("weights %v, want %v", got, tc.want)
+			}
+			for n, w := range tc.want {
+				if got[n] != w {
+					t.Errorf("weights %v, want %v", got, tc.want)
+				}
+			}
+			if got == nil {
+				return
+			}
+			e := planner.Entry{Mode: planner.BGP, Nodes: v.EndpointNodes}
+			an := Announcement(e, v, tc.pool, nil, func(string) netip.Addr { return netip.Addr{} }, got)
+			if len(an.GetBgp().GetWeights()) != len(e.Nodes) {
+				t.Errorf("announcement weights %v for nodes %v", an.GetBgp().GetWeights(), e.Nodes)
+			}
+			for _, w := range an.GetBgp().GetWeights() {
+				if w.GetEndpoints() != got[w.GetNode()] {
+					t.Errorf("announcement gives %s %d, want %d", w.GetNode(), w.GetEndpoints(), got[w.GetNode()])
+				}
+			}
+		})
 	}
 }

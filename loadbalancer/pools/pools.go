@@ -76,6 +76,10 @@ type Announce struct {
 	MACScheme   v1alpha1.VirtualMACScheme
 	Communities []string
 	LocalPref   uint32
+	// WeightByEndpoints weights a BGP route by the node's ready endpoints (ETP Local).
+	WeightByEndpoints bool
+	// ExternalIPs: the pool's addresses may be announced as Services' spec.externalIPs.
+	ExternalIPs bool
 }
 
 // Peer is a BGPPeer as metalvip uses it.
@@ -90,6 +94,8 @@ type Peer struct {
 	Password *v1alpha1.SecretKeyRef
 	// NodeSelector picks the nodes that peer; nil: every node.
 	NodeSelector labels.Selector
+	// ServiceCIDRs are aggregates (the ClusterIP ranges) the nodes it selects advertise.
+	ServiceCIDRs []netip.Prefix
 	// Problems, when any, keep the session off every node.
 	Problems []Problem
 }
@@ -172,6 +178,13 @@ func decodePool(ip *v1alpha1.IPPool) *Pool {
 		p.Allocation.NamespaceSelector = selector(sa.NamespaceSelector, "spec.serviceAllocation.namespaceSelector", add)
 		p.Allocation.ServiceSelector = selector(sa.ServiceSelector, "spec.serviceAllocation.serviceSelector", add)
 	}
+	switch sp.ExternalIPs {
+	case v1alpha1.ExternalIPsAllow:
+		p.Announce.ExternalIPs = true
+	case v1alpha1.ExternalIPsDeny, "":
+	default:
+		add("spec.externalIPs", "%q; write Allow or Deny", sp.ExternalIPs)
+	}
 	an := sp.Announce
 	switch an.Mode {
 	case v1alpha1.AnnounceL2, "":
@@ -231,6 +244,7 @@ func decodePool(ip *v1alpha1.IPPool) *Pool {
 				p.Announce.LocalPref = uint32(*lp)
 			}
 		}
+		p.Announce.WeightByEndpoints = b.WeightByEndpoints
 	}
 	return p
 }
@@ -379,6 +393,24 @@ func decodePeer(bp *v1alpha1.BGPPeer) *Peer {
 		p.Password = &r
 	}
 	p.NodeSelector = selector(sp.NodeSelector, "spec.nodeSelector", add)
+	for i, c := range sp.ServiceCIDRs {
+		field := fmt.Sprintf("spec.serviceCIDRs[%d]", i)
+		pf, err := netip.ParsePrefix(c)
+		switch {
+		case err != nil:
+			add(field, "%q is not a CIDR; write one such as 10.96.0.0/16", c)
+		case pf.Masked() != pf:
+			add(field, "%s has bits set after its prefix length; write %s", c, pf.Masked())
+		case pf.Addr().Is4() && pf.Bits() < 8 || pf.Addr().Is6() && pf.Bits() < 48:
+			add(field, "%s is wider than a /8 (IPv4) or a /48 (IPv6); a ClusterIP range is narrower", c)
+		case pf.Addr().Is4In6() || pf.Addr().IsLoopback() || pf.Addr().IsMulticast() || pf.Addr().IsLinkLocalUnicast():
+			add(field, "%s is not a unicast range", c)
+		case slices.Contains(p.ServiceCIDRs, pf):
+			add(field, "%s is listed twice", c)
+		default:
+			p.ServiceCIDRs = append(p.ServiceCIDRs, pf)
+		}
+	}
 	p.Session = s
 	return p
 }

@@ -74,13 +74,34 @@ type Peer struct {
 
 // Route is one VIP to announce, with this speaker as the next hop.
 type Route struct {
-	// Prefix is a /32 or a /128.
+	// Prefix is a /32 or a /128 for a VIP, or an aggregate such as the ClusterIP range
+	// (no bits set after its length).
 	Prefix netip.Prefix
 	// Communities are standard communities, "ASN:value" with both halves at most 65535.
 	Communities []string
 	// LocalPref is sent to iBGP peers only (RFC 4271 keeps it inside an AS); 0 = unset.
 	LocalPref uint32
+	// Weight, when not 0, adds the link-bandwidth extended community (non-transitive, type
+	// 0x40 0x04, draft-ietf-idr-link-bandwidth) with Weight times BandwidthUnit, so that a
+	// router doing weighted ECMP sends this node its share. At most MaxWeight.
+	Weight uint32
+	// GracefulShutdown adds the GRACEFUL_SHUTDOWN community (65535:0, RFC 8326) and, to
+	// iBGP peers, LOCAL_PREF 0: routers that honour it stop choosing this path while they
+	// have another, before it is withdrawn.
+	GracefulShutdown bool
 }
+
+// BandwidthUnit is the link bandwidth one unit of Route.Weight stands for: 1 Mbit/s, in
+// bytes per second as the community carries it. Routers compare the values of a prefix's
+// paths, so the unit only sets the range: MaxWeight units stay within a float32's exact
+// integers and far below any router's ceiling.
+const BandwidthUnit = 125000
+
+// MaxWeight is the largest Route.Weight.
+const MaxWeight = 100000
+
+// communityGracefulShutdown is GRACEFUL_SHUTDOWN (RFC 8326), 65535:0.
+const communityGracefulShutdown = 0xFFFF0000
 
 // Defaults that apply when a field is left zero.
 const (
@@ -238,10 +259,13 @@ type route struct {
 	communities string // the sorted values joined, comparable
 	values      []uint32
 	localPref   uint32
+	weight      uint32
+	gshut       bool
 }
 
 func (r route) equal(o route) bool {
-	return r.prefix == o.prefix && r.communities == o.communities && r.localPref == o.localPref
+	return r.prefix == o.prefix && r.communities == o.communities && r.localPref == o.localPref &&
+		r.weight == o.weight && r.gshut == o.gshut
 }
 
 func normalizeRoutes(routes []Route) (map[netip.Prefix]route, error) {
@@ -276,13 +300,16 @@ func normalizeRoute(r Route) (route, error) {
 	if p.Addr().Zone() != "" {
 		return route{}, errors.New("zoned prefix")
 	}
-	if !p.IsSingleIP() {
-		return route{}, fmt.Errorf("want a single address (/%d)", p.Addr().BitLen())
+	if p.Masked() != p {
+		return route{}, fmt.Errorf("bits set after the prefix length: want %s", p.Masked())
 	}
 	if p.Addr().IsUnspecified() || p.Addr().IsMulticast() || p.Addr().IsLoopback() || p.Addr().IsLinkLocalUnicast() {
 		return route{}, errors.New("not a usable unicast address")
 	}
-	values := make([]uint32, 0, len(r.Communities))
+	if r.Weight > MaxWeight {
+		return route{}, fmt.Errorf("weight %d is above %d", r.Weight, MaxWeight)
+	}
+	values := make([]uint32, 0, len(r.Communities)+1)
 	for _, c := range r.Communities {
 		v, err := ParseCommunity(c)
 		if err != nil {
@@ -290,13 +317,16 @@ func normalizeRoute(r Route) (route, error) {
 		}
 		values = append(values, v)
 	}
+	if r.GracefulShutdown {
+		values = append(values, communityGracefulShutdown)
+	}
 	slices.Sort(values)
 	values = slices.Compact(values)
 	parts := make([]string, len(values))
 	for i, v := range values {
 		parts[i] = strconv.FormatUint(uint64(v), 10)
 	}
-	return route{prefix: p, values: values, communities: strings.Join(parts, ","), localPref: r.LocalPref}, nil
+	return route{prefix: p, values: values, communities: strings.Join(parts, ","), localPref: r.LocalPref, weight: r.Weight, gshut: r.GracefulShutdown}, nil
 }
 
 // ParseCommunity parses a standard BGP community written "ASN:value" (RFC 1997), both

@@ -34,7 +34,7 @@ func (s *Speaker) SetRoutes(ctx context.Context, routes []Route) error {
 	for _, p := range sortedPrefixes(s.routes) {
 		if _, keep := want[p]; !keep {
 			gone = append(gone, p)
-			withdraw = append(withdraw, s.routes[p].path(true))
+			withdraw = append(withdraw, s.routes[p].path(true, s.bandwidthAS()))
 		}
 	}
 	if len(withdraw) > 0 {
@@ -58,7 +58,7 @@ func (s *Speaker) SetRoutes(ctx context.Context, routes []Route) error {
 		}
 		// One path per call: gobgp reports a failed batch without saying which paths made it.
 		// Announcing a prefix again replaces the previous attributes (implicit withdraw).
-		if _, err := s.server.AddPath(apiutil.AddPathRequest{Paths: []*apiutil.Path{r.path(false)}}); err != nil {
+		if _, err := s.server.AddPath(apiutil.AddPathRequest{Paths: []*apiutil.Path{r.path(false, s.bandwidthAS())}}); err != nil {
 			errs = append(errs, fmt.Errorf("announce bgp route %s: %w", p, err))
 			continue
 		}
@@ -67,9 +67,18 @@ func (s *Speaker) SetRoutes(ctx context.Context, routes []Route) error {
 	return errors.Join(errs...)
 }
 
-// path builds the gobgp path for r. The next hop is unspecified (0.0.0.0 or ::): gobgp
+// bandwidthAS is the AS number in the link-bandwidth community: the local ASN, or AS_TRANS
+// (23456, RFC 6793) when it needs four octets (the community has two).
+func (s *Speaker) bandwidthAS() uint16 {
+	if s.cfg.ASN > 65535 {
+		return 23456
+	}
+	return uint16(s.cfg.ASN)
+}
+
+// path builds the gobgp path for r; asn goes in its link-bandwidth community. The next hop is unspecified (0.0.0.0 or ::): gobgp
 // replaces it with the session's local address on the way out, which is next hop self.
-func (r route) path(withdraw bool) *apiutil.Path {
+func (r route) path(withdraw bool, asn uint16) *apiutil.Path {
 	family := familyOf(r.prefix.Addr())
 	nlri, _ := bgp.NewIPAddrPrefix(r.prefix) // cannot fail: the prefix is valid
 	attrs := []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP)}
@@ -83,8 +92,17 @@ func (r route) path(withdraw bool) *apiutil.Path {
 	if len(r.values) > 0 {
 		attrs = append(attrs, bgp.NewPathAttributeCommunities(slices.Clone(r.values)))
 	}
-	if r.localPref != 0 {
+	switch {
+	case r.gshut:
+		// RFC 8326: LOCAL_PREF 0 inside the AS (gobgp sends it to iBGP peers only).
+		attrs = append(attrs, bgp.NewPathAttributeLocalPref(0))
+	case r.localPref != 0:
 		attrs = append(attrs, bgp.NewPathAttributeLocalPref(r.localPref))
+	}
+	if r.weight > 0 {
+		attrs = append(attrs, bgp.NewPathAttributeExtendedCommunities([]bgp.ExtendedCommunityInterface{
+			bgp.NewLinkBandwidthExtended(asn, float32(r.weight)*BandwidthUnit),
+		}))
 	}
 	return &apiutil.Path{
 		Family:     family,

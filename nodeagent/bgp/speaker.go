@@ -41,6 +41,9 @@ type SessionState struct {
 	// LastError says why the session last went down or failed to come up (a notification,
 	// a hold timer, BFD); empty if it never did.
 	LastError string
+	// RoutesAdvertised is how many routes the session sends the peer now (0 unless
+	// Established).
+	RoutesAdvertised uint64
 }
 
 // Established reports whether the session is up.
@@ -151,11 +154,15 @@ func (s *Speaker) OnSessionChange(f func(SessionState)) {
 // Sessions returns the state of every configured peer's session, by address.
 func (s *Speaker) Sessions() []SessionState {
 	running := s.bfdStates()
+	advertised := s.advertised()
 	s.stateMu.Lock()
 	out := make([]SessionState, 0, len(s.sessions))
 	for addr, st := range s.sessions {
 		ss := st.SessionState
 		ss.BFDState = bfdStateOf(st.bfd, running, addr)
+		if ss.Established() {
+			ss.RoutesAdvertised = advertised[addr]
+		}
 		out = append(out, ss)
 	}
 	s.stateMu.Unlock()
@@ -268,6 +275,21 @@ func (s *Speaker) sentUpdates(ctx context.Context) (map[netip.Addr]uint64, error
 		return nil, fmt.Errorf("list bgp peers: %w", err)
 	}
 	return out, nil
+}
+
+// advertised returns, by peer, how many routes gobgp sends it now (its Adj-RIB-Out).
+func (s *Speaker) advertised() map[netip.Addr]uint64 {
+	out := map[netip.Addr]uint64{}
+	_ = s.server.ListPeer(context.Background(), &api.ListPeerRequest{EnableAdvertised: true}, func(p *api.Peer) {
+		a, err := netip.ParseAddr(p.GetState().GetNeighborAddress())
+		if err != nil {
+			return
+		}
+		for _, af := range p.GetAfiSafis() {
+			out[a] += af.GetState().GetAdvertised()
+		}
+	})
+	return out
 }
 
 // onPeerEvent runs on gobgp's watcher goroutine.

@@ -150,6 +150,42 @@ func TestLocalPreferenceReachesIBGPPeers(t *testing.T) {
 	shutdownAll(t, p.announcer, p.receiver)
 }
 
+func TestWeightAndGracefulShutdownReachThePeer(t *testing.T) {
+	defer verifyNoLeaks(t)()
+	ctx := testContext(t)
+	loop := netip.MustParseAddr("127.0.0.1")
+	p := newPair(t, loop, false)
+	for _, step := range []struct {
+		name   string
+		routes []Route
+		want   map[netip.Prefix]received
+	}{
+		{"a weight of 3 is 3 Mbit/s of link bandwidth, in the local AS",
+			[]Route{{Prefix: vip4, Weight: 3}, {Prefix: vip4b}},
+			map[netip.Prefix]received{vip4: {nextHop: loop, bandwidth: 3 * BandwidthUnit, bandwidthAS: 64512}, vip4b: {nextHop: loop}}},
+		{"a weight that changes is announced again",
+			[]Route{{Prefix: vip4, Weight: 1}, {Prefix: vip4b}},
+			map[netip.Prefix]received{vip4: {nextHop: loop, bandwidth: BandwidthUnit, bandwidthAS: 64512}, vip4b: {nextHop: loop}}},
+		{"graceful shutdown adds 65535:0 to the route's own communities",
+			[]Route{{Prefix: vip4, Weight: 1, Communities: []string{"64512:7"}, GracefulShutdown: true}, {Prefix: vip4b, GracefulShutdown: true}},
+			map[netip.Prefix]received{vip4: {nextHop: loop, communities: "64512:7 65535:0", bandwidth: BandwidthUnit, bandwidthAS: 64512}, vip4b: {nextHop: loop, communities: "65535:0"}}},
+		{"the end of graceful shutdown takes the community off again",
+			[]Route{{Prefix: vip4}, {Prefix: vip4b}},
+			map[netip.Prefix]received{vip4: {nextHop: loop}, vip4b: {nextHop: loop}}},
+	} {
+		t.Run(step.name, func(t *testing.T) {
+			if err := p.announcer.SetRoutes(ctx, step.routes); err != nil {
+				t.Fatal(err)
+			}
+			waitRIB(t, p.receiver, bgp.RF_IPv4_UC, step.want)
+		})
+	}
+	if err := p.announcer.SetRoutes(ctx, []Route{{Prefix: vip4, Weight: MaxWeight + 1}}); err == nil {
+		t.Error("a weight above MaxWeight was taken")
+	}
+	shutdownAll(t, p.announcer, p.receiver)
+}
+
 func TestInvalidInputChangesNothing(t *testing.T) {
 	defer verifyNoLeaks(t)()
 	ctx := testContext(t)
@@ -211,15 +247,17 @@ func TestSetPeersAddsChangesAndRemoves(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitEstablished(t, p.receiver, loop)
-	mu.Lock()
-	var sawEstablished bool
-	for _, e := range events {
-		sawEstablished = sawEstablished || e.Peer == loop && e.Established()
-	}
-	mu.Unlock()
-	if !sawEstablished {
-		t.Errorf("OnSessionChange did not report the session re-established: %+v", events)
-	}
+	// Sessions shows the new state a moment before the handlers are called: wait for them.
+	waitFor(t, 5*time.Second, func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, e := range events {
+			if e.Peer == loop && e.Established() {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("OnSessionChange did not report the session re-established: %+v", events)
+	})
 	if err := p.announcer.SetRoutes(ctx, []Route{{Prefix: vip4}}); err != nil {
 		t.Fatal(err)
 	}
@@ -433,6 +471,8 @@ type received struct {
 	nextHop     netip.Addr
 	communities string // space-separated, sorted as received
 	localPref   uint32
+	bandwidth   float32 // link-bandwidth community, bytes per second
+	bandwidthAS uint16
 }
 
 func rib(t *testing.T, s *Speaker, family bgp.Family) map[netip.Prefix]received {
@@ -459,6 +499,12 @@ func rib(t *testing.T, s *Speaker, family bgp.Family) map[netip.Prefix]received 
 				r.communities = strings.Join(cs, " ")
 			case *bgp.PathAttributeLocalPref:
 				r.localPref = a.Value
+			case *bgp.PathAttributeExtendedCommunities:
+				for _, ec := range a.Value {
+					if lb, ok := ec.(*bgp.LinkBandwidthExtended); ok {
+						r.bandwidth, r.bandwidthAS = lb.Bandwidth, lb.AS
+					}
+				}
 			}
 		}
 		out[prefix] = r

@@ -40,6 +40,8 @@ const (
 	DefaultAgentTimeout       = 5 * time.Second
 	DefaultPendingRetry       = 10 * time.Second
 	DefaultPoolStatusInterval = time.Second
+	DefaultDrainLabel         = "metalvip.io/drain"
+	DefaultDrainDelay         = 15 * time.Second
 )
 
 // Config is the whole cloud-config file.
@@ -61,6 +63,9 @@ type Config struct {
 
 	// BGP holds the CCM's settings for BGP peers.
 	BGP BGP `yaml:"bgp"`
+
+	// Drain says which nodes are being drained and how long they keep announcing.
+	Drain Drain `yaml:"drain"`
 
 	// Nodes says whether the CCM initialises nodes.
 	Nodes Nodes `yaml:"nodes"`
@@ -84,8 +89,26 @@ type Agent struct {
 	KeyFile  string `yaml:"keyFile"`
 	// Insecure turns mutual TLS off. For labs only; the CCM logs a warning at start.
 	Insecure bool `yaml:"insecure"`
+	// Enroll: the CCM issues every agent its certificate (docs/agent-tls.md) instead of
+	// caFile, certFile and keyFile.
+	Enroll Enroll `yaml:"enroll"`
 	// Timeout bounds a single call to an agent.
 	Timeout Duration `yaml:"timeout"`
+}
+
+// Enroll holds the settings of the agents' enrollment.
+type Enroll struct {
+	// Enabled: agents prove their node with a projected ServiceAccount token and the CCM
+	// signs their certificates with a CA it keeps in the Secret metalvip-ca.
+	Enabled bool `yaml:"enabled"`
+	// Namespace of the CA Secret and ConfigMap (metalvip-ca) and of the agents'
+	// ServiceAccount. Default kube-system.
+	Namespace string `yaml:"namespace"`
+	// ServiceAccount is the agents' ServiceAccount: only its tokens enroll. Default
+	// metalvip-agent.
+	ServiceAccount string `yaml:"serviceAccount"`
+	// Validity of an agent's certificate (and the CCM's); renewed at two thirds. Default 24h.
+	Validity Duration `yaml:"validity"`
 }
 
 // Failover holds the settings of L2 failover among the agents.
@@ -130,6 +153,20 @@ type Services struct {
 
 // ServesClassless reports whether class-less Services are served.
 func (s Services) ServesClassless() bool { return s.Classless == nil || *s.Classless }
+
+// Drain says which nodes are being drained: a drained node's BGP routes carry
+// GRACEFUL_SHUTDOWN for Delay before they are withdrawn, and the L2 VIPs it answers move to
+// the next candidate while it keeps answering for Delay (make-before-break).
+type Drain struct {
+	// Label marks a node as being drained when present (any value). Default metalvip.io/drain.
+	Label string `yaml:"label"`
+	// OnCordon: a cordoned node (spec.unschedulable, kubectl cordon or drain) is being
+	// drained too. Default true.
+	OnCordon *bool `yaml:"onCordon"`
+	// Delay between the start of a drain and the withdrawal. Default 15s; 0s is not allowed
+	// (write 1s for a quick one), at most 10m.
+	Delay Duration `yaml:"delay"`
+}
 
 // BGP holds the CCM's settings for BGP peers.
 type BGP struct {
@@ -216,6 +253,17 @@ func (c *Config) setDefaults() {
 	if c.Agent.Timeout.Duration == 0 {
 		c.Agent.Timeout.Duration = DefaultAgentTimeout
 	}
+	if e := &c.Agent.Enroll; e.Enabled {
+		if e.Namespace == "" {
+			e.Namespace = "kube-system"
+		}
+		if e.ServiceAccount == "" {
+			e.ServiceAccount = "metalvip-agent"
+		}
+		if e.Validity.Duration == 0 {
+			e.Validity.Duration = 24 * time.Hour
+		}
+	}
 	if c.Allocation.PendingRetry.Duration == 0 {
 		c.Allocation.PendingRetry.Duration = DefaultPendingRetry
 	}
@@ -240,6 +288,16 @@ func (c *Config) setDefaults() {
 	}
 	if f.MaxCandidates == 0 {
 		f.MaxCandidates = DefaultMaxCandidates
+	}
+	if c.Drain.Label == "" {
+		c.Drain.Label = DefaultDrainLabel
+	}
+	if c.Drain.OnCordon == nil {
+		yes := true
+		c.Drain.OnCordon = &yes
+	}
+	if c.Drain.Delay.Duration == 0 {
+		c.Drain.Delay.Duration = DefaultDrainDelay
 	}
 	if f.GratuitousRefresh.Duration == 0 {
 		f.GratuitousRefresh.Duration = DefaultGratuitousRefresh
@@ -355,6 +413,12 @@ func (c *Config) validate(root *yaml.Node) error {
 	if ns := c.BGP.PasswordSecretNamespace; ns != "" && len(validation.IsDNS1123Label(ns)) > 0 {
 		add("bgp.passwordSecretNamespace", fmt.Sprintf("%q is not a namespace name; write e.g. %q", ns, DefaultPasswordNamespace))
 	}
+	if d := c.Drain.Delay.Duration; d < 0 || d > 10*time.Minute {
+		add("drain.delay", fmt.Sprintf("%s is out of range; write 1s to 10m (default %s)", d, DefaultDrainDelay))
+	}
+	if l := c.Drain.Label; l != "" && len(validation.IsQualifiedName(l)) > 0 {
+		add("drain.label", fmt.Sprintf("%q is not a label key; write one such as %q", l, DefaultDrainLabel))
+	}
 	if fo.MaxCandidates < 0 || fo.MaxCandidates == 1 || fo.MaxCandidates > 16 {
 		add("failover.maxCandidates", fmt.Sprintf("%d: write 2 to 16 (default %d); one candidate has no failover", fo.MaxCandidates, DefaultMaxCandidates))
 	}
@@ -364,7 +428,20 @@ func (c *Config) validate(root *yaml.Node) error {
 	if a.Insecure && (a.CAFile != "" || a.CertFile != "" || a.KeyFile != "") {
 		add("agent.insecure", "insecure: true turns TLS off, so caFile, certFile and keyFile would be ignored; remove either insecure or the files")
 	}
-	if !a.Insecure {
+	if e := a.Enroll; e.Enabled {
+		if a.Insecure || a.CAFile != "" || a.CertFile != "" || a.KeyFile != "" {
+			add("agent.enroll.enabled", "enrolled agents get their certificates from the CCM, so insecure, caFile, certFile and keyFile would be ignored; remove either enroll or them")
+		}
+		if v := e.Validity.Duration; v != 0 && (v < 10*time.Minute || v > 90*24*time.Hour) {
+			add("agent.enroll.validity", fmt.Sprintf("%s: write 10m to 2160h (default 24h)", e.Validity.Duration))
+		}
+		if e.Namespace != "" && len(validation.IsDNS1123Label(e.Namespace)) > 0 {
+			add("agent.enroll.namespace", fmt.Sprintf("%q is not a namespace name", e.Namespace))
+		}
+		if e.ServiceAccount != "" && len(validation.IsDNS1123Subdomain(e.ServiceAccount)) > 0 {
+			add("agent.enroll.serviceAccount", fmt.Sprintf("%q is not a ServiceAccount name", e.ServiceAccount))
+		}
+	} else if !a.Insecure {
 		switch {
 		case a.CAFile == "" && a.CertFile == "" && a.KeyFile == "":
 			// Unset: the agent connection is configured later (by the planner) or not used.

@@ -53,7 +53,23 @@ var (
 	ccmBin  = flag.String("ccm", "", "a CCM binary to measure the allocation of instead of this tree's (e.g. an older build, for before and after)")
 )
 
-var begin = time.Now()
+var (
+	begin       = time.Now()
+	loadAtStart = loadAverage()
+)
+
+// loadAverage is /proc/loadavg's 1, 5 and 15 minute figures.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
 
 func step(format string, args ...any) {
 	fmt.Printf("[%6.1fs] %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
@@ -157,6 +173,11 @@ func main() {
 	virtualMACFailover(m, r, c)
 	perClient(m, r, c)
 	bgpFailover(m, r, c)
+	for _, n := range c.Lab.Nodes {
+		n.ServeName(m, 80) // the endpoints of the BGP sections below
+	}
+	bgpWeighted(m, r, c)
+	bgpDrain(m, r, c, 15*time.Second)
 	arpLatency(m, r, c)
 	fastFailover(m, r, c)
 	agentMemory(m, r, c)
@@ -383,6 +404,7 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	}
 	all := last.Sub(start)
 	rss := rssOf(proc.Cmd.Process.Pid)
+	anon, file := statusField(proc.Cmd.Process.Pid, "RssAnon:"), statusField(proc.Cmd.Process.Pid, "RssFile:")
 	if profPort != 0 {
 		heap := fmt.Sprintf("%s-%d.pprof", *heapOut, n)
 		cmd := exec.Command("curl", "-sk", "-o", heap, fmt.Sprintf("https://127.0.0.1:%d/debug/pprof/heap", profPort))
@@ -400,7 +422,7 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	proc.Stop(10 * time.Second)
 	return []string{fmt.Sprint(n), dur(alone), dur(all), fmt.Sprintf("%.2fx", all.Seconds()/alone.Seconds()),
 		dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))), dur(time.Duration(slices.Max(lat))),
-		annCell, fmt.Sprintf("%.2f", ccmWrites.total()/float64(n)), fmt.Sprintf("%.1f s", cpu), mib(rss)}, ccmWrites.perService(n)
+		annCell, fmt.Sprintf("%.2f", ccmWrites.total()/float64(n)), fmt.Sprintf("%.1f s", cpu), fmt.Sprintf("%s (heap and stacks %s, binary pages %s)", mib(rss), mib(anon), mib(file))}, ccmWrites.perService(n)
 }
 
 // deleteServices deletes the n Services of ns and waits until they are gone.
@@ -708,6 +730,7 @@ func write(m *testenv.Main, r *report) {
 	fmt.Fprintf(&b, "Written by `make bench` (`test/bench`) on %s.\n\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&b, "Machine: %s, %d cores, %s memory, Linux %s, %s. kube-apiserver %s on etcd %s (data on tmpfs), FRR %s.\n\n",
 		cpuModel(), runtime.NumCPU(), memTotal(), kernel(), runtime.Version(), "v1.37.2", cmdVersion("etcd", "--version"), cmdVersion("/usr/lib/frr/zebra", "--version"))
+	fmt.Fprintf(&b, "Load average when the run began: %s; when it ended: %s (other work shared the machine when these are well above 2).\n\n", loadAtStart, loadAverage())
 	b.WriteString("Each figure says how it was measured. Times are wall-clock on a shared 2-core machine: compare runs on the same machine.\n\n")
 	b.WriteString("At scale, 1,000 simulated nodes and 20,000 Services against the real CCM and API server (start to converged, a node's death to every agent updated, the CCM's CPU and memory by stage, what breaks first at 5,000 nodes): [benchmarks-scale.md](benchmarks-scale.md), written by `make bench-scale`.\n\n")
 	for _, s := range r.sections {
@@ -740,14 +763,17 @@ func createObject(m *testenv.Main, dyn dynamic.Interface, gvr interface{ String(
 	}
 }
 
-func rssOf(pid int) int64 {
+func rssOf(pid int) int64 { return statusField(pid, "VmRSS:") }
+
+// statusField reads a size in kB from /proc/PID/status (VmRSS:, RssAnon:, RssFile:), in bytes.
+func statusField(pid int, field string) int64 {
 	// The process may be `ip netns exec` that exec'd the binary: same pid.
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "VmRSS:") {
+		if strings.HasPrefix(l, field) {
 			f := strings.Fields(l)
 			kb, _ := strconv.ParseInt(f[1], 10, 64)
 			return kb * 1024

@@ -1,7 +1,9 @@
 // Package cluster assembles metalvip whole in the lab for end-to-end tests and the demo: a real
 // kube-apiserver, the CCM binary in the lab's control namespace (reaching the API server
-// through a relay), an agent binary in every node namespace with mutual TLS, pools and a BGP
-// peer, and helpers to create Services and watch the wire.
+// through a relay), an agent binary in every node namespace with mutual TLS (enrolled by the
+// CCM, as installed: a Pod bound to each Node and its projected token made as kubelet would;
+// or hand-made certificates, Options.Files), pools and a BGP peer, and helpers to create
+// Services and watch the wire.
 package cluster
 
 import (
@@ -35,10 +37,12 @@ import (
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/internal/annotation"
 	"github.com/metalvip/metalvip/internal/certs"
+	"github.com/metalvip/metalvip/internal/identity"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/lab"
+	"github.com/metalvip/metalvip/test/nodetoken"
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
@@ -53,6 +57,12 @@ type Options struct {
 	// Controllers is the CCM's --controllers (default service-lb-controller: the lab's nodes
 	// have no kubelet).
 	Controllers string
+	// Files gives the agents hand-made certificates (metalvipctl certs' way) instead of
+	// enrolling them.
+	Files bool
+	// Joined is how many of the lab's nodes are in the cluster from the start (default all);
+	// the others join with Join.
+	Joined int
 	// HeartbeatInterval and HeartbeatMisses are the CCM's failover.interval and
 	// failover.misses (default 50ms and 3).
 	HeartbeatInterval time.Duration
@@ -81,17 +91,20 @@ type Cluster struct {
 	CCM    *testenv.Proc
 	Agents map[string]*Agent
 	MACs   map[string]string // MAC to node name
-	PKI    string            // folder of the CA and certificates
+	PKI    string            // folder of the CA and certificates (ca.crt, ccm.crt, ccm.key)
 	opts   Options
 	ccmCfg string
-	kcfg   string
-	ctx    context.Context
+	// tlsConfig is the agent section's TLS or enrolment lines of the CCM's cloud-config.
+	tlsConfig string
+	kcfg      string
+	ctx       context.Context
 }
 
 type Agent struct {
 	Host   *lab.Host
 	Proc   *testenv.Proc
 	State  string // the agent's --state-dir
+	Token  string // enrolled: the agent's projected token file
 	Client agentv1.AgentServiceClient
 }
 
@@ -120,13 +133,12 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 	}
 	c := &Cluster{T: t, Root: t, Srv: srv, Dyn: dyn, Lab: l, Agents: map[string]*Agent{}, MACs: map[string]string{}, opts: opts, ctx: context.Background()}
 	c.NS = srv.Namespace(t)
-	c.writePKI()
+	if opts.Joined == 0 {
+		opts.Joined = len(l.Nodes)
+	}
+	c.opts = opts
 	for _, n := range l.Nodes {
-		c.createNode(n)
 		c.MACs[MACOf(t, n)] = n.Name
-		a := &Agent{Host: n, State: filepath.Join(t.TempDir(), "state")}
-		c.Agents[n.Name] = a
-		c.StartAgent(a)
 	}
 	// The CCM runs in the lab's control namespace and reaches the API server through a relay.
 	u := strings.TrimPrefix(srv.URL, "https://")
@@ -135,8 +147,49 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 	cfg.Host = "https://127.0.0.1:16443"
 	c.kcfg = srv.Kubeconfig(t, cfg)
 	c.ccmCfg = filepath.Join(t.TempDir(), "cloud-config.yaml")
+	c.PKI = t.TempDir()
+	tlsConfig := fmt.Sprintf(`caFile: %[1]s/ca.crt
+  certFile: %[1]s/ccm.crt
+  keyFile: %[1]s/ccm.key`, c.PKI)
+	if !opts.Files {
+		// The CA, its ConfigMap and the agents' ServiceAccount in the cluster's namespace: each
+		// test's cluster has a CA of its own.
+		tlsConfig = fmt.Sprintf(`enroll: {enabled: true, namespace: %s}`, c.NS)
+		if err := nodetoken.ServiceAccount(c.ctx, srv.Client, c.NS, "metalvip-agent"); err != nil {
+			t.Fatalf("%v", err)
+		}
+	}
+	c.tlsConfig = tlsConfig
 	c.writeCCMConfig()
-	c.StartCCM()
+	if opts.Files {
+		c.writePKI()
+	} else {
+		// As installed: the CCM starts first and publishes the CA; kubelet starts the agents
+		// once the ConfigMap exists.
+		c.StartCCM()
+		c.readCA()
+	}
+	for _, n := range l.Nodes[:opts.Joined] {
+		c.Join(n.Name)
+	}
+	if opts.Files {
+		c.StartCCM()
+	} else {
+		// Tests start from a cluster whose agents all answer, as they did when agents came
+		// first: wait until each is enrolled (it answers over mutual TLS, which the CCM reached
+		// just before). Each is enrolled at the CCM's next try, up to its 10 s backoff.
+		start := time.Now()
+		for _, n := range l.Nodes[:opts.Joined] {
+			a := c.Agents[n.Name]
+			Eventually(t, 30*time.Second, n.Name+"'s agent is enrolled", func() bool {
+				ctx, cancel := context.WithTimeout(c.ctx, time.Second)
+				defer cancel()
+				_, err := a.Client.GetState(ctx, &agentv1.GetStateRequest{})
+				return err == nil
+			})
+		}
+		t.Logf("every agent enrolled %s after it started", time.Since(start).Round(time.Millisecond))
+	}
 	// No namespace controller runs here: the namespace's Services would outlive the test, and
 	// later tests' CCMs would announce them in their labs.
 	t.Cleanup(c.deleteServices)
@@ -151,9 +204,7 @@ func (c *Cluster) writeCCMConfig() {
 	if err := os.WriteFile(c.ccmCfg, fmt.Appendf(nil, `
 agent:
   port: 7472
-  caFile: %[1]s/ca.crt
-  certFile: %[1]s/ccm.crt
-  keyFile: %[1]s/ccm.key
+  %[1]s
   timeout: 2s
 failover:
   interval: %[3]s
@@ -162,7 +213,7 @@ allocation:
   pendingRetry: 1s
   poolStatusInterval: 200ms
 %[2]s
-`, c.PKI, c.opts.CloudConfig, c.opts.HeartbeatInterval, c.opts.HeartbeatMisses), 0o600); err != nil {
+`, c.tlsConfig, c.opts.CloudConfig, c.opts.HeartbeatInterval, c.opts.HeartbeatMisses), 0o600); err != nil {
 		c.T.Fatalf("%v", err)
 	}
 }
@@ -177,8 +228,80 @@ func (c *Cluster) SetHeartbeat(interval time.Duration, misses int) {
 	c.StartCCM()
 }
 
+// Join adds a lab node to the cluster as a new node does: its Node object, then (enrolled)
+// its agent Pod and projected token, then its agent. Nothing else: no certificate is made for
+// it.
+func (c *Cluster) Join(node string) {
+	c.T.Helper()
+	var h *lab.Host
+	for _, n := range c.Lab.Nodes {
+		if n.Name == node {
+			h = n
+		}
+	}
+	if h == nil {
+		c.T.Fatalf("no lab node %s", node)
+	}
+	c.createNode(h)
+	a := &Agent{Host: h, State: filepath.Join(c.Root.TempDir(), "state")}
+	if !c.opts.Files {
+		a.Token = filepath.Join(c.Root.TempDir(), "token")
+		c.agentToken(h.Name, a.Token)
+	}
+	c.Agents[h.Name] = a
+	c.StartAgent(a)
+}
+
+// agentToken does kubelet's part: a Pod of the agents' ServiceAccount bound to the node, and
+// its projected token (audience metalvip-agent) in file.
+func (c *Cluster) agentToken(node, file string) {
+	pods := c.Srv.Client.CoreV1().Pods(c.NS)
+	pod, err := nodetoken.Pod(c.ctx, c.Srv.Client, c.NS, "metalvip-agent-"+node, "metalvip-agent", node)
+	if err != nil {
+		c.T.Fatalf("the agent pod of %s: %v", node, err)
+	}
+	c.Root.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = pods.Delete(ctx, pod.Name, metav1.DeleteOptions{})
+	})
+	tok, err := nodetoken.Token(c.ctx, c.Srv.Client, pod, identity.Audience, time.Hour)
+	if err != nil {
+		c.T.Fatalf("%v", err)
+	}
+	if err := os.WriteFile(file, []byte(tok), 0o600); err != nil {
+		c.T.Fatalf("%v", err)
+	}
+}
+
+// readCA waits for the CA the CCM publishes, writes it where an agent pod mounts it, and
+// gives the test a CCM identity of it (ccm.crt, ccm.key) to call agents and metalvipctl with.
+func (c *Cluster) readCA() {
+	var cm *corev1.ConfigMap
+	Eventually(c.T, 30*time.Second, "the CCM publishes the agents' CA", func() bool {
+		var err error
+		cm, err = c.Srv.Client.CoreV1().ConfigMaps(c.NS).Get(c.ctx, identity.CAName, metav1.GetOptions{})
+		return err == nil && cm.Data[identity.CAKey] != ""
+	})
+	if err := os.WriteFile(filepath.Join(c.PKI, "ca.crt"), []byte(cm.Data[identity.CAKey]), 0o600); err != nil {
+		c.T.Fatalf("%v", err)
+	}
+	sec, err := c.Srv.Client.CoreV1().Secrets(c.NS).Get(c.ctx, identity.CAName, metav1.GetOptions{})
+	if err != nil {
+		c.T.Fatalf("the CA Secret: %v", err)
+	}
+	ccm, err := certs.Issue(certs.Pair{Cert: sec.Data[corev1.TLSCertKey], Key: sec.Data[corev1.TLSPrivateKeyKey]}, certs.CCMName, certs.Client, time.Hour)
+	if err != nil {
+		c.T.Fatalf("%v", err)
+	}
+	for name, data := range map[string][]byte{"ccm.crt": ccm.Cert, "ccm.key": ccm.Key} {
+		if err := os.WriteFile(filepath.Join(c.PKI, name), data, 0o600); err != nil {
+			c.T.Fatalf("%v", err)
+		}
+	}
+}
+
 func (c *Cluster) writePKI() {
-	c.PKI = c.T.TempDir()
 	ca, err := certs.NewCA("metalvip-ca", time.Hour)
 	if err != nil {
 		c.T.Fatalf("%v", err)
@@ -219,11 +342,14 @@ func (c *Cluster) createNode(h *lab.Host) {
 
 func (c *Cluster) StartAgent(a *Agent) {
 	h := a.Host
-	a.Proc = h.Start(c.Root, "agent", c.opts.AgentBinary,
-		"--node-name", h.Name, "--listen-address", netip.AddrPortFrom(h.IPv4, 7472).String(),
-		"--state-dir", a.State, "--interfaces", "eth0",
-		"--tls-ca", filepath.Join(c.PKI, "ca.crt"), "--tls-cert", filepath.Join(c.PKI, h.Name+".crt"), "--tls-key", filepath.Join(c.PKI, h.Name+".key"),
-		"--v", "2")
+	args := []string{"--node-name", h.Name, "--listen-address", netip.AddrPortFrom(h.IPv4, 7472).String(),
+		"--state-dir", a.State, "--interfaces", "eth0", "--tls-ca", filepath.Join(c.PKI, "ca.crt"), "--v", "2"}
+	if c.opts.Files {
+		args = append(args, "--tls-cert", filepath.Join(c.PKI, h.Name+".crt"), "--tls-key", filepath.Join(c.PKI, h.Name+".key"))
+	} else {
+		args = append(args, "--tls-mode", "enroll", "--token-file", a.Token)
+	}
+	a.Proc = h.Start(c.Root, "agent", c.opts.AgentBinary, args...)
 	if a.Client == nil {
 		cfg, err := certs.ClientConfig(certs.Files{CA: filepath.Join(c.PKI, "ca.crt"), Cert: filepath.Join(c.PKI, "ccm.crt"), Key: filepath.Join(c.PKI, "ccm.key")}, h.Name)
 		if err != nil {
@@ -404,7 +530,28 @@ func (c *Cluster) Owner(vip netip.Addr) string {
 	if len(macs) == 0 {
 		return ""
 	}
-	return c.MACs[macs[0]]
+	if n, ok := c.MACs[macs[0]]; ok {
+		return n
+	}
+	// A virtual MAC names no node: the agent that says it answers is the owner.
+	var owners []string
+	for name, a := range c.Agents {
+		ctx, cancel := context.WithTimeout(c.ctx, time.Second)
+		st, err := a.Client.GetState(ctx, &agentv1.GetStateRequest{})
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, v := range st.GetAnnounced() {
+			if v.GetVip() == vip.String() && v.GetActive() {
+				owners = append(owners, name)
+			}
+		}
+	}
+	if len(owners) != 1 {
+		return ""
+	}
+	return owners[0]
 }
 
 func (c *Cluster) WaitOwner(vip netip.Addr, want string, timeout time.Duration) {
@@ -599,6 +746,10 @@ func (c *Cluster) deleteServices() {
 		_, _ = svcs.Patch(ctx, s.Name, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
 	}
 }
+
+// Kubeconfig is the admin kubeconfig that works from the lab's control namespace (through
+// the relay), as the CCM uses it.
+func (c *Cluster) Kubeconfig() string { return c.kcfg }
 
 // AgentMetrics scrapes node's agent's /metrics (port 7474, from inside the node) and returns
 // the families by name.

@@ -42,6 +42,11 @@ func TestBGPPeerCRDValidation(t *testing.T) {
 		{"hold time 0 without a keepalive is accepted", `{` + peer + `, holdTimeSeconds: 0}`, ""},
 		{"hold time 0 with keepalive 0 is accepted", `{` + peer + `, holdTimeSeconds: 0, keepaliveSeconds: 0}`, ""},
 		{"the shortest hold time with a keepalive is accepted", `{` + peer + `, holdTimeSeconds: 3, keepaliveSeconds: 1}`, ""},
+		{"ClusterIP ranges of both families are accepted", `{` + peer + `, serviceCIDRs: ["10.96.0.0/16", "fd00:10:96::/112"]}`, ""},
+		{"a ClusterIP range that is no CIDR is refused", `{` + peer + `, serviceCIDRs: ["10.96.0.0"]}`, "each must be a CIDR such as 10.96.0.0/16"},
+		{"a ClusterIP range with bits after its length is refused", `{` + peer + `, serviceCIDRs: ["10.96.0.1/16"]}`, "must not have bits set after its prefix length"},
+		{"a ClusterIP range wider than a /8 is refused", `{` + peer + `, serviceCIDRs: ["10.0.0.0/7"]}`, "at most a /8"},
+		{"a ClusterIP range wider than a /48 is refused", `{` + peer + `, serviceCIDRs: ["fd00::/40"]}`, "at most a /8 (IPv4) or a /48 (IPv6)"},
 
 		{"a bad address is refused", `{address: 198.51.100.300, peerASN: 64496, myASN: 64497}`, "must be an IP address"},
 		{"a zoned address is refused", `{address: "fe80::1%eth0", peerASN: 64496, myASN: 64497}`, "spec.address: Invalid value: \"fe80::1%eth0\": must be an IP address such as 198.51.100.1"},

@@ -201,7 +201,7 @@ func TestTheChartLintsClean(t *testing.T) {
 // everyOption sets every value the chart has, to something other than its default.
 const everyOption = `
 image: {registry: registry.example:5000/mirror, tag: v9.9.9, pullPolicy: Always, pullSecrets: [{name: mirror-pull}]}
-tls: {ccmSecretName: ccm-tls, agentSecretName: agents-tls}
+tls: {mode: files, ccmSecretName: ccm-tls, agentSecretName: agents-tls}
 cloudConfig:
   agent: {timeout: 3s}
   failover: {interval: 20ms, misses: 5, port: 7483, maxCandidates: 3, gratuitousRefresh: 60s}

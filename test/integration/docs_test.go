@@ -506,13 +506,13 @@ func followDoc(t *testing.T, doc string, tools []string, steps []string) *docRun
 
 // TestInstallKubeadmDocWorksAsWritten follows docs/install-kubeadm.md command by command.
 func TestInstallKubeadmDocWorksAsWritten(t *testing.T) {
-	followDoc(t, "../../docs/install-kubeadm.md", nil, []string{"build", "exclusion", "certs", "install", "pool", "check"})
+	followDoc(t, "../../docs/install-kubeadm.md", nil, []string{"build", "exclusion", "install", "pool", "check"})
 }
 
 // TestInstallHelmDocWorksAsWritten follows docs/install-helm.md with Helm built from its Go
 // module: install, check, and an upgrade.
 func TestInstallHelmDocWorksAsWritten(t *testing.T) {
-	r := followDoc(t, "../../docs/install-helm.md", []string{"helm"}, []string{"build", "certs", "install", "pool", "check", "upgrade"})
+	r := followDoc(t, "../../docs/install-helm.md", []string{"helm"}, []string{"build", "install", "pool", "check", "upgrade"})
 	// Installed by Helm (its release Secret, revision 2 after the upgrade), with the values file.
 	secs, err := r.srv.Client.CoreV1().Secrets("kube-system").List(context.Background(), metav1.ListOptions{LabelSelector: "owner=helm,name=metalvip"})
 	if err != nil || len(secs.Items) != 2 {

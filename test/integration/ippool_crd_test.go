@@ -87,6 +87,12 @@ func TestIPPoolCRDValidation(t *testing.T) {
 		{"the whole IPv4 and IPv6 spaces with avoidBuggyIPs are accepted", `{addresses: [0.0.0.0/0, "::/0"], avoidBuggyIPs: true}`, ""},
 		{"a BGP pool with BGP options is accepted",
 			`{addresses: [203.0.113.0/24], announce: {mode: BGP, bgp: {communities: ["64496:100", "0:0", "65535:65535"], localPref: 200}}}`, ""},
+		{"weighting by endpoints is accepted",
+			`{addresses: [203.0.113.0/24], announce: {mode: BGP, bgp: {weightByEndpoints: true}}}`, ""},
+		{"a pool that lends externalIPs is accepted",
+			`{addresses: [203.0.113.0/24], externalIPs: Allow, autoAssign: false}`, ""},
+		{"an externalIPs policy that is neither Allow nor Deny is refused",
+			`{addresses: [203.0.113.0/24], externalIPs: Always}`, "externalIPs"},
 		{"the largest localPref is accepted",
 			`{addresses: [203.0.113.0/24], announce: {mode: BGP, bgp: {localPref: 4294967295}}}`, ""},
 		{"a full pool is accepted", `

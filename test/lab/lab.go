@@ -333,7 +333,10 @@ func (l *Lab) build() error {
 }
 
 // FRRConfig returns the router's FRR configuration, one file per daemon (FRR daemons refuse
-// each other's commands).
+// each other's commands). The router does weighted ECMP from the link-bandwidth extended
+// community (bgp bestpath bandwidth: paths without one are left out when others have one),
+// and honours GRACEFUL_SHUTDOWN (65535:0) from the nodes as RFC 8326 asks: LOCAL_PREF 0, so
+// such a path is used only when no other is left.
 func (l *Lab) FRRConfig() map[string]string {
 	o := l.opts
 	header := fmt.Sprintf("frr defaults traditional\nhostname router\nlog file %s/frr.log informational\n!\n", l.Dir)
@@ -351,6 +354,7 @@ func (l *Lab) FRRConfig() map[string]string {
  no bgp ebgp-requires-policy
  no bgp default ipv4-unicast
  bgp bestpath as-path multipath-relax
+ bgp bestpath bandwidth skip-missing
  neighbor NODES peer-group
  neighbor NODES remote-as %d
  neighbor NODES bfd profile lab
@@ -366,13 +370,23 @@ func (l *Lab) FRRConfig() map[string]string {
  !
  address-family ipv4 unicast
   neighbor NODES activate
+  neighbor NODES route-map NODES-IN in
   maximum-paths 8
  exit-address-family
  !
  address-family ipv6 unicast
   neighbor NODES6 activate
+  neighbor NODES6 route-map NODES-IN in
   maximum-paths 8
  exit-address-family
+!
+bgp community-list standard GSHUT seq 5 permit graceful-shutdown
+!
+route-map NODES-IN permit 10
+ match community GSHUT
+ set local-preference 0
+!
+route-map NODES-IN permit 20
 !
 `, o.RouterASN, o.NodeASN, o.NodeASN, SegmentV4, SegmentV6),
 	}

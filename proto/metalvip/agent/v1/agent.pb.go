@@ -125,7 +125,7 @@ func (x Refusal_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Refusal_Kind.Descriptor instead.
 func (Refusal_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{12, 0}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{13, 0}
 }
 
 type Event_Kind int32
@@ -183,7 +183,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{22, 0}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{23, 0}
 }
 
 // DesiredState is everything one node should do.
@@ -204,8 +204,13 @@ type DesiredState struct {
 	// heartbeat_peers are the other nodes this node exchanges heartbeats with (every other
 	// candidate of its L2 VIPs), each with the public keys its own agent reported.
 	HeartbeatPeers []*HeartbeatPeer `protobuf:"bytes,8,rep,name=heartbeat_peers,json=heartbeatPeers,proto3" json:"heartbeat_peers,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// draining: the node is being drained (cordoned, or it carries the drain label). Its BGP
+	// routes carry GRACEFUL_SHUTDOWN (65535:0, RFC 8326; LOCAL_PREF 0 to iBGP peers), and it
+	// keeps answering the L2 VIPs it answers while it stays their candidate, even behind a
+	// higher-ranked live one (make-before-break); the CCM takes it off after the drain delay.
+	Draining      bool `protobuf:"varint,9,opt,name=draining,proto3" json:"draining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DesiredState) Reset() {
@@ -292,6 +297,13 @@ func (x *DesiredState) GetHeartbeatPeers() []*HeartbeatPeer {
 		return x.HeartbeatPeers
 	}
 	return nil
+}
+
+func (x *DesiredState) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
 }
 
 // HeartbeatPeer is another node's heartbeat identity, as its agent reported it in GetState.
@@ -575,7 +587,12 @@ type BGPAnnouncement struct {
 	// communities, each "ASN:value".
 	Communities []string `protobuf:"bytes,1,rep,name=communities,proto3" json:"communities,omitempty"`
 	// local_pref, 0 for none.
-	LocalPref     uint32 `protobuf:"varint,2,opt,name=local_pref,json=localPref,proto3" json:"local_pref,omitempty"`
+	LocalPref uint32 `protobuf:"varint,2,opt,name=local_pref,json=localPref,proto3" json:"local_pref,omitempty"`
+	// weights, when set, weight the route by endpoints: each node advertises it with the
+	// link-bandwidth extended community in proportion to its own entry (1 Mbit/s per ready
+	// endpoint), so a router with weighted ECMP sends it that share. A node absent here, or
+	// with 0, advertises no bandwidth. Empty: no weighting.
+	Weights       []*NodeWeight `protobuf:"bytes,3,rep,name=weights,proto3" json:"weights,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -624,6 +641,67 @@ func (x *BGPAnnouncement) GetLocalPref() uint32 {
 	return 0
 }
 
+func (x *BGPAnnouncement) GetWeights() []*NodeWeight {
+	if x != nil {
+		return x.Weights
+	}
+	return nil
+}
+
+// NodeWeight is one node's weight for a BGP VIP.
+type NodeWeight struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// endpoints is the number of ready endpoints of the VIP's Services on the node.
+	Endpoints     uint32 `protobuf:"varint,2,opt,name=endpoints,proto3" json:"endpoints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeWeight) Reset() {
+	*x = NodeWeight{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeWeight) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeWeight) ProtoMessage() {}
+
+func (x *NodeWeight) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeWeight.ProtoReflect.Descriptor instead.
+func (*NodeWeight) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *NodeWeight) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeWeight) GetEndpoints() uint32 {
+	if x != nil {
+		return x.Endpoints
+	}
+	return 0
+}
+
 // BGPPeer is a BGP session of this node.
 type BGPPeer struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -649,7 +727,7 @@ type BGPPeer struct {
 
 func (x *BGPPeer) Reset() {
 	*x = BGPPeer{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -661,7 +739,7 @@ func (x *BGPPeer) String() string {
 func (*BGPPeer) ProtoMessage() {}
 
 func (x *BGPPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -674,7 +752,7 @@ func (x *BGPPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BGPPeer.ProtoReflect.Descriptor instead.
 func (*BGPPeer) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *BGPPeer) GetAddress() string {
@@ -767,7 +845,7 @@ type BFD struct {
 
 func (x *BFD) Reset() {
 	*x = BFD{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +857,7 @@ func (x *BFD) String() string {
 func (*BFD) ProtoMessage() {}
 
 func (x *BFD) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +870,7 @@ func (x *BFD) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BFD.ProtoReflect.Descriptor instead.
 func (*BFD) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BFD) GetEnabled() bool {
@@ -846,7 +924,7 @@ type L2Options struct {
 
 func (x *L2Options) Reset() {
 	*x = L2Options{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -858,7 +936,7 @@ func (x *L2Options) String() string {
 func (*L2Options) ProtoMessage() {}
 
 func (x *L2Options) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -871,7 +949,7 @@ func (x *L2Options) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Options.ProtoReflect.Descriptor instead.
 func (*L2Options) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *L2Options) GetGratuitousRefreshSeconds() uint32 {
@@ -916,14 +994,17 @@ type BGPOptions struct {
 	// asn is the local ASN for peers that do not set one.
 	Asn uint32 `protobuf:"varint,1,opt,name=asn,proto3" json:"asn,omitempty"`
 	// router_id, an IPv4 address; empty for the agent's own address.
-	RouterId      string `protobuf:"bytes,2,opt,name=router_id,json=routerId,proto3" json:"router_id,omitempty"`
+	RouterId string `protobuf:"bytes,2,opt,name=router_id,json=routerId,proto3" json:"router_id,omitempty"`
+	// prefixes are aggregates this node advertises to its BGP peers besides its VIPs, such as
+	// the cluster's ClusterIP range ("10.96.0.0/16"): CIDRs, at most 16.
+	Prefixes      []string `protobuf:"bytes,3,rep,name=prefixes,proto3" json:"prefixes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BGPOptions) Reset() {
 	*x = BGPOptions{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1016,7 @@ func (x *BGPOptions) String() string {
 func (*BGPOptions) ProtoMessage() {}
 
 func (x *BGPOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1029,7 @@ func (x *BGPOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BGPOptions.ProtoReflect.Descriptor instead.
 func (*BGPOptions) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *BGPOptions) GetAsn() uint32 {
@@ -965,6 +1046,13 @@ func (x *BGPOptions) GetRouterId() string {
 	return ""
 }
 
+func (x *BGPOptions) GetPrefixes() []string {
+	if x != nil {
+		return x.Prefixes
+	}
+	return nil
+}
+
 type ApplyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	State         *DesiredState          `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
@@ -974,7 +1062,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1074,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1087,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ApplyRequest) GetState() *DesiredState {
@@ -1027,7 +1115,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1127,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1140,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ApplyResponse) GetTerm() uint64 {
@@ -1105,7 +1193,7 @@ type Refusal struct {
 
 func (x *Refusal) Reset() {
 	*x = Refusal{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1205,7 @@ func (x *Refusal) String() string {
 func (*Refusal) ProtoMessage() {}
 
 func (x *Refusal) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,7 +1218,7 @@ func (x *Refusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Refusal.ProtoReflect.Descriptor instead.
 func (*Refusal) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Refusal) GetKind() Refusal_Kind {
@@ -1169,7 +1257,7 @@ type GetStateRequest struct {
 
 func (x *GetStateRequest) Reset() {
 	*x = GetStateRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1181,7 +1269,7 @@ func (x *GetStateRequest) String() string {
 func (*GetStateRequest) ProtoMessage() {}
 
 func (x *GetStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1194,7 +1282,7 @@ func (x *GetStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStateRequest.ProtoReflect.Descriptor instead.
 func (*GetStateRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 type GetStateResponse struct {
@@ -1231,7 +1319,7 @@ type GetStateResponse struct {
 
 func (x *GetStateResponse) Reset() {
 	*x = GetStateResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1243,7 +1331,7 @@ func (x *GetStateResponse) String() string {
 func (*GetStateResponse) ProtoMessage() {}
 
 func (x *GetStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1256,7 +1344,7 @@ func (x *GetStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStateResponse.ProtoReflect.Descriptor instead.
 func (*GetStateResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetStateResponse) GetNode() string {
@@ -1381,7 +1469,7 @@ type ControlPlaneStatus struct {
 
 func (x *ControlPlaneStatus) Reset() {
 	*x = ControlPlaneStatus{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1393,7 +1481,7 @@ func (x *ControlPlaneStatus) String() string {
 func (*ControlPlaneStatus) ProtoMessage() {}
 
 func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1406,7 +1494,7 @@ func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
 func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ControlPlaneStatus) GetConfigFile() string {
@@ -1492,7 +1580,7 @@ type HeartbeatCounters struct {
 
 func (x *HeartbeatCounters) Reset() {
 	*x = HeartbeatCounters{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1504,7 +1592,7 @@ func (x *HeartbeatCounters) String() string {
 func (*HeartbeatCounters) ProtoMessage() {}
 
 func (x *HeartbeatCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1517,7 +1605,7 @@ func (x *HeartbeatCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatCounters.ProtoReflect.Descriptor instead.
 func (*HeartbeatCounters) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HeartbeatCounters) GetSent() uint64 {
@@ -1569,7 +1657,7 @@ type AnnouncedVIP struct {
 
 func (x *AnnouncedVIP) Reset() {
 	*x = AnnouncedVIP{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1581,7 +1669,7 @@ func (x *AnnouncedVIP) String() string {
 func (*AnnouncedVIP) ProtoMessage() {}
 
 func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1594,7 +1682,7 @@ func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnouncedVIP.ProtoReflect.Descriptor instead.
 func (*AnnouncedVIP) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AnnouncedVIP) GetVip() string {
@@ -1655,19 +1743,21 @@ func (x *AnnouncedVIP) GetClientsAnswered() uint32 {
 
 // PeerStatus is one BGP session.
 type PeerStatus struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
-	State         string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
-	BfdState      string                 `protobuf:"bytes,3,opt,name=bfd_state,json=bfdState,proto3" json:"bfd_state,omitempty"`
-	LastError     string                 `protobuf:"bytes,4,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
-	SinceUnix     int64                  `protobuf:"varint,5,opt,name=since_unix,json=sinceUnix,proto3" json:"since_unix,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Address   string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	State     string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	BfdState  string                 `protobuf:"bytes,3,opt,name=bfd_state,json=bfdState,proto3" json:"bfd_state,omitempty"`
+	LastError string                 `protobuf:"bytes,4,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	SinceUnix int64                  `protobuf:"varint,5,opt,name=since_unix,json=sinceUnix,proto3" json:"since_unix,omitempty"`
+	// routes_advertised is how many routes the session sends the peer now.
+	RoutesAdvertised uint32 `protobuf:"varint,6,opt,name=routes_advertised,json=routesAdvertised,proto3" json:"routes_advertised,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *PeerStatus) Reset() {
 	*x = PeerStatus{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1679,7 +1769,7 @@ func (x *PeerStatus) String() string {
 func (*PeerStatus) ProtoMessage() {}
 
 func (x *PeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1692,7 +1782,7 @@ func (x *PeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatus.ProtoReflect.Descriptor instead.
 func (*PeerStatus) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PeerStatus) GetAddress() string {
@@ -1730,6 +1820,13 @@ func (x *PeerStatus) GetSinceUnix() int64 {
 	return 0
 }
 
+func (x *PeerStatus) GetRoutesAdvertised() uint32 {
+	if x != nil {
+		return x.RoutesAdvertised
+	}
+	return 0
+}
+
 // L2Counters count the ARP and NDP work of the agent.
 type L2Counters struct {
 	state                     protoimpl.MessageState `protogen:"open.v1"`
@@ -1748,7 +1845,7 @@ type L2Counters struct {
 
 func (x *L2Counters) Reset() {
 	*x = L2Counters{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1760,7 +1857,7 @@ func (x *L2Counters) String() string {
 func (*L2Counters) ProtoMessage() {}
 
 func (x *L2Counters) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1773,7 +1870,7 @@ func (x *L2Counters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Counters.ProtoReflect.Descriptor instead.
 func (*L2Counters) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *L2Counters) GetArpRequests() uint64 {
@@ -1833,7 +1930,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1845,7 +1942,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1858,7 +1955,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 type WatchResponse struct {
@@ -1870,7 +1967,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1882,7 +1979,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1895,7 +1992,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WatchResponse) GetEvent() *Event {
@@ -1920,7 +2017,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1932,7 +2029,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1945,7 +2042,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -1990,11 +2087,193 @@ func (x *Event) GetDetail() string {
 	return ""
 }
 
+type EnrollRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnrollRequest) Reset() {
+	*x = EnrollRequest{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnrollRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnrollRequest) ProtoMessage() {}
+
+func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnrollRequest.ProtoReflect.Descriptor instead.
+func (*EnrollRequest) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+}
+
+type EnrollResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node is the node the agent runs on (its --node-name).
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// certificate_request is a PKCS#10 request (DER) for the agent's new key. The CCM takes only
+	// the public key from it: what the certificate names is the node the CCM dialled.
+	CertificateRequest []byte `protobuf:"bytes,2,opt,name=certificate_request,json=certificateRequest,proto3" json:"certificate_request,omitempty"`
+	// token is the agent's projected ServiceAccount token, bound to its Pod and Node; the CCM
+	// checks it with a TokenReview. At most 16 KiB.
+	Token         string `protobuf:"bytes,3,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnrollResponse) Reset() {
+	*x = EnrollResponse{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnrollResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnrollResponse) ProtoMessage() {}
+
+func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnrollResponse.ProtoReflect.Descriptor instead.
+func (*EnrollResponse) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *EnrollResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *EnrollResponse) GetCertificateRequest() []byte {
+	if x != nil {
+		return x.CertificateRequest
+	}
+	return nil
+}
+
+func (x *EnrollResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+type InstallRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// certificate is the PEM certificate signed for the key of the last EnrollResponse.
+	Certificate   []byte `protobuf:"bytes,1,opt,name=certificate,proto3" json:"certificate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstallRequest) Reset() {
+	*x = InstallRequest{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstallRequest) ProtoMessage() {}
+
+func (x *InstallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstallRequest.ProtoReflect.Descriptor instead.
+func (*InstallRequest) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *InstallRequest) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
+	}
+	return nil
+}
+
+type InstallResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstallResponse) Reset() {
+	*x = InstallResponse{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstallResponse) ProtoMessage() {}
+
+func (x *InstallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstallResponse.ProtoReflect.Descriptor instead.
+func (*InstallResponse) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+}
+
 var File_metalvip_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1dmetalvip/agent/v1/agent.proto\x12\x11metalvip.agent.v1\"\x80\x03\n" +
+	"\x1dmetalvip/agent/v1/agent.proto\x12\x11metalvip.agent.v1\"\x9c\x03\n" +
 	"\fDesiredState\x12\x12\n" +
 	"\x04term\x18\x01 \x01(\x04R\x04term\x12\x1e\n" +
 	"\n" +
@@ -2005,7 +2284,8 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\tbgp_peers\x18\x05 \x03(\v2\x1a.metalvip.agent.v1.BGPPeerR\bbgpPeers\x12,\n" +
 	"\x02l2\x18\x06 \x01(\v2\x1c.metalvip.agent.v1.L2OptionsR\x02l2\x12/\n" +
 	"\x03bgp\x18\a \x01(\v2\x1d.metalvip.agent.v1.BGPOptionsR\x03bgp\x12I\n" +
-	"\x0fheartbeat_peers\x18\b \x03(\v2 .metalvip.agent.v1.HeartbeatPeerR\x0eheartbeatPeers\"^\n" +
+	"\x0fheartbeat_peers\x18\b \x03(\v2 .metalvip.agent.v1.HeartbeatPeerR\x0eheartbeatPeers\x12\x1a\n" +
+	"\bdraining\x18\t \x01(\bR\bdraining\"^\n" +
 	"\rHeartbeatPeer\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1f\n" +
@@ -2030,11 +2310,16 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"virtualMac\"9\n" +
 	"\tCandidate\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"R\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\x8b\x01\n" +
 	"\x0fBGPAnnouncement\x12 \n" +
 	"\vcommunities\x18\x01 \x03(\tR\vcommunities\x12\x1d\n" +
 	"\n" +
-	"local_pref\x18\x02 \x01(\rR\tlocalPref\"\x88\x03\n" +
+	"local_pref\x18\x02 \x01(\rR\tlocalPref\x127\n" +
+	"\aweights\x18\x03 \x03(\v2\x1d.metalvip.agent.v1.NodeWeightR\aweights\">\n" +
+	"\n" +
+	"NodeWeight\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1c\n" +
+	"\tendpoints\x18\x02 \x01(\rR\tendpoints\"\x88\x03\n" +
 	"\aBGPPeer\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x19\n" +
@@ -2060,11 +2345,12 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x0eheartbeat_keys\x18\x02 \x03(\fB\x02\x18\x01R\rheartbeatKeys\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x03 \x01(\rR\x13heartbeatIntervalMs\x12)\n" +
 	"\x10heartbeat_misses\x18\x04 \x01(\rR\x0fheartbeatMisses\x12%\n" +
-	"\x0eheartbeat_port\x18\x05 \x01(\rR\rheartbeatPort\";\n" +
+	"\x0eheartbeat_port\x18\x05 \x01(\rR\rheartbeatPort\"W\n" +
 	"\n" +
 	"BGPOptions\x12\x10\n" +
 	"\x03asn\x18\x01 \x01(\rR\x03asn\x12\x1b\n" +
-	"\trouter_id\x18\x02 \x01(\tR\brouterId\"E\n" +
+	"\trouter_id\x18\x02 \x01(\tR\brouterId\x12\x1a\n" +
+	"\bprefixes\x18\x03 \x03(\tR\bprefixes\"E\n" +
 	"\fApplyRequest\x125\n" +
 	"\x05state\x18\x01 \x01(\v2\x1f.metalvip.agent.v1.DesiredStateR\x05state\"\xaf\x01\n" +
 	"\rApplyResponse\x12\x12\n" +
@@ -2133,7 +2419,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"interfaces\x12\x18\n" +
 	"\asharing\x18\x06 \x03(\tR\asharing\x12#\n" +
 	"\rclients_known\x18\a \x01(\rR\fclientsKnown\x12)\n" +
-	"\x10clients_answered\x18\b \x01(\rR\x0fclientsAnswered\"\x97\x01\n" +
+	"\x10clients_answered\x18\b \x01(\rR\x0fclientsAnswered\"\xc4\x01\n" +
 	"\n" +
 	"PeerStatus\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x14\n" +
@@ -2142,7 +2428,8 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"last_error\x18\x04 \x01(\tR\tlastError\x12\x1d\n" +
 	"\n" +
-	"since_unix\x18\x05 \x01(\x03R\tsinceUnix\"\xd3\x02\n" +
+	"since_unix\x18\x05 \x01(\x03R\tsinceUnix\x12+\n" +
+	"\x11routes_advertised\x18\x06 \x01(\rR\x10routesAdvertised\"\xd3\x02\n" +
 	"\n" +
 	"L2Counters\x12!\n" +
 	"\farp_requests\x18\x01 \x01(\x04R\varpRequests\x12\x1f\n" +
@@ -2171,15 +2458,25 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x0eKIND_TOOK_OVER\x10\x02\x12\x11\n" +
 	"\rKIND_RELEASED\x10\x03\x12\x13\n" +
 	"\x0fKIND_SESSION_UP\x10\x04\x12\x15\n" +
-	"\x11KIND_SESSION_DOWN\x10\x05*7\n" +
+	"\x11KIND_SESSION_DOWN\x10\x05\"\x0f\n" +
+	"\rEnrollRequest\"k\n" +
+	"\x0eEnrollResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12/\n" +
+	"\x13certificate_request\x18\x02 \x01(\fR\x12certificateRequest\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\tR\x05token\"2\n" +
+	"\x0eInstallRequest\x12 \n" +
+	"\vcertificate\x18\x01 \x01(\fR\vcertificate\"\x11\n" +
+	"\x0fInstallResponse*7\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aMODE_L2\x10\x01\x12\f\n" +
-	"\bMODE_BGP\x10\x022\xfd\x01\n" +
+	"\bMODE_BGP\x10\x022\x9e\x03\n" +
 	"\fAgentService\x12J\n" +
 	"\x05Apply\x12\x1f.metalvip.agent.v1.ApplyRequest\x1a .metalvip.agent.v1.ApplyResponse\x12S\n" +
 	"\bGetState\x12\".metalvip.agent.v1.GetStateRequest\x1a#.metalvip.agent.v1.GetStateResponse\x12L\n" +
-	"\x05Watch\x12\x1f.metalvip.agent.v1.WatchRequest\x1a .metalvip.agent.v1.WatchResponse0\x01B>Z<github.com/metalvip/metalvip/proto/metalvip/agent/v1;agentv1b\x06proto3"
+	"\x05Watch\x12\x1f.metalvip.agent.v1.WatchRequest\x1a .metalvip.agent.v1.WatchResponse0\x01\x12M\n" +
+	"\x06Enroll\x12 .metalvip.agent.v1.EnrollRequest\x1a!.metalvip.agent.v1.EnrollResponse\x12P\n" +
+	"\aInstall\x12!.metalvip.agent.v1.InstallRequest\x1a\".metalvip.agent.v1.InstallResponseB>Z<github.com/metalvip/metalvip/proto/metalvip/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_metalvip_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -2194,7 +2491,7 @@ func file_metalvip_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_metalvip_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_metalvip_agent_v1_agent_proto_goTypes = []any{
 	(Mode)(0),                  // 0: metalvip.agent.v1.Mode
 	(Refusal_Kind)(0),          // 1: metalvip.agent.v1.Refusal.Kind
@@ -2205,62 +2502,72 @@ var file_metalvip_agent_v1_agent_proto_goTypes = []any{
 	(*L2Announcement)(nil),     // 6: metalvip.agent.v1.L2Announcement
 	(*Candidate)(nil),          // 7: metalvip.agent.v1.Candidate
 	(*BGPAnnouncement)(nil),    // 8: metalvip.agent.v1.BGPAnnouncement
-	(*BGPPeer)(nil),            // 9: metalvip.agent.v1.BGPPeer
-	(*BFD)(nil),                // 10: metalvip.agent.v1.BFD
-	(*L2Options)(nil),          // 11: metalvip.agent.v1.L2Options
-	(*BGPOptions)(nil),         // 12: metalvip.agent.v1.BGPOptions
-	(*ApplyRequest)(nil),       // 13: metalvip.agent.v1.ApplyRequest
-	(*ApplyResponse)(nil),      // 14: metalvip.agent.v1.ApplyResponse
-	(*Refusal)(nil),            // 15: metalvip.agent.v1.Refusal
-	(*GetStateRequest)(nil),    // 16: metalvip.agent.v1.GetStateRequest
-	(*GetStateResponse)(nil),   // 17: metalvip.agent.v1.GetStateResponse
-	(*ControlPlaneStatus)(nil), // 18: metalvip.agent.v1.ControlPlaneStatus
-	(*HeartbeatCounters)(nil),  // 19: metalvip.agent.v1.HeartbeatCounters
-	(*AnnouncedVIP)(nil),       // 20: metalvip.agent.v1.AnnouncedVIP
-	(*PeerStatus)(nil),         // 21: metalvip.agent.v1.PeerStatus
-	(*L2Counters)(nil),         // 22: metalvip.agent.v1.L2Counters
-	(*WatchRequest)(nil),       // 23: metalvip.agent.v1.WatchRequest
-	(*WatchResponse)(nil),      // 24: metalvip.agent.v1.WatchResponse
-	(*Event)(nil),              // 25: metalvip.agent.v1.Event
-	nil,                        // 26: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	(*NodeWeight)(nil),         // 9: metalvip.agent.v1.NodeWeight
+	(*BGPPeer)(nil),            // 10: metalvip.agent.v1.BGPPeer
+	(*BFD)(nil),                // 11: metalvip.agent.v1.BFD
+	(*L2Options)(nil),          // 12: metalvip.agent.v1.L2Options
+	(*BGPOptions)(nil),         // 13: metalvip.agent.v1.BGPOptions
+	(*ApplyRequest)(nil),       // 14: metalvip.agent.v1.ApplyRequest
+	(*ApplyResponse)(nil),      // 15: metalvip.agent.v1.ApplyResponse
+	(*Refusal)(nil),            // 16: metalvip.agent.v1.Refusal
+	(*GetStateRequest)(nil),    // 17: metalvip.agent.v1.GetStateRequest
+	(*GetStateResponse)(nil),   // 18: metalvip.agent.v1.GetStateResponse
+	(*ControlPlaneStatus)(nil), // 19: metalvip.agent.v1.ControlPlaneStatus
+	(*HeartbeatCounters)(nil),  // 20: metalvip.agent.v1.HeartbeatCounters
+	(*AnnouncedVIP)(nil),       // 21: metalvip.agent.v1.AnnouncedVIP
+	(*PeerStatus)(nil),         // 22: metalvip.agent.v1.PeerStatus
+	(*L2Counters)(nil),         // 23: metalvip.agent.v1.L2Counters
+	(*WatchRequest)(nil),       // 24: metalvip.agent.v1.WatchRequest
+	(*WatchResponse)(nil),      // 25: metalvip.agent.v1.WatchResponse
+	(*Event)(nil),              // 26: metalvip.agent.v1.Event
+	(*EnrollRequest)(nil),      // 27: metalvip.agent.v1.EnrollRequest
+	(*EnrollResponse)(nil),     // 28: metalvip.agent.v1.EnrollResponse
+	(*InstallRequest)(nil),     // 29: metalvip.agent.v1.InstallRequest
+	(*InstallResponse)(nil),    // 30: metalvip.agent.v1.InstallResponse
+	nil,                        // 31: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
 }
 var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
 	5,  // 0: metalvip.agent.v1.DesiredState.announcements:type_name -> metalvip.agent.v1.Announcement
-	9,  // 1: metalvip.agent.v1.DesiredState.bgp_peers:type_name -> metalvip.agent.v1.BGPPeer
-	11, // 2: metalvip.agent.v1.DesiredState.l2:type_name -> metalvip.agent.v1.L2Options
-	12, // 3: metalvip.agent.v1.DesiredState.bgp:type_name -> metalvip.agent.v1.BGPOptions
+	10, // 1: metalvip.agent.v1.DesiredState.bgp_peers:type_name -> metalvip.agent.v1.BGPPeer
+	12, // 2: metalvip.agent.v1.DesiredState.l2:type_name -> metalvip.agent.v1.L2Options
+	13, // 3: metalvip.agent.v1.DesiredState.bgp:type_name -> metalvip.agent.v1.BGPOptions
 	4,  // 4: metalvip.agent.v1.DesiredState.heartbeat_peers:type_name -> metalvip.agent.v1.HeartbeatPeer
 	0,  // 5: metalvip.agent.v1.Announcement.mode:type_name -> metalvip.agent.v1.Mode
 	6,  // 6: metalvip.agent.v1.Announcement.l2:type_name -> metalvip.agent.v1.L2Announcement
 	8,  // 7: metalvip.agent.v1.Announcement.bgp:type_name -> metalvip.agent.v1.BGPAnnouncement
 	7,  // 8: metalvip.agent.v1.L2Announcement.candidates:type_name -> metalvip.agent.v1.Candidate
-	10, // 9: metalvip.agent.v1.BGPPeer.bfd:type_name -> metalvip.agent.v1.BFD
-	3,  // 10: metalvip.agent.v1.ApplyRequest.state:type_name -> metalvip.agent.v1.DesiredState
-	15, // 11: metalvip.agent.v1.ApplyResponse.refused:type_name -> metalvip.agent.v1.Refusal
-	1,  // 12: metalvip.agent.v1.Refusal.kind:type_name -> metalvip.agent.v1.Refusal.Kind
-	20, // 13: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
-	21, // 14: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
-	22, // 15: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
-	3,  // 16: metalvip.agent.v1.GetStateResponse.state:type_name -> metalvip.agent.v1.DesiredState
-	15, // 17: metalvip.agent.v1.GetStateResponse.refused:type_name -> metalvip.agent.v1.Refusal
-	19, // 18: metalvip.agent.v1.GetStateResponse.heartbeats:type_name -> metalvip.agent.v1.HeartbeatCounters
-	18, // 19: metalvip.agent.v1.GetStateResponse.control_plane:type_name -> metalvip.agent.v1.ControlPlaneStatus
-	20, // 20: metalvip.agent.v1.ControlPlaneStatus.vip:type_name -> metalvip.agent.v1.AnnouncedVIP
-	26, // 21: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
-	0,  // 22: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
-	25, // 23: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
-	2,  // 24: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
-	13, // 25: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
-	16, // 26: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
-	23, // 27: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
-	14, // 28: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
-	17, // 29: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
-	24, // 30: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
-	28, // [28:31] is the sub-list for method output_type
-	25, // [25:28] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	9,  // 9: metalvip.agent.v1.BGPAnnouncement.weights:type_name -> metalvip.agent.v1.NodeWeight
+	11, // 10: metalvip.agent.v1.BGPPeer.bfd:type_name -> metalvip.agent.v1.BFD
+	3,  // 11: metalvip.agent.v1.ApplyRequest.state:type_name -> metalvip.agent.v1.DesiredState
+	16, // 12: metalvip.agent.v1.ApplyResponse.refused:type_name -> metalvip.agent.v1.Refusal
+	1,  // 13: metalvip.agent.v1.Refusal.kind:type_name -> metalvip.agent.v1.Refusal.Kind
+	21, // 14: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
+	22, // 15: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
+	23, // 16: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
+	3,  // 17: metalvip.agent.v1.GetStateResponse.state:type_name -> metalvip.agent.v1.DesiredState
+	16, // 18: metalvip.agent.v1.GetStateResponse.refused:type_name -> metalvip.agent.v1.Refusal
+	20, // 19: metalvip.agent.v1.GetStateResponse.heartbeats:type_name -> metalvip.agent.v1.HeartbeatCounters
+	19, // 20: metalvip.agent.v1.GetStateResponse.control_plane:type_name -> metalvip.agent.v1.ControlPlaneStatus
+	21, // 21: metalvip.agent.v1.ControlPlaneStatus.vip:type_name -> metalvip.agent.v1.AnnouncedVIP
+	31, // 22: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	0,  // 23: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
+	26, // 24: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
+	2,  // 25: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
+	14, // 26: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
+	17, // 27: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
+	24, // 28: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
+	27, // 29: metalvip.agent.v1.AgentService.Enroll:input_type -> metalvip.agent.v1.EnrollRequest
+	29, // 30: metalvip.agent.v1.AgentService.Install:input_type -> metalvip.agent.v1.InstallRequest
+	15, // 31: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
+	18, // 32: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
+	25, // 33: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
+	28, // 34: metalvip.agent.v1.AgentService.Enroll:output_type -> metalvip.agent.v1.EnrollResponse
+	30, // 35: metalvip.agent.v1.AgentService.Install:output_type -> metalvip.agent.v1.InstallResponse
+	31, // [31:36] is the sub-list for method output_type
+	26, // [26:31] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_metalvip_agent_v1_agent_proto_init() }
@@ -2274,7 +2581,7 @@ func file_metalvip_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_metalvip_agent_v1_agent_proto_rawDesc), len(file_metalvip_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   24,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

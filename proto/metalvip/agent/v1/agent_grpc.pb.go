@@ -26,6 +26,8 @@ const (
 	AgentService_Apply_FullMethodName    = "/metalvip.agent.v1.AgentService/Apply"
 	AgentService_GetState_FullMethodName = "/metalvip.agent.v1.AgentService/GetState"
 	AgentService_Watch_FullMethodName    = "/metalvip.agent.v1.AgentService/Watch"
+	AgentService_Enroll_FullMethodName   = "/metalvip.agent.v1.AgentService/Enroll"
+	AgentService_Install_FullMethodName  = "/metalvip.agent.v1.AgentService/Install"
 )
 
 // AgentServiceClient is the client API for AgentService service.
@@ -47,6 +49,17 @@ type AgentServiceClient interface {
 	// Watch streams events (took over, released, session up or down, applied) until the client
 	// goes away.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
+	// Enroll begins the issue of the agent's certificate (docs/agent-tls.md): the agent makes a
+	// new key and answers with a certificate request for it and its projected ServiceAccount
+	// token, which proves which node it runs on. Only the CCM's identity may call it. An agent
+	// that holds no valid certificate yet serves with a temporary self-signed one and answers
+	// Enroll and Install alone; an enrolled one answers it too, to renew.
+	Enroll(ctx context.Context, in *EnrollRequest, opts ...grpc.CallOption) (*EnrollResponse, error)
+	// Install gives the agent the certificate the CCM signed for the key of its last Enroll
+	// answer. The agent checks it (its key, its node, the CA), keeps it in its state folder, and
+	// serves new connections with it at once; connections already open stay up. Only the CCM's
+	// identity may call it.
+	Install(ctx context.Context, in *InstallRequest, opts ...grpc.CallOption) (*InstallResponse, error)
 }
 
 type agentServiceClient struct {
@@ -96,6 +109,26 @@ func (c *agentServiceClient) Watch(ctx context.Context, in *WatchRequest, opts .
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_WatchClient = grpc.ServerStreamingClient[WatchResponse]
 
+func (c *agentServiceClient) Enroll(ctx context.Context, in *EnrollRequest, opts ...grpc.CallOption) (*EnrollResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EnrollResponse)
+	err := c.cc.Invoke(ctx, AgentService_Enroll_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentServiceClient) Install(ctx context.Context, in *InstallRequest, opts ...grpc.CallOption) (*InstallResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InstallResponse)
+	err := c.cc.Invoke(ctx, AgentService_Install_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServiceServer is the server API for AgentService service.
 // All implementations must embed UnimplementedAgentServiceServer
 // for forward compatibility.
@@ -115,6 +148,17 @@ type AgentServiceServer interface {
 	// Watch streams events (took over, released, session up or down, applied) until the client
 	// goes away.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
+	// Enroll begins the issue of the agent's certificate (docs/agent-tls.md): the agent makes a
+	// new key and answers with a certificate request for it and its projected ServiceAccount
+	// token, which proves which node it runs on. Only the CCM's identity may call it. An agent
+	// that holds no valid certificate yet serves with a temporary self-signed one and answers
+	// Enroll and Install alone; an enrolled one answers it too, to renew.
+	Enroll(context.Context, *EnrollRequest) (*EnrollResponse, error)
+	// Install gives the agent the certificate the CCM signed for the key of its last Enroll
+	// answer. The agent checks it (its key, its node, the CA), keeps it in its state folder, and
+	// serves new connections with it at once; connections already open stay up. Only the CCM's
+	// identity may call it.
+	Install(context.Context, *InstallRequest) (*InstallResponse, error)
 	mustEmbedUnimplementedAgentServiceServer()
 }
 
@@ -133,6 +177,12 @@ func (UnimplementedAgentServiceServer) GetState(context.Context, *GetStateReques
 }
 func (UnimplementedAgentServiceServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedAgentServiceServer) Enroll(context.Context, *EnrollRequest) (*EnrollResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Enroll not implemented")
+}
+func (UnimplementedAgentServiceServer) Install(context.Context, *InstallRequest) (*InstallResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Install not implemented")
 }
 func (UnimplementedAgentServiceServer) mustEmbedUnimplementedAgentServiceServer() {}
 func (UnimplementedAgentServiceServer) testEmbeddedByValue()                      {}
@@ -202,6 +252,42 @@ func _AgentService_Watch_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_WatchServer = grpc.ServerStreamingServer[WatchResponse]
 
+func _AgentService_Enroll_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EnrollRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).Enroll(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_Enroll_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).Enroll(ctx, req.(*EnrollRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AgentService_Install_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InstallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).Install(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_Install_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).Install(ctx, req.(*InstallRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AgentService_ServiceDesc is the grpc.ServiceDesc for AgentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -216,6 +302,14 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetState",
 			Handler:    _AgentService_GetState_Handler,
+		},
+		{
+			MethodName: "Enroll",
+			Handler:    _AgentService_Enroll_Handler,
+		},
+		{
+			MethodName: "Install",
+			Handler:    _AgentService_Install_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,77 @@
+package desired
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/internal/annotation"
+	"github.com/metalvip/metalvip/loadbalancer/pools"
+)
+
+func TestExternalIPsAreAnnouncedOnlyFromPoolsThatAllowThem(t *testing.T) {
+	pool := func(name, cidr string, policy v1alpha1.ExternalIPsPolicy, ns ...string) *pools.Pool {
+		sp := v1alpha1.IPPoolSpec{Addresses: []v1alpha1.AddressRange{v1alpha1.AddressRange(cidr)}, ExternalIPs: policy}
+		if len(ns) > 0 {
+			sp.ServiceAllocation = &v1alpha1.ServiceAllocation{Namespaces: ns}
+		}
+		return pools.DecodePool(&v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: sp})
+	}
+	set := pools.NewSet([]*pools.Pool{
+		pool("open", "203.0.113.0/28", v1alpha1.ExternalIPsAllow),
+		pool("closed", "203.0.113.16/28", ""),
+		pool("team", "203.0.113.32/28", v1alpha1.ExternalIPsAllow, "team"),
+	}, nil)
+	held := func(ip netip.Addr) string {
+		if ip == netip.MustParseAddr("203.0.113.2") {
+			return "ns/lb"
+		}
+		return ""
+	}
+	svc := func(ask bool, ips ...string) *v1.Service {
+		s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s"}, Spec: v1.ServiceSpec{Type: v1.ServiceTypeClusterIP, ExternalIPs: ips}}
+		if ask {
+			s.Annotations = map[string]string{string(annotation.AnnounceExternalIPs): "true"}
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name    string
+		svc     *v1.Service
+		ok      []string
+		refused map[string]string // ip -> part of the reason
+	}{
+		{"an address of a pool that allows externalIPs is announced", svc(true, "203.0.113.1"), []string{"203.0.113.1"}, nil},
+		{"a Service that does not ask gets nothing, and no refusal", svc(false, "203.0.113.1"), nil, nil},
+		{"an address of a pool that does not allow them is refused", svc(true, "203.0.113.17"), nil, map[string]string{"203.0.113.17": "does not lend"}},
+		{"an address in no pool is refused", svc(true, "198.51.100.77"), nil, map[string]string{"198.51.100.77": "in no IPPool"}},
+		{"a pool limited to other namespaces refuses", svc(true, "203.0.113.33"), nil, map[string]string{"203.0.113.33": "namespaces"}},
+		{"an address a LoadBalancer Service holds is refused", svc(true, "203.0.113.2"), nil, map[string]string{"203.0.113.2": "ns/lb"}},
+		{"one refusal leaves the others announced", svc(true, "203.0.113.3", "203.0.113.17"), []string{"203.0.113.3"}, map[string]string{"203.0.113.17": "does not lend"}},
+		{"a garbled address is refused alone", svc(true, "not-an-ip", "203.0.113.4"), []string{"203.0.113.4"}, map[string]string{"not-an-ip": "not an IP"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ok, refused := DefaultServes.ExternalIPs(tc.svc, set, held)
+			var got []string
+			for _, ip := range ok {
+				got = append(got, ip.String())
+			}
+			if !slices.Equal(got, tc.ok) {
+				t.Errorf("announced %v, want %v", got, tc.ok)
+			}
+			if len(refused) != len(tc.refused) {
+				t.Fatalf("refused %+v, want %v", refused, tc.refused)
+			}
+			for _, r := range refused {
+				if !strings.Contains(r.Reason, tc.refused[r.IP]) || tc.refused[r.IP] == "" {
+					t.Errorf("%s refused for %q, want a reason with %q", r.IP, r.Reason, tc.refused[r.IP])
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,98 @@
+package loadbalancer
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+
+	"github.com/metalvip/metalvip/loadbalancer/desired"
+)
+
+// ConditionExternalIPs is the Service condition that says which of its spec.externalIPs are
+// announced, and why the others are not.
+const ConditionExternalIPs = "metalvip.io/ExternalIPsAnnounced"
+
+// managerExternalIPs owns a Service's ExternalIPsAnnounced condition (apart from the
+// announcer's Announced condition: one apply each).
+const managerExternalIPs = "metalvip-external-ips"
+
+// lbHolder returns the Service (not key) whose LoadBalancer status shows ip, or "".
+func (a *Announcer) lbHolder(ip netip.Addr, key string) string {
+	s := &a.loop
+	for _, k := range s.vipSvcs[ip] {
+		if k != key && !slices.Contains(s.extIPs[k], ip) {
+			return k
+		}
+	}
+	return ""
+}
+
+// externalIPsStatus warns once per refusal with an Event and sets the Service's
+// ExternalIPsAnnounced condition when it changed. ext and refused both empty: the Service no
+// longer asks, and the condition goes.
+func (a *Announcer) externalIPsStatus(svc *v1.Service, ext []netip.Addr, refused []desired.ExternalIPRefusal) {
+	s := &a.loop
+	key := desired.Key(svc)
+	for _, r := range refused {
+		a.warnOnce("ext-refused/"+key+"/"+r.IP, r.Reason, func() {
+			a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, ReasonExternalIPRefused, "externalIP %s is not announced: %s", r.IP, r.Reason)
+		})
+	}
+	asks := len(ext) > 0 || len(refused) > 0
+	var c metav1.Condition
+	if asks {
+		c = metav1.Condition{Type: ConditionExternalIPs, Status: metav1.ConditionTrue, Reason: "Announced", ObservedGeneration: svc.Generation}
+		var ips []string
+		for _, ip := range ext {
+			ips = append(ips, ip.String())
+		}
+		c.Message = "Announced: " + strings.Join(ips, ", ")
+		if len(ext) == 0 {
+			c.Message = "None announced"
+		}
+		if len(refused) > 0 {
+			var why []string
+			for _, r := range refused {
+				why = append(why, fmt.Sprintf("%s: %s", r.IP, r.Reason))
+			}
+			c.Status, c.Reason = metav1.ConditionFalse, "Refused"
+			c.Message += "; refused: " + strings.Join(why, "; ")
+		}
+	}
+	text := string(c.Status) + "|" + c.Reason + "|" + c.Message + "|" + fmt.Sprint(c.ObservedGeneration)
+	if s.extSaid[key] == text {
+		return
+	}
+	s.extSaid[key] = text
+	cur := meta.FindStatusCondition(svc.Status.Conditions, ConditionExternalIPs)
+	if !asks && cur == nil {
+		return
+	}
+	if cur != nil && asks && cur.Status == c.Status && cur.Reason == c.Reason && cur.Message == c.Message && cur.ObservedGeneration == c.ObservedGeneration {
+		return
+	}
+	st := corev1ac.ServiceStatus()
+	if asks {
+		ltt := metav1.NewTime(time.Now())
+		if cur != nil && cur.Status == c.Status {
+			ltt = cur.LastTransitionTime
+		}
+		st = st.WithConditions(metav1ac.Condition().WithType(c.Type).WithStatus(c.Status).WithReason(c.Reason).
+			WithMessage(c.Message).WithObservedGeneration(c.ObservedGeneration).WithLastTransitionTime(ltt))
+	}
+	ns, name := svc.Namespace, svc.Name
+	ac := corev1ac.Service(name, ns).WithStatus(st)
+	a.writer.Set("svc-ext/"+key, func(ctx context.Context) error {
+		_, err := a.cfg.Client.CoreV1().Services(ns).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: managerExternalIPs, Force: true})
+		return err
+	})
+}

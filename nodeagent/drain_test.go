@@ -1,0 +1,111 @@
+package nodeagent
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/metalvip/metalvip/nodeagent/bgp"
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+)
+
+func TestBGPRoutesCarryTheNodesWeightTheAggregatesAndTheDrain(t *testing.T) {
+	h := serve(t, t.TempDir())
+	c := h.ccm(t)
+	weighted := bgpVIP("203.0.113.20")
+	weighted.Bgp.Weights = []*agentv1.NodeWeight{{Node: "node-a", Endpoints: 3}, {Node: "node-b", Endpoints: 1}}
+	unweighted := bgpVIP("203.0.113.21")
+	routes := func() map[netip.Prefix]bgp.Route {
+		h.bgp.mu.Lock()
+		defer h.bgp.mu.Unlock()
+		out := map[netip.Prefix]bgp.Route{}
+		for _, r := range h.bgp.routes {
+			out[r.Prefix] = r
+		}
+		return out
+	}
+	gen := uint64(0)
+	for _, step := range []struct {
+		name     string
+		draining bool
+		prefixes []string
+	}{
+		{"a node advertises its own weight and the ClusterIP range", false, []string{"203.0.113.192/27"}},
+		{"a draining node adds GRACEFUL_SHUTDOWN to every route", true, []string{"203.0.113.192/27"}},
+		{"a prefix that is not a CIDR is left out alone", false, []string{"203.0.113.192/27", "203.0.113.7/24"}},
+	} {
+		gen++
+		t.Run(step.name, func(t *testing.T) {
+			st := state(1, gen, weighted, unweighted)
+			st.Draining = step.draining
+			st.Bgp.Prefixes = step.prefixes
+			resp, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: st})
+			if err != nil || len(resp.GetRefused()) != 0 {
+				t.Fatalf("Apply = %v, %v", resp, err)
+			}
+			got := routes()
+			if len(got) != 3 {
+				t.Fatalf("routes %v, want two VIPs and one aggregate", got)
+			}
+			if w := got[netip.MustParsePrefix("203.0.113.20/32")].Weight; w != 3 {
+				t.Errorf("weighted VIP has weight %d, want node-a's 3", w)
+			}
+			if w := got[netip.MustParsePrefix("203.0.113.21/32")].Weight; w != 0 {
+				t.Errorf("unweighted VIP has weight %d", w)
+			}
+			for p, r := range got {
+				if r.GracefulShutdown != step.draining {
+					t.Errorf("%s: graceful shutdown %v, want %v", p, r.GracefulShutdown, step.draining)
+				}
+			}
+			if _, ok := got[netip.MustParsePrefix("203.0.113.192/27")]; !ok {
+				t.Errorf("the aggregate is not advertised: %v", got)
+			}
+			if len(step.prefixes) > 1 && len(resp.GetProblems()) == 0 {
+				t.Errorf("the bad prefix left no problem")
+			}
+		})
+	}
+}
+
+func TestADrainingOwnerKeepsAnsweringBehindTheNewOne(t *testing.T) {
+	h := serve(t, t.TempDir())
+	c := h.ccm(t)
+	vip := netip.MustParseAddr("203.0.113.10")
+	apply := func(gen uint64, draining bool, cands ...string) {
+		t.Helper()
+		st := state(1, gen, l2VIP(vip.String(), cands...))
+		st.Draining = draining
+		if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: st}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answers := func() (bool, bool) {
+		for _, v := range h.l2.last() {
+			if v.Addr == vip {
+				// A share of one member: answers every client, announces nothing.
+				return true, v.Share == nil
+			}
+		}
+		return false, false
+	}
+	apply(1, false, "node-a", "node-b")
+	if on, announced := answers(); !on || !announced {
+		t.Fatalf("the first candidate does not answer and announce")
+	}
+	apply(2, true, "node-b", "node-a")
+	if on, announced := answers(); !on || announced {
+		t.Errorf("draining behind node-b: answers %v, announces %v; want answering without gratuitous ARP", on, announced)
+	}
+	apply(3, true, "node-b")
+	if on, _ := answers(); on {
+		t.Errorf("still answering once off the candidates")
+	}
+	apply(4, true, "node-b", "node-a")
+	if on, _ := answers(); on {
+		t.Errorf("a draining standby took the VIP: only an owner lingers")
+	}
+	apply(5, false, "node-b", "node-a")
+	if on, _ := answers(); on {
+		t.Errorf("a standby that is not draining answers")
+	}
+}
