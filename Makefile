@@ -51,6 +51,10 @@ cluster-deps: ## Build what the real-kubelet cluster needs: kubelet, kube-proxy,
 bench: deps ## Measure against the targets and write docs/benchmarks.md (as root; about 10 minutes).
 	$(GO) run ./test/bench
 
+.PHONY: bench-scale
+bench-scale: deps ## 1,000 simulated nodes and 20,000 Services against the real CCM and API server; writes docs/benchmarks-scale.md (about 30 minutes, most of the machine).
+	$(GO) run ./test/scale $(SCALE_FLAGS)
+
 # Images: a multi-architecture OCI image index per binary, packed without a container daemon
 # (hack/tools/images). The tag is the chart's appVersion, the one manifests/install.yaml names.
 IMAGE_REGISTRY ?= ghcr.io/metalvip

@@ -84,3 +84,92 @@ func TestAFailedKeyReadIsRetriedAndPeersKeepTheKeys(t *testing.T) {
 		t.Errorf("%d calls", fake.calls)
 	}
 }
+
+// slowAgent answers GetState at once and its first slow Applies only after the CCM gave up.
+type slowAgent struct {
+	agentv1.UnimplementedAgentServiceServer
+	mu      sync.Mutex
+	slow    int // Applies still to answer late
+	applied uint64
+	delay   time.Duration
+}
+
+func (f *slowAgent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.GetStateResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return &agentv1.GetStateResponse{Node: "n1", Term: 1, Generation: f.applied}, nil
+}
+
+func (f *slowAgent) Apply(ctx context.Context, req *agentv1.ApplyRequest) (*agentv1.ApplyResponse, error) {
+	f.mu.Lock()
+	slow := f.slow > 0
+	if slow {
+		f.slow--
+	}
+	f.mu.Unlock()
+	if slow {
+		select {
+		case <-time.After(f.delay):
+		case <-ctx.Done():
+		}
+		return nil, grpcstatus.Error(codes.DeadlineExceeded, "too late")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.applied = req.GetState().GetGeneration()
+	return &agentv1.ApplyResponse{Term: req.GetState().GetTerm(), Generation: f.applied}, nil
+}
+
+func (f *slowAgent) Watch(_ *agentv1.WatchRequest, s agentv1.AgentService_WatchServer) error {
+	_ = s.SendHeader(metadata.MD{})
+	<-s.Context().Done()
+	return nil
+}
+
+// An agent that answers an Apply too late but answers GetState stays reachable (its VIPs do not
+// move) and gets the state once it answers in time.
+func TestASlowApplyOfAnAnsweringAgentIsNoUnreachableNode(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.42:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	fake := &slowAgent{slow: 2, delay: 3 * time.Second}
+	agentv1.RegisterAgentServiceServer(srv, fake)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+
+	var mu sync.Mutex
+	var lost int
+	a := NewAgents(AgentConfig{Port: lis.Addr().(*net.TCPAddr).Port, Insecure: true, Timeout: time.Second}, 1,
+		AgentHooks{Reachability: func(_ string, ok bool) {
+			if !ok {
+				mu.Lock()
+				lost++
+				mu.Unlock()
+			}
+		}})
+	defer a.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a.SetNodes(ctx, map[string]netip.Addr{"n1": netip.MustParseAddr("127.0.0.42")})
+	a.Push("n1", StateOf{&agentv1.DesiredState{}})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, ok := a.Applied("n1"); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the state never applied after the slow answers")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if lost > 0 {
+		t.Errorf("n1 counted unreachable %d times while it answered GetState", lost)
+	}
+	if !a.Reachable("n1") {
+		t.Error("n1 not reachable after its state applied")
+	}
+}

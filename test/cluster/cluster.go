@@ -63,6 +63,10 @@ type Options struct {
 	// Joined is how many of the lab's nodes are in the cluster from the start (default all);
 	// the others join with Join.
 	Joined int
+	// HeartbeatInterval and HeartbeatMisses are the CCM's failover.interval and
+	// failover.misses (default 50ms and 3).
+	HeartbeatInterval time.Duration
+	HeartbeatMisses   int
 }
 
 // Build builds the CCM and agent binaries into dir.
@@ -90,8 +94,10 @@ type Cluster struct {
 	PKI    string            // folder of the CA and certificates (ca.crt, ccm.crt, ccm.key)
 	opts   Options
 	ccmCfg string
-	kcfg   string
-	ctx    context.Context
+	// tlsConfig is the agent section's TLS or enrolment lines of the CCM's cloud-config.
+	tlsConfig string
+	kcfg      string
+	ctx       context.Context
 }
 
 type Agent struct {
@@ -112,6 +118,12 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 	}
 	if opts.Controllers == "" {
 		opts.Controllers = "service-lb-controller"
+	}
+	if opts.HeartbeatInterval == 0 {
+		opts.HeartbeatInterval = 50 * time.Millisecond
+	}
+	if opts.HeartbeatMisses == 0 {
+		opts.HeartbeatMisses = 3
 	}
 	srv.InstallCRDs(t)
 	l := lab.New(t, lab.Options{Nodes: opts.Nodes, ClientAddrs: opts.ClientAddrs})
@@ -147,21 +159,8 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 			t.Fatalf("%v", err)
 		}
 	}
-	if err := os.WriteFile(c.ccmCfg, fmt.Appendf(nil, `
-agent:
-  port: 7472
-  %[1]s
-  timeout: 2s
-failover:
-  interval: 50ms
-  misses: 3
-allocation:
-  pendingRetry: 1s
-  poolStatusInterval: 200ms
-%[2]s
-`, tlsConfig, opts.CloudConfig), 0o600); err != nil {
-		t.Fatalf("%v", err)
-	}
+	c.tlsConfig = tlsConfig
+	c.writeCCMConfig()
 	if opts.Files {
 		c.writePKI()
 	} else {
@@ -198,6 +197,35 @@ allocation:
 	c.Object(v1alpha1.IPPoolResource, "bgp-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.64/27"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {mode: BGP}}`, c.NS))
 	c.Object(v1alpha1.BGPPeerResource, "router-"+c.NS, `{address: 198.51.100.1, peerASN: 64496, myASN: 64497, bfd: {enabled: true, minRxMilliseconds: 100, minTxMilliseconds: 100, multiplier: 3}}`)
 	return c
+}
+
+// writeCCMConfig writes the CCM's cloud-config from the options.
+func (c *Cluster) writeCCMConfig() {
+	if err := os.WriteFile(c.ccmCfg, fmt.Appendf(nil, `
+agent:
+  port: 7472
+  %[1]s
+  timeout: 2s
+failover:
+  interval: %[3]s
+  misses: %[4]d
+allocation:
+  pendingRetry: 1s
+  poolStatusInterval: 200ms
+%[2]s
+`, c.tlsConfig, c.opts.CloudConfig, c.opts.HeartbeatInterval, c.opts.HeartbeatMisses), 0o600); err != nil {
+		c.T.Fatalf("%v", err)
+	}
+}
+
+// SetHeartbeat restarts the CCM with another failover.interval and failover.misses; the agents
+// take them with the state it pushes them.
+func (c *Cluster) SetHeartbeat(interval time.Duration, misses int) {
+	c.T.Helper()
+	c.opts.HeartbeatInterval, c.opts.HeartbeatMisses = interval, misses
+	c.writeCCMConfig()
+	c.CCM.Stop(10 * time.Second)
+	c.StartCCM()
 }
 
 // Join adds a lab node to the cluster as a new node does: its Node object, then (enrolled)

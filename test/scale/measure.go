@@ -1,0 +1,297 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/metalvip/metalvip/test/kubeapi"
+	"github.com/metalvip/metalvip/test/testenv"
+)
+
+// ccm is the CCM process and its debug endpoint (--profiling, on its secure port).
+type ccm struct {
+	proc *testenv.Proc
+	port int
+	http *http.Client
+}
+
+func (c *ccm) pid() int { return c.proc.Cmd.Process.Pid }
+
+// sample is what a process had used at one moment.
+type sample struct {
+	at       time.Time
+	cpu      float64 // user+system seconds
+	rss, hwm int64   // resident now, and its peak
+}
+
+func sampleOf(pid int) sample {
+	s := sample{at: time.Now(), cpu: cpuSeconds(pid)}
+	s.rss, s.hwm = memOf(pid)
+	return s
+}
+
+// cpuSeconds is a process's user and system CPU so far.
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseFloat(f[11], 64)
+	s, _ := strconv.ParseFloat(f[12], 64)
+	return (u + s) / 100 // clock ticks (USER_HZ is 100 on Linux)
+}
+
+// memOf returns a process's resident memory (VmRSS) and its peak (VmHWM).
+func memOf(pid int) (rss, hwm int64) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0
+	}
+	for l := range strings.SplitSeq(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "VmRSS:":
+			rss = kb << 10
+		case "VmHWM:":
+			hwm = kb << 10
+		}
+	}
+	return rss, hwm
+}
+
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// apiCalls are the API server's requests so far, by "VERB resource[/subresource]" (its own
+// apiserver_request_total).
+type apiCalls map[string]float64
+
+func apiCallsOf(m *testenv.Main, srv *kubeapi.Server) apiCalls {
+	raw, err := srv.Client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		m.Fatalf("the API server's metrics: %v", err)
+	}
+	out := apiCalls{}
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.HasPrefix(l, "apiserver_request_total{") {
+			continue
+		}
+		labels := l[strings.Index(l, "{")+1 : strings.LastIndex(l, "}")]
+		get := func(k string) string {
+			for kv := range strings.SplitSeq(labels, ",") {
+				if name, v, ok := strings.Cut(kv, "="); ok && name == k {
+					return strings.Trim(v, `"`)
+				}
+			}
+			return ""
+		}
+		res := get("resource")
+		if sub := get("subresource"); sub != "" {
+			res += "/" + sub
+		}
+		v, _ := strconv.ParseFloat(l[strings.LastIndex(l, " ")+1:], 64)
+		out[get("verb")+" "+res] += v
+	}
+	return out
+}
+
+func (a apiCalls) minus(o apiCalls) apiCalls {
+	out := apiCalls{}
+	for k, v := range a {
+		if d := v - o[k]; d > 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+func (a apiCalls) total() float64 {
+	t := 0.0
+	for _, v := range a {
+		t += v
+	}
+	return t
+}
+
+// writes counts the mutating calls.
+func (a apiCalls) writes() float64 {
+	t := 0.0
+	for k, v := range a {
+		switch verb, _, _ := strings.Cut(k, " "); verb {
+		case "POST", "PUT", "PATCH", "APPLY", "DELETE":
+			t += v
+		}
+	}
+	return t
+}
+
+// String lists the calls, most first; those under min are left out.
+func (a apiCalls) describe(min float64) string {
+	keys := make([]string, 0, len(a))
+	for k := range a {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(x, y string) int {
+		if a[x] != a[y] {
+			return int(a[y] - a[x])
+		}
+		return strings.Compare(x, y)
+	})
+	var parts []string
+	for _, k := range keys {
+		if a[k] >= min {
+			parts = append(parts, fmt.Sprintf("%s %.0f", k, a[k]))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// debug fetches a path of the CCM's debug endpoint.
+func (c *ccm) debug(ctx context.Context, path string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d%s", c.port, path), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s: %s", path, resp.Status, bytes.TrimSpace(b))
+	}
+	return b, nil
+}
+
+func newDebugClient() *http.Client {
+	// The CCM's serving certificate is its own self-signed one; nothing secret is sent.
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+}
+
+// profiler takes CPU profiles of the CCM back to back while a stage runs, so that the stage's
+// whole profile is their sum. Each lasts every (one cut short by the stage's end is lost): a
+// stage of a second or two needs profiles of a second.
+type profiler struct {
+	c      *ccm
+	dir    string
+	stage  string
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	files  []string
+	errs   []string
+}
+
+func (c *ccm) profile(dir, stage string, every time.Duration) *profiler {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &profiler{c: c, dir: dir, stage: stage, cancel: cancel}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for i := 0; ctx.Err() == nil && i < 200; i++ {
+			b, err := c.debug(ctx, fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(every.Seconds())))
+			if err != nil {
+				if ctx.Err() == nil {
+					p.mu.Lock()
+					p.errs = append(p.errs, err.Error())
+					p.mu.Unlock()
+					time.Sleep(time.Second)
+				}
+				continue
+			}
+			name := filepath.Join(dir, fmt.Sprintf("ccm-%s-cpu-%03d.pprof", stage, i))
+			if err := os.WriteFile(name, b, 0o644); err == nil {
+				p.mu.Lock()
+				p.files = append(p.files, name)
+				p.mu.Unlock()
+			}
+		}
+	}()
+	return p
+}
+
+// stop ends the profiling (the profile under way is cut short and dropped) and returns the
+// top of the stage's CPU profile.
+func (p *profiler) stop() string {
+	p.cancel()
+	p.wg.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.files) == 0 {
+		return "no profile: " + strings.Join(p.errs, "; ")
+	}
+	return pprofTop(append([]string{"-top", "-nodecount=25"}, p.files...)...)
+}
+
+// heap saves the CCM's heap profile and returns its top by memory in use.
+func (c *ccm) heap(dir, stage string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := c.debug(ctx, "/debug/pprof/heap")
+	if err != nil {
+		return "no heap profile: " + err.Error()
+	}
+	name := filepath.Join(dir, "ccm-"+stage+"-heap.pprof")
+	if err := os.WriteFile(name, b, 0o644); err != nil {
+		return err.Error()
+	}
+	return pprofTop("-top", "-nodecount=15", "-sample_index=inuse_space", name)
+}
+
+func pprofTop(args ...string) string {
+	cmd := exec.Command("go", append([]string{"tool", "pprof"}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("go tool pprof: %v: %s", err, out)
+	}
+	// Keep the table: the lines from the header on.
+	s := string(out)
+	if i := strings.Index(s, "      flat  flat%"); i >= 0 {
+		head := s[:i]
+		var keep []string
+		for l := range strings.SplitSeq(head, "\n") {
+			if strings.HasPrefix(l, "Duration:") || strings.HasPrefix(l, "Showing nodes") {
+				keep = append(keep, l)
+			}
+		}
+		s = strings.Join(keep, "\n") + "\n" + s[i:]
+	}
+	return strings.TrimRight(s, "\n")
+}

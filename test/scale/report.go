@@ -1,0 +1,317 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/metalvip/metalvip/test/testenv"
+)
+
+// report is docs/benchmarks-scale.md.
+type report struct {
+	nodes, services    int
+	loadStart, loadEnd string
+	simStart           time.Duration
+	simRSS             int64
+	simCPU             float64
+	nodesIn            time.Duration
+	servicesIn         time.Duration
+	createCalls        apiCalls
+	stages             []stage
+	deaths             []deathResult
+	balance            string
+	deathProfile       string
+	peers              []int // heartbeat peers per node after the cold start, sorted
+}
+
+type deathResult struct {
+	victim    string
+	holders   int // live agents that held the node among a VIP's candidates
+	pushed    int // agents pushed a state until converged
+	missed    int // holders never pushed a state without the node
+	converged time.Duration
+	lat       []float64 // per pushed agent: death to its last state landing
+	drop      []float64 // per holder: death to its first state without the node
+	st        stage
+	back      stage
+}
+
+func (r *report) markdown() string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	w("# Benchmarks at scale\n\n")
+	w("Written by `make bench-scale` (`test/scale`) on %s. Machine: %s, %d cores, Linux %s, %s; kube-apiserver v1.37.2 on etcd (data on tmpfs). The machine was shared with other work: load average %s (1, 5, 15 min) at the start, %s at the end. Compare runs on the same machine; the CCM's CPU seconds vary less than its wall-clock times.\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), cpuModel(), runtime.NumCPU(), kernel(), runtime.Version(), r.loadStart, r.loadEnd)
+	w("## What runs\n\n")
+	w("The real CCM binary (`--controllers=service-lb-controller`, default flags, no leader election) against a real kube-apiserver with %s Node objects and %s LoadBalancer Services of one L2 pool (one VIP each; `failover.maxCandidates` %d, the default). %s simulated agents in the measuring process: each is the real agent logic (`nodeagent.New` without speakers: it checks, persists and applies every state, decides which VIPs it answers, keeps its heartbeat keys) behind a gRPC server of its own with mutual TLS, the agent's limits and connection bounds, on a loopback address of its own (127.77.x.y, the Node's InternalIP). Left out is only what goes on a wire: no ARP or BGP, and instead of UDP heartbeats a shared table of dead nodes (a killed node's peers learn it at once and take over, then tell the CCM over Watch as real agents do; the heartbeats' own cost is measured in the lab, docs/benchmarks.md). The simulated agents started in %s and hold %s in this process.\n\n",
+		thousands(r.nodes), thousands(r.services), *candidates, thousands(r.nodes), dur(r.simStart), mib(r.simRSS))
+	w("Converged means: every Service's VIP is held by exactly its %d candidates, all holding the same ranked list, no dead node among them, no other VIP held anywhere, and every live agent holds a state of the CCM's current term; the time is that of the state landing that made it so (the agents record when each Apply lands), measured from the stage's start, and the stage ends once no state has landed for a few seconds.\n\n", *candidates)
+
+	w("## Stages\n\n")
+	w("CCM CPU is user+system seconds of the CCM process over the stage; memory its resident set at the end (VmRSS) and peak (VmHWM). API calls are the API server's own count (apiserver_request_total) over the stage, all made by the CCM but the measuring process's one Service watch. Pushed: bytes the agents read and wrote on their TLS connections (the CCM's Applies and GetStates, their answers, Watch events), and the Apply messages alone.\n\n")
+	rows := [][]string{{"stage", "to converged", "last state landed", "CCM CPU", "CCM memory (peak)", "API calls (writes)", "pushed on the wire", "Apply messages", "Applies taken", "GetStates"}}
+	rows = append(rows, []string{fmt.Sprintf("create %s Nodes (API server alone)", thousands(r.nodes)), dur(r.nodesIn), "", "", "", "", "", "", "", ""})
+	rows = append(rows, []string{fmt.Sprintf("create %s Services (API server alone)", thousands(r.services)), dur(r.servicesIn), "", "", "", fmt.Sprintf("%.0f (%.0f)", r.createCalls.total(), r.createCalls.writes()), "", "", "", ""})
+	for _, s := range r.stages {
+		rows = append(rows, s.row())
+	}
+	table(&b, rows)
+	for _, s := range r.stages {
+		if s.allocated > 0 {
+			w("\n%s: every Service had its address after %s, its Announced condition after %s. Primaries per node after it: %s.\n", s.name, dur(s.allocated), dur(s.announced), r.balance)
+		}
+	}
+	if n := len(r.peers); n > 0 {
+		med := r.peers[n/2]
+		w("\nHeartbeat peers per node (the other candidates of its VIPs, from the states pushed): %d to %d, median %d. Each node sends each peer one heartbeat per interval and receives one: at the median, %s heartbeats a second sent at the default 50 ms and %s at 10 ms (and as many received and verified), %.0f KiB/s each way at 10 ms.\n",
+			r.peers[0], r.peers[n-1], med, thousands(med*20), thousands(med*100), float64(med*100*116)/1024)
+	}
+
+	w("\n## A node dies\n\n")
+	w("A random node's agent stops (its gRPC server and connections close, as when the node dies; its peers' heartbeats would say so within the failover bound, and here say so at once). Measured from the stop: the CCM sees the Watch stream break, finds the agent unreachable, re-plans its VIPs and pushes every agent concerned: those that held the node among a VIP's candidates (each must get a state without it) and those that become candidates in its place. Per holder the time its first state without the node landed (the update the target is about), and per agent pushed the time its last state landed before convergence; over all agents of all trials at the end. Then the agent starts again on its saved state and the CCM takes it back into the plan (back in the plan: from its start to converged with it among the candidates again, which waits for the CCM's reconnection backoff). Target: every affected agent updated within 1 s p99.\n\n")
+	rows = [][]string{{"trial", "node", "agents holding it", "holders without it p50", "p99", "agents pushed", "holders not updated", "updated p50", "p99", "max (converged)", "CCM CPU", "API calls (writes)", "pushed on the wire", "back in the plan after", "CPU"}}
+	var all, allDrop []float64
+	for i, d := range r.deaths {
+		all = append(all, d.lat...)
+		allDrop = append(allDrop, d.drop...)
+		rows = append(rows, []string{fmt.Sprint(i + 1), d.victim, fmt.Sprint(d.holders),
+			dur(time.Duration(percentile(d.drop, 50))), dur(time.Duration(percentile(d.drop, 99))), fmt.Sprint(d.pushed), fmt.Sprint(d.missed),
+			dur(time.Duration(percentile(d.lat, 50))), dur(time.Duration(percentile(d.lat, 99))), dur(d.converged),
+			fmt.Sprintf("%.2f s", d.st.cpu), fmt.Sprintf("%.0f (%.0f)", d.st.calls.total(), d.st.calls.writes()), bytesOf(float64(d.st.fleet.wireIn + d.st.fleet.wireOut)),
+			dur(d.back.wall), fmt.Sprintf("%.2f s", d.back.cpu)})
+	}
+	table(&b, rows)
+	if len(all) > 0 {
+		w("\nAll %d trials: %d holders' first state without the dead node p50 %s, p99 %s; %d agents' last update p50 %s, p99 %s, max %s.\n", len(r.deaths),
+			len(allDrop), dur(time.Duration(percentile(allDrop, 50))), dur(time.Duration(percentile(allDrop, 99))),
+			len(all), dur(time.Duration(percentile(all, 50))), dur(time.Duration(percentile(all, 99))), dur(time.Duration(slices.Max(all))))
+	}
+
+	w("\n## API calls by stage\n\n")
+	w("- create: %s\n", r.createCalls.describe(1))
+	for _, s := range r.stages {
+		w("- %s: %s\n", s.name, s.calls.describe(1))
+	}
+	for _, d := range r.deaths {
+		w("- %s: %s; back: %s\n", d.st.name, d.st.calls.describe(1), d.back.calls.describe(1))
+	}
+
+	w("\n## Where the CCM's CPU goes\n\nCPU profiles of the CCM (`--profiling`, /debug/pprof/profile, 5-s profiles back to back over the stage (1-s over a node death), summed), top 25 by own time; the profiles are kept in `_output/scale/`.\n\n")
+	for _, s := range r.stages {
+		w("%s:\n\n```\n%s\n```\n\n", s.name, s.profile)
+		if s.heap != "" {
+			w("%s, heap in use at the end:\n\n```\n%s\n```\n\n", s.name, s.heap)
+		}
+	}
+	if len(r.deaths) > 0 {
+		w("The %d node deaths together, from each death to its convergence:\n\n```\n%s\n```\n\n", len(r.deaths), r.deathProfile)
+	}
+	w("The measuring process (simulated agents, the Service watch, the profiles) used %.0f s of CPU in all.\n", r.simCPU)
+	w("%s", analysis)
+	return b.String()
+}
+
+func (s stage) row() []string {
+	return []string{s.name, dur(s.wall), dur(s.lastLanding), fmt.Sprintf("%.1f s", s.cpu), fmt.Sprintf("%s (%s)", mib(s.rss), mib(s.hwm)),
+		fmt.Sprintf("%.0f (%.0f)", s.calls.total(), s.calls.writes()), bytesOf(float64(s.fleet.wireIn + s.fleet.wireOut)),
+		bytesOf(float64(s.fleet.applyBytes)), fmt.Sprint(s.fleet.accepted), fmt.Sprint(s.fleet.gets)}
+}
+
+func table(b *strings.Builder, rows [][]string) {
+	for i, row := range rows {
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+		if i == 0 {
+			b.WriteString(strings.Repeat("| --- ", len(row)) + "|\n")
+		}
+	}
+}
+
+// balance describes the primaries per node.
+func balance(prim map[string]int, nodes int) string {
+	counts := make([]int, 0, nodes)
+	for i := range nodes {
+		counts = append(counts, prim[simName(i)])
+	}
+	if len(counts) == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%d to %d", slices.Min(counts), slices.Max(counts))
+}
+
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(float64(len(s))*p/100+0.5) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+func dur(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "-"
+	case d >= 10*time.Second:
+		return fmt.Sprintf("%.1f s", d.Seconds())
+	case d >= time.Second:
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+	default:
+		return fmt.Sprintf("%.1f us", float64(d)/float64(time.Microsecond))
+	}
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
+
+func bytesOf(b float64) string {
+	switch {
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", b/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", b/(1<<10))
+	}
+	return fmt.Sprintf("%.0f B", b)
+}
+
+func thousands(n int) string {
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+func cpuModel() string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if strings.HasPrefix(l, "model name") {
+			if _, v, ok := strings.Cut(l, ":"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+	}
+	return "unknown CPU"
+}
+
+func kernel() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return strings.TrimSpace(string(b))
+}
+
+func freePort(m *testenv.Main) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		m.Fatalf("%v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func splitFields(s string) []string { return strings.Fields(s) }
+
+func copyFile(from, to string) {
+	in, err := os.Open(from)
+	if err != nil {
+		return
+	}
+	defer in.Close()
+	out, err := os.Create(to)
+	if err != nil {
+		return
+	}
+	defer out.Close()
+	_, _ = io.Copy(out, in)
+}
+
+// readingHeading starts the report's last section, the reading of the figures.
+const readingHeading = "\n## Reading the figures\n"
+
+// rewriteReading replaces the reading of the figures in the report file with this build's.
+func rewriteReading(file string) error {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	i := strings.LastIndex(string(b), readingHeading)
+	if i < 0 {
+		return fmt.Errorf("%s has no %q section", file, strings.TrimSpace(readingHeading))
+	}
+	return os.WriteFile(file, append(b[:i:i], analysis...), 0o644)
+}
+
+// analysis is the reading of the figures: what grew faster than linearly and what was done
+// about it, and what would break first at 5,000 nodes.
+const analysis = `
+## Reading the figures
+
+Scale. This run has 1,000 nodes and 5,000 Services, not the 20,000 the issue asks: on this
+machine, shared with other work at load averages of 15 to 40, the API server alone took more
+than 15 minutes to create 12,000 Services (kube-apiserver 1.37 counts every allocated ClusterIP
+on each create, so its own cost grows faster than linearly; see benchmarks.md) and the runs
+had to end within the session. ` + "`make bench-scale`" + ` runs 20,000 by default.
+
+What grew faster than linearly, and what was done (each its own commit, with its figure):
+
+- The replan on every node change (a node dead, back, relabelled, its agent unreachable):
+  planner.Compute places every VIP against every node. It sorted each VIP's eligible nodes
+  again and held every VIP's candidate list at once: one replan of 20,000 VIPs on 1,000 nodes
+  took 21.0 s and allocated 1.37 GB (BenchmarkCompute20000VIPs1000Nodes, load average 11-13).
+  Now the nodes are sorted once, a VIP's candidates are made when needed into one buffer, a
+  balanced plan's rebalance stops at the first donor that cannot give, and standbys skip the
+  search for candidates scoring below the k-th: 2.9-3.8 s at load 13-16, 10.8 MB. It is still
+  VIPs x nodes, once per node change: in a node death at 5,000 VIPs it is about 10% of the
+  CCM's CPU.
+- Every change of reachability rebuilt every node's state head and compared it with the last
+  (desired.NodeState, proto.Equal): 58% of the CCM's CPU over a node's death, 1.7-2.1 s of CPU
+  per death, holders updated p99 1.85-3.5 s (a run at load average 14-22). A change of
+  reachability alone now rebuilds only the nodes whose part changed: 0.5-0.9 s of CPU per
+  death, p99 930 ms (a run at 15-22). Then every Apply's answer still did the same (it reports
+  the agent's refusals, most often none after none: 40% of the CCM's CPU over a death); it
+  rebuilds nothing now either. This run has both: 0.26-0.59 s of CPU per death, 0.44-0.48 s
+  per node back in the plan (2.3-2.7 s before), 30.8 s for the cold start (54 s before). The
+  replan is now the largest part of a death's CPU.
+- Slow agents counted as dead: with the default 5-s agent timeout, the first cold starts never
+  converged: 1,000 simulated agents starved of CPU answered Applies late, the CCM counted them
+  unreachable (17,132 times in seven minutes), replanned every time and moved their VIPs, which
+  loaded them further. An Apply that times out while the agent answers GetState is now retried,
+  and the agent stays reachable. The simulation itself runs with a 30-s timeout, because its
+  agents share the CCM's cores, which real nodes' agents do not.
+
+Node death to every holder updated, over 3 trials: p50 557 ms, p99 1.20 s (one trial reached
+1.2 s, the two others stayed under 0.7 s; target 1 s), at load average 6-14. The CCM spent only
+0.26-0.59 s of CPU per death, so the rest is waiting, not yet broken down: the CCM learns of
+the death when the agent's Watch stream breaks and a probe fails, lets changes settle 20 ms,
+replans, and pushes 56-79 agents, which share its two cores here.
+
+What would break first at 5,000 nodes:
+
+1. A CCM restart or a leader change would move VIPs. A new leader first asks every agent what
+   it holds (Discover) and keeps each primary that is still eligible; it waits at most 6 s
+   (announcer Discover). Here it took 0.6 s for 1,000 agents (a GetState each, over 1,000 new
+   mutual-TLS connections), 2.0 to 4.1 s in runs at load average 15-22; at 5,000 it would take
+   3 to 20 s, so a leader on a busy machine would plan without knowing what many agents hold
+   and move their VIPs. The deadline must grow with the nodes, or Discover must wait for
+   every reachable agent.
+2. The CCM's memory: about 500 MiB resident here, 2.5 to 2.7 times its 190 MB of heap in use
+   (Go's collector lets the heap double before it runs). What the 1,000 gRPC connections hold
+   is a good part of that heap (their read buffers alone are 27 MB, 14%, beside TLS and HTTP/2
+   state and gRPC's buffer pool, 17 MB), and it grows with the nodes: at 5,000 the read
+   buffers alone would be 135 MB, and the CCM would pass a 512-MiB memory limit before
+   anything else here.
+3. The replan per node change grows as VIPs x nodes, and node changes grow with the nodes: at
+   5,000 nodes and 25,000 VIPs (the same 5 per node), 25 times the work of a replan here, with
+   5 times as many node changes to do it for. The next step is an incremental replan (only the
+   VIPs whose candidates include a node that left, or that a joining node outranks), which the
+   full rules' rebalance makes a design choice.
+4. Heartbeats: a node's peers are the other candidates of its VIPs, here 23 to 105 (median 57)
+   with 5 VIPs per node. They grow with VIPs per node until they are all nodes: at the 10 ms
+   profile, 57 peers are already 5,700 heartbeats a second sent and as many verified per node.
+`
