@@ -48,7 +48,7 @@ cluster-deps: ## Build what the real-kubelet cluster needs: kubelet, kube-proxy,
 	$(MAKE) images cluster-images
 
 .PHONY: bench
-bench: deps ## Measure against the targets and write docs/benchmarks.md (as root; about 10 minutes).
+bench: deps cluster-deps ## Measure against the targets and write docs/benchmarks.md (as root; about 20 minutes, the first time longer: it builds the real-kubelet cluster).
 	$(GO) run ./test/bench
 
 .PHONY: bench-scale
