@@ -28,8 +28,8 @@ import (
 
 // TestAVirtualMACCarriesAClientThatIgnoresGratuitousARP gives one VIP a pool whose
 // announce.l2.virtualMAC is first off, then on, with a client on the segment whose neighbour
-// entry for the VIP is permanent (a client that ignores gratuitous ARP), probing it by ICMP
-// every 20 ms while its owner dies hard (link down, agent killed) and comes back, over and over:
+// entry for the VIP is permanent (a client that ignores gratuitous ARP), opening an HTTP
+// connection to it every 20 ms while its owner dies hard (link down, agent killed) and comes back, over and over:
 //
 //   - off: the entry holds the dead owner's MAC, and the client is not answered although the
 //     VIP has failed over (the case the feature is for: this part can fail);
@@ -44,6 +44,7 @@ func TestAVirtualMACCarriesAClientThatIgnoresGratuitousARP(t *testing.T) {
 	c.Object(v1alpha1.IPPoolResource, poolName, fmt.Sprintf(`{addresses: ["203.0.113.40-203.0.113.47"], autoAssign: false, serviceAllocation: {namespaces: [%s]}}`, c.NS))
 	vip := c.Service("vmac", cluster.InPool(poolName))
 	vmac := pools.VirtualMAC(v1alpha1.VirtualMACLocal, vip)
+	c.ServeHTTP(vmacHTTPPort)
 	var owner string
 	cluster.Eventually(t, 30*time.Second, "the VIP answered", func() bool { owner = c.Owner(vip); return owner != "" })
 
@@ -254,14 +255,38 @@ func fdbPort(t *testing.T, l *lab.Lab, mac net.HardwareAddr) string {
 	return ""
 }
 
-func startProbe(t *testing.T, c *cluster.Cluster, vip netip.Addr) *lab.Prober {
+// vmacHTTPPort is where every node serves HTTP for the client's probe (cluster.ServeHTTP).
+const vmacHTTPPort = 8081
+
+// httpProbe is the client opening an HTTP connection to the VIP every 20 ms.
+type httpProbe struct {
+	t *testing.T
+	p *lab.HTTPProber
+}
+
+func (h httpProbe) Answered() bool { return h.p.Answered() }
+
+func (h httpProbe) Stop() {
+	if err := h.p.Stop(); err != nil {
+		h.t.Errorf("HTTP probe: %v", err)
+	}
+}
+
+// Outage is the longest time without an answered attempt since since, and the attempts lost.
+func (h httpProbe) Outage(since time.Time) (time.Duration, int) {
+	d, lost, _ := h.p.Outage(since)
+	return d, lost
+}
+
+func startProbe(t *testing.T, c *cluster.Cluster, vip netip.Addr) httpProbe {
 	t.Helper()
-	p, err := c.Lab.Client.Probe(vip, 20*time.Millisecond, 3000)
+	p, err := c.Lab.Client.HTTPProbe(netip.AddrPortFrom(vip, vmacHTTPPort), 20*time.Millisecond, 200*time.Millisecond, 3000)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cluster.Eventually(t, 5*time.Second, "the probe is answered", p.Answered)
-	return p
+	h := httpProbe{t: t, p: p}
+	cluster.Eventually(t, 5*time.Second, "the HTTP probe is answered", p.Answered)
+	return h
 }
 
 // stats formats durations as p50/p99/max over their count.
