@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -26,38 +25,16 @@ import (
 type writeCounts map[string]float64
 
 func apiWrites(m *testenv.Main, srv *kubeapi.Server) writeCounts {
-	raw, err := srv.Client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	reqs, err := srv.Requests(context.Background())
 	if err != nil {
 		m.Fatalf("the API server's metrics: %v", err)
 	}
 	out := writeCounts{}
-	sc := bufio.NewScanner(bytes.NewReader(raw))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		l := sc.Text()
-		if !strings.HasPrefix(l, "apiserver_request_total{") {
-			continue
-		}
-		labels := l[strings.Index(l, "{")+1 : strings.LastIndex(l, "}")]
-		get := func(k string) string {
-			for kv := range strings.SplitSeq(labels, ",") {
-				if name, v, ok := strings.Cut(kv, "="); ok && name == k {
-					return strings.Trim(v, `"`)
-				}
-			}
-			return ""
-		}
-		switch get("verb") {
+	for _, r := range reqs {
+		switch r.Verb {
 		case "POST", "PUT", "PATCH", "APPLY", "DELETE":
-		default:
-			continue
+			out[r.Resource+" "+r.Verb] += r.Count
 		}
-		res := get("resource")
-		if sub := get("subresource"); sub != "" {
-			res += "/" + sub
-		}
-		v, _ := strconv.ParseFloat(l[strings.LastIndex(l, " ")+1:], 64)
-		out[res+" "+get("verb")] += v
 	}
 	return out
 }
