@@ -284,6 +284,12 @@ func (a *Announcer) Run(ctx context.Context, fence Fence) {
 	held := a.agents.Discover(ctx, a.cfg.Discover)
 	a.agents.SeeKeys(held)
 	a.loop.seed = seedPlan(held)
+	// The first plan sees the reachability Discover decided, not only what the hooks noted
+	// by then: a hook noted after the first plan would count as a node returning, and a
+	// node returning rebalances (moves VIPs a new leader must keep).
+	for _, n := range a.loop.nodeList {
+		a.loop.reachable[n.Name] = a.agents.Reachable(n.Name)
+	}
 	klog.InfoS("Learnt what the agents announce", "agents", len(held), "nodes", len(a.loop.nodeList), "vips", len(a.loop.seed), "duration", time.Since(start).Round(time.Millisecond))
 	a.note(func(c *changes) { c.nodes = true })
 	for {

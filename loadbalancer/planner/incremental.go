@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 )
@@ -36,13 +37,20 @@ func (p *Planner) Entry(a netip.Addr) (Entry, bool) {
 func (p *Planner) Plan() Plan { return p.plan }
 
 // SetNodes replaces the nodes and replans every VIP; it returns the VIPs whose entry changed.
+// It rebalances only when a node may now take VIPs it could not take before (it joined,
+// returned, was relabelled or is no longer excluded): that node takes what balance needs. Any
+// other change keeps every primary that stays eligible, however uneven the plan, and re-places
+// only the VIPs whose primary may no longer announce them. Rebalancing on any change would move
+// healthy VIPs (and reset their connections) at moments unrelated to them: a plan left uneven
+// by single placements was rebalanced by a new CCM leader's first node change after a restart.
 func (p *Planner) SetNodes(nodes []Node) []netip.Addr {
+	balance := p.opens(nodes)
 	p.setNodes(nodes)
 	vips := make([]VIP, 0, len(p.vips))
 	for _, v := range p.vips {
 		vips = append(vips, v)
 	}
-	next := Compute(p.plan, vips, p.nodes, p.opts)
+	next := compute(p.plan, vips, p.nodes, p.opts, balance)
 	changed := Diff(p.plan, next)
 	p.plan = next
 	p.load, p.groups = map[string]int{}, groups{}
@@ -53,6 +61,23 @@ func (p *Planner) SetNodes(nodes []Node) []netip.Addr {
 		}
 	}
 	return changed
+}
+
+// opens reports whether some node of next may take VIPs it could not take among the planner's
+// nodes: new, back (reachable, no longer excluded), or with other labels (a selector may match
+// it now).
+func (p *Planner) opens(next []Node) bool {
+	for i := range next {
+		n := &next[i]
+		if n.Excluded || !n.AgentReachable {
+			continue
+		}
+		o := p.byName[n.Name]
+		if o == nil || o.Excluded || !o.AgentReachable || !maps.Equal(o.Labels, n.Labels) {
+			return true
+		}
+	}
+	return false
 }
 
 // Reset replaces nodes and VIPs at once, for a planner that starts from what the nodes hold

@@ -12,6 +12,10 @@
 //     ties.
 //   - Placement is sticky: a VIP keeps its primary while that stays eligible and balance does
 //     not need it to move; a node joining or returning takes only the VIPs balance needs.
+//     Balance is restored only then (and by Compute): single placements (a VIP added, its
+//     endpoints moved) and other node changes may leave the plan uneven rather than move a
+//     VIP whose node is healthy, and a planner started from what the nodes hold (Reset, a
+//     new leader) keeps it as it is.
 //   - VIPs of one group (the addresses of one Service's family, metalvip.io/vip-count) go to
 //     distinct primaries where enough nodes are eligible; this comes before balance.
 //   - Standby candidates follow the primary, ranked by a hash of VIP and node (rendezvous
@@ -98,6 +102,12 @@ type Options struct {
 // Compute places every VIP over the nodes, keeping as much of prev as balance allows.
 // Its cost is O(V log V + V·N) for V VIPs and N nodes.
 func Compute(prev Plan, vips []VIP, nodes []Node, opts Options) Plan {
+	return compute(prev, vips, nodes, opts, true)
+}
+
+// compute is Compute; without balance it keeps every eligible primary of prev as it is (no
+// group respread, no rebalance) and places only the VIPs without one.
+func compute(prev Plan, vips []VIP, nodes []Node, opts Options, balance bool) Plan {
 	if opts.MaxCandidates <= 0 {
 		opts.MaxCandidates = 4
 	}
@@ -164,7 +174,7 @@ func Compute(prev Plan, vips []VIP, nodes []Node, opts Options) Plan {
 	for i, v := range sorted {
 		if p := primary[i]; p != "" {
 			// Without a group, no siblings: nothing to compare.
-			if sib := grp.of(v.Group); sib != nil && sib[p] > fewestSiblings(eligible(i), sib)+1 {
+			if sib := grp.of(v.Group); balance && sib != nil && sib[p] > fewestSiblings(eligible(i), sib)+1 {
 				primary[i] = ""
 				grp.add(v.Group, p, -1)
 				continue
@@ -184,7 +194,9 @@ func Compute(prev Plan, vips []VIP, nodes []Node, opts Options) Plan {
 		load[primary[i]]++
 		grp.add(v.Group, primary[i], 1)
 	}
-	rebalance(sorted, eligible, primary, load, grp, nodes)
+	if balance {
+		rebalance(sorted, eligible, primary, load, grp, nodes)
+	}
 
 	for i, v := range sorted {
 		if v.Mode != L2 {

@@ -126,8 +126,30 @@ func genScenario(t *rapid.T) ([]VIP, []Node) {
 	return vips, nodes
 }
 
+// checkPlan checks every rule: placement and balance.
 func checkPlan(t *rapid.T, p Plan, vips []VIP, nodes []Node) {
+	checkPlaced(t, p, vips, nodes)
 	load := loads(p)
+	for _, v := range vips {
+		e := p[v.Addr]
+		if v.Mode != L2 {
+			continue
+		}
+		// Balance: no eligible node carries two fewer primaries than this VIP's primary.
+		if p := e.Primary(); p != "" {
+			for _, q := range eligibleNodes(v, nodes) {
+				if load[q]+1 < load[p] {
+					t.Fatalf("%s on %s (load %d) while eligible %s has load %d", v.Addr, p, load[p], q, load[q])
+				}
+			}
+		}
+	}
+}
+
+// checkPlaced checks the rules that hold in every path, balanced or not: every VIP planned in
+// its mode, on eligible nodes only, each once; BGP on every eligible node; L2 with a primary
+// whenever a node is eligible.
+func checkPlaced(t *rapid.T, p Plan, vips []VIP, nodes []Node) {
 	for _, v := range vips {
 		e, ok := p[v.Addr]
 		if !ok || e.Mode != v.Mode {
@@ -153,14 +175,16 @@ func checkPlan(t *rapid.T, p Plan, vips []VIP, nodes []Node) {
 			if len(elig) > 0 && (len(e.Nodes) == 0 || len(e.Nodes) > 4) {
 				t.Fatalf("L2 %s: candidates %v with %d eligible", v.Addr, e.Nodes, len(elig))
 			}
-			// Balance: no eligible node carries two fewer primaries than this VIP's primary.
-			if p := e.Primary(); p != "" {
-				for _, q := range elig {
-					if load[q]+1 < load[p] {
-						t.Fatalf("%s on %s (load %d) while eligible %s has load %d", v.Addr, p, load[p], q, load[q])
-					}
-				}
-			}
+		}
+	}
+}
+
+// checkKept checks that every L2 VIP whose primary in before is still eligible keeps it.
+func checkKept(t *rapid.T, before, after Plan, vips []VIP, nodes []Node) {
+	for _, v := range vips {
+		old := before[v.Addr].Primary()
+		if v.Mode == L2 && old != "" && slices.Contains(eligibleNodes(v, nodes), old) && after[v.Addr].Primary() != old {
+			t.Fatalf("%s moved from %s, still eligible, to %s", v.Addr, old, after[v.Addr].Primary())
 		}
 	}
 }
@@ -270,14 +294,21 @@ func TestIncrementalMatchesRules(t *testing.T) {
 			p.SetVIP(v)
 			current[v.Addr] = v
 		}
-		// A change of the nodes rebalances: the full rules hold.
+		// A change of the nodes that lets a node take VIPs it could not before rebalances: the
+		// full rules hold. Any other keeps every eligible primary.
 		_, nodes2 := genScenario(t)
+		opens, before := p.opens(nodes2), maps.Clone(p.Plan())
 		p.SetNodes(nodes2)
 		list := make([]VIP, 0, len(current))
 		for _, v := range current {
 			list = append(list, v)
 		}
-		checkPlan(t, p.Plan(), list, nodes2)
+		if opens {
+			checkPlan(t, p.Plan(), list, nodes2)
+		} else {
+			checkPlaced(t, p.Plan(), list, nodes2)
+			checkKept(t, before, p.Plan(), list, nodes2)
+		}
 		// Single changes keep every placed node eligible and never touch other VIPs.
 		for i, v := range list {
 			before := maps.Clone(p.Plan())
@@ -463,8 +494,12 @@ func TestGroupsSpreadInEveryPath(t *testing.T) {
 		}
 		check("SetVIP one by one", inc.Plan(), nodes)
 		_, nodes2 := genScenario(t)
+		opens := inc.opens(nodes2)
 		inc.SetNodes(nodes2)
 		check("SetNodes", inc.Plan(), nodes2)
+		if !opens {
+			return // no rebalance: what Compute would move may stay
+		}
 		again := Compute(inc.Plan(), vips, nodes2, Options{})
 		if d := Diff(inc.Plan(), again); len(d) != 0 {
 			var g string
@@ -483,4 +518,56 @@ func TestGroupsSpreadInEveryPath(t *testing.T) {
 			t.Fatalf("a second plan over the same nodes moves %v", d)
 		}
 	})
+}
+
+// An uneven plan made by single placements (a Cluster VIP placed first, then a Local VIP whose
+// only endpoint was on the same node, then an endpoint elsewhere) is kept by a new leader and
+// by every node change that lets no node take more: moving a healthy VIP resets its clients'
+// connections. Found on real kubelets: a new CCM leader moved a VIP "to keep the nodes
+// balanced" on its first node change after taking over. A node joining rebalances.
+func TestUnevenPlanMovesOnlyWhenANodeJoins(t *testing.T) {
+	nodes := nodesN(3)
+	cluster := VIP{Addr: netip.MustParseAddr("203.0.113.1"), Mode: L2}
+	local := VIP{Addr: netip.MustParseAddr("203.0.113.2"), Mode: L2, Local: true}
+	old := New(Options{})
+	old.SetNodes(nodes)
+	old.SetVIP(cluster)
+	owner := old.Plan()[cluster.Addr].Primary()
+	other := "node-00"
+	if owner == other {
+		other = "node-01"
+	}
+	local.EndpointNodes = []string{owner}
+	old.SetVIP(local)
+	local.EndpointNodes = []string{owner, other}
+	old.SetVIP(local)
+	if p := old.Plan(); p[cluster.Addr].Primary() != owner || p[local.Addr].Primary() != owner {
+		t.Fatalf("setup: want both VIPs on %s, plan %v", owner, p)
+	}
+	held := maps.Clone(old.Plan())
+
+	leader := New(Options{})
+	if moved := leader.Reset(held, []VIP{cluster, local}, nodes); len(moved) != 0 {
+		t.Fatalf("a new leader's first plan moved %v", moved)
+	}
+	same := slices.Clone(nodes)
+	if moved := leader.SetNodes(same); len(moved) != 0 {
+		t.Errorf("the same nodes again moved %v: %v", moved, leader.Plan())
+	}
+	closed := slices.Clone(nodes)
+	for i := range closed {
+		if closed[i].Name != owner && closed[i].Name != other {
+			closed[i].AgentReachable = false
+		}
+	}
+	leader.SetNodes(closed)
+	if p := leader.Plan(); p[cluster.Addr].Primary() != owner || p[local.Addr].Primary() != owner {
+		t.Errorf("after node changes that open no node: plan %v, want both on %s", p, owner)
+	}
+
+	joined := append(slices.Clone(closed), Node{Name: "node-09", AgentReachable: true, Labels: map[string]string{}})
+	leader.SetNodes(joined)
+	if p := leader.Plan(); p[cluster.Addr].Primary() == owner && p[local.Addr].Primary() == owner {
+		t.Errorf("a node joined and nothing moved off %s, which carries both: %v", owner, p)
+	}
 }

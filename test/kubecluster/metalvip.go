@@ -327,3 +327,35 @@ func (c *Cluster) WaitAgents(ctx context.Context, timeout time.Duration) (time.D
 		return ds.Status.NumberAvailable == int32(len(c.Nodes)), fmt.Sprintf("%d agents available of %d nodes", ds.Status.NumberAvailable, len(c.Nodes))
 	})
 }
+
+// EventsSince returns the Events in ns with reason that were last seen at or after since, as
+// "object: message" lines, oldest first.
+func (c *Cluster) EventsSince(ctx context.Context, ns, reason string, since time.Time) []string {
+	list, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + reason})
+	if err != nil {
+		return []string{fmt.Sprintf("list events: %v", err)}
+	}
+	evs := list.Items
+	slices.SortFunc(evs, func(a, b corev1.Event) int { return lastSeen(a).Compare(lastSeen(b)) })
+	var out []string
+	for _, e := range evs {
+		// Event times have second precision: a second of slack rather than a missed move.
+		if lastSeen(e).Before(since.Add(-time.Second)) {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s %s/%s: %s", lastSeen(e).Format(time.RFC3339), e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Message))
+	}
+	return out
+}
+
+func lastSeen(e corev1.Event) time.Time {
+	switch {
+	case !e.LastTimestamp.IsZero():
+		return e.LastTimestamp.Time
+	case e.Series != nil:
+		return e.Series.LastObservedTime.Time
+	case !e.EventTime.IsZero():
+		return e.EventTime.Time
+	}
+	return e.CreationTimestamp.Time
+}
