@@ -790,7 +790,7 @@ func (a *Agent) closeLivenessLocked() {
 }
 
 func addCounters(x, y failover.Counters) failover.Counters {
-	out := failover.Counters{Sent: x.Sent + y.Sent, Accepted: x.Accepted + y.Accepted, Unproven: x.Unproven + y.Unproven, Refused: map[string]uint64{}}
+	out := failover.Counters{Sent: x.Sent + y.Sent, Accepted: x.Accepted + y.Accepted, Unproven: x.Unproven + y.Unproven, Stalls: x.Stalls + y.Stalls, Refused: map[string]uint64{}}
 	for _, m := range []map[string]uint64{x.Refused, y.Refused} {
 		for k, v := range m {
 			out.Refused[k] += v
@@ -914,7 +914,7 @@ func (a *Agent) countersLocked() (*agentv1.L2Counters, *agentv1.HeartbeatCounter
 	if a.live != nil {
 		hb = addCounters(hb, a.live.Counters())
 	}
-	return l2c, &agentv1.HeartbeatCounters{Sent: hb.Sent, Accepted: hb.Accepted, Unproven: hb.Unproven, Refused: hb.Refused}
+	return l2c, &agentv1.HeartbeatCounters{Sent: hb.Sent, Accepted: hb.Accepted, Unproven: hb.Unproven, Refused: hb.Refused, Stalls: hb.Stalls}
 }
 
 // withoutSecrets returns a copy of st without BGP passwords or the deprecated shared keys.

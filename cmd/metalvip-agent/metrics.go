@@ -85,9 +85,9 @@ func (o *observer) HeartbeatRTT(d time.Duration) { o.rtt.Observe(d.Seconds()) }
 type gauges struct {
 	agent *nodeagent.Agent
 
-	vips, hbPeers, hbAlive, sessions, refused, generation *prometheus.Desc
-	requests, replies, gratuitous, hbSent, hbAccepted     *prometheus.Desc
-	hbRefused                                             *prometheus.Desc
+	vips, hbPeers, hbAlive, sessions, refused, generation       *prometheus.Desc
+	requests, replies, gratuitous, hbSent, hbAccepted, hbStalls *prometheus.Desc
+	hbRefused                                                   *prometheus.Desc
 }
 
 func newGauges(a *nodeagent.Agent) *gauges {
@@ -107,13 +107,14 @@ func newGauges(a *nodeagent.Agent) *gauges {
 		gratuitous: d("metalvip_agent_l2_gratuitous_total", "Gratuitous ARPs and unsolicited neighbor advertisements sent.", "protocol"),
 		hbSent:     d("metalvip_agent_heartbeats_sent_total", "Heartbeats sent."),
 		hbAccepted: d("metalvip_agent_heartbeats_accepted_total", "Heartbeats verified and proving a peer alive."),
+		hbStalls:   d("metalvip_agent_heartbeat_stalls_total", "Times the agent found it had not run for over two heartbeat intervals (starved of CPU, paused): no peer counts as dead for a failover deadline after each."),
 		hbRefused:  d("metalvip_agent_heartbeats_refused_total", "Heartbeats refused, by reason (ttl, source, key, replay, stale, mac...).", "reason"),
 	}
 }
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{g.vips, g.hbPeers, g.hbAlive, g.sessions, g.refused, g.generation,
-		g.requests, g.replies, g.gratuitous, g.hbSent, g.hbAccepted, g.hbRefused} {
+		g.requests, g.replies, g.gratuitous, g.hbSent, g.hbAccepted, g.hbStalls, g.hbRefused} {
 		ch <- d
 	}
 }
@@ -147,6 +148,7 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	if hb := s.Heartbeats; hb != nil {
 		counter(g.hbSent, hb.GetSent())
 		counter(g.hbAccepted, hb.GetAccepted())
+		counter(g.hbStalls, hb.GetStalls())
 		for reason, n := range hb.GetRefused() {
 			counter(g.hbRefused, n, reason)
 		}

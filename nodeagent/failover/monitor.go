@@ -92,11 +92,18 @@ type Counters struct {
 	Accepted, Unproven uint64
 	// Refused by reason (the Refused* constants).
 	Refused map[string]uint64
+	// Stalls: times this node found it had not run for more than two intervals (starved of
+	// CPU, paused); after each, no peer alive before counts as dead for a deadline.
+	Stalls uint64
 }
 
 const (
 	sendRing        = 16 // this node's recent heartbeats to each peer, to check echoes against
 	maxEchoAgeRatio = 2  // an echo older than deadline + this many intervals is stale
+	// stallRatio: an evaluation more than this many intervals after the one before means
+	// this node itself did not run (starved of CPU, a paused VM, a stopped process); every
+	// tick asks for one.
+	stallRatio = 2
 )
 
 // Monitor exchanges heartbeats with peers.
@@ -112,6 +119,9 @@ type Monitor struct {
 	seesMe    map[string]bool // peers whose heartbeats say they count this node alive
 	newPeers  bool            // SetPeers added a peer since the last evaluation
 	announced map[string]bool // alive nodes this node's heartbeats show
+	evaluated time.Time       // the last evaluation
+	resumed   time.Time       // when this node last ran again after a stall
+	stalls    atomic.Uint64
 
 	sent, accepted, unproven atomic.Uint64
 	refused                  [8]atomic.Uint64 // by index in reasons
@@ -310,7 +320,7 @@ func (m *Monitor) AliveNodes() []string {
 
 // Counters returns what the monitor sent, took and refused.
 func (m *Monitor) Counters() Counters {
-	c := Counters{Sent: m.sent.Load(), Accepted: m.accepted.Load(), Unproven: m.unproven.Load(), Refused: map[string]uint64{}}
+	c := Counters{Sent: m.sent.Load(), Accepted: m.accepted.Load(), Unproven: m.unproven.Load(), Stalls: m.stalls.Load(), Refused: map[string]uint64{}}
 	for i, r := range reasons {
 		if n := m.refused[i].Load(); n > 0 {
 			c.Refused[r] = n
@@ -564,10 +574,23 @@ func nonce() uint64 {
 // evaluate recomputes who is alive and, on a change, calls OnChange before the heartbeats show
 // it. It runs only on the evaluator goroutine, so OnChange is never called concurrently. It
 // also ends a key rotation once every peer uses this node's newest key.
+//
+// A node that was itself not running cannot tell a dead peer from one whose heartbeats wait
+// unread in its socket, or whose echoes are of heartbeats this node sent late: after such a
+// stall, every peer alive before stays alive for a deadline, time for fresh proof to arrive.
+// A peer that is really dead is found a deadline later than it would have been; a standby
+// that wakes and takes over from an owner as alive as itself would move the VIP twice.
 func (m *Monitor) evaluate(now time.Time) {
 	deadline := m.deadline()
 	mine := m.id.current()
 	m.mu.Lock()
+	if !m.evaluated.IsZero() && now.Sub(m.evaluated) > stallRatio*m.cfg.Interval {
+		m.resumed = now
+		m.stalls.Add(1)
+		klog.V(2).InfoS("This node did not run for a while: no peer counts as dead before fresh heartbeats could arrive", "stalled", now.Sub(m.evaluated).Round(time.Millisecond), "grace", deadline)
+	}
+	m.evaluated = now
+	waking := !m.resumed.IsZero() && now.Sub(m.resumed) <= deadline
 	next := map[string]bool{}
 	seesMe := map[string]bool{}
 	rotated := len(mine) > 1
@@ -580,6 +603,8 @@ func (m *Monitor) evaluate(now time.Time) {
 		case !p.proven && now.Sub(p.added) <= deadline:
 			// Not heard from yet: a node that just started (or just learnt of a peer) must not
 			// take a VIP over from a peer it has not had the time to hear.
+			next[n] = true
+		case waking && m.alive[n]:
 			next[n] = true
 		}
 		if next[n] && p.proven && p.sees {

@@ -141,3 +141,44 @@ func TestHeartbeatKeyRotationMovesNothing(t *testing.T) {
 		t.Errorf("during the rotation: %s; want node1 alone answering every request", c)
 	}
 }
+
+// TestAStallOfEveryAgentMovesNothing freezes every agent at once (SIGSTOP, as a host starved
+// of CPU or a paused VM freezes them) for several failover intervals, then lets them all run
+// again: a node that was itself not running cannot tell a dead peer from one whose heartbeats
+// wait unread in its socket, so the standby must not take the VIP over when it wakes. On a
+// busy 2-core machine the real-kubelet e2e saw standbys take over (and the owner take back,
+// resetting connections) after whole-machine stalls.
+func TestAStallOfEveryAgentMovesNothing(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 2})
+	vip := netip.MustParseAddr("203.0.113.32")
+	agents := heartbeatCluster(t, l, l.Nodes, vip)
+	mac1, mac2 := macOf(t, l.Nodes[0]), macOf(t, l.Nodes[1])
+	probe := probeARP(t, l.Client, vip, probeEvery, 1000)
+	eventually(t, 10*time.Second, "node1 answers", func() bool { return whoAnswers(t, l.Client, vip) == mac1 })
+	start := time.Now()
+	const trials, stall = 3, 4 * failoverInterval
+	for trial := range trials {
+		for _, a := range agents {
+			if err := a.proc.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(stall)
+		for _, a := range agents {
+			if err := a.proc.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(5 * failoverInterval)
+		t.Logf("trial %d: %s", trial, probe.count(start, time.Now()))
+	}
+	probe.Stop()
+	c := probe.count(start, time.Now())
+	t.Logf("%d stalls of %s of both agents: %s", trials, stall, c)
+	if c.ByMAC[mac2] > 0 {
+		t.Errorf("node2 answered %d requests after stalls: it took node1's VIP over though node1 was no more dead than itself (%s)", c.ByMAC[mac2], c)
+	}
+	if c.ByMAC[mac1] == 0 {
+		t.Errorf("node1 never answered: %s", c)
+	}
+}

@@ -1573,7 +1573,10 @@ type HeartbeatCounters struct {
 	// source (no peer's address), version, key (unknown to either side), replay (not newer than
 	// the last verified), stale (echoes nothing recent), rate (over the source's budget of MAC
 	// checks), mac (forged or damaged).
-	Refused       map[string]uint64 `protobuf:"bytes,4,rep,name=refused,proto3" json:"refused,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Refused map[string]uint64 `protobuf:"bytes,4,rep,name=refused,proto3" json:"refused,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// stalls: times this node found it had not run for over two heartbeat intervals (starved of
+	// CPU, paused); after each, no peer alive before counts as dead for one failover deadline.
+	Stalls        uint64 `protobuf:"varint,5,opt,name=stalls,proto3" json:"stalls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1634,6 +1637,13 @@ func (x *HeartbeatCounters) GetRefused() map[string]uint64 {
 		return x.Refused
 	}
 	return nil
+}
+
+func (x *HeartbeatCounters) GetStalls() uint64 {
+	if x != nil {
+		return x.Stalls
+	}
+	return 0
 }
 
 // AnnouncedVIP is one VIP as this node handles it now.
@@ -2400,12 +2410,13 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x04seen\x18\x06 \x03(\tR\x04seen\x12\x1a\n" +
 	"\bmajority\x18\a \x01(\rR\bmajority\x12\x1c\n" +
 	"\tbootstrap\x18\b \x01(\bR\tbootstrap\x12\x1a\n" +
-	"\bproblems\x18\t \x03(\tR\bproblems\"\xe8\x01\n" +
+	"\bproblems\x18\t \x03(\tR\bproblems\"\x80\x02\n" +
 	"\x11HeartbeatCounters\x12\x12\n" +
 	"\x04sent\x18\x01 \x01(\x04R\x04sent\x12\x1a\n" +
 	"\baccepted\x18\x02 \x01(\x04R\baccepted\x12\x1a\n" +
 	"\bunproven\x18\x03 \x01(\x04R\bunproven\x12K\n" +
-	"\arefused\x18\x04 \x03(\v21.metalvip.agent.v1.HeartbeatCounters.RefusedEntryR\arefused\x1a:\n" +
+	"\arefused\x18\x04 \x03(\v21.metalvip.agent.v1.HeartbeatCounters.RefusedEntryR\arefused\x12\x16\n" +
+	"\x06stalls\x18\x05 \x01(\x04R\x06stalls\x1a:\n" +
 	"\fRefusedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x87\x02\n" +
