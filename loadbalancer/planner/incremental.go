@@ -44,13 +44,15 @@ func (p *Planner) Plan() Plan { return p.plan }
 // healthy VIPs (and reset their connections) at moments unrelated to them: a plan left uneven
 // by single placements was rebalanced by a new CCM leader's first node change after a restart.
 func (p *Planner) SetNodes(nodes []Node) []netip.Addr {
-	balance := p.opens(nodes)
+	if !p.opens(nodes) {
+		return p.close(nodes)
+	}
 	p.setNodes(nodes)
 	vips := make([]VIP, 0, len(p.vips))
 	for _, v := range p.vips {
 		vips = append(vips, v)
 	}
-	next := compute(p.plan, vips, p.nodes, p.opts, balance)
+	next := compute(p.plan, vips, p.nodes, p.opts, true)
 	changed := Diff(p.plan, next)
 	p.plan = next
 	p.load, p.groups = map[string]int{}, groups{}
@@ -58,6 +60,45 @@ func (p *Planner) SetNodes(nodes []Node) []netip.Addr {
 		if pr := e.Primary(); pr != "" {
 			p.load[pr]++
 			p.groups.add(p.vips[a].Group, pr, 1)
+		}
+	}
+	return changed
+}
+
+// close applies a change of the nodes that lets no node take VIPs it could not take before
+// (nodes gone, unreachable or excluded; the others unchanged for the plan): only the VIPs whose
+// entry names such a node are placed again, in address order, as a replan without balance
+// would place them. A node's death costs its own VIPs' placement, O(N log N) each, instead of
+// a replan of every VIP (O(V·N): seconds at 20,000 VIPs on 1,000 nodes).
+func (p *Planner) close(nodes []Node) []netip.Addr {
+	open := func(n *Node) bool { return !n.Excluded && n.AgentReachable }
+	still := make(map[string]bool, len(nodes))
+	for i := range nodes {
+		if open(&nodes[i]) {
+			still[nodes[i].Name] = true
+		}
+	}
+	closed := map[string]bool{}
+	for name, n := range p.byName {
+		if open(n) && !still[name] {
+			closed[name] = true
+		}
+	}
+	p.setNodes(nodes)
+	if len(closed) == 0 {
+		return nil
+	}
+	var affected []netip.Addr
+	for a, e := range p.plan {
+		if slices.ContainsFunc(e.Nodes, func(n string) bool { return closed[n] }) {
+			affected = append(affected, a)
+		}
+	}
+	slices.SortFunc(affected, netip.Addr.Compare)
+	var changed []netip.Addr
+	for _, a := range affected {
+		if p.SetVIP(p.vips[a]) {
+			changed = append(changed, a)
 		}
 	}
 	return changed

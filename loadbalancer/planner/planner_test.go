@@ -571,3 +571,53 @@ func TestUnevenPlanMovesOnlyWhenANodeJoins(t *testing.T) {
 		t.Errorf("a node joined and nothing moved off %s, which carries both: %v", owner, p)
 	}
 }
+
+// A change of the nodes that only closes some (unreachable, excluded, gone) re-places only the
+// VIPs that named them, and the plan is exactly what a replan of every VIP without balance
+// gives.
+func TestClosingNodesMatchesAFullReplan(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		vips, nodes := genScenario(t)
+		p := New(Options{})
+		p.SetNodes(nodes)
+		for _, v := range rapid.Permutation(vips).Draw(t, "order") {
+			p.SetVIP(v)
+		}
+		var next []Node
+		for _, n := range nodes {
+			switch rapid.IntRange(0, 5).Draw(t, "fate") {
+			case 0:
+				continue // gone
+			case 1:
+				n.AgentReachable = false
+			case 2:
+				n.Excluded = true
+			}
+			next = append(next, n)
+		}
+		if p.opens(next) {
+			t.Fatalf("closing nodes counted as opening one")
+		}
+		before := maps.Clone(p.Plan())
+		want := compute(before, vips, next, Options{MaxCandidates: 4}, false)
+		changed := p.SetNodes(next)
+		if d := Diff(want, p.Plan()); len(d) != 0 {
+			for _, a := range d {
+				t.Logf("%s: before %v, replan %v, incremental %v", a, before[a].Nodes, want[a].Nodes, p.Plan()[a].Nodes)
+			}
+			t.Fatalf("closing nodes placed %v otherwise than a replan", d)
+		}
+		if d := Diff(before, p.Plan()); !slices.Equal(d, changed) {
+			t.Fatalf("SetNodes said %v changed, the plans differ at %v", changed, d)
+		}
+		// And the bookkeeping is a replan's: a new VIP goes where a fresh planner puts it.
+		fresh := New(Options{})
+		fresh.Reset(maps.Clone(p.Plan()), vips, next)
+		extra := VIP{Addr: netip.MustParseAddr("198.51.100.250"), Mode: L2}
+		p.SetVIP(extra)
+		fresh.SetVIP(extra)
+		if a, b := p.Plan()[extra.Addr], fresh.Plan()[extra.Addr]; !slices.Equal(a.Nodes, b.Nodes) {
+			t.Fatalf("a VIP added after the change: %v, a fresh planner over the same plan: %v", a.Nodes, b.Nodes)
+		}
+	})
+}
