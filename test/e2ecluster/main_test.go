@@ -1,6 +1,4 @@
-//go:build cluster
-
-// Package e2ecluster (build tag "cluster": make test-cluster) installs metalvip on real kubelets (test/kubecluster) as a user would, from
+// Package e2ecluster installs metalvip on real kubelets (test/kubecluster) as a user would, from
 // install.yaml and from the chart, and checks on the wire what users rely on: nodes initialised
 // by the CCM pod, agents Ready, VIPs answering HTTP from pods through kube-proxy, BGP next hops
 // following pods, and failover when a node dies hard or a metalvip pod is deleted.

@@ -40,6 +40,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -354,10 +355,18 @@ func (c *Cluster) startControlPlane() error {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	c.token = hex.EncodeToString(b)
+	// A client CA, as every kubeadm cluster has: the API server then publishes it in
+	// kube-system/extension-apiserver-authentication, which the CCM's secure port reads
+	// (without it the CCM logs the ConfigMap's absence many times a minute).
+	clientCA, err := certs.NewCA("kubecluster-client-ca", 24*time.Hour)
+	if err != nil {
+		return err
+	}
 	files := map[string][]byte{
-		"sa.key":     pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
-		"sa.pub":     pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}),
-		"tokens.csv": fmt.Appendf(nil, "%s,kubecluster-admin,kubecluster-admin,system:masters\n", c.token),
+		"client-ca.crt": clientCA.Cert,
+		"sa.key":        pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
+		"sa.pub":        pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}),
+		"tokens.csv":    fmt.Appendf(nil, "%s,kubecluster-admin,kubecluster-admin,system:masters\n", c.token),
 	}
 	for name, data := range files {
 		if err := os.WriteFile(filepath.Join(cp, name), data, 0o600); err != nil {
@@ -374,6 +383,7 @@ func (c *Cluster) startControlPlane() error {
 		"--service-account-key-file", filepath.Join(cp, "sa.pub"),
 		"--service-account-signing-key-file", filepath.Join(cp, "sa.key"),
 		"--token-auth-file", filepath.Join(cp, "tokens.csv"), "--authorization-mode", "RBAC",
+		"--client-ca-file", filepath.Join(cp, "client-ca.crt"),
 		// InternalIP: logs and exec would look node names up in DNS.
 		"--kubelet-preferred-address-types", "InternalIP",
 		"--service-cluster-ip-range", ServiceCIDR.String(), "--allow-privileged", "--v", "1")
