@@ -383,8 +383,14 @@ func (a *Agent) applyLocked(ctx context.Context) {
 					view.Reason = fmt.Sprintf("advertised to BGP peers, weight %d", r.Weight)
 				}
 			}
-			if r.GracefulShutdown {
+			if an.GetBgp().GetDrainByWeight() {
+				drainByWeight(&r)
+			}
+			switch {
+			case r.GracefulShutdown:
 				view.Reason += ", graceful shutdown (draining)"
+			case st.GetDraining():
+				view.Reason = fmt.Sprintf("advertised to BGP peers, weight %d, the least (draining by weight)", r.Weight)
 			}
 			routes = append(routes, r)
 		}
