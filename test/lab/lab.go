@@ -82,6 +82,8 @@ type Lab struct {
 	reaper *exec.Cmd
 	pipe   io.WriteCloser
 	procs  []*testenv.Proc
+	// resilient are the prefixes forwarded over resilient next-hop groups (resilient.go).
+	resilient []*ResilientECMP
 }
 
 // Host is one network namespace.
