@@ -67,6 +67,8 @@ func TestDrain(t *testing.T) {
 		c.Object(v1alpha1.IPPoolResource, pool, fmt.Sprintf(`{addresses: ["203.0.113.112/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {mode: BGP, bgp: {drain: Weight}}}`, c.NS))
 		vip := c.Service("drain-weight", cluster.InPool(pool))
 		fib := c.Lab.StartResilientECMP(t, netip.PrefixFrom(vip, 32), lab.ResilientOptions{})
+		// Connections opened before the group takes over would be rehashed by it.
+		cluster.Eventually(t, 60*time.Second, "the resilient group has three next hops", func() bool { return fib.Hops() == 3 })
 		d := c.MeasureBGPDrain(vip, "node1", 20, drainDelay, drainSettle)
 		changes, ferr := fib.Changes()
 		t.Logf("BGP drain by weight, resilient hashing (delay %s, %d buckets, idle timer %s): %s", drainDelay, fib.Options.Buckets, fib.Options.IdleTimer, d)

@@ -48,6 +48,7 @@ type ResilientECMP struct {
 
 	mu      sync.Mutex
 	changes []GroupChange
+	hops    int // in the group now
 	err     error
 }
 
@@ -102,6 +103,13 @@ func (r *ResilientECMP) Changes() ([]GroupChange, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.changes), r.err
+}
+
+// Hops returns how many next hops the group has now (0 before FRR has a route).
+func (r *ResilientECMP) Hops() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.hops
 }
 
 // Buckets counts the group's buckets by next hop.
@@ -177,6 +185,7 @@ func (r *ResilientECMP) follow(ctx context.Context) {
 		last = group
 		r.mu.Lock()
 		r.changes = append(r.changes, GroupChange{At: time.Now(), Group: describeGroup(weights)})
+		r.hops = len(weights)
 		r.mu.Unlock()
 	}
 }
@@ -227,7 +236,7 @@ func (r *ResilientECMP) install(weights map[netip.Addr]int, group string) error 
 	gid := strconv.Itoa(r.group)
 	if len(weights) == 0 {
 		_, err := r.ip("route", "del", r.Prefix.String(), "table", r.table)
-		if err != nil && strings.Contains(err.Error(), "No such process") {
+		if err != nil && (strings.Contains(err.Error(), "No such process") || strings.Contains(err.Error(), "FIB table does not exist")) {
 			err = nil // no route yet
 		}
 		return err
