@@ -8,6 +8,9 @@ import (
 	"slices"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/test/cluster"
 	"github.com/metalvip/metalvip/test/lab"
@@ -88,6 +91,16 @@ var drainSetups = []struct {
 func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duration) {
 	step("drains: BGP by GRACEFUL_SHUTDOWN and by weight, plain and resilient ECMP; L2 make-before-break")
 	createObject(m, c.Dyn, v1alpha1.IPPoolResource, "drainw-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.112/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {mode: BGP, bgp: {drain: Weight}}}`, c.NS))
+	// BFD at 100 ms resets sessions when the shared machine stalls a daemon for 300 ms, which
+	// would be measured as the drain's doing (as in test/e2e): off for the drains, back after.
+	bfd := func(on bool) {
+		patch := fmt.Appendf(nil, `{"spec":{"bfd":{"enabled":%v}}}`, on)
+		if _, err := c.Dyn.Resource(v1alpha1.BGPPeerResource).Patch(context.Background(), "router-"+c.NS, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			m.Fatalf("%v", err)
+		}
+	}
+	bfd(false)
+	defer bfd(true)
 	const settle = 2 * time.Second // the resilient group's idle timer (1 s) and a second
 	var drains []cluster.BGPDrain
 	var buckets string
@@ -149,7 +162,7 @@ func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duratio
 			weightRoute = drains[i].Route
 		}
 	}
-	bgpMethod := fmt.Sprintf("In the lab, with the CCM's default drain delay (%s); run on %s, load average %s. BGP: a Cluster-policy VIP advertised by three nodes; the remote client holds 20 long TCP connections (each checked by an echo every 100 ms) and opens a new one every 50 ms; node1 is cordoned; the same for each router setup and drain mode, each with its own VIP. "+
+	bgpMethod := fmt.Sprintf("In the lab, with the CCM's default drain delay (%s); run on %s, load average %s. BGP: a Cluster-policy VIP advertised by three nodes (sessions without BFD, which a stalled daemon on this shared machine would reset); the remote client holds 20 long TCP connections (each checked by an echo every 100 ms) and opens a new one every 50 ms; node1 is cordoned; the same for each router setup and drain mode, each with its own VIP. "+
 		"GracefulShutdown (the default): node1's routes get GRACEFUL_SHUTDOWN, which FRR turns into LOCAL_PREF 0, so node1 leaves the multipath at once. Weight (spec.announce.bgp.drain: Weight): node1 keeps its path with the least link bandwidth and the others advertise 100 times theirs; FRR installs weights of 100 times each share, so during the delay the router's route reads:\n\n```\n%s\n```\n\n"+
 		"Plain ECMP: FRR 8.4 installs its route as a hash-threshold group, the only kind it makes (it has no resilient option for BGP routes, nor does any later FRR): any change of next hops or weights rehashes flows, node1's established connections go to nodes that reset them and some of the others' move too. "+
 		"Resilient: the router forwards over a Linux resilient next-hop group (%s, unbalanced timer 0) that follows FRR's next hops and weights (test/lab, ResilientECMP), as a router with resilient hashing programs its FIB: a next hop that leaves gives its buckets to the others at once, a weight change moves only idle buckets. "+
