@@ -113,7 +113,7 @@ func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duratio
 		var fib *lab.ResilientECMP
 		if s.resilient {
 			fib = c.Lab.StartResilientECMP(m, netip.PrefixFrom(vip, 32), lab.ResilientOptions{})
-			cluster.Eventually(m, 60*time.Second, "the resilient group has three next hops", func() bool { return fib.Hops() == 3 })
+			fib.WaitHops(m, 3, 60*time.Second)
 			buckets = fmt.Sprintf("%d buckets, idle timer %s", fib.Options.Buckets, fib.Options.IdleTimer)
 		}
 		d := c.MeasureBGPDrain(vip, "node1", 20, delay, settle)

@@ -68,7 +68,7 @@ func TestDrain(t *testing.T) {
 		vip := c.Service("drain-weight", cluster.InPool(pool))
 		fib := c.Lab.StartResilientECMP(t, netip.PrefixFrom(vip, 32), lab.ResilientOptions{})
 		// Connections opened before the group takes over would be rehashed by it.
-		cluster.Eventually(t, 60*time.Second, "the resilient group has three next hops", func() bool { return fib.Hops() == 3 })
+		fib.WaitHops(t, 3, 60*time.Second)
 		d := c.MeasureBGPDrain(vip, "node1", 20, drainDelay, drainSettle)
 		changes, ferr := fib.Changes()
 		t.Logf("BGP drain by weight, resilient hashing (delay %s, %d buckets, idle timer %s): %s", drainDelay, fib.Options.Buckets, fib.Options.IdleTimer, d)

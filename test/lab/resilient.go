@@ -42,7 +42,8 @@ type ResilientECMP struct {
 
 	lab    *Lab
 	table  string
-	group  int
+	group  uint32
+	hopIDs map[netip.Addr]uint32 // the nexthop object of each next hop
 	cancel context.CancelFunc
 	done   chan struct{}
 
@@ -59,8 +60,22 @@ type GroupChange struct {
 	Group string
 }
 
-// resilientTable is the routing table of the resilient routes, and the base of their ids.
+// resilientTable is the routing table of the resilient routes.
 const resilientTable = 4242
+
+// topNexthopID is the id of the first nexthop object the lab makes; each next one is 1 lower.
+// zebra numbers its own objects above the highest id it has seen in the kernel, so ids that
+// only go down never meet one of zebra's; and zebra's per-protocol ranges end far below.
+const topNexthopID = 0xF0000000
+
+// newNexthopID returns an id below every one the lab made before.
+func (l *Lab) newNexthopID() uint32 {
+	if l.nexthopIDs == 0 {
+		l.nexthopIDs = topNexthopID
+	}
+	l.nexthopIDs--
+	return l.nexthopIDs
+}
 
 // StartResilientECMP starts following FRR's route to prefix; it stops at Stop or when the test
 // ends (and after 30 minutes at most).
@@ -79,9 +94,10 @@ func (l *Lab) StartResilientECMP(t testenv.TB, prefix netip.Prefix, o ResilientO
 	if prefix.Addr().Is6() {
 		fam = "-6"
 	}
+	l.mu.Lock()
 	r := &ResilientECMP{Prefix: prefix, Options: o, lab: l, table: strconv.Itoa(resilientTable),
-		group: resilientTable*10 + len(l.resilient), done: make(chan struct{})}
-	l.resilient = append(l.resilient, r)
+		group: l.newNexthopID(), hopIDs: map[netip.Addr]uint32{}, done: make(chan struct{})}
+	l.mu.Unlock()
 	if _, err := r.ip(fam, "rule", "add", "to", prefix.String(), "lookup", r.table, "pref", "100"); err != nil {
 		t.Fatalf("lab: %v", err)
 	}
@@ -112,50 +128,45 @@ func (r *ResilientECMP) Hops() int {
 	return r.hops
 }
 
+// WaitHops waits until the group has n next hops, and fails the test with the last error in
+// following FRR's route when it does not within timeout.
+func (r *ResilientECMP) WaitHops(t testenv.TB, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for r.Hops() != n {
+		if time.Now().After(deadline) {
+			_, err := r.Changes()
+			t.Fatalf("lab: the resilient group for %s has %d next hops after %s, want %d (error: %v)", r.Prefix, r.Hops(), timeout, n, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // Buckets counts the group's buckets by next hop.
 func (r *ResilientECMP) Buckets() (map[netip.Addr]int, error) {
-	out, err := r.ip("-j", "nexthop", "bucket", "show", "id", strconv.Itoa(r.group))
+	out, err := r.ip("-j", "nexthop", "bucket", "show", "id", strconv.FormatUint(uint64(r.group), 10))
 	if err != nil {
 		return nil, err
 	}
 	var buckets []struct {
 		Bucket struct {
-			NHID int `json:"nhid"`
+			NHID uint32 `json:"nhid"`
 		} `json:"bucket"`
 	}
 	if err := json.Unmarshal(out, &buckets); err != nil {
 		return nil, fmt.Errorf("nexthop buckets: %w: %s", err, out)
 	}
-	hops, err := r.hopsByID()
-	if err != nil {
-		return nil, err
+	hops := map[uint32]netip.Addr{}
+	r.mu.Lock()
+	for a, id := range r.hopIDs {
+		hops[id] = a
 	}
+	r.mu.Unlock()
 	counts := map[netip.Addr]int{}
 	for _, b := range buckets {
 		counts[hops[b.Bucket.NHID]]++
 	}
 	return counts, nil
-}
-
-func (r *ResilientECMP) hopsByID() (map[int]netip.Addr, error) {
-	out, err := r.ip("-j", "nexthop", "show")
-	if err != nil {
-		return nil, err
-	}
-	var nhs []struct {
-		ID      int    `json:"id"`
-		Gateway string `json:"gateway"`
-	}
-	if err := json.Unmarshal(out, &nhs); err != nil {
-		return nil, fmt.Errorf("nexthops: %w: %s", err, out)
-	}
-	m := map[int]netip.Addr{}
-	for _, nh := range nhs {
-		if a, err := netip.ParseAddr(nh.Gateway); err == nil {
-			m[nh.ID] = a
-		}
-	}
-	return m, nil
 }
 
 func (r *ResilientECMP) follow(ctx context.Context) {
@@ -198,15 +209,22 @@ func (r *ResilientECMP) fail(err error) {
 	}
 }
 
-// hopID is the id of a next hop's nexthop object: the group's id times 1000 plus the
-// address's last byte (the lab's nodes differ in it).
-func (r *ResilientECMP) hopID(a netip.Addr) int {
-	b := a.As16()
-	return r.group*1000 + int(b[15])
+// hopID is the id of a next hop's nexthop object, made on first use.
+func (r *ResilientECMP) hopID(a netip.Addr) uint32 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	id, ok := r.hopIDs[a]
+	if !ok {
+		r.lab.mu.Lock()
+		id = r.lab.newNexthopID()
+		r.lab.mu.Unlock()
+		r.hopIDs[a] = id
+	}
+	return id
 }
 
 // groupSpec is the group as ip nexthop takes it, "id,weight/id,weight", in id order.
-func groupSpec(weights map[netip.Addr]int, id func(netip.Addr) int) string {
+func groupSpec(weights map[netip.Addr]int, id func(netip.Addr) uint32) string {
 	var parts []string
 	for _, a := range slices.SortedFunc(func(yield func(netip.Addr) bool) {
 		for a := range weights {
@@ -233,7 +251,7 @@ func describeGroup(weights map[netip.Addr]int) string {
 // before the group names them; the group is replaced in place (its buckets stay), never
 // deleted while the route uses it.
 func (r *ResilientECMP) install(weights map[netip.Addr]int, group string) error {
-	gid := strconv.Itoa(r.group)
+	gid := strconv.FormatUint(uint64(r.group), 10)
 	if len(weights) == 0 {
 		_, err := r.ip("route", "del", r.Prefix.String(), "table", r.table)
 		if err != nil && (strings.Contains(err.Error(), "No such process") || strings.Contains(err.Error(), "FIB table does not exist")) {
@@ -242,7 +260,7 @@ func (r *ResilientECMP) install(weights map[netip.Addr]int, group string) error 
 		return err
 	}
 	for a := range weights {
-		if _, err := r.ip("nexthop", "replace", "id", strconv.Itoa(r.hopID(a)), "via", a.String(), "dev", "eth0"); err != nil {
+		if _, err := r.ip("nexthop", "replace", "id", strconv.FormatUint(uint64(r.hopID(a)), 10), "via", a.String(), "dev", "eth0"); err != nil {
 			return err
 		}
 	}
