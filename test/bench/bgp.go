@@ -202,7 +202,7 @@ func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duratio
 	c.Cordon(owner, false)
 
 	r.add("Drains", bgpMethod, rows)
-	r.add("Drains: L2", "The same run: the on-link client pings the owner of an L2 VIP every 20 ms; the owner is cordoned; who answers ARP is sampled (each ask waits 100 ms).",
+	r.add("Drains: L2", "The same run: the on-link client pings an L2 VIP every 20 ms (ICMP echo); the owner is cordoned; who answers ARP is sampled (each ask waits 100 ms).",
 		[][]string{{"measure", "value"},
 			{"new owner's first answer after the cordon", dur(made)},
 			{"old owner's last answer after the cordon", dur(broken)},
