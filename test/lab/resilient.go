@@ -144,29 +144,46 @@ func (r *ResilientECMP) WaitHops(t testenv.TB, n int, timeout time.Duration) {
 
 // Buckets counts the group's buckets by next hop.
 func (r *ResilientECMP) Buckets() (map[netip.Addr]int, error) {
+	hops, err := r.BucketHops()
+	if err != nil {
+		return nil, err
+	}
+	counts := map[netip.Addr]int{}
+	for _, a := range hops {
+		counts[a]++
+	}
+	return counts, nil
+}
+
+// BucketHops returns the next hop of each of the group's buckets, by index.
+func (r *ResilientECMP) BucketHops() ([]netip.Addr, error) {
 	out, err := r.ip("-j", "nexthop", "bucket", "show", "id", strconv.FormatUint(uint64(r.group), 10))
 	if err != nil {
 		return nil, err
 	}
 	var buckets []struct {
 		Bucket struct {
-			NHID uint32 `json:"nhid"`
+			Index int    `json:"index"`
+			NHID  uint32 `json:"nhid"`
 		} `json:"bucket"`
 	}
 	if err := json.Unmarshal(out, &buckets); err != nil {
 		return nil, fmt.Errorf("nexthop buckets: %w: %s", err, out)
 	}
-	hops := map[uint32]netip.Addr{}
+	byID := map[uint32]netip.Addr{}
 	r.mu.Lock()
 	for a, id := range r.hopIDs {
-		hops[id] = a
+		byID[id] = a
 	}
 	r.mu.Unlock()
-	counts := map[netip.Addr]int{}
+	hops := make([]netip.Addr, len(buckets))
 	for _, b := range buckets {
-		counts[hops[b.Bucket.NHID]]++
+		if b.Bucket.Index < 0 || b.Bucket.Index >= len(hops) {
+			return nil, fmt.Errorf("nexthop bucket index %d of %d", b.Bucket.Index, len(hops))
+		}
+		hops[b.Bucket.Index] = byID[b.Bucket.NHID]
 	}
-	return counts, nil
+	return hops, nil
 }
 
 func (r *ResilientECMP) follow(ctx context.Context) {
