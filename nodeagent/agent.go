@@ -380,11 +380,19 @@ func (a *Agent) applyLocked(ctx context.Context) {
 			for _, w := range an.GetBgp().GetWeights() {
 				if w.GetNode() == a.opts.Node {
 					r.Weight = w.GetEndpoints()
-					view.Reason = fmt.Sprintf("advertised to BGP peers, weight %d", r.Weight)
 				}
 			}
-			if r.GracefulShutdown {
+			if an.GetBgp().GetDrainByWeight() {
+				drainByWeight(&r)
+			}
+			if r.Weight > 0 {
+				view.Reason = fmt.Sprintf("advertised to BGP peers, weight %d", r.Weight)
+			}
+			switch {
+			case r.GracefulShutdown:
 				view.Reason += ", graceful shutdown (draining)"
+			case st.GetDraining():
+				view.Reason += ", the least (draining by weight)"
 			}
 			routes = append(routes, r)
 		}

@@ -109,3 +109,82 @@ func TestADrainingOwnerKeepsAnsweringBehindTheNewOne(t *testing.T) {
 		t.Errorf("a standby that is not draining answers")
 	}
 }
+
+func TestADrainByWeightKeepsThePathWithTheLeastWeightAndNoGracefulShutdown(t *testing.T) {
+	h := serve(t, t.TempDir())
+	c := h.ccm(t)
+	byWeight := bgpVIP("203.0.113.30")
+	byWeight.Bgp.DrainByWeight = true
+	byWeight.Bgp.Weights = []*agentv1.NodeWeight{{Node: "node-a", Endpoints: 3}, {Node: "node-b", Endpoints: 1}}
+	byWeightUnweighted := bgpVIP("203.0.113.31")
+	byWeightUnweighted.Bgp.DrainByWeight = true
+	byShutdown := bgpVIP("203.0.113.32")
+	type want struct {
+		weight uint32
+		gshut  bool
+	}
+	gen := uint64(0)
+	for _, step := range []struct {
+		name     string
+		draining bool
+		want     map[string]want
+	}{
+		{"a node that is not draining scales its weight, and advertises one without endpoints weighting", false, map[string]want{
+			"203.0.113.30/32": {3 * drainWeightScale, false},
+			"203.0.113.31/32": {drainWeightScale, false},
+			"203.0.113.32/32": {0, false},
+		}},
+		{"a draining node advertises weight 1 without GRACEFUL_SHUTDOWN where the pool drains by weight", true, map[string]want{
+			"203.0.113.30/32": {1, false},
+			"203.0.113.31/32": {1, false},
+			"203.0.113.32/32": {0, true},
+		}},
+		{"the weights come back when the drain ends", false, map[string]want{
+			"203.0.113.30/32": {3 * drainWeightScale, false},
+			"203.0.113.31/32": {drainWeightScale, false},
+			"203.0.113.32/32": {0, false},
+		}},
+	} {
+		gen++
+		t.Run(step.name, func(t *testing.T) {
+			st := state(1, gen, byWeight, byWeightUnweighted, byShutdown)
+			st.Draining = step.draining
+			resp, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: st})
+			if err != nil || len(resp.GetRefused()) != 0 {
+				t.Fatalf("Apply = %v, %v", resp, err)
+			}
+			h.bgp.mu.Lock()
+			got := map[string]want{}
+			for _, r := range h.bgp.routes {
+				got[r.Prefix.String()] = want{r.Weight, r.GracefulShutdown}
+			}
+			h.bgp.mu.Unlock()
+			for p, w := range step.want {
+				if got[p] != w {
+					t.Errorf("%s: weight %d, graceful shutdown %v; want %d, %v", p, got[p].weight, got[p].gshut, w.weight, w.gshut)
+				}
+			}
+		})
+	}
+}
+
+func TestDrainByWeightStaysWithinTheLargestWeight(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		in    bgp.Route
+		wantW uint32
+	}{
+		{"a node without a weight gets the scale", bgp.Route{}, drainWeightScale},
+		{"a weight is multiplied by the scale", bgp.Route{Weight: 7}, 7 * drainWeightScale},
+		{"a weight whose product passes the largest is capped", bgp.Route{Weight: bgp.MaxWeight}, bgp.MaxWeight},
+		{"a draining route gets 1 whatever its weight", bgp.Route{Weight: bgp.MaxWeight, GracefulShutdown: true}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := tc.in
+			drainByWeight(&r)
+			if r.Weight != tc.wantW || r.GracefulShutdown {
+				t.Errorf("weight %d, graceful shutdown %v; want %d, false", r.Weight, r.GracefulShutdown, tc.wantW)
+			}
+		})
+	}
+}

@@ -290,7 +290,34 @@ type BGPAnnounce struct {
 	//
 	// +optional
 	WeightByEndpoints bool `json:"weightByEndpoints,omitempty"`
+
+	// Drain is how a node being drained (cordoned, or carrying the drain label) moves the
+	// pool's traffic away during the drain delay, before it withdraws its routes.
+	// GracefulShutdown (the default) adds the GRACEFUL_SHUTDOWN community (65535:0, RFC 8326):
+	// a router that honours it stops using the node's path at once, which any router
+	// understands but, on a router with plain hash-based ECMP, moves established
+	// connections (the node's and some of the others'), which then reset. Weight keeps the
+	// path and lowers its link bandwidth to the least a router can tell apart from none
+	// (every node of the pool advertises a link bandwidth, 1 Mbit/s per endpoint or 1 Mbit/s
+	// without weightByEndpoints): a router with weighted ECMP over resilient next-hop
+	// groups (Linux resilient nexthop groups, vendors' resilient or consistent hashing)
+	// moves only idle flows off the node, so new connections leave it and established ones
+	// stay until the withdrawal. Weight needs the router to use the link-bandwidth community;
+	// see docs/announcing.md (Drains).
+	//
+	// +kubebuilder:validation:Enum=GracefulShutdown;Weight
+	// +optional
+	Drain DrainMode `json:"drain,omitempty"`
 }
+
+// DrainMode is how a drained node's BGP routes move traffic away before their withdrawal.
+type DrainMode string
+
+// Drain modes.
+const (
+	DrainGracefulShutdown DrainMode = "GracefulShutdown"
+	DrainWeight           DrainMode = "Weight"
+)
 
 // IPPoolStatus is what the controller reports.
 type IPPoolStatus struct {

@@ -264,6 +264,7 @@ func Announcement(e planner.Entry, v planner.VIP, pool *pools.Pool, services []s
 		if pool != nil {
 			an.Bgp.Communities = slices.Clone(pool.Announce.Communities)
 			an.Bgp.LocalPref = pool.Announce.LocalPref
+			an.Bgp.DrainByWeight = pool.Announce.DrainByWeight
 		}
 		if weights != nil {
 			// One announcement for every node of the VIP, each finding its own weight: the

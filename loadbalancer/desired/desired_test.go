@@ -1,8 +1,10 @@
 package desired
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -227,5 +229,38 @@ func TestWeightsCountEachNodesReadyEndpoints(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestAnAnnouncementSaysWhetherItsPoolDrainsByWeight(t *testing.T) {
+	ip := netip.MustParseAddr("203.0.113.1")
+	for _, tc := range []struct {
+		name  string
+		drain v1alpha1.DrainMode
+		want  bool
+	}{
+		{"a pool without a drain mode drains by GRACEFUL_SHUTDOWN", "", false},
+		{"a pool that names GracefulShutdown drains by it", v1alpha1.DrainGracefulShutdown, false},
+		{"a pool that names Weight drains by weight", v1alpha1.DrainWeight, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := pools.DecodePool(&v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: v1alpha1.IPPoolSpec{
+				Addresses: []v1alpha1.AddressRange{"203.0.113.0/28"},
+				Announce:  v1alpha1.Announce{Mode: v1alpha1.AnnounceBGP, BGP: &v1alpha1.BGPAnnounce{Drain: tc.drain}}}})
+			if !pool.Valid() {
+				t.Fatalf("pool problems: %v", pool.Problems)
+			}
+			v := VIP(ip, nil, pool)
+			an := Announcement(planner.Entry{Mode: planner.BGP, Nodes: []string{"n1"}}, v, pool, nil, func(string) netip.Addr { return netip.Addr{} }, nil)
+			if got := an.GetBgp().GetDrainByWeight(); got != tc.want {
+				t.Errorf("drain_by_weight %v, want %v", got, tc.want)
+			}
+		})
+	}
+	bad := pools.DecodePool(&v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: v1alpha1.IPPoolSpec{
+		Addresses: []v1alpha1.AddressRange{"203.0.113.0/28"},
+		Announce:  v1alpha1.Announce{Mode: v1alpha1.AnnounceBGP, BGP: &v1alpha1.BGPAnnounce{Drain: "Withdraw"}}}})
+	if bad.Valid() || !strings.Contains(fmt.Sprint(bad.Problems), "spec.announce.bgp.drain") {
+		t.Errorf("a drain mode the CRD would refuse gives problems %v; want one naming spec.announce.bgp.drain", bad.Problems)
 	}
 }

@@ -78,6 +78,9 @@ type Announce struct {
 	LocalPref   uint32
 	// WeightByEndpoints weights a BGP route by the node's ready endpoints (ETP Local).
 	WeightByEndpoints bool
+	// DrainByWeight: a drained node lowers its routes' link bandwidth instead of adding
+	// GRACEFUL_SHUTDOWN (spec.announce.bgp.drain: Weight).
+	DrainByWeight bool
 	// ExternalIPs: the pool's addresses may be announced as Services' spec.externalIPs.
 	ExternalIPs bool
 }
@@ -245,6 +248,13 @@ func decodePool(ip *v1alpha1.IPPool) *Pool {
 			}
 		}
 		p.Announce.WeightByEndpoints = b.WeightByEndpoints
+		switch b.Drain {
+		case "", v1alpha1.DrainGracefulShutdown:
+		case v1alpha1.DrainWeight:
+			p.Announce.DrainByWeight = true
+		default:
+			add("spec.announce.bgp.drain", "%q is not a drain mode; give GracefulShutdown or Weight", b.Drain)
+		}
 	}
 	return p
 }

@@ -6,7 +6,6 @@ import (
 	"math"
 	"net/netip"
 	"slices"
-	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -73,70 +72,102 @@ func bgpWeighted(m *testenv.Main, r *report, c *cluster.Cluster) {
 		rows)
 }
 
-// bgpDrain measures a drain: with the remote client holding 20 long connections and opening a
-// new one every 50 ms through a BGP VIP, node1 is cordoned; and an L2 VIP's owner is
-// cordoned while the on-link client probes it every 20 ms.
+// drainSetups are the router setups and drain modes measured side by side.
+var drainSetups = []struct {
+	name      string
+	pool      string // "" for the lab's BGP pool (GRACEFUL_SHUTDOWN)
+	resilient bool
+}{
+	{"plain ECMP, GracefulShutdown", "", false},
+	{"plain ECMP, Weight", "drainw", false},
+	{"resilient, GracefulShutdown", "", true},
+	{"resilient, Weight", "drainw", true},
+}
+
+// bgpDrain measures drains: with the remote client holding 20 long connections and opening a
+// new one every 50 ms through a BGP VIP, node1 is cordoned, for each router setup (plain
+// hash-threshold ECMP, or a resilient next-hop group) and drain mode; and an L2 VIP's owner
+// is cordoned while the on-link client probes it every 20 ms.
 func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duration) {
-	step("drains: BGP with GRACEFUL_SHUTDOWN, L2 make-before-break")
-	ctx := context.Background()
-	cordon := func(node string, on bool) {
-		patch := fmt.Appendf(nil, `{"spec":{"unschedulable":%v}}`, on)
-		if _, err := c.Srv.Client.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	step("drains: BGP by GRACEFUL_SHUTDOWN and by weight, plain and resilient ECMP; L2 make-before-break")
+	createObject(m, c.Dyn, v1alpha1.IPPoolResource, "drainw-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.112/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {mode: BGP, bgp: {drain: Weight}}}`, c.NS))
+	// BFD at 100 ms resets sessions when the shared machine stalls a daemon for 300 ms, which
+	// would be measured as the drain's doing (as in test/e2e): off for the drains, back after.
+	bfd := func(on bool) {
+		patch := fmt.Appendf(nil, `{"spec":{"bfd":{"enabled":%v}}}`, on)
+		if _, err := c.Dyn.Resource(v1alpha1.BGPPeerResource).Patch(context.Background(), "router-"+c.NS, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 			m.Fatalf("%v", err)
 		}
 	}
-	every := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
-	vip := c.Service("drain-bgp", cluster.InPool("bgp-"+c.NS))
-	cluster.Eventually(m, 60*time.Second, "three next hops", func() bool { return slices.Equal(c.NextHops(vip), every) })
-	tr := lab.StartTraffic(m, c.Lab.Remote, netip.AddrPortFrom(vip, 80), 20)
-	time.Sleep(time.Second)
-	t0 := time.Now()
-	cordon("node1", true)
-	var hopGone, withdrawn time.Duration
-	for time.Since(t0) < delay+20*time.Second && (hopGone == 0 || withdrawn == 0) {
-		if hopGone == 0 && !slices.Contains(c.NextHops(vip), "198.51.100.11") {
-			hopGone = time.Since(t0)
+	bfd(false)
+	defer bfd(true)
+	const settle = 2 * time.Second // the resilient group's idle timer (1 s) and a second
+	var drains []cluster.BGPDrain
+	var buckets string
+	for i, s := range drainSetups {
+		pool := "bgp-" + c.NS
+		if s.pool != "" {
+			pool = s.pool + "-" + c.NS
 		}
-		if out, err := c.Lab.Vtysh("show bgp ipv4 unicast " + vip.String()); err == nil && withdrawn == 0 && !strings.Contains(out, "198.51.100.11 from") {
-			withdrawn = time.Since(t0)
+		vip := c.Service(fmt.Sprintf("drain-bgp-%d", i), cluster.InPool(pool))
+		var fib *lab.ResilientECMP
+		if s.resilient {
+			fib = c.Lab.StartResilientECMP(m, netip.PrefixFrom(vip, 32), lab.ResilientOptions{})
+			fib.WaitHops(m, 3, 60*time.Second)
+			buckets = fmt.Sprintf("%d buckets, idle timer %s", fib.Options.Buckets, fib.Options.IdleTimer)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	time.Sleep(time.Second)
-	tr.Stop()
-	var lastOn time.Duration
-	news, failed := 0, 0
-	for _, nc := range tr.News {
-		if nc.At.Before(t0) {
-			continue
-		}
-		news++
-		if nc.Server == "" {
-			failed++
-		}
-		if nc.Server == "node1" {
-			lastOn = nc.At.Sub(t0)
-		}
-	}
-	onVictim, resetVictim, resetOthers, beforeWithdraw := 0, 0, 0, 0
-	for i, lc := range tr.Long {
-		if lc.Server == "node1" {
-			onVictim++
-		}
-		if at := tr.ResetAt[i]; !at.IsZero() {
-			if lc.Server == "node1" {
-				resetVictim++
-			} else {
-				resetOthers++
+		d := c.MeasureBGPDrain(vip, "node1", 20, delay, settle)
+		step("%s: %s", s.name, d)
+		if fib != nil {
+			if _, err := fib.Changes(); err != nil {
+				m.Fatalf("the resilient group did not follow FRR's route: %v", err)
 			}
-			if at.Sub(t0) < withdrawn {
-				beforeWithdraw++
-			}
+			fib.Stop()
+		}
+		drains = append(drains, d)
+	}
+	rows := [][]string{{"measure"}}
+	for _, s := range drainSetups {
+		rows[0] = append(rows[0], s.name)
+	}
+	row := func(name string, f func(d cluster.BGPDrain) string) {
+		out := []string{name}
+		for _, d := range drains {
+			out = append(out, f(d))
+		}
+		rows = append(rows, out)
+	}
+	row("node1 out of the kernel's next hops after the cordon", func(d cluster.BGPDrain) string { return dur(d.HopGone) })
+	row("node1's path withdrawn after the cordon", func(d cluster.BGPDrain) string { return dur(d.Withdrawn) })
+	row("new connections on node1: before the cordon", func(d cluster.BGPDrain) string {
+		return fmt.Sprintf("%d of %d", d.EarlyOnVictim, d.Early)
+	})
+	row(fmt.Sprintf("new connections on node1: from %s after the cordon to the withdrawal", settle), func(d cluster.BGPDrain) string {
+		return fmt.Sprintf("%d of %d", d.LateOnVictim, d.Late)
+	})
+	row("last new connection served by node1 after the cordon", func(d cluster.BGPDrain) string { return dur(d.LastOnVictim) })
+	row("new connections after the cordon, failed", func(d cluster.BGPDrain) string { return fmt.Sprintf("%d, %d", d.News, d.FailedNews) })
+	row("long connections on node1 reset before the withdrawal", func(d cluster.BGPDrain) string {
+		return fmt.Sprintf("%d of %d", d.ResetVictimBefore, d.LongOnVictim)
+	})
+	row("long connections on other nodes reset before the withdrawal", func(d cluster.BGPDrain) string {
+		return fmt.Sprintf("%d of %d", d.ResetOthersBefore, d.LongOnOther)
+	})
+	row("long connections reset after the withdrawal (node1, others)", func(d cluster.BGPDrain) string {
+		return fmt.Sprintf("%d, %d", d.ResetVictimAfter, d.ResetOthersAfter)
+	})
+	var weightRoute string
+	for i, s := range drainSetups {
+		if s.pool != "" && weightRoute == "" {
+			weightRoute = drains[i].Route
 		}
 	}
-	cordon("node1", false)
-	cluster.Eventually(m, 60*time.Second, "node1 back", func() bool { return slices.Equal(c.NextHops(vip), every) })
-
+	bgpMethod := fmt.Sprintf("In the lab, with the CCM's default drain delay (%s); run on %s, load average %s. BGP: a Cluster-policy VIP advertised by three nodes (sessions without BFD, which a stalled daemon on this shared machine would reset); the remote client holds 20 long TCP connections (each checked by an echo every 100 ms) and opens a new one every 50 ms; node1 is cordoned; the same for each router setup and drain mode, each with its own VIP. "+
+		"GracefulShutdown (the default): node1's routes get GRACEFUL_SHUTDOWN, which FRR turns into LOCAL_PREF 0, so node1 leaves the multipath at once. Weight (spec.announce.bgp.drain: Weight): node1 keeps its path with the least link bandwidth and the others advertise 100 times theirs; FRR installs weights of 100 times each share, so during the delay the router's route reads:\n\n```\n%s\n```\n\n"+
+		"Plain ECMP: FRR 8.4 installs its route as a hash-threshold group, the only kind it makes (it has no resilient option for BGP routes, nor does any later FRR): any change of next hops or weights rehashes flows, node1's established connections go to nodes that reset them and some of the others' move too. "+
+		"Resilient: the router forwards over a Linux resilient next-hop group (%s, unbalanced timer 0) that follows FRR's next hops and weights (test/lab, ResilientECMP), as a router with resilient hashing programs its FIB: a next hop that leaves gives its buckets to the others at once, a weight change moves only idle buckets. "+
+		"Resets are counted when an echo fails, up to a second after the cause; new connections from %s after the cordon (the idle buckets have moved by then) until the withdrawal show where new flows go during the delay: node1 keeps the buckets its long connections keep busy, and its weight's share, about 1%%.",
+		delay, time.Now().UTC().Format("2006-01-02 15:04 UTC"), loadAverage(), weightRoute, buckets, settle)
 	l2vip := c.Service("drain-l2")
 	var owner string
 	cluster.Eventually(m, 30*time.Second, "an owner", func() bool { owner = c.Owner(l2vip); return owner != "" })
@@ -146,7 +177,7 @@ func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duratio
 	}
 	cluster.Eventually(m, 5*time.Second, "the probe is answered", probe.Answered)
 	t1 := time.Now()
-	cordon(owner, true)
+	c.Cordon(owner, true)
 	none, two, samples := 0, 0, 0
 	var made, broken time.Duration
 	for time.Since(t1) < delay+2*time.Second {
@@ -168,21 +199,14 @@ func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duratio
 	time.Sleep(500 * time.Millisecond)
 	probe.Stop()
 	_, lost := probe.Outage(t1)
-	cordon(owner, false)
+	c.Cordon(owner, false)
 
-	r.add("Drains",
-		fmt.Sprintf("In the lab, with the CCM's default drain delay (%s). BGP: a Cluster-policy VIP advertised by three nodes; the remote client holds 20 long TCP connections (each checked by an echo every 100 ms) and opens a new one every 50 ms; node1 is cordoned. Its routes get GRACEFUL_SHUTDOWN, which FRR turns into LOCAL_PREF 0, so node1 leaves the kernel's next hops; the withdrawal follows after the delay. Stateless ECMP rehashes flows when the next hops change: node1's established connections go to nodes that reset them, and Linux's hash-threshold multipath moves some of the others' too, at the GRACEFUL_SHUTDOWN, not at the withdrawal (see docs/announcing.md, Drains). L2: the on-link client pings the owner of an L2 VIP every 20 ms; the owner is cordoned; who answers ARP is sampled (each ask waits 100 ms).", delay),
+	r.add("Drains", bgpMethod, rows)
+	r.add("Drains: L2", "The same run: the on-link client pings an L2 VIP every 20 ms (ICMP echo); the owner is cordoned; who answers ARP is sampled (each ask waits 100 ms).",
 		[][]string{{"measure", "value"},
-			{"BGP: node1 out of the kernel's next hops after the cordon", dur(hopGone)},
-			{"BGP: node1's path withdrawn after the cordon", dur(withdrawn)},
-			{"BGP: last new connection served by node1 after the cordon", dur(lastOn)},
-			{"BGP: new connections after the cordon, failed", fmt.Sprintf("%d, %d", news, failed)},
-			{"BGP: long connections on node1 reset", fmt.Sprintf("%d of %d", resetVictim, onVictim)},
-			{"BGP: long connections on other nodes reset", fmt.Sprintf("%d of %d", resetOthers, 20-onVictim)},
-			{"BGP: resets before the withdrawal", fmt.Sprint(beforeWithdraw)},
-			{"L2: new owner's first answer after the cordon", dur(made)},
-			{"L2: old owner's last answer after the cordon", dur(broken)},
-			{"L2: ARP samples with nobody answering / with both", fmt.Sprintf("%d / %d of %d", none, two, samples)},
-			{"L2: pings unanswered (every 20 ms)", fmt.Sprint(lost)},
+			{"new owner's first answer after the cordon", dur(made)},
+			{"old owner's last answer after the cordon", dur(broken)},
+			{"ARP samples with nobody answering / with both", fmt.Sprintf("%d / %d of %d", none, two, samples)},
+			{"pings unanswered (every 20 ms)", fmt.Sprint(lost)},
 		})
 }

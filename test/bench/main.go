@@ -114,6 +114,10 @@ func main() {
 	defer m.Close()
 	r := &report{}
 
+	if *drainsOnly {
+		drainsAlone(m, r)
+		return
+	}
 	if *goBench {
 		step("Go benchmarks of the allocator, the planner and the announcer")
 		goBenchmarks(m, r)

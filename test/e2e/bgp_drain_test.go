@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -21,24 +20,20 @@ import (
 
 const drainDelay = 5 * time.Second
 
-func cordon(t *testing.T, c *cluster.Cluster, node string, on bool) {
-	t.Helper()
-	patch := fmt.Appendf(nil, `{"spec":{"unschedulable":%v}}`, on)
-	if _, err := c.Srv.Client.CoreV1().Nodes().Patch(context.Background(), node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
+// drainSettle is when, after a cordon, the router's resilient group has moved the drained
+// node's idle buckets: its idle timer (1 s) and a second's margin.
+const drainSettle = 2 * time.Second
 
-// TestDrain: cordoning a node moves new BGP connections off it within the drain delay
-// (GRACEFUL_SHUTDOWN first, the withdrawal after the delay), with the established ones
-// measured; and an L2 VIP moves off its cordoned owner with no probe unanswered.
+// TestDrain: cordoning a node moves new BGP connections off it within the drain delay, by
+// GRACEFUL_SHUTDOWN through a router with plain ECMP (established connections measured), and
+// by weight through a router with resilient hashing with no established connection reset
+// before the withdrawal; and an L2 VIP moves off its cordoned owner with no probe unanswered.
 func TestDrain(t *testing.T) {
 	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary,
 		CloudConfig: fmt.Sprintf("drain:\n  delay: %s\n", drainDelay)})
 	for _, n := range c.Lab.Nodes {
 		n.ServeName(t, 80)
 	}
-	every := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
 	// BFD at 100 ms resets sessions when the shared machine stalls a daemon for 300 ms, which
 	// would be measured as the drain's doing: this test runs its sessions without it.
 	patch := []byte(`{"spec":{"bfd":{"enabled":false}}}`)
@@ -46,86 +41,65 @@ func TestDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	t.Run("BGP: new connections leave the cordoned node within the delay", func(t *testing.T) {
+	t.Run("BGP with GRACEFUL_SHUTDOWN: new connections leave the cordoned node within the delay", func(t *testing.T) {
 		c.T = t
 		vip := c.Service("drain-bgp", cluster.InPool("bgp-"+c.NS))
-		cluster.Eventually(t, 60*time.Second, "three next hops", func() bool { return slices.Equal(c.NextHops(vip), every) })
-		tr := lab.StartTraffic(t, c.Lab.Remote, netip.AddrPortFrom(vip, 80), 20)
-		before := map[string]int{}
-		for _, lc := range tr.Long {
-			before[lc.Server]++
+		d := c.MeasureBGPDrain(vip, "node1", 20, drainDelay, drainSettle)
+		t.Logf("BGP drain by GRACEFUL_SHUTDOWN, plain ECMP (delay %s): %s", drainDelay, d)
+		t.Logf("FRR %s after the cordon:\n%s", drainSettle, d.Path)
+		if d.Withdrawn == 0 {
+			t.Fatalf("node1's path was not withdrawn within %s", drainDelay+20*time.Second)
 		}
-		victim := "node1"
-		time.Sleep(time.Second)
-		t0 := time.Now()
-		cordon(t, c, victim, true)
-		// The kernel route: when node1 leaves the next hops (GRACEFUL_SHUTDOWN makes FRR
-		// prefer the others), and when FRR's table loses node1's path (the withdrawal).
-		var hopGone, withdrawn time.Duration
-		var gshut string
-		deadline := time.Now().Add(drainDelay + 20*time.Second)
-		for time.Now().Before(deadline) && (hopGone == 0 || withdrawn == 0) {
-			if hopGone == 0 && !slices.Contains(c.NextHops(vip), "198.51.100.11") {
-				hopGone = time.Since(t0)
-				gshut, _ = c.Lab.Vtysh("show bgp ipv4 unicast " + vip.String())
-			}
-			if out, err := c.Lab.Vtysh("show bgp ipv4 unicast " + vip.String()); err == nil && withdrawn == 0 && !strings.Contains(out, "198.51.100.11 from") {
-				withdrawn = time.Since(t0)
-			}
-			time.Sleep(20 * time.Millisecond)
+		if d.LastOnVictim >= drainDelay {
+			t.Errorf("a new connection reached node1 %s after the cordon, past the %s delay", d.LastOnVictim.Round(time.Millisecond), drainDelay)
 		}
-		time.Sleep(time.Second)
-		tr.Stop()
+		if !strings.Contains(d.Path, "graceful-shutdown") && !strings.Contains(d.Path, "65535:0") {
+			t.Errorf("node1's path did not carry GRACEFUL_SHUTDOWN during the delay")
+		}
+		if d.Withdrawn < drainDelay-time.Second {
+			t.Errorf("withdrawn %s after the cordon, before the %s delay", d.Withdrawn, drainDelay)
+		}
+	})
 
-		if hopGone == 0 || withdrawn == 0 {
-			t.Fatalf("node1 left the next hops after %s, its path withdrawn after %s (0: not within %s)", hopGone, withdrawn, drainDelay+20*time.Second)
+	t.Run("BGP by weight through resilient hashing: no established connection resets before the withdrawal", func(t *testing.T) {
+		c.T = t
+		pool := "drainw-" + c.NS
+		c.Object(v1alpha1.IPPoolResource, pool, fmt.Sprintf(`{addresses: ["203.0.113.112/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {mode: BGP, bgp: {drain: Weight}}}`, c.NS))
+		vip := c.Service("drain-weight", cluster.InPool(pool))
+		fib := c.Lab.StartResilientECMP(t, netip.PrefixFrom(vip, 32), lab.ResilientOptions{})
+		// Connections opened before the group takes over would be rehashed by it.
+		fib.WaitHops(t, 3, 60*time.Second)
+		d := c.MeasureBGPDrain(vip, "node1", 20, drainDelay, drainSettle)
+		changes, ferr := fib.Changes()
+		t.Logf("BGP drain by weight, resilient hashing (delay %s, %d buckets, idle timer %s): %s", drainDelay, fib.Options.Buckets, fib.Options.IdleTimer, d)
+		t.Logf("router's kernel route %s after the cordon: %s", drainSettle, d.Route)
+		for _, ch := range changes {
+			t.Logf("resilient group at %s: %s", ch.At.Format("15:04:05.000"), ch.Group)
 		}
-		// New connections: the last one node1 served after the cordon.
-		var lastOnVictim time.Duration
-		newAfter, failedNew := 0, 0
-		for _, nc := range tr.News {
-			if nc.At.Before(t0) {
-				continue
-			}
-			newAfter++
-			if nc.Server == "" {
-				failedNew++
-			}
-			if nc.Server == victim {
-				lastOnVictim = nc.At.Sub(t0)
-			}
+		if ferr != nil {
+			t.Fatalf("following FRR's route: %v", ferr)
 		}
-		if lastOnVictim >= drainDelay {
-			t.Errorf("a new connection reached %s %s after the cordon, past the %s delay", victim, lastOnVictim.Round(time.Millisecond), drainDelay)
+		if d.Withdrawn == 0 {
+			t.Fatalf("node1's path was not withdrawn within %s", drainDelay+20*time.Second)
 		}
-		// Established connections: which were reset, and when.
-		var resets []string
-		resetBeforeWithdraw, resetOfVictim := 0, 0
-		for i, lc := range tr.Long {
-			if at := tr.ResetAt[i]; !at.IsZero() {
-				resets = append(resets, fmt.Sprintf("%s@%s", lc.Server, at.Sub(t0).Round(10*time.Millisecond)))
-				if at.Sub(t0) < withdrawn {
-					resetBeforeWithdraw++
-				}
-				if lc.Server == victim {
-					resetOfVictim++
-				}
-			}
+		if d.Withdrawn < drainDelay-time.Second {
+			t.Errorf("withdrawn %s after the cordon, before the %s delay", d.Withdrawn, drainDelay)
 		}
-		sort.Strings(resets)
-		t.Logf("BGP drain of %s (delay %s): next hop gone from the router's kernel route %s after the cordon (GRACEFUL_SHUTDOWN), path withdrawn %s after; "+
-			"%d new connections after the cordon (%d failed), the last on %s at %s; long connections by node %v: %d of 20 reset (%d on %s, %d before the withdrawal): %v",
-			victim, drainDelay, hopGone.Round(time.Millisecond), withdrawn.Round(time.Millisecond), newAfter, failedNew, victim, lastOnVictim.Round(time.Millisecond),
-			before, len(resets), resetOfVictim, victim, resetBeforeWithdraw, resets)
-		t.Logf("FRR as node1 left the next hops:\n%s", gshut)
-		if !strings.Contains(gshut, "graceful-shutdown") && !strings.Contains(gshut, "65535:0") {
-			t.Errorf("node1's path did not carry GRACEFUL_SHUTDOWN when it left the next hops")
+		if n := d.ResetVictimBefore + d.ResetOthersBefore; n != 0 {
+			t.Errorf("%d established connections reset before the withdrawal (%d on node1): %v", n, d.ResetVictimBefore, d.Resets)
 		}
-		if withdrawn < drainDelay-time.Second {
-			t.Errorf("withdrawn %s after the cordon, before the %s delay", withdrawn, drainDelay)
+		if d.ResetOthersAfter != 0 {
+			t.Errorf("%d established connections on the other nodes reset after the withdrawal: %v", d.ResetOthersAfter, d.Resets)
 		}
-		cordon(t, c, victim, false)
-		cluster.Eventually(t, 60*time.Second, "node1 advertises again once uncordoned", func() bool { return slices.Equal(c.NextHops(vip), every) })
+		// node1 keeps the buckets its long connections keep busy (about 7 of 512) and its
+		// weight's share (about 1%): new connections go there rarely, not never.
+		if d.Late == 0 || d.LateOnVictim*10 > d.Late {
+			t.Errorf("node1 served %d of the %d new connections opened from %s after the cordon until the withdrawal; want at most a tenth (it served %d of %d before the cordon)",
+				d.LateOnVictim, d.Late, drainSettle, d.EarlyOnVictim, d.Early)
+		}
+		if strings.Contains(d.Path, "graceful-shutdown") || strings.Contains(d.Path, "65535:0") {
+			t.Errorf("node1's path carried GRACEFUL_SHUTDOWN in drain mode Weight:\n%s", d.Path)
+		}
 	})
 
 	t.Run("L2: the cordoned owner's VIP moves with no probe unanswered", func(t *testing.T) {
@@ -139,7 +113,7 @@ func TestDrain(t *testing.T) {
 		}
 		cluster.Eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
 		t0 := time.Now()
-		cordon(t, c, owner, true)
+		c.Cordon(owner, true)
 		// Who answers ARP, sampled (each ask waits 100 ms for answers) until the delay is over.
 		none, two, samples := 0, 0, 0
 		var made, broken time.Duration // the new owner's first answer, the old one's last
@@ -177,6 +151,6 @@ func TestDrain(t *testing.T) {
 		if none != 0 {
 			t.Errorf("%d ARP samples with nobody answering", none)
 		}
-		cordon(t, c, owner, false)
+		c.Cordon(owner, false)
 	})
 }

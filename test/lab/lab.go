@@ -31,6 +31,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -77,11 +78,13 @@ type Lab struct {
 	Control *Host // on the segment, for a control plane (the CCM) that must reach the agents
 	Switch  *Host // holds the bridge; no addresses
 
-	opts   Options
-	t      testenv.TB
-	reaper *exec.Cmd
-	pipe   io.WriteCloser
-	procs  []*testenv.Proc
+	opts       Options
+	t          testenv.TB
+	reaper     *exec.Cmd
+	pipe       io.WriteCloser
+	procs      []*testenv.Proc
+	mu         sync.Mutex
+	nexthopIDs uint32 // the last nexthop object id made (resilient.go); 0: none yet
 }
 
 // Host is one network namespace.

@@ -592,7 +592,12 @@ type BGPAnnouncement struct {
 	// link-bandwidth extended community in proportion to its own entry (1 Mbit/s per ready
 	// endpoint), so a router with weighted ECMP sends it that share. A node absent here, or
 	// with 0, advertises no bandwidth. Empty: no weighting.
-	Weights       []*NodeWeight `protobuf:"bytes,3,rep,name=weights,proto3" json:"weights,omitempty"`
+	Weights []*NodeWeight `protobuf:"bytes,3,rep,name=weights,proto3" json:"weights,omitempty"`
+	// drain_by_weight: while the node is draining, its route carries no GRACEFUL_SHUTDOWN but
+	// the least link bandwidth (1 byte/s), so that a router with weighted ECMP over resilient
+	// next-hop groups moves only idle flows off it; and every node advertises a link bandwidth
+	// (its weight, or 1 Mbit/s without one), so that the drained node's is the smallest.
+	DrainByWeight bool `protobuf:"varint,4,opt,name=drain_by_weight,json=drainByWeight,proto3" json:"drain_by_weight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -646,6 +651,13 @@ func (x *BGPAnnouncement) GetWeights() []*NodeWeight {
 		return x.Weights
 	}
 	return nil
+}
+
+func (x *BGPAnnouncement) GetDrainByWeight() bool {
+	if x != nil {
+		return x.DrainByWeight
+	}
+	return false
 }
 
 // NodeWeight is one node's weight for a BGP VIP.
@@ -2320,12 +2332,13 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"virtualMac\"9\n" +
 	"\tCandidate\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"\x8b\x01\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xb3\x01\n" +
 	"\x0fBGPAnnouncement\x12 \n" +
 	"\vcommunities\x18\x01 \x03(\tR\vcommunities\x12\x1d\n" +
 	"\n" +
 	"local_pref\x18\x02 \x01(\rR\tlocalPref\x127\n" +
-	"\aweights\x18\x03 \x03(\v2\x1d.metalvip.agent.v1.NodeWeightR\aweights\">\n" +
+	"\aweights\x18\x03 \x03(\v2\x1d.metalvip.agent.v1.NodeWeightR\aweights\x12&\n" +
+	"\x0fdrain_by_weight\x18\x04 \x01(\bR\rdrainByWeight\">\n" +
 	"\n" +
 	"NodeWeight\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1c\n" +
