@@ -137,6 +137,11 @@ type Agent struct {
 	// a better candidate died, when that candidate was last proven alive (observe.go).
 	hbPeers   int
 	deadAhead map[netip.Addr]time.Time
+	// heard is what the heartbeats said of each candidate at the last liveness change (alive,
+	// sees this node); again counts, per L2 VIP, the changes that made this node announce a
+	// VIP it kept answering (l2.VIP.Again).
+	heard map[string][2]bool
+	again map[netip.Addr]uint64
 	healthState
 
 	watchMu  sync.Mutex
@@ -185,6 +190,8 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 		standbyFor: map[netip.Addr]string{},
 		handover:   map[netip.Addr]time.Time{},
 		deadAhead:  map[netip.Addr]time.Time{},
+		heard:      map[string][2]bool{},
+		again:      map[netip.Addr]uint64{},
 		watchers:   map[chan *agentv1.Event]struct{}{},
 		rotate:     make(chan struct{}, 1),
 		stop:       make(chan struct{}),
@@ -562,7 +569,7 @@ func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agent
 			a.deadAhead[vip] = t
 		}
 	}
-	v := l2.VIP{Addr: vip, Interfaces: view.Interfaces}
+	v := l2.VIP{Addr: vip, Interfaces: view.Interfaces, Again: a.again[vip]}
 	if an.GetPerClient() {
 		v.Share = &l2.Share{Self: a.opts.Node, Members: d.Sharing}
 	}
@@ -685,6 +692,7 @@ func (a *Agent) livenessChanged() {
 	for vip, v := range a.views {
 		views[vip] = proto.Clone(v).(*agentv1.AnnouncedVIP)
 	}
+	moved := a.heardChangedLocked()
 	for _, an := range a.checked.announcements {
 		if an.GetMode() != agentv1.Mode_MODE_L2 {
 			continue
@@ -693,6 +701,12 @@ func (a *Agent) livenessChanged() {
 		v := views[vip]
 		if v == nil {
 			continue
+		}
+		// A candidate that died, came back or stopped or started seeing this node may have
+		// answered for the VIP meanwhile (it took this node for dead) and drawn clients: the
+		// VIP, if this node keeps it, is announced again to draw them back.
+		if v.GetActive() && slices.ContainsFunc(an.GetL2().GetCandidates(), func(c *agentv1.Candidate) bool { return moved[c.GetNode()] }) {
+			a.again[vip]++
 		}
 		if l, ok := a.decideL2(vip, an.GetL2(), v); ok {
 			vips = append(vips, l)
@@ -705,6 +719,31 @@ func (a *Agent) livenessChanged() {
 	}
 	a.emitChanges(views)
 	a.views = views
+}
+
+// heardChangedLocked returns the candidates (of this node's L2 VIPs) whose liveness, or
+// whether they see this node, changed since it was last called, and remembers what the
+// heartbeats say now. The caller holds mu.
+func (a *Agent) heardChangedLocked() map[string]bool {
+	moved := map[string]bool{}
+	if a.live == nil {
+		return moved
+	}
+	now := map[string][2]bool{}
+	for _, an := range a.checked.announcements {
+		for _, c := range an.GetL2().GetCandidates() {
+			if n := c.GetNode(); n != a.opts.Node {
+				now[n] = [2]bool{a.live.Alive(n), a.live.Sees(n)}
+			}
+		}
+	}
+	for n, h := range now {
+		if old, ok := a.heard[n]; ok && old != h {
+			moved[n] = true
+		}
+	}
+	a.heard = now
+	return moved
 }
 
 // applyLivenessLocked configures the heartbeat exchange for the state: the peers are every

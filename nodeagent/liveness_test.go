@@ -1,6 +1,7 @@
 package nodeagent
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -97,4 +98,46 @@ func TestHeartbeatsRunWithThePeersKeysFromTheState(t *testing.T) {
 			t.Errorf("the second candidate answers %v without heartbeats", got)
 		}
 	})
+}
+
+// A VIP this node keeps answering while another candidate's liveness changes is announced
+// again (l2.VIP.Again raised): that candidate may have taken this node for dead and answered
+// meanwhile, drawing clients that would otherwise stay with it until the next refresh. Seen in
+// the lab under load: a standby that missed the owner's heartbeats answered, gave the VIP back,
+// and the client kept the standby's MAC for 30 s.
+func TestAKeptVIPIsAnnouncedAgainWhenACandidatesLivenessChanges(t *testing.T) {
+	h, _, _, live := vmacHarness(t, "", 0)
+	live.alive["node-b"], live.sees["node-b"] = true, true
+	st := withPeers(h, state(1, 1, withCandidates("203.0.113.10", "node-a", "node-b"), withCandidates("203.0.113.11", "node-b", "node-a")), "node-b")
+	if _, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: st}); err != nil {
+		t.Fatal(err)
+	}
+	again := func() map[netip.Addr]uint64 {
+		out := map[netip.Addr]uint64{}
+		for _, v := range h.l2.last() {
+			out[v.Addr] = v.Again
+		}
+		return out
+	}
+	first, second := netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("203.0.113.11")
+	if got := again(); len(got) != 1 || got[first] != 0 {
+		t.Fatalf("answering %v; want %s alone, not announced again yet", got, first)
+	}
+	for i, step := range []struct {
+		what        string
+		alive, sees bool
+		want        map[netip.Addr]uint64
+	}{
+		// node-a then waits for node-b to release (ownership.go), and answers anew after: a
+		// takeover, announced as every takeover is, with Again unchanged.
+		{"node-b stops seeing node-a (it took node-a for dead)", true, false, map[netip.Addr]uint64{}},
+		{"node-b sees node-a again", true, true, map[netip.Addr]uint64{first: 0}},
+		{"node-b dies: node-a answers both, the kept one announced again", false, false, map[netip.Addr]uint64{first: 1, second: 0}},
+		{"node-b returns and sees node-a: the kept one announced again", true, true, map[netip.Addr]uint64{first: 2}},
+	} {
+		live.set("node-b", step.alive, step.sees)
+		if got := again(); !maps.Equal(got, step.want) {
+			t.Errorf("step %d, %s: answering with Again %v; want %v", i, step.what, got, step.want)
+		}
+	}
 }

@@ -121,6 +121,7 @@ type Monitor struct {
 	announced map[string]bool // alive nodes this node's heartbeats show
 	evaluated time.Time       // the last evaluation
 	resumed   time.Time       // when this node last ran again after a stall
+	stalledAt time.Time       // and the evaluation before it: when it stopped running
 	stalls    atomic.Uint64
 
 	sent, accepted, unproven atomic.Uint64
@@ -577,17 +578,19 @@ func nonce() uint64 {
 //
 // A node that was itself not running cannot tell a dead peer from one whose heartbeats wait
 // unread in its socket, or whose echoes are of heartbeats this node sent late: after such a
-// stall, every peer alive before stays alive for a deadline, time for fresh proof to arrive.
-// A peer that is really dead is found a deadline later than it would have been; a standby
-// that wakes and takes over from an owner as alive as itself would move the VIP twice.
+// stall, a peer that was alive when this node stopped running (its last proof within a
+// deadline of then) stays alive for a deadline after the wake, time for fresh proof to arrive.
+// Only proof from before the stall counts, so stalls that follow each other keep no dead peer
+// alive: a peer that is really dead is found at most a deadline (and the stall) late. A standby
+// that woke and took over from an owner as alive as itself would move the VIP twice.
 func (m *Monitor) evaluate(now time.Time) {
 	deadline := m.deadline()
 	mine := m.id.current()
 	m.mu.Lock()
 	if !m.evaluated.IsZero() && now.Sub(m.evaluated) > stallRatio*m.cfg.Interval {
-		m.resumed = now
+		m.resumed, m.stalledAt = now, m.evaluated
 		m.stalls.Add(1)
-		klog.V(2).InfoS("This node did not run for a while: no peer counts as dead before fresh heartbeats could arrive", "stalled", now.Sub(m.evaluated).Round(time.Millisecond), "grace", deadline)
+		klog.V(4).InfoS("This node did not run for a while: peers alive before count as alive until fresh heartbeats could arrive", "stalled", now.Sub(m.evaluated).Round(time.Millisecond), "grace", deadline)
 	}
 	m.evaluated = now
 	waking := !m.resumed.IsZero() && now.Sub(m.resumed) <= deadline
@@ -604,7 +607,7 @@ func (m *Monitor) evaluate(now time.Time) {
 			// Not heard from yet: a node that just started (or just learnt of a peer) must not
 			// take a VIP over from a peer it has not had the time to hear.
 			next[n] = true
-		case waking && m.alive[n]:
+		case waking && m.alive[n] && (p.proven && m.stalledAt.Sub(p.proof) <= deadline || !p.proven && m.stalledAt.Sub(p.added) <= deadline):
 			next[n] = true
 		}
 		if next[n] && p.proven && p.sees {

@@ -39,6 +39,10 @@ type VIP struct {
 	// MAC, when set, is the VIP's virtual MAC: answers and announcements name it and come
 	// from it. Nil: the interface's own MAC. Not with Share (one MAC on several nodes).
 	MAC net.HardwareAddr
+	// Again: a VIP answered before is announced again (a burst) when Again differs from the
+	// last Set's. The agent raises it when another candidate may have answered meanwhile (it
+	// took this node for dead): clients it drew away come back now, not at the next refresh.
+	Again uint64
 }
 
 // answer is how a VIP owned on an interface is answered.
@@ -110,11 +114,12 @@ type Speaker struct {
 	opts    Options
 	clients *clientTable
 
-	mu     sync.Mutex // guards ifaces, owned, shares and macs
+	mu     sync.Mutex // guards ifaces, owned, shares, macs and again
 	ifaces map[string]*iface
 	owned  map[netip.Addr][]string
 	shares map[netip.Addr]*Share // of the per-client VIPs in owned
 	macs   map[netip.Addr]string // of the VIPs in owned with a virtual MAC
+	again  map[netip.Addr]uint64 // VIP.Again as last Set
 	// answering is held (shared) by a receive loop from reading what an interface owns to
 	// sending its answer, and by Set while it changes that: once Set returns, no answer for a
 	// dropped VIP is on its way.
@@ -195,6 +200,7 @@ func (s *Speaker) Set(vips []VIP) error {
 	want := map[netip.Addr][]string{}
 	shares := map[netip.Addr]*Share{}
 	macs := map[netip.Addr]string{}
+	again := map[netip.Addr]uint64{}
 	perIface := map[string]map[netip.Addr]answer{}
 	var errs []error
 	for _, v := range vips {
@@ -205,6 +211,9 @@ func (s *Speaker) Set(vips []VIP) error {
 		if err := checkMAC(v); err != nil {
 			errs = append(errs, fmt.Errorf("VIP %s: %w", v.Addr, err))
 			continue
+		}
+		if v.Again != 0 {
+			again[v.Addr] = v.Again
 		}
 		var sh *Share
 		if v.Share != nil {
@@ -258,11 +267,11 @@ func (s *Speaker) Set(vips []VIP) error {
 			}
 			continue
 		}
-		if !had || !slices.Equal(old, names) || s.shares[a] != nil || s.macs[a] != macs[a] {
+		if !had || !slices.Equal(old, names) || s.shares[a] != nil || s.macs[a] != macs[a] || s.again[a] != again[a] {
 			added = append(added, a)
 		}
 	}
-	s.owned, s.shares, s.macs = want, shares, macs
+	s.owned, s.shares, s.macs, s.again = want, shares, macs, again
 	s.clients.keepOnly(func(vip netip.Addr) bool { return shares[vip] != nil })
 	for _, a := range added {
 		s.wg.Add(1)

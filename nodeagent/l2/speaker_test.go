@@ -48,6 +48,15 @@ func TestTakeoverAnnouncesWithABurst(t *testing.T) {
 			t.Errorf("%d gratuitous ARPs after the same Set; want the 6 of the takeover", got)
 		}
 	})
+	t.Run("a VIP kept, with Again raised, is announced again", func(t *testing.T) {
+		n.set(VIP{Addr: vip4, Interfaces: []string{"eth0"}, Again: 1})
+		waitFor(t, "a second burst", func() bool { return len(n.gratuitous(vip4)) == 12 })
+		n.set(VIP{Addr: vip4, Interfaces: []string{"eth0"}, Again: 1})
+		time.Sleep(20 * time.Millisecond)
+		if got := len(n.gratuitous(vip4)); got != 12 {
+			t.Errorf("%d gratuitous ARPs after a Set with the same Again; want the 12 of the two bursts", got)
+		}
+	})
 	t.Run("a per-client VIP is never announced", func(t *testing.T) {
 		n.set(VIP{Addr: vip4, Interfaces: []string{"eth0"}}, perClient(otherVIP4, "node-a", members...))
 		time.Sleep(20 * time.Millisecond)
