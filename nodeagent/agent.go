@@ -712,6 +712,11 @@ func (a *Agent) livenessChanged() {
 			vips = append(vips, l)
 		}
 	}
+	for vip := range a.again {
+		if views[vip] == nil {
+			delete(a.again, vip) // no longer in the state
+		}
+	}
 	vips = append(vips, a.controlPlaneWire().l2...)
 	a.setL2Locked(vips)
 	for _, p := range a.l2Problems {
