@@ -149,6 +149,7 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 			},
 			MaxCandidates:     f.MaxCandidates,
 			PasswordNamespace: c.cfg.BGP.PasswordSecretNamespace,
+			Pacer:             c.services.Pacer(),
 			Drain: desired.Drain{
 				Label: c.cfg.Drain.Label, OnCordon: c.cfg.Drain.OnCordon != nil && *c.cfg.Drain.OnCordon,
 				Delay: c.cfg.Drain.Delay.Duration,
