@@ -63,8 +63,8 @@ func TestAnAPIServerThatDropsMetadataInStatusWritesStillGetsFinalizerAndRecord(t
 	dynF.Start(ctx.Done())
 	objects.set1(&unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": v1alpha1.GroupVersion.String(), "kind": "IPPool",
-		"metadata":   map[string]any{"name": "p", "generation": int64(1)},
-		"spec":       map[string]any{"addresses": []any{"10.1.0.0/24"}},
+		"metadata": map[string]any{"name": "p", "generation": int64(1)},
+		"spec":     map[string]any{"addresses": []any{"10.1.0.0/24"}},
 	}}, false, kindPool)
 	done := make(chan struct{}, 2)
 	go func() { allocs.Run(ctx); done <- struct{}{} }()
