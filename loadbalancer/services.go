@@ -39,16 +39,17 @@ const (
 // controller: class-less ones (unless the cloud-config leaves them to another implementation)
 // and those of metalvip's loadBalancerClass. A new Service costs one write to it: a status
 // patch that carries the finalizer and the allocation record too, and then its IPAllocated
-// Event; the framework's costs a finalizer patch, the status,
+// Event, paced behind other allocations; the framework's costs a finalizer patch, the status,
 // two Events and, for the record, a patch that makes it sync the Service again. Services of
 // any other class are never touched.
 type ServiceController struct {
 	client kubernetes.Interface
 	allocs *Allocations
 	serves desired.Serves
-	// pacer learns of every allocation written; the announcer's reports (the Announced
-	// condition) wait behind them.
-	pacer *Pacer
+	// pacer learns of every allocation written; reports (the IPAllocated Event here, the
+	// Announced condition in the announcer) wait behind them.
+	pacer   *Pacer
+	reports *statusWriter
 	// splitWrites is set once the API server is seen to drop metadata in a status write.
 	splitWrites atomic.Bool
 
@@ -59,8 +60,10 @@ type ServiceController struct {
 
 // NewServiceController returns the controller; Register and Run make it work.
 func NewServiceController(client kubernetes.Interface, allocs *Allocations, serves desired.Serves) *ServiceController {
+	pacer := NewPacer(ReportsQuiet, ReportsPerSecond)
 	return &ServiceController{
-		client: client, allocs: allocs, serves: serves, pacer: NewPacer(ReportsQuiet, ReportsPerSecond),
+		client: client, allocs: allocs, serves: serves, pacer: pacer,
+		reports: newStatusWriter("metalvip-service-events", pacer),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "metalvip-services"}),
 	}
@@ -69,11 +72,29 @@ func NewServiceController(client kubernetes.Interface, allocs *Allocations, serv
 // Pacer is what reports wait behind while this controller writes allocations.
 func (c *ServiceController) Pacer() *Pacer { return c.pacer }
 
-// published reports that a Service's status now shows al. The Event is not paced: the
-// recorder sends Events one at a time already, and drops them past 1,000 queued, which a
-// burst let go at once would reach.
+// EventSource is the component metalvip's Events come from.
+const EventSource = "metalvip-cloud-controller-manager"
+
+// published reports that a Service's status now shows al: the IPAllocated Event, paced
+// behind allocations. It is created here, not through the recorder: the recorder drops Events
+// past 1,000 queued, which the Events of a burst let go at once would pass; here each is
+// created in turn and retried until it is.
 func (c *ServiceController) published(svc *v1.Service, al ipam.Allocation) {
-	c.allocs.cfg.Recorder.Eventf(svc, v1.EventTypeNormal, ReasonIPAllocated, "Allocated %s from IP pool %s", annotation.FormatIPs(al.IPs), al.Pool)
+	ref := v1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: svc.Namespace, Name: svc.Name, UID: svc.UID}
+	msg := fmt.Sprintf("Allocated %s from IP pool %s", annotation.FormatIPs(al.IPs), al.Pool)
+	at := metav1.Now()
+	name := fmt.Sprintf("%s.%x", svc.Name, at.UnixNano())
+	c.reports.SetPaced("event/"+desired.Key(svc), func(ctx context.Context) error {
+		ev := &v1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: svc.Namespace, Name: name},
+			InvolvedObject: ref, Reason: ReasonIPAllocated, Message: msg, Type: v1.EventTypeNormal,
+			Source: v1.EventSource{Component: EventSource}, ReportingController: EventSource,
+			FirstTimestamp: at, LastTimestamp: at, Count: 1}
+		_, err := c.client.CoreV1().Events(svc.Namespace).Create(ctx, ev, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) || apierrors.IsNotFound(err) {
+			return nil // made by an earlier try; or the namespace is gone
+		}
+		return err
+	})
 }
 
 // Register adds the Service informer's handlers (the caller starts the factory).
@@ -143,6 +164,9 @@ func (c *ServiceController) Run(ctx context.Context, workers int) {
 		return
 	}
 	klog.InfoS("Serving Services of type LoadBalancer", "classless", c.serves.Classless, "loadBalancerClass", c.serves.Class, "workers", workers)
+	reports := make(chan struct{})
+	go func() { defer close(reports); c.reports.Run(ctx, 1) }()
+	defer func() { <-reports }()
 	done := make(chan struct{})
 	for range workers {
 		go func() {
