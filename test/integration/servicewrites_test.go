@@ -14,13 +14,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/rand"
-	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/metalvip/metalvip/internal/annotation"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
-// serviceRevisions follows every revision of the Services of a namespace, from a watch
+// serviceRevisions follows every revision of the Services of a namespace, from an informer
 // started before they are created.
 type serviceRevisions struct {
 	mu   sync.Mutex
@@ -29,25 +30,24 @@ type serviceRevisions struct {
 
 func watchServices(t *testing.T, srv *kubeapi.Server, ns string) *serviceRevisions {
 	t.Helper()
-	w, err := srv.Client.CoreV1().Services(ns).Watch(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	r := &serviceRevisions{revs: map[string][]*corev1.Service{}}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for ev := range w.ResultChan() {
-			s, ok := ev.Object.(*corev1.Service)
-			if !ok || (ev.Type != watch.Added && ev.Type != watch.Modified) {
-				continue
-			}
+	add := func(o any) {
+		if s, ok := o.(*corev1.Service); ok {
 			r.mu.Lock()
 			r.revs[s.Name] = append(r.revs[s.Name], s)
 			r.mu.Unlock()
 		}
-	}()
-	t.Cleanup(func() { w.Stop(); <-done })
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(srv.Client, 0, informers.WithNamespace(ns))
+	if _, err := factory.Core().V1().Services().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: add, UpdateFunc: func(_, o any) { add(o) },
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	factory.Start(stop)
+	factory.WaitForCacheSync(stop)
+	t.Cleanup(func() { close(stop); factory.Shutdown() })
 	return r
 }
 
@@ -126,6 +126,12 @@ func TestANewServiceIsWrittenOnceForItsAddressAndOnceForItsCondition(t *testing.
 	startCCM(t, srv, announcingConfig(dir, agent.port), "--controllers=service-lb-controller")
 
 	t.Run("a Service alone gets its address in one write and its condition in one more", func(t *testing.T) {
+		t.Cleanup(func() {
+			if t.Failed() {
+				s, err := srv.Client.CoreV1().Services(ns).Get(context.Background(), "alone", metav1.GetOptions{})
+				t.Logf("alone now: %+v %v; its revisions seen: %d", s, err, len(revs.of("alone")))
+			}
+		})
 		ip := lbService(t, srv, ns, "alone", pool)
 		eventually(t, 30*time.Second, "the agent announces "+ip, func() bool { return agent.announces(t, ip) })
 		eventually(t, 30*time.Second, "alone carries its Announced condition", func() bool {
