@@ -485,7 +485,7 @@ func gapOf(n int, alone, createdIn time.Duration, aloneCPU, withCPU float64, wri
 	var b strings.Builder
 	fmt.Fprintf(&b, "- %d Services: the creates took %s alone and %s with the CCM; kube-apiserver and etcd used %.1f s of CPU alone and %.1f s with the CCM (%s more per Service). CCM writes per Service: %s. CCM reads per Service: %s.",
 		n, dur(alone), dur(createdIn), aloneCPU, withCPU, dur(time.Duration((withCPU-aloneCPU)/float64(n)*float64(time.Second))), writes.perService(n), orNone(reads.perService(n)))
-	for _, name := range []string{"metalvip-services", "metalvip-announcer-status", "service"} {
+	for _, name := range []string{"metalvip-services", "metalvip-service-events-paced", "metalvip-announcer-status", "metalvip-announcer-status-paced", "service"} {
 		wait, work := q["workqueue_queue_duration_seconds{"+name+"}"], q["workqueue_work_duration_seconds{"+name+"}"]
 		if wait.count == 0 {
 			continue
