@@ -86,7 +86,7 @@ func TestPacer(t *testing.T) {
 }
 
 func TestAPacedWriteSetAgainWhileWaitingIsMadeOnceTheLatest(t *testing.T) {
-	defer goleak.VerifyNone(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	p := NewPacer(300*time.Millisecond, 0.1)
 	p.Allocating()
 	_ = p.Wait(context.Background()) // the next one waits until 300 ms after the last allocation

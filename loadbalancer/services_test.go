@@ -69,7 +69,7 @@ func TestAnAPIServerThatDropsMetadataInStatusWritesStillGetsFinalizerAndRecord(t
 	done := make(chan struct{}, 2)
 	go func() { allocs.Run(ctx); done <- struct{}{} }()
 	go func() { services.Run(ctx, 1); done <- struct{}{} }()
-	defer func() { cancel(); <-done; <-done }()
+	defer func() { cancel(); <-done; <-done; factory.Shutdown(); dynF.Shutdown() }()
 
 	create := func(name string) {
 		t.Helper()
