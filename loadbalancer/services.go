@@ -165,7 +165,9 @@ func (c *ServiceController) Run(ctx context.Context, workers int) {
 	}
 	klog.InfoS("Serving Services of type LoadBalancer", "classless", c.serves.Classless, "loadBalancerClass", c.serves.Class, "workers", workers)
 	reports := make(chan struct{})
-	go func() { defer close(reports); c.reports.Run(ctx, 1) }()
+	// Four at a time: an Event is cheap, and after a burst of thousands they should not trail
+	// the addresses by minutes.
+	go func() { defer close(reports); c.reports.Run(ctx, 4) }()
 	defer func() { <-reports }()
 	done := make(chan struct{})
 	for range workers {

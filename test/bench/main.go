@@ -424,7 +424,18 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	case <-allAnnounced:
 	case <-time.After(60 * time.Second): // a CCM that writes no condition (an older one, -ccm)
 	}
-	time.Sleep(2 * time.Second) // the pool status and late Events land
+	// The reports written after the burst (IPAllocated Events, the pool status) land: the
+	// writes counted are all of them, until the API server's count of writes stops moving.
+	for last, still, deadline := apiWrites(m, srv).total(), 0, time.Now().Add(5*time.Minute); still < 3 && time.Now().Before(deadline); {
+		time.Sleep(time.Second)
+		now := apiWrites(m, srv).total()
+		if now == last {
+			still++
+		} else {
+			still = 0
+		}
+		last = now
+	}
 	w2, r2 := apiRequests(m, srv)
 	ccmWrites, ccmReads := w2.minus(w1).minus(aloneWrites), r2.minus(r1).minus(aloneReads)
 	withCPU := serverCPU(pids) - scpu1
