@@ -253,8 +253,9 @@ func (a *Allocations) request(svc *v1.Service) (ipam.Service, error) {
 // statusIPs returns the addresses in a Service's status.
 func statusIPs(svc *v1.Service) []netip.Addr { return desired.StatusIPs(svc) }
 
-// Assign gives a Service its addresses, or says why it cannot; it writes nothing but Events
-// (the Service controller writes the record and the status, in two writes).
+// Assign gives a Service its addresses, or says why it cannot; it writes nothing but Warning
+// Events (the Service controller writes the record and the status, and the IPAllocated Event
+// once the status shows them).
 func (a *Allocations) Assign(ctx context.Context, svc *v1.Service) (ipam.Allocation, error) {
 	select {
 	case <-a.ready:
@@ -268,7 +269,6 @@ func (a *Allocations) Assign(ctx context.Context, svc *v1.Service) (ipam.Allocat
 	}
 	a.annotationWarnings(svc)
 	a.mu.Lock()
-	prev, _ := a.ipam.Get(req.Key)
 	al, err := a.ipam.Assign(req)
 	if err == nil {
 		a.dirty = true
@@ -283,9 +283,6 @@ func (a *Allocations) Assign(ctx context.Context, svc *v1.Service) (ipam.Allocat
 		return ipam.Allocation{}, err
 	}
 	a.clearWarning(svc)
-	if !slices.Equal(prev.IPs, al.IPs) {
-		a.cfg.Recorder.Eventf(svc, v1.EventTypeNormal, ReasonIPAllocated, "Allocated %s from IP pool %s", annotation.FormatIPs(al.IPs), al.Pool)
-	}
 	return al, nil
 }
 

@@ -66,7 +66,7 @@ func (a *Announcer) writeCondition(key string) {
 		if cur != nil && s.conds[key] != "none" {
 			s.conds[key] = "none"
 			ns, name := svc.Namespace, svc.Name
-			a.writer.Set("svc/"+key, func(ctx context.Context) error {
+			a.writer.SetPaced("svc/"+key, func(ctx context.Context) error {
 				_, err := a.cfg.Client.CoreV1().Services(ns).ApplyStatus(ctx, corev1ac.Service(name, ns).WithStatus(corev1ac.ServiceStatus()),
 					metav1.ApplyOptions{FieldManager: managerAnnouncer, Force: true})
 				return err
@@ -91,7 +91,7 @@ func (a *Announcer) writeCondition(key string) {
 	ac := corev1ac.Service(name, ns).WithStatus(corev1ac.ServiceStatus().WithConditions(metav1ac.Condition().
 		WithType(c.Type).WithStatus(c.Status).WithReason(c.Reason).WithMessage(c.Message).
 		WithObservedGeneration(c.ObservedGeneration).WithLastTransitionTime(ltt)))
-	a.writer.Set("svc/"+key, func(ctx context.Context) error {
+	a.writer.SetPaced("svc/"+key, func(ctx context.Context) error {
 		_, err := a.cfg.Client.CoreV1().Services(ns).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: managerAnnouncer, Force: true})
 		return err
 	})

@@ -53,6 +53,9 @@ type AnnouncerConfig struct {
 	// Discover bounds the wait, at start, for every agent to say what it holds: the first
 	// plan keeps it, so a CCM restart or a leader change moves no VIP. 0 means 6 s.
 	Discover time.Duration
+	// Pacer holds Services' Announced conditions back while allocations are being written
+	// (the Service controller's); nil writes them at once.
+	Pacer *Pacer
 }
 
 // Announcer decides who announces every allocated address (through the planner) and pushes
@@ -117,7 +120,7 @@ func NewAnnouncer(cfg AnnouncerConfig) *Announcer {
 	if cfg.Discover <= 0 {
 		cfg.Discover = 6 * time.Second
 	}
-	a := &Announcer{cfg: cfg, pending: newChanges(), kick: make(chan struct{}, 1), writer: newStatusWriter("metalvip-announcer-status")}
+	a := &Announcer{cfg: cfg, pending: newChanges(), kick: make(chan struct{}, 1), writer: newStatusWriter("metalvip-announcer-status", cfg.Pacer)}
 	a.loop = newLoopState(cfg.MaxCandidates)
 	return a
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/metalvip/metalvip/internal/annotation"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
+	"github.com/metalvip/metalvip/loadbalancer/ipam"
 )
 
 // Finalizers that keep a Service until its addresses are given back: the framework's usual one
@@ -35,14 +37,21 @@ const (
 
 // ServiceController serves every Service metalvip serves, in place of the framework's service
 // controller: class-less ones (unless the cloud-config leaves them to another implementation)
-// and those of metalvip's loadBalancerClass. A new Service costs two writes to it: one
-// metadata patch (the finalizer and the allocation record together) and the status; the
-// framework's costs a finalizer patch, two Events and, for the record, a patch that makes it
-// sync the Service again. Services of any other class are never touched.
+// and those of metalvip's loadBalancerClass. A new Service costs one write to it: a status
+// patch that carries the finalizer and the allocation record too, and then its IPAllocated
+// Event, paced behind other allocations; the framework's costs a finalizer patch, the status,
+// two Events and, for the record, a patch that makes it sync the Service again. Services of
+// any other class are never touched.
 type ServiceController struct {
 	client kubernetes.Interface
 	allocs *Allocations
 	serves desired.Serves
+	// pacer learns of every allocation written; reports (the IPAllocated Event here, the
+	// Announced condition in the announcer) wait behind them.
+	pacer   *Pacer
+	reports *statusWriter
+	// splitWrites is set once the API server is seen to drop metadata in a status write.
+	splitWrites atomic.Bool
 
 	services corelisters.ServiceLister
 	synced   cache.InformerSynced
@@ -51,11 +60,41 @@ type ServiceController struct {
 
 // NewServiceController returns the controller; Register and Run make it work.
 func NewServiceController(client kubernetes.Interface, allocs *Allocations, serves desired.Serves) *ServiceController {
+	pacer := NewPacer(ReportsQuiet, ReportsPerSecond)
 	return &ServiceController{
-		client: client, allocs: allocs, serves: serves,
+		client: client, allocs: allocs, serves: serves, pacer: pacer,
+		reports: newStatusWriter("metalvip-service-events", pacer),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "metalvip-services"}),
 	}
+}
+
+// Pacer is what reports wait behind while this controller writes allocations.
+func (c *ServiceController) Pacer() *Pacer { return c.pacer }
+
+// EventSource is the component metalvip's Events come from.
+const EventSource = "metalvip-cloud-controller-manager"
+
+// published reports that a Service's status now shows al: the IPAllocated Event, paced
+// behind allocations. It is created here, not through the recorder: the recorder drops Events
+// past 1,000 queued, which the Events of a burst let go at once would pass; here each is
+// created in turn and retried until it is.
+func (c *ServiceController) published(svc *v1.Service, al ipam.Allocation) {
+	ref := v1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: svc.Namespace, Name: svc.Name, UID: svc.UID}
+	msg := fmt.Sprintf("Allocated %s from IP pool %s", annotation.FormatIPs(al.IPs), al.Pool)
+	at := metav1.Now()
+	name := fmt.Sprintf("%s.%x", svc.Name, at.UnixNano())
+	c.reports.SetPaced("event/"+desired.Key(svc), func(ctx context.Context) error {
+		ev := &v1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: svc.Namespace, Name: name},
+			InvolvedObject: ref, Reason: ReasonIPAllocated, Message: msg, Type: v1.EventTypeNormal,
+			Source: v1.EventSource{Component: EventSource}, ReportingController: EventSource,
+			FirstTimestamp: at, LastTimestamp: at, Count: 1}
+		_, err := c.client.CoreV1().Events(svc.Namespace).Create(ctx, ev, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) || apierrors.IsNotFound(err) {
+			return nil // made by an earlier try; or the namespace is gone
+		}
+		return err
+	})
 }
 
 // Register adds the Service informer's handlers (the caller starts the factory).
@@ -125,6 +164,11 @@ func (c *ServiceController) Run(ctx context.Context, workers int) {
 		return
 	}
 	klog.InfoS("Serving Services of type LoadBalancer", "classless", c.serves.Classless, "loadBalancerClass", c.serves.Class, "workers", workers)
+	reports := make(chan struct{})
+	// Four at a time: an Event is cheap, and after a burst of thousands they should not trail
+	// the addresses by minutes.
+	go func() { defer close(reports); c.reports.Run(ctx, 4) }()
+	defer func() { <-reports }()
 	done := make(chan struct{})
 	for range workers {
 		go func() {
@@ -181,24 +225,60 @@ func (c *ServiceController) sync(ctx context.Context, key string) error {
 	if c.serves.Classed(svc) {
 		fin = ClassFinalizer
 	}
-	// The record comes with the finalizer, before the status: after a restart a record that
-	// differs from the status shows a Service being moved, and an address is never shown for a
-	// Service that could vanish without giving it back.
-	if !slices.Contains(svc.Finalizers, fin) || !Recorded(svc, al) {
-		meta := map[string]any{"resourceVersion": svc.ResourceVersion,
+	st := StatusOf(al)
+	needMeta := !slices.Contains(svc.Finalizers, fin) || !Recorded(svc, al)
+	needStatus := !equality.Semantic.DeepEqual(svc.Status.LoadBalancer.Ingress, st.Ingress)
+	if !needMeta && !needStatus {
+		return nil
+	}
+	var meta map[string]any
+	if needMeta {
+		// The resourceVersion: a merge patch replaces the finalizer list whole, so it must not
+		// drop one added meanwhile.
+		meta = map[string]any{"resourceVersion": svc.ResourceVersion,
 			"annotations": map[string]any{string(annotation.AllocatedPool): al.Pool, string(annotation.AllocatedIPs): annotation.FormatIPs(al.IPs)}}
 		if !slices.Contains(svc.Finalizers, fin) {
 			meta["finalizers"] = append(slices.Clone(svc.Finalizers), fin)
 		}
-		if _, err := c.patch(ctx, svc, map[string]any{"metadata": meta}, ""); err != nil {
-			return err
-		}
 	}
-	st := StatusOf(al)
-	if equality.Semantic.DeepEqual(svc.Status.LoadBalancer.Ingress, st.Ingress) {
+	// The record and the finalizer come with the status, or before it: after a restart a
+	// record that differs from the status shows a Service being moved, and an address is never
+	// shown for a Service that could vanish without giving it back. A Service's status
+	// subresource takes metadata too (its strategy resets only the spec), so one write carries
+	// all three at once: a round trip and a write less per Service than two patches, and the
+	// API server's CPU is what a create burst waits for.
+	if c.splitWrites.Load() {
+		if meta != nil {
+			if _, err := c.patch(ctx, svc, map[string]any{"metadata": meta}, ""); err != nil {
+				return err
+			}
+		}
+		if !needStatus {
+			return nil
+		}
+		meta = nil
+	}
+	body := map[string]any{"status": map[string]any{"loadBalancer": st}}
+	if meta != nil {
+		body["metadata"] = meta
+	}
+	c.pacer.Allocating()
+	got, err := c.patch(ctx, svc, body, "status")
+	if err != nil || got == nil {
+		return err
+	}
+	if needStatus {
+		c.published(svc, al)
+	}
+	if meta == nil || (slices.Contains(got.Finalizers, fin) && Recorded(got, al)) {
 		return nil
 	}
-	_, err = c.patch(ctx, svc, map[string]any{"status": map[string]any{"loadBalancer": st}}, "status")
+	// An API server whose status subresource drops metadata: write it the long way at once,
+	// and from now on before the status.
+	klog.ErrorS(nil, "The API server ignored the finalizer and allocation record in a status write; writing them to the Service itself from now on", "service", key)
+	c.splitWrites.Store(true)
+	meta["resourceVersion"] = got.ResourceVersion
+	_, err = c.patch(ctx, got, map[string]any{"metadata": meta}, "")
 	return err
 }
 
@@ -238,6 +318,9 @@ func (c *ServiceController) patch(ctx context.Context, svc *v1.Service, body map
 	what := "the record and finalizer"
 	if sub != "" {
 		subs, what = []string{sub}, "the status"
+		if body["metadata"] != nil {
+			what = "the status, record and finalizer"
+		}
 	}
 	got, err := c.client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, types.MergePatchType, b, metav1.PatchOptions{}, subs...)
 	if apierrors.IsNotFound(err) {

@@ -11,51 +11,67 @@ import (
 // statusWriter writes status off the deciding loop: the loop sets the latest write for a key
 // (a Service's condition, a pool's), and workers apply it; a newer write replaces one not yet
 // made, and failures retry with backoff. So a slow or failing API server never holds up what
-// the agents are told.
+// the agents are told. Paced writes (reports that may wait while allocations are being
+// written) have their own queue and workers, so they never hold up the others; the write made
+// is the latest set by the time the pacer lets it go.
 type statusWriter struct {
-	queue workqueue.TypedRateLimitingInterface[string]
+	queue, paced workqueue.TypedRateLimitingInterface[string]
+	pacer        *Pacer
 
 	mu      sync.Mutex
 	pending map[string]func(context.Context) error
 }
 
-func newStatusWriter(name string) *statusWriter {
-	return &statusWriter{
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: name}),
-		pending: map[string]func(context.Context) error{},
+func newStatusWriter(name string, pacer *Pacer) *statusWriter {
+	q := func(name string) workqueue.TypedRateLimitingInterface[string] {
+		return workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: name})
 	}
+	return &statusWriter{queue: q(name), paced: q(name + "-paced"), pacer: pacer, pending: map[string]func(context.Context) error{}}
 }
 
 // Set makes write the next write for key.
-func (w *statusWriter) Set(key string, write func(context.Context) error) {
+func (w *statusWriter) Set(key string, write func(context.Context) error) { w.set(w.queue, key, write) }
+
+// SetPaced makes write the next write for key, made when the pacer lets it. A key is always
+// set paced or always not.
+func (w *statusWriter) SetPaced(key string, write func(context.Context) error) {
+	w.set(w.paced, key, write)
+}
+
+func (w *statusWriter) set(q workqueue.TypedRateLimitingInterface[string], key string, write func(context.Context) error) {
 	w.mu.Lock()
 	w.pending[key] = write
 	w.mu.Unlock()
-	w.queue.Add(key)
+	q.Add(key)
 }
 
-// Run applies writes with n workers until ctx ends.
+// Run applies writes with n workers a queue until ctx ends.
 func (w *statusWriter) Run(ctx context.Context, n int) {
-	go func() { <-ctx.Done(); w.queue.ShutDown() }()
+	go func() { <-ctx.Done(); w.queue.ShutDown(); w.paced.ShutDown() }()
 	var wg sync.WaitGroup
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for w.next(ctx) {
-			}
-		}()
+	for _, q := range []workqueue.TypedRateLimitingInterface[string]{w.queue, w.paced} {
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for w.next(ctx, q) {
+				}
+			}()
+		}
 	}
 	wg.Wait()
 }
 
-func (w *statusWriter) next(ctx context.Context) bool {
-	key, quit := w.queue.Get()
+func (w *statusWriter) next(ctx context.Context, q workqueue.TypedRateLimitingInterface[string]) bool {
+	key, quit := q.Get()
 	if quit {
 		return false
 	}
-	defer w.queue.Done(key)
+	defer q.Done(key)
+	if q == w.paced && w.pacer.Wait(ctx) != nil {
+		return false
+	}
 	w.mu.Lock()
 	write := w.pending[key]
 	delete(w.pending, key)
@@ -73,9 +89,9 @@ func (w *statusWriter) next(ctx context.Context) bool {
 			w.pending[key] = write
 		}
 		w.mu.Unlock()
-		w.queue.AddRateLimited(key)
+		q.AddRateLimited(key)
 		return true
 	}
-	w.queue.Forget(key)
+	q.Forget(key)
 	return true
 }

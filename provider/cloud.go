@@ -97,7 +97,7 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 	broadcaster := record.NewBroadcaster()
 	broadcaster.StartStructuredLogging(2)
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
-	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "metalvip-cloud-controller-manager"})
+	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: loadbalancer.EventSource})
 	c.instances.recorder = recorder
 	dyn := dynamic.NewForConfigOrDie(clientBuilder.ConfigOrDie("metalvip-cloud-provider"))
 	c.dyn = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
@@ -149,6 +149,7 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 			},
 			MaxCandidates:     f.MaxCandidates,
 			PasswordNamespace: c.cfg.BGP.PasswordSecretNamespace,
+			Pacer:             c.services.Pacer(),
 			Drain: desired.Drain{
 				Label: c.cfg.Drain.Label, OnCordon: c.cfg.Drain.OnCordon != nil && *c.cfg.Drain.OnCordon,
 				Delay: c.cfg.Drain.Delay.Duration,

@@ -38,10 +38,10 @@ func main() {
 
 // Defaults that differ from the framework's. The framework's client defaults (20 QPS, burst
 // 30, one service sync at a time) cap a controller far below what allocating for thousands of
-// Services at once needs: each new Service costs four API writes (record and finalizer, status,
-// the IPAllocated Event, the Announced condition). Measured with 1,000 Services created at
-// once (docs/benchmarks.md): at 200 QPS the client limit made the per-Service p99 4 s, at 500
-// QPS it is under 40 ms and the API server is the limit. Eight syncs (metalvip's own Service
+// Services at once needs: each new Service costs three API writes (the status with the
+// finalizer and record, the IPAllocated Event, the Announced condition). Measured with 1,000
+// Services created at once (docs/benchmarks.md): at 200 QPS the client limit made the
+// per-Service p99 4 s, at 500 QPS it is under 40 ms and the API server is the limit. Eight syncs (metalvip's own Service
 // controller reads --concurrent-service-syncs) keep the API server busy; more gain little on 2
 // cores. The flags still override these; the API server's priority and fairness protect it.
 const (

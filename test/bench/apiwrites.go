@@ -25,18 +25,26 @@ import (
 type writeCounts map[string]float64
 
 func apiWrites(m *testenv.Main, srv *kubeapi.Server) writeCounts {
+	w, _ := apiRequests(m, srv)
+	return w
+}
+
+// apiRequests are the API server's requests so far, mutating and reading apart.
+func apiRequests(m *testenv.Main, srv *kubeapi.Server) (writes, reads writeCounts) {
 	reqs, err := srv.Requests(context.Background())
 	if err != nil {
 		m.Fatalf("the API server's metrics: %v", err)
 	}
-	out := writeCounts{}
+	writes, reads = writeCounts{}, writeCounts{}
 	for _, r := range reqs {
 		switch r.Verb {
 		case "POST", "PUT", "PATCH", "APPLY", "DELETE":
-			out[r.Resource+" "+r.Verb] += r.Count
+			writes[r.Resource+" "+r.Verb] += r.Count
+		default:
+			reads[r.Resource+" "+r.Verb] += r.Count
 		}
 	}
-	return out
+	return writes, reads
 }
 
 func (w writeCounts) minus(o writeCounts) writeCounts {

@@ -50,6 +50,7 @@ var (
 	ccmArg  = flag.String("ccm-flags", "", "extra CCM flags for the allocation runs, space-separated")
 	goBench = flag.Bool("go-bench", true, "run the Go benchmarks (false for quick allocation runs)")
 	heapOut = flag.String("ccm-heap", "", "write the CCM's heap profile after each allocation run to this file prefix (profiling on a loopback port)")
+	costs   = flag.Bool("write-costs", true, "measure what each kind of write costs the API server before the allocation runs")
 	ccmBin  = flag.String("ccm", "", "a CCM binary to measure the allocation of instead of this tree's (e.g. an older build, for before and after)")
 )
 
@@ -153,6 +154,11 @@ func main() {
 
 	var rows [][]string
 	var writes []string
+	var costList []writeCost
+	if *costs {
+		step("what each kind of write costs the API server")
+		costList = writeCosts(m, srv, 500)
+	}
 	rows = append(rows, []string{"Services", "API server alone creates them in", "all allocated after", "ratio", "create to IP p50", "p99", "max", "all announced after", "CCM API writes per Service", "CCM CPU", "CCM resident memory"})
 	for i, s := range strings.Split(*sizes, ",") {
 		n, err := strconv.Atoi(s)
@@ -165,14 +171,27 @@ func main() {
 		}
 		row, w := allocation(m, srv, bin, n, i, agentPort)
 		rows = append(rows, row)
-		writes = append(writes, fmt.Sprintf("- %d Services: %s", n, w))
+		writes = append(writes, w)
 	}
 	r.add("Allocation against the real API server",
-		"Services created at full speed by 8 parallel clients (one namespace, one pool, one node with an agent). First the API server alone (no CCM running) creates them; then, in a fresh namespace, with the CCM running (default flags: 8 service syncs, 500 QPS): the time from the first create to the last Service holding an address in its status, per Service the time from its create returning to its address appearing in a watch, and the time until the last Service carries its metalvip.io/Announced condition. CCM API writes per Service: the API server's own count of mutating requests (apiserver_request_total) during the run with the CCM, less the same count for the run alone, over the Services (breakdown below). CPU (user+system) and resident memory (VmRSS) of the CCM over the run. Targets: all allocated within 1.3x the API server's own time and per-Service p99 under 200 ms at 1,000 and 5,000, CCM RSS at 1,000 under 72 MiB. MetalLB's controller measured 12.4-13.0 s for 1,000 (API server alone 4.3-4.8 s, p99 4.2-4.4 s, CPU 4.4 s, RSS 72 MiB) and 63.7 s for 5,000 (alone 33.6 s, p99 23 s) on this machine kind. Reading the figures: the CCM keeps pace with the creates (create-to-IP stays in tens of milliseconds); what stretches is the creating itself, because the API server is CPU-bound on 2 cores and serves the CCM's writes too (per Service: the record and finalizer in one patch, the status, the IPAllocated Event, the Announced condition; the framework's service controller, which metalvip no longer runs, added a finalizer patch and two Events: before and after, measured with -ccm on the previous build at 1,000 Services, 7.96 writes per Service then, 4.03 now). The API server's own time grows faster than linearly: kube-apiserver 1.37 counts every allocated ClusterIP on each create (ipallocator.Used lists all IPAddress objects for a metric), which a profile of the API server showed as two thirds of its CPU by 3,500 Services.\n\nWrites per Service, by resource and verb:\n\n"+strings.Join(writes, "\n"),
+		"Services created at full speed by 8 parallel clients (one namespace, one pool, one node with an agent). First the API server alone (no CCM running) creates them; then, in a fresh namespace, with the CCM running (default flags: 8 service syncs, 500 QPS): the time from the first create to the last Service holding an address in its status, per Service the time from its create returning to its address appearing in a watch, and the time until the last Service carries its metalvip.io/Announced condition. CCM API writes per Service: the API server's own count of mutating requests (apiserver_request_total) during the run with the CCM, less the same count for the run alone, over the Services (breakdown below). CPU (user+system) and resident memory (VmRSS) of the CCM over the run. Targets: all allocated within 1.3x the API server's own time and per-Service p99 under 200 ms at 1,000 and 5,000, CCM RSS at 1,000 under 72 MiB. MetalLB's controller measured 12.4-13.0 s for 1,000 (API server alone 4.3-4.8 s, p99 4.2-4.4 s, CPU 4.4 s, RSS 72 MiB) and 63.7 s for 5,000 (alone 33.6 s, p99 23 s) on this machine kind.\n\n"+
+			"Reading the figures: the CCM keeps pace with the creates (create-to-IP stays in tens of milliseconds, its Service queue's wait under a millisecond on average: below); what stretches is the creating itself, because kube-apiserver and etcd share 2 cores with everything else and serve the CCM's writes too (the price of each kind of write is the section below: a create costs them about 7 ms of CPU, each write the CCM makes 2-5 ms). A Service costs three writes: one status patch that carries the finalizer and the allocation record with the address (a Service's status subresource takes metadata too; the previous build wrote them in two patches), the IPAllocated Event and the Announced condition (server-side apply); those two reports are written at most 10 a second while allocations are being written and the rest once none was written for 0.5 s (loadbalancer/pacer.go): the agents are told at once, only the report waits, so \"all announced\" comes a few seconds after \"all allocated\". The framework's service controller, which metalvip no longer runs, cost a finalizer patch, the status, two Events, their updates and a record patch that made it sync again. Before and after, three runs each alternated on this machine at 1,000 Services with -ccm (load average 6-12, other work running): a build of 0be330d allocated all in 16.8-21.0 s (p99 153-447 ms, 8.7-8.8 writes per Service, kube-apiserver and etcd 27-37 ms of CPU per Service above the creates' own); this build in 14.6-17.4 s (p99 51-137 ms, 3.0 writes, 14 ms); one more pair on a quieter machine (load average 1.5-2.5): 11.8 s and p99 82 ms before, 10.1 s and 39 ms after. What remains of the gap, per Service: the status write during the burst (about half a create), the watch events the CCM's informer and the bench's own informer receive for each create and write (the run alone has no watcher), and the reports: written after the burst they still take the API server's CPU, but no longer from the creates; the gap lines below give, per run, the creates' own time with and without the CCM, kube-apiserver and etcd's CPU with and without it, the CCM's requests and their latency, and how long Services waited in the CCM's queues. The API server's own time grows faster than linearly: kube-apiserver 1.37 counts every allocated ClusterIP on each create (ipallocator.Used lists all IPAddress objects for a metric), which a profile of the API server showed as two thirds of its CPU by 3,500 Services.\n\nWhat the gap is made of, per run:\n\n"+strings.Join(writes, "\n"),
 		rows)
+
+	costRows := [][]string{{"write", "kube-apiserver and etcd CPU per write", "500 with 8 clients in"}}
+	for _, c := range costList {
+		costRows = append(costRows, []string{c.kind, dur(c.cpu), dur(c.wall)})
+	}
+	r.add("What each write costs the API server",
+		"500 Services of a class nobody serves, then each kind of write once on each, 8 clients at a time, nothing else running: the CPU (user+system from /proc) kube-apiserver and etcd used for them, over the count. The writes are those the CCM makes for a Service (the Announced condition both as server-side apply, as metalvip writes it, and as a strategic merge patch, for comparison). On 2 cores the API server is the limit of a create burst, so each write the CCM makes during the burst takes its CPU from the creates.",
+		costRows)
 
 	if *noLab {
 		for _, row := range rows {
+			fmt.Println(strings.Join(row, " | "))
+		}
+		fmt.Println(strings.Join(writes, "\n"))
+		for _, row := range costRows {
 			fmt.Println(strings.Join(row, " | "))
 		}
 		return
@@ -313,9 +332,14 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	base := fmt.Sprintf("bench-base-%d", n)
 	mustNamespace(m, srv, base)
 	// Of a class nobody serves: the CCMs started later leave them alone.
-	w0 := apiWrites(m, srv)
+	pids := serverPids(srv)
+	w0, r0 := apiRequests(m, srv)
+	scpu0 := serverCPU(pids)
 	_, alone := createServices(m, srv, base, n, "bench.metalvip.io/nobody")
-	aloneWrites := apiWrites(m, srv).minus(w0)
+	time.Sleep(500 * time.Millisecond) // etcd's share of the last creates
+	aloneCPU := serverCPU(pids) - scpu0
+	w0b, r0b := apiRequests(m, srv)
+	aloneWrites, aloneReads := w0b.minus(w0), r0b.minus(r0)
 	step("  created in %s", alone.Round(time.Millisecond))
 	// Gone again (no finalizer holds them): every run starts with the API server as empty.
 	deleteServices(m, srv, base, n)
@@ -333,12 +357,13 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 		m.Fatalf("%v", err)
 	}
 	args := []string{"--kubeconfig", kc, "--cloud-config", cfg, "--leader-elect=false", "--secure-port=0", "--controllers=service-lb-controller"}
-	profPort := 0
-	if *heapOut != "" {
-		profPort = 16000 + i
-		args = append(args, fmt.Sprintf("--secure-port=%d", profPort), "--bind-address=127.0.0.1", "--profiling",
-			"--authentication-skip-lookup", "--authorization-always-allow-paths=/healthz,/debug/pprof/heap")
-	}
+	// The CCM's metrics (its queues' latency, its client's) on a loopback port, open without
+	// credentials; the heap profile too when asked for.
+	profPort := freePort(m)
+	args = append(args, fmt.Sprintf("--secure-port=%d", profPort), "--bind-address=127.0.0.1", "--profiling",
+		"--authentication-skip-lookup", "--authorization-always-allow-paths=/healthz,/metrics,/debug/pprof/heap")
+	metricsURL := fmt.Sprintf("https://127.0.0.1:%d/metrics", profPort)
+	metricNames := []string{"workqueue_queue_duration_seconds", "workqueue_work_duration_seconds", "rest_client_request_duration_seconds", "rest_client_rate_limiter_duration_seconds"}
 	if *ccmArg != "" {
 		args = append(args, strings.Fields(*ccmArg)...)
 	}
@@ -386,9 +411,14 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	factory.WaitForCacheSync(stop)
 	step("allocation of %d Services: with the CCM", n)
 	cpu0 := cpuSeconds(proc.Cmd.Process.Pid)
-	w1 := apiWrites(m, srv)
+	q0, err := readCCMMetrics(metricsURL, metricNames...)
+	if err != nil {
+		m.Fatalf("the CCM's metrics: %v", err)
+	}
+	w1, r1 := apiRequests(m, srv)
+	scpu1 := serverCPU(pids)
 	start := time.Now()
-	created, _ := createServices(m, srv, ns, n, "")
+	created, createdIn := createServices(m, srv, ns, n, "")
 	select {
 	case <-done:
 	case <-time.After(15 * time.Minute):
@@ -398,8 +428,26 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	case <-allAnnounced:
 	case <-time.After(60 * time.Second): // a CCM that writes no condition (an older one, -ccm)
 	}
-	time.Sleep(2 * time.Second) // the pool status and late Events land
-	ccmWrites := apiWrites(m, srv).minus(w1).minus(aloneWrites)
+	// The reports written after the burst (IPAllocated Events, the pool status) land: the
+	// writes counted are all of them, until the API server's count of writes stops moving.
+	for last, still, deadline := apiWrites(m, srv).total(), 0, time.Now().Add(5*time.Minute); still < 3 && time.Now().Before(deadline); {
+		time.Sleep(time.Second)
+		now := apiWrites(m, srv).total()
+		if now == last {
+			still++
+		} else {
+			still = 0
+		}
+		last = now
+	}
+	w2, r2 := apiRequests(m, srv)
+	ccmWrites, ccmReads := w2.minus(w1).minus(aloneWrites), r2.minus(r1).minus(aloneReads)
+	withCPU := serverCPU(pids) - scpu1
+	q1, err := readCCMMetrics(metricsURL, metricNames...)
+	if err != nil {
+		m.Fatalf("the CCM's metrics: %v", err)
+	}
+	q := q1.minus(q0)
 	cpu := cpuSeconds(proc.Cmd.Process.Pid) - cpu0
 	var last, lastAnn time.Time
 	var lat []float64
@@ -424,7 +472,7 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	all := last.Sub(start)
 	rss := rssOf(proc.Cmd.Process.Pid)
 	anon, file := statusField(proc.Cmd.Process.Pid, "RssAnon:"), statusField(proc.Cmd.Process.Pid, "RssFile:")
-	if profPort != 0 {
+	if *heapOut != "" {
 		heap := fmt.Sprintf("%s-%d.pprof", *heapOut, n)
 		cmd := exec.Command("curl", "-sk", "-o", heap, fmt.Sprintf("https://127.0.0.1:%d/debug/pprof/heap", profPort))
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -433,15 +481,71 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 			step("  heap profile in %s", heap)
 		}
 	}
-	step("  all allocated after %s (API server alone: %s), announced after %s, CCM writes %.2f per Service (%s)", all.Round(time.Millisecond), alone.Round(time.Millisecond),
-		lastAnn.Sub(start).Round(time.Millisecond), ccmWrites.total()/float64(n), ccmWrites.perService(n))
+	step("  all allocated after %s (API server alone: %s), announced: %s, CCM writes %.2f per Service (%s)", all.Round(time.Millisecond), alone.Round(time.Millisecond),
+		annCell, ccmWrites.total()/float64(n), ccmWrites.perService(n))
 	// The CCM removes its finalizers as the Services go: later runs and the lab start clean.
 	step("  deleting them")
 	deleteServices(m, srv, ns, n)
 	proc.Stop(10 * time.Second)
 	return []string{fmt.Sprint(n), dur(alone), dur(all), fmt.Sprintf("%.2fx", all.Seconds()/alone.Seconds()),
-		dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))), dur(time.Duration(slices.Max(lat))),
-		annCell, fmt.Sprintf("%.2f", ccmWrites.total()/float64(n)), fmt.Sprintf("%.1f s", cpu), fmt.Sprintf("%s (heap and stacks %s, binary pages %s)", mib(rss), mib(anon), mib(file))}, ccmWrites.perService(n)
+			dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))), dur(time.Duration(slices.Max(lat))),
+			annCell, fmt.Sprintf("%.2f", ccmWrites.total()/float64(n)), fmt.Sprintf("%.1f s", cpu), fmt.Sprintf("%s (heap and stacks %s, binary pages %s)", mib(rss), mib(anon), mib(file))},
+		gapOf(n, alone, createdIn, aloneCPU, withCPU, ccmWrites, ccmReads, q)
+}
+
+// gapOf says what the time between the API server alone and metalvip is made of: how much
+// longer the creates themselves took, the API server's extra CPU, the CCM's requests, and how
+// long Services waited in the CCM's queues.
+func gapOf(n int, alone, createdIn time.Duration, aloneCPU, withCPU float64, writes, reads writeCounts, q ccmMetrics) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "- %d Services: the creates took %s alone and %s with the CCM; kube-apiserver and etcd used %.1f s of CPU alone and %.1f s with the CCM (%s more per Service). CCM writes per Service: %s. CCM reads per Service: %s.",
+		n, dur(alone), dur(createdIn), aloneCPU, withCPU, dur(time.Duration((withCPU-aloneCPU)/float64(n)*float64(time.Second))), writes.perService(n), orNone(reads.perService(n)))
+	for _, name := range []string{"metalvip-services", "metalvip-service-events-paced", "metalvip-announcer-status", "metalvip-announcer-status-paced", "service"} {
+		wait, work := q["workqueue_queue_duration_seconds{"+name+"}"], q["workqueue_work_duration_seconds{"+name+"}"]
+		if wait.count == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, " Queue %s: %.0f items waited %s on average (p99 at most %s), their work took %s (p99 at most %s).",
+			name, wait.count, dur(wait.mean()), durOrMore(wait.quantile(0.99)), dur(work.mean()), durOrMore(work.quantile(0.99)))
+	}
+	var client []string
+	for _, verb := range []string{"POST", "PATCH", "PUT", "GET", "LIST"} {
+		if h := q["rest_client_request_duration_seconds{"+verb+"}"]; h.count > 0 {
+			client = append(client, fmt.Sprintf("%s %.0f, %s on average (p99 at most %s)", verb, h.count, dur(h.mean()), durOrMore(h.quantile(0.99))))
+		}
+	}
+	if len(client) > 0 {
+		fmt.Fprintf(&b, " The CCM's requests: %s.", strings.Join(client, "; "))
+	}
+	if h := q["rest_client_rate_limiter_duration_seconds{}"]; h.count > 0 {
+		fmt.Fprintf(&b, " Its client's rate limiter held requests %s on average (p99 at most %s).", dur(h.mean()), durOrMore(h.quantile(0.99)))
+	}
+	return b.String()
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none above 0.05"
+	}
+	return s
+}
+
+// durOrMore prints a histogram's bucket bound; -1 is past its last bucket.
+func durOrMore(d time.Duration) string {
+	if d < 0 {
+		return "past the last bucket"
+	}
+	return dur(d)
+}
+
+// freePort is a loopback TCP port free now.
+func freePort(m *testenv.Main) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		m.Fatalf("a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
 
 // deleteServices deletes the n Services of ns and waits until they are gone.
