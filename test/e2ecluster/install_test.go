@@ -153,10 +153,18 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 		if _, err := c.WaitNextHops(bgpLocal, ready, time.Minute); err != nil {
 			t.Fatalf("ETP Local %s (pods ready on %v): %v", bgpLocal, ready, err)
 		}
+		// The routes can be there before kube-proxy on those nodes has the endpoints (it
+		// rejects the connection until then): wait for it, as for the L2 addresses.
 		for _, vip := range []netip.Addr{bgp, bgpLocal} {
-			body, err := kubecluster.Get(c.Lab.Remote, vip, 2*time.Second)
-			if err != nil || !servedByWorkload(body) {
-				t.Fatalf("remote client to %s: %q, %v", vip, body, err)
+			var body string
+			if d, err := kubecluster.WaitFor(30*time.Second, func() (bool, string) {
+				var err error
+				body, err = kubecluster.Get(c.Lab.Remote, vip, 2*time.Second)
+				return err == nil && servedByWorkload(body), fmt.Sprintf("%q, %v", body, err)
+			}); err != nil {
+				t.Fatalf("remote client to %s: %v", vip, err)
+			} else {
+				t.Logf("%s served the remote client by %q, %s after its next hops were right", vip, body, d.Round(time.Millisecond))
 			}
 		}
 	})
