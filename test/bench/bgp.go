@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
-	"slices"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -178,24 +177,7 @@ func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duratio
 	cluster.Eventually(m, 5*time.Second, "the probe is answered", probe.Answered)
 	t1 := time.Now()
 	c.Cordon(owner, true)
-	none, two, samples := 0, 0, 0
-	var made, broken time.Duration
-	for time.Since(t1) < delay+2*time.Second {
-		got := c.Answerers(l2vip)
-		samples++
-		switch {
-		case len(got) == 0:
-			none++
-		case len(got) > 1:
-			two++
-		}
-		if made == 0 && slices.ContainsFunc(got, func(n string) bool { return n != owner }) {
-			made = time.Since(t1)
-		}
-		if slices.Contains(got, owner) {
-			broken = time.Since(t1)
-		}
-	}
+	d := c.SampleL2Drain(l2vip, owner, t1, delay+2*time.Second)
 	time.Sleep(500 * time.Millisecond)
 	probe.Stop()
 	_, lost := probe.Outage(t1)
@@ -204,9 +186,9 @@ func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duratio
 	r.add("Drains", bgpMethod, rows)
 	r.add("Drains: L2", "The same run: the on-link client pings an L2 VIP every 20 ms (ICMP echo); the owner is cordoned; who answers ARP is sampled (each ask waits 100 ms).",
 		[][]string{{"measure", "value"},
-			{"new owner's first answer after the cordon", dur(made)},
-			{"old owner's last answer after the cordon", dur(broken)},
-			{"ARP samples with nobody answering / with both", fmt.Sprintf("%d / %d of %d", none, two, samples)},
+			{"new owner's first answer after the cordon", dur(d.Made)},
+			{"old owner's last answer after the cordon", dur(d.Broken)},
+			{"ARP samples with nobody answering / with both", fmt.Sprintf("%d / %d of %d", d.None, d.Two, d.Samples)},
 			{"pings unanswered (every 20 ms)", fmt.Sprint(lost)},
 		})
 }

@@ -150,3 +150,34 @@ func (d BGPDrain) String() string {
 		d.EarlyOnVictim, d.Early, d.Victim, d.LateOnVictim, d.Late, d.Settle, d.LongOnVictim, d.Victim, d.LongOnOther,
 		d.ResetVictimBefore, d.Victim, d.ResetOthersBefore, d.ResetVictimAfter, d.ResetOthersAfter, d.Resets)
 }
+
+// L2Drain is who answered ARP for an L2 VIP after its owner was cordoned, sampled (each ask
+// waits for answers) until the drain's delay was over and a little after.
+type L2Drain struct {
+	// Made: the first answer of another node; Broken: the old owner's last answer.
+	Made, Broken time.Duration
+	// Samples taken; None of them answered by nobody, Two by two nodes or more (the overlap).
+	Samples, None, Two int
+}
+
+// SampleL2Drain samples who answers ARP for vip from since until since+d.
+func (c *Cluster) SampleL2Drain(vip netip.Addr, owner string, since time.Time, d time.Duration) L2Drain {
+	var r L2Drain
+	for time.Since(since) < d {
+		got := c.Answerers(vip)
+		r.Samples++
+		switch {
+		case len(got) == 0:
+			r.None++
+		case len(got) > 1:
+			r.Two++
+		}
+		if r.Made == 0 && slices.ContainsFunc(got, func(n string) bool { return n != owner }) {
+			r.Made = time.Since(since)
+		}
+		if slices.Contains(got, owner) {
+			r.Broken = time.Since(since)
+		}
+	}
+	return r
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -115,30 +114,14 @@ func TestDrain(t *testing.T) {
 		t0 := time.Now()
 		c.Cordon(owner, true)
 		// Who answers ARP, sampled (each ask waits 100 ms for answers) until the delay is over.
-		none, two, samples := 0, 0, 0
-		var made, broken time.Duration // the new owner's first answer, the old one's last
-		for time.Since(t0) < drainDelay+2*time.Second {
-			got := c.Answerers(vip)
-			samples++
-			switch {
-			case len(got) == 0:
-				none++
-			case len(got) > 1:
-				two++
-			}
-			if made == 0 && slices.ContainsFunc(got, func(n string) bool { return n != owner }) {
-				made = time.Since(t0)
-			}
-			if slices.Contains(got, owner) {
-				broken = time.Since(t0)
-			}
-		}
+		d := c.SampleL2Drain(vip, owner, t0, drainDelay+2*time.Second)
+		made, broken := d.Made, d.Broken // the new owner's first answer, the old one's last
 		time.Sleep(500 * time.Millisecond)
 		probe.Stop()
 		_, lost := probe.Outage(t0)
 		now := c.Owner(vip)
 		t.Logf("L2 drain of %s (delay %s): %s answers from %s after the cordon, %s last answered at %s; %d probes every 20 ms unanswered; ARP sampled %d times: %d with nobody answering, %d with two answering (the overlap)",
-			owner, drainDelay, now, made.Round(time.Millisecond), owner, broken.Round(time.Millisecond), lost, samples, none, two)
+			owner, drainDelay, now, made.Round(time.Millisecond), owner, broken.Round(time.Millisecond), lost, d.Samples, d.None, d.Two)
 		if made == 0 || broken < made {
 			t.Errorf("break before make: the new owner first answered at %s, the old one last at %s", made, broken)
 		}
@@ -148,8 +131,8 @@ func TestDrain(t *testing.T) {
 		if lost != 0 {
 			t.Errorf("%d probes unanswered", lost)
 		}
-		if none != 0 {
-			t.Errorf("%d ARP samples with nobody answering", none)
+		if d.None != 0 {
+			t.Errorf("%d ARP samples with nobody answering", d.None)
 		}
 		c.Cordon(owner, false)
 	})
