@@ -512,12 +512,18 @@ func (a *Agent) emitChanges(views map[netip.Addr]*agentv1.AnnouncedVIP) {
 					after = time.Since(t)
 				}
 				a.opts.Observer.TookOver(vip, after)
+				if after > 0 {
+					klog.InfoS("Answering for an L2 VIP", "vip", vip, "reason", v.Reason, "sinceOwnerLastHeard", after.Round(time.Millisecond))
+				} else {
+					klog.V(2).InfoS("Answering for an L2 VIP", "vip", vip, "reason", v.Reason)
+				}
 			}
 		}
 		if !v.Active && old != nil && old.Active {
 			a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_RELEASED, Vip: vip.String(), Detail: v.Reason})
 			if l2 {
 				a.opts.Observer.Released(vip)
+				klog.V(2).InfoS("No longer answering for an L2 VIP", "vip", vip, "reason", v.Reason)
 			}
 		}
 	}

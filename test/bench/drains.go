@@ -34,6 +34,11 @@ func drainsAlone(m *testenv.Main, r *report) {
 		n.ServeName(m, 80)
 	}
 	bgpDrain(m, r, c, 15*time.Second)
+	replaceSections(m, r)
+}
+
+// replaceSections writes r's sections into -out in place of the ones of the same titles.
+func replaceSections(m *testenv.Main, r *report) {
 	old, err := os.ReadFile(*out)
 	if err != nil {
 		m.Fatalf("%v", err)

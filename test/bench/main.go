@@ -119,6 +119,10 @@ func main() {
 		drainsAlone(m, r)
 		return
 	}
+	if *kubeletsOnly {
+		kubeletsAlone(m, r)
+		return
+	}
 	if *goBench {
 		step("Go benchmarks of the allocator, the planner and the announcer")
 		goBenchmarks(m, r)

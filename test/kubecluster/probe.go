@@ -170,16 +170,21 @@ func (p *HTTPProbe) LastError() string {
 
 // Get fetches http://target/ once from h and returns the body.
 func Get(h *lab.Host, target netip.Addr, timeout time.Duration) (string, error) {
+	return GetFrom(h, netip.AddrPortFrom(target, 80), timeout)
+}
+
+// GetFrom fetches http://target/ once from h and returns the body of a 200 answer.
+func GetFrom(h *lab.Host, target netip.AddrPort, timeout time.Duration) (string, error) {
 	var body string
 	err := h.Do(func() error {
 		d := net.Dialer{Timeout: timeout}
-		conn, err := d.Dial("tcp", netip.AddrPortFrom(target, 80).String())
+		conn, err := d.Dial("tcp", target.String())
 		if err != nil {
 			return err
 		}
 		defer conn.Close()
 		_ = conn.SetDeadline(time.Now().Add(timeout))
-		if _, err := fmt.Fprintf(conn, "GET / HTTP/1.0\r\nHost: %s\r\n\r\n", target); err != nil {
+		if _, err := fmt.Fprintf(conn, "GET / HTTP/1.0\r\nHost: %s\r\n\r\n", target.Addr()); err != nil {
 			return err
 		}
 		b, err := io.ReadAll(io.LimitReader(conn, 4096))

@@ -2,6 +2,7 @@ package kubecluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -10,7 +11,10 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/metalvip/metalvip/loadbalancer/desired"
 )
 
 // WorkloadLabel marks the nodes the workload's pods may run on.
@@ -203,8 +207,17 @@ func (c *Cluster) WaitNextHops(vip netip.Addr, want []string, timeout time.Durat
 // longest outage while it returned.
 type Failover struct {
 	Victim, After string
-	Outage        time.Duration
-	Lost, Sent    int
+	// Plan is the Announced condition's message of the VIP's Service at the kill (who
+	// answers, who stands by, as the CCM planned it).
+	Plan string
+	// Agent is what the new owner's agent logged about the VIP from the kill on (its
+	// takeover: why, and how long after the dead owner's last heartbeat).
+	Agent string
+	// ProxyWait is how long the kill waited for the kube-proxies of the nodes running a
+	// ready pod to report a local endpoint of the VIP's Service.
+	ProxyWait  time.Duration
+	Outage     time.Duration
+	Lost, Sent int
 	// Return is the longest outage from the node's revival until it settled and 3 s more
 	// (zero when nothing was lost); ReturnLost the probes lost meanwhile.
 	Return     time.Duration
@@ -212,8 +225,8 @@ type Failover struct {
 }
 
 func (f Failover) String() string {
-	return fmt.Sprintf("%s died, %s answered after %s (%d of %d probes lost); its return cost %s (%d probes lost)",
-		f.Victim, f.After, f.Outage.Round(time.Millisecond), f.Lost, f.Sent, f.Return.Round(time.Millisecond), f.ReturnLost)
+	return fmt.Sprintf("%s died, %s answered after %s (%d of %d probes lost); its return cost %s (%d probes lost); planned: %s (kube-proxies ready after %s); %s logged: %s",
+		f.Victim, f.After, f.Outage.Round(time.Millisecond), f.Lost, f.Sent, f.Return.Round(time.Millisecond), f.ReturnLost, f.Plan, f.ProxyWait.Round(time.Millisecond), f.After, f.Agent)
 }
 
 // ProbeInterval is the client's HTTP probe cadence in the failover measurements.
@@ -245,6 +258,17 @@ func (c *Cluster) KillOwner(ctx context.Context, vip netip.Addr) (Failover, erro
 		return Failover{}, fmt.Errorf("%s not answering before the kill: %w", vip, err)
 	}
 	f := Failover{Victim: owner}
+	// The candidates' kube-proxies must route the VIP to their own pods before the kill, or
+	// the measurement counts kube-proxy catching up with a pod that has just become ready:
+	// a takeover by a node whose kube-proxy does not yet know its local pod drops every
+	// connection until its next sync (a kill about a second after DeployWorkload cost 360-620 ms so: the standby's kube-proxy
+	// answered 503 on the health check port and synced 380 ms after the kill).
+	start := time.Now()
+	if _, err := WaitFor(30*time.Second, func() (bool, string) { return c.ProxiesReady(ctx, vip) }); err != nil {
+		return f, fmt.Errorf("kube-proxy before the kill: %w", err)
+	}
+	f.ProxyWait = time.Since(start)
+	f.Plan, _ = c.Announced(ctx, vip)
 	at := time.Now()
 	if err := c.Node(owner).Kill(); err != nil {
 		return f, err
@@ -256,6 +280,7 @@ func (c *Cluster) KillOwner(ctx context.Context, vip netip.Addr) (Failover, erro
 	}
 	f.Outage, f.Lost, f.Sent = probe.OutageBetween(at.Add(-ProbeInterval), time.Now())
 	f.After, _ = c.Owner(vip)
+	f.Agent = c.agentLog(ctx, f.After, at, vip.String())
 	back := time.Now()
 	if err := c.ReviveAndSettle(ctx, owner, 2*time.Minute); err != nil {
 		return f, fmt.Errorf("revive %s: %w", owner, err)
@@ -263,6 +288,100 @@ func (c *Cluster) KillOwner(ctx context.Context, vip netip.Addr) (Failover, erro
 	time.Sleep(5 * time.Second) // heartbeats heard both ways, the plan pushed again
 	f.Return, f.ReturnLost, _ = probe.OutageBetween(back, time.Now().Add(-time.Second))
 	return f, nil
+}
+
+// agentLog returns the lines of node's agent pod logged from since on that contain match.
+func (c *Cluster) agentLog(ctx context.Context, node string, since time.Time, match string) string {
+	pods, err := c.PodsOn(ctx, MetalvipNamespace, AgentSelector, false)
+	if err != nil {
+		return err.Error()
+	}
+	if len(pods[node]) == 0 {
+		return "no agent pod on " + node
+	}
+	p := pods[node][0]
+	t := metav1.NewTime(since)
+	raw, err := c.Client.CoreV1().Pods(MetalvipNamespace).GetLogs(p.Name, &corev1.PodLogOptions{SinceTime: &t}).DoRaw(ctx)
+	if err != nil {
+		return err.Error()
+	}
+	var lines []string
+	for l := range strings.Lines(string(raw)) {
+		if strings.Contains(l, match) {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	return strings.Join(lines, " | ")
+}
+
+// ProxiesReady reports whether the kube-proxy of every node running a ready workload pod
+// says (on the health check node port of the Service whose address is vip, which it serves
+// from the rules it has written) that it has a local endpoint, as a cloud load balancer
+// checks before sending a node traffic. The Service must have externalTrafficPolicy Local.
+func (c *Cluster) ProxiesReady(ctx context.Context, vip netip.Addr) (bool, string) {
+	svc, err := c.serviceOf(ctx, vip)
+	if err != nil {
+		return false, err.Error()
+	}
+	port := svc.Spec.HealthCheckNodePort
+	if port == 0 {
+		return false, "service " + svc.Name + " has no health check node port (externalTrafficPolicy Local?)"
+	}
+	ready, err := c.ReadyWorkloadNodes(ctx)
+	if err != nil {
+		return false, err.Error()
+	}
+	if len(ready) == 0 {
+		return false, "no ready workload pod"
+	}
+	for _, name := range ready {
+		n := c.Node(name)
+		if n == nil {
+			return false, "no node " + name
+		}
+		body, err := GetFrom(c.Lab.Client, netip.AddrPortFrom(n.Host.IPv4, uint16(port)), time.Second)
+		if err != nil {
+			return false, fmt.Sprintf("kube-proxy on %s: %v", name, err)
+		}
+		var h struct {
+			LocalEndpoints int `json:"localEndpoints"`
+		}
+		if err := json.Unmarshal([]byte(body), &h); err != nil || h.LocalEndpoints == 0 {
+			return false, fmt.Sprintf("kube-proxy on %s: %q", name, body)
+		}
+	}
+	return true, ""
+}
+
+// serviceOf returns the workload Service whose address is vip.
+func (c *Cluster) serviceOf(ctx context.Context, vip netip.Addr) (*corev1.Service, error) {
+	list, err := c.Client.CoreV1().Services(WorkloadNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	for i, s := range list.Items {
+		for _, in := range s.Status.LoadBalancer.Ingress {
+			if in.IP == vip.String() {
+				return &list.Items[i], nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("no workload Service has the address %s", vip)
+}
+
+// Announced returns the Announced condition's message of the workload Service whose address
+// is vip.
+func (c *Cluster) Announced(ctx context.Context, vip netip.Addr) (string, error) {
+	s, err := c.serviceOf(ctx, vip)
+	if err != nil {
+		return "", err
+	}
+	for _, cond := range s.Status.Conditions {
+		if cond.Type == desired.ConditionAnnounced {
+			return cond.Message, nil
+		}
+	}
+	return "", fmt.Errorf("service %s has no %s condition", s.Name, desired.ConditionAnnounced)
 }
 
 // ReviveAndSettle brings a killed node back and waits until its agent pod and workload pods
