@@ -42,6 +42,8 @@ type Options struct {
 	LeaderElection LeaderElection
 	// ServiceWorkers is how many Services are synced at once (--concurrent-service-syncs).
 	ServiceWorkers int
+	// StartedUp, when set, is called once every informer's cache has synced: start-up is over.
+	StartedUp func()
 }
 
 // Cloud is metalvip's cloudprovider.Interface.
@@ -54,6 +56,7 @@ type Cloud struct {
 	announcer *loadbalancer.Announcer
 	enroller  *identity.Authority // agent.enroll: the agents' CA; nil otherwise
 	dyn       dynamicinformer.DynamicSharedInformerFactory
+	synced    []cache.InformerSynced // of the framework's informers this provider reads, set by SetInformers
 	// registered is closed by SetInformers: the loops started in Initialize wait for it.
 	registered chan struct{}
 }
@@ -176,6 +179,14 @@ func (c *Cloud) run(ctx context.Context, client kubernetes.Interface) {
 	case <-c.registered:
 	}
 	c.dyn.Start(ctx.Done())
+	if c.opts.StartedUp != nil {
+		go func() {
+			c.dyn.WaitForCacheSync(ctx.Done())
+			if cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+				c.opts.StartedUp()
+			}
+		}()
+	}
 	go c.allocs.Run(ctx)
 	go c.services.Run(ctx, max(c.opts.ServiceWorkers, 1))
 	if c.announcer == nil {
@@ -223,6 +234,7 @@ func (c *Cloud) SetInformers(factory informers.SharedInformerFactory) {
 		if err := inf.SetTransform(f); err != nil {
 			klog.ErrorS(err, "An informer started before the provider could trim its objects")
 		}
+		c.synced = append(c.synced, inf.HasSynced)
 	}
 	c.allocs.Register(factory, c.dyn)
 	c.services.Register(factory)

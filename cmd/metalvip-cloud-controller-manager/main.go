@@ -123,5 +123,6 @@ func cloudInitializer(c *config.CompletedConfig) cloudprovider.Interface {
 	return provider.New(cfg, provider.Options{
 		LeaderElection: provider.LeaderElection{Enabled: le.LeaderElect, Namespace: le.ResourceNamespace, Name: le.ResourceName},
 		ServiceWorkers: int(c.ComponentConfig.ServiceController.ConcurrentServiceSyncs),
+		StartedUp:      releaseStartupPages,
 	})
 }
