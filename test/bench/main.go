@@ -50,6 +50,7 @@ var (
 	ccmArg  = flag.String("ccm-flags", "", "extra CCM flags for the allocation runs, space-separated")
 	goBench = flag.Bool("go-bench", true, "run the Go benchmarks (false for quick allocation runs)")
 	heapOut = flag.String("ccm-heap", "", "write the CCM's heap profile after each allocation run to this file prefix (profiling on a loopback port)")
+	cpuOut  = flag.String("ccm-cpu", "", "write the CCM's CPU profile of the first 10 s of each allocation run to this file prefix")
 	costs   = flag.Bool("write-costs", true, "measure what each kind of write costs the API server before the allocation runs")
 	ccmBin  = flag.String("ccm", "", "a CCM binary to measure the allocation of instead of this tree's (e.g. an older build, for before and after)")
 )
@@ -365,7 +366,7 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	// credentials; the heap profile too when asked for.
 	profPort := freePort(m)
 	args = append(args, fmt.Sprintf("--secure-port=%d", profPort), "--bind-address=127.0.0.1", "--profiling",
-		"--authentication-skip-lookup", "--authorization-always-allow-paths=/healthz,/metrics,/debug/pprof/heap")
+		"--authentication-skip-lookup", "--authorization-always-allow-paths=/healthz,/metrics,/debug/pprof/heap,/debug/pprof/profile")
 	metricsURL := fmt.Sprintf("https://127.0.0.1:%d/metrics", profPort)
 	metricNames := []string{"workqueue_queue_duration_seconds", "workqueue_work_duration_seconds", "rest_client_request_duration_seconds", "rest_client_rate_limiter_duration_seconds"}
 	if *ccmArg != "" {
@@ -421,6 +422,17 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	}
 	w1, r1 := apiRequests(m, srv)
 	scpu1 := serverCPU(pids)
+	if *cpuOut != "" {
+		prof := fmt.Sprintf("%s-%d.pprof", *cpuOut, n)
+		go func() {
+			cmd := exec.Command("curl", "-sk", "-o", prof, fmt.Sprintf("https://127.0.0.1:%d/debug/pprof/profile?seconds=10", profPort))
+			if out, err := cmd.CombinedOutput(); err != nil {
+				step("  CPU profile: %v %s", err, out)
+			} else {
+				step("  CPU profile in %s", prof)
+			}
+		}()
+	}
 	start := time.Now()
 	created, createdIn := createServices(m, srv, ns, n, "")
 	select {
