@@ -246,7 +246,9 @@ func (c *Cluster) WaitOwner(vip netip.Addr, timeout time.Duration) (string, erro
 // KillOwner kills the node answering for the L2 address vip hard while the client probes it
 // over HTTP every 20 ms, and measures the outage until a probe is answered again (through the
 // next candidate's kube-proxy, to its pod). Then it revives the node, waits until the node's
-// agent and pods are ready again, and measures what its return cost the client.
+// agent and pods are ready again, and measures what its return cost the client. vip is the
+// address of a Service with externalTrafficPolicy Local: the kill waits until the kube-proxy
+// of every node running a ready pod routes it to that pod (ProxiesReady).
 func (c *Cluster) KillOwner(ctx context.Context, vip netip.Addr) (Failover, error) {
 	owner, err := c.WaitOwner(vip, 20*time.Second)
 	if err != nil {
