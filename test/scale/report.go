@@ -252,11 +252,12 @@ func rewriteReading(file string) error {
 const analysis = `
 ## Reading the figures
 
-Scale. This run has 1,000 nodes and 5,000 Services, not the 20,000 the issue asks: on this
-machine, shared with other work at load averages of 15 to 40, the API server alone took more
-than 15 minutes to create 12,000 Services (kube-apiserver 1.37 counts every allocated ClusterIP
-on each create, so its own cost grows faster than linearly; see benchmarks.md) and the runs
-had to end within the session. ` + "`make bench-scale`" + ` runs 20,000 by default.
+Scale. This run has 1,000 nodes and 10,000 Services, on a quiet machine (load average 1.5 to
+3), not the 20,000 the issue asks: the API server alone takes 173 s to create 10,000 (53.6 s for
+5,000, make bench; kube-apiserver 1.37 counts every allocated ClusterIP on each create, so its
+own cost grows faster than linearly), and 20,000 would have taken about 40 minutes of the
+session's remaining hour. ` + "`make bench-scale`" + ` runs 20,000 by default. The previous
+run (5,000 Services, load 6-14, before planner close): cold start 119 s, node death p99 1.20 s.
 
 What grew faster than linearly, and what was done (each its own commit, with its figure):
 
@@ -285,22 +286,28 @@ What grew faster than linearly, and what was done (each its own commit, with its
   and the agent stays reachable. The simulation itself runs with a 30-s timeout, because its
   agents share the CCM's cores, which real nodes' agents do not.
 
-Node death to every holder updated, over 3 trials: p50 557 ms, p99 1.20 s (one trial reached
-1.2 s, the two others stayed under 0.7 s; target 1 s), at load average 6-14. The CCM spent only
-0.26-0.59 s of CPU per death, so the rest is waiting, not yet broken down: the CCM learns of
-the death when the agent's Watch stream breaks and a probe fails, lets changes settle 20 ms,
-replans, and pushes 56-79 agents, which share its two cores here.
+Node death to every holder updated, over 5 trials at 10,000 Services (100-145 agents hold the
+dead node, 121-180 pushed): p50 0.80-1.53 s, p99 1.19-1.80 s per trial (target 1 s: not met;
+at 5,000 Services it was 0.57-1.20 s). It is waiting, not the CCM's work: the CCM logged the
+agent unreachable 36 ms after the death (its Watch stream broke, the probe was refused), and
+its CPU profile over the death's first two seconds holds 130 ms of samples, then none; 0.37-1.0
+s of CPU per death in all. Not yet broken down: what the pushes wait for between the replan and
+the Applies landing (the 1,000 simulated agents share the measuring process and the CCM's two
+cores; each Apply is checked, persisted with two fsyncs, and decided; the CCM's per-agent
+push loops). One holder of trial 4 got no state without the node before the stage ended
+(not looked into: a push lost, or one still waiting when the node came back). Next: timestamps per push (queued, sent, answered) at V(4)
+in loadbalancer/agents.go, and the sim agents' Apply time, to place the second.
 
 What would break first at 5,000 nodes:
 
 1. A CCM restart or a leader change would move VIPs. A new leader first asks every agent what
    it holds (Discover) and keeps each primary that is still eligible; it waits at most 6 s
-   (announcer Discover). Here it took 0.6 s for 1,000 agents (a GetState each, over 1,000 new
+   (announcer Discover). Here it took 0.7 s for 1,000 agents (a GetState each, over 1,000 new
    mutual-TLS connections), 2.0 to 4.1 s in runs at load average 15-22; at 5,000 it would take
    3 to 20 s, so a leader on a busy machine would plan without knowing what many agents hold
    and move their VIPs. The deadline must grow with the nodes, or Discover must wait for
    every reachable agent.
-2. The CCM's memory: about 500 MiB resident here, 2.5 to 2.7 times its 190 MB of heap in use
+2. The CCM's memory: about 580 MiB resident here (10,000 Services; 500 MiB at 5,000), 2.5 to 2.7 times its heap in use
    (Go's collector lets the heap double before it runs). What the 1,000 gRPC connections hold
    is a good part of that heap (their read buffers alone are 27 MB, 14%, beside TLS and HTTP/2
    state and gRPC's buffer pool, 17 MB), and it grows with the nodes: at 5,000 the read
@@ -312,7 +319,8 @@ What would break first at 5,000 nodes:
    VIPs that named it (planner close; 49 ms against 535 ms for a full replan at 20,000 VIPs on
    1,000 nodes, BenchmarkANodeDies20000VIPs1000Nodes). The join could be made incremental too
    (only the VIPs the joining node outranks, and the donors balance picks).
-4. Heartbeats: a node's peers are the other candidates of its VIPs, here 23 to 105 (median 57)
-   with 5 VIPs per node. They grow with VIPs per node until they are all nodes: at the 10 ms
-   profile, 57 peers are already 5,700 heartbeats a second sent and as many verified per node.
+4. Heartbeats: a node's peers are the other candidates of its VIPs, here 72 to 179 (median 112)
+   with 10 VIPs per node (23 to 105, median 57, at 5). They grow with VIPs per node until they
+   are all nodes: at the 10 ms profile, 112 peers are already 11,200 heartbeats a second sent
+   and as many verified per node.
 `
