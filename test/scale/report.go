@@ -292,9 +292,12 @@ at 5,000 Services it was 0.57-1.20 s). It is waiting, not the CCM's work: the CC
 agent unreachable 36 ms after the death (its Watch stream broke, the probe was refused), and
 its CPU profile over the death's first two seconds holds 130 ms of samples, then none; 0.37-1.0
 s of CPU per death in all. Not yet broken down: what the pushes wait for between the replan and
-the Applies landing (the 1,000 simulated agents share the measuring process and the CCM's two
-cores; each Apply is checked, persisted with two fsyncs, and decided; the CCM's per-agent
-push loops). One holder of trial 4 got no state without the node before the stage ended
+the Applies landing. Two runs at 5,000 Services with the CCM at --v=2 (p99 0.34-0.50 s, under
+the target there): the replan's Events were written 7-15 ms after the agent was found
+unreachable, the first "Agent applied state" came 150-280 ms after them and the rest in waves
+about 50 ms apart, up to 420 ms; the same with the simulated agents' state on tmpfs, so not
+their fsyncs. Left: the CCM's per-agent push loops and Build, and the measuring process that
+hosts the 1,000 simulated agents on the same two cores. One holder of trial 4 got no state without the node before the stage ended
 (not looked into: a push lost, or one still waiting when the node came back). Next: timestamps per push (queued, sent, answered) at V(4)
 in loadbalancer/agents.go, and the sim agents' Apply time, to place the second.
 
