@@ -414,7 +414,9 @@ func (a *Agents) apply(ctx context.Context, c *agentConn) error {
 	}
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
+	sent := time.Now()
 	resp, err := c.client.Apply(cctx, &agentv1.ApplyRequest{State: st})
+	rtt := time.Since(sent)
 	switch grpcstatus.Code(err) {
 	case codes.OK:
 	case codes.FailedPrecondition:
@@ -458,7 +460,7 @@ func (a *Agents) apply(ctx context.Context, c *agentConn) error {
 	if len(resp.GetProblems()) > 0 {
 		klog.InfoS("Agent applied the state with problems", "node", c.node, "generation", gen, "problems", resp.GetProblems())
 	}
-	klog.V(2).InfoS("Agent applied state", "node", c.node, "term", term, "generation", gen, "changed", resp.GetChanged(), "refused", len(resp.GetRefused()))
+	klog.V(2).InfoS("Agent applied state", "node", c.node, "term", term, "generation", gen, "changed", resp.GetChanged(), "refused", len(resp.GetRefused()), "rtt", rtt.Round(100*time.Microsecond))
 	return nil
 }
 

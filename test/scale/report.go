@@ -296,8 +296,13 @@ the Applies landing. Two runs at 5,000 Services with the CCM at --v=2 (p99 0.34-
 the target there): the replan's Events were written 7-15 ms after the agent was found
 unreachable, the first "Agent applied state" came 150-280 ms after them and the rest in waves
 about 50 ms apart, up to 420 ms; the same with the simulated agents' state on tmpfs, so not
-their fsyncs. Left: the CCM's per-agent push loops and Build, and the measuring process that
-hosts the 1,000 simulated agents on the same two cores. One holder of trial 4 got no state without the node before the stage ended
+their fsyncs. A third run, with the Apply round trip in that log line ("rtt"): the CCM sent
+the 79 Applies within 40 ms of the death and each took 514-548 ms to be answered, so the time
+is in the simulated agents' Apply, in the measuring process that hosts all 1,000 on the CCM's
+two cores (79 agents checking and applying a new state at once; their heartbeat peers change,
+and each derives keys per peer), not in the CCM. A real node applies only its own state on its
+own cores; a CPU profile of the measuring process over a death would say how much of this is
+the simulation. One holder of trial 4 got no state without the node before the stage ended
 (not looked into: a push lost, or one still waiting when the node came back). Next: timestamps per push (queued, sent, answered) at V(4)
 in loadbalancer/agents.go, and the sim agents' Apply time, to place the second.
 
