@@ -299,8 +299,8 @@ about 50 ms apart, up to 420 ms; the same with the simulated agents' state on tm
 their fsyncs. A third run, with the Apply round trip in that log line ("rtt"): the CCM sent
 the 79 Applies within 40 ms of the death and each took 514-548 ms to be answered, so the time
 is in the simulated agents' Apply, in the measuring process that hosts all 1,000 on the CCM's
-two cores (79 agents checking and applying a new state at once; their heartbeat peers change,
-and each derives keys per peer), not in the CCM. A real node applies only its own state on its
+two cores (79 agents checking, persisting and applying a new state at once; what in that costs
+most is not measured yet), not in the CCM. A real node applies only its own state on its
 own cores; a CPU profile of the measuring process over a death would say how much of this is
 the simulation. One holder of trial 4 got no state without the node before the stage ended
 (not looked into: a push lost, or one still waiting when the node came back). Next: timestamps per push (queued, sent, answered) at V(4)
