@@ -211,6 +211,7 @@ func (m *Monitor) SetPeers(peers []Peer) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := time.Now()
+	mine := m.id.current()
 	next := map[string]*peer{}
 	for _, p := range peers {
 		if p.Node == m.cfg.Node || !p.Addr.IsValid() || next[p.Node] != nil {
@@ -227,6 +228,9 @@ func (m *Monitor) SetPeers(peers []Peer) {
 			if pub, ok := usableKey(b); ok {
 				np.keys = append(np.keys, peerKey{id: idOf(b), pub: pub})
 			}
+		}
+		if old != nil && old.addr == addr {
+			keepPairs(np, old, mine)
 		}
 		for id := range np.last {
 			if !slices.ContainsFunc(np.keys, func(k peerKey) bool { return k.id == id }) {
@@ -258,6 +262,24 @@ func (m *Monitor) SetPeers(peers []Peer) {
 	}
 	// The next tick evaluates: evaluating here would call OnChange from the caller's
 	// goroutine, which may hold the lock OnChange needs.
+}
+
+// keepPairs gives np the MAC keys old derived with the peer's keys np still has and this
+// node's keys it still has (mine): a state names the same keys again, and deriving a pair is
+// a scalar multiplication. A peer's key is the same only by its bytes, not its short id.
+func keepPairs(np, old *peer, mine []*ownKey) {
+	for k, pr := range old.pairs {
+		if !slices.ContainsFunc(mine, func(o *ownKey) bool { return o.id == k[0] }) {
+			continue
+		}
+		i := slices.IndexFunc(old.keys, func(pk peerKey) bool { return pk.id == k[1] })
+		if i < 0 {
+			continue
+		}
+		if slices.ContainsFunc(np.keys, func(pk peerKey) bool { return pk.id == k[1] && pk.pub.Equal(old.keys[i].pub) }) {
+			np.pairs[k] = pr
+		}
+	}
 }
 
 // pairOf returns the MAC keys of this node's key mine with the peer's key theirs, derived once.

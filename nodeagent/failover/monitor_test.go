@@ -682,3 +682,130 @@ func BenchmarkRefusingAFlood(b *testing.B) {
 		})
 	}
 }
+
+// A state names the same peers' keys in every Apply: SetPeers keeps the MAC keys derived with
+// them (a scalar multiplication each), and drops those of a key the peer no longer has, even
+// one with the same short id.
+func TestSetPeersKeepsThePairsOfUnchangedKeys(t *testing.T) {
+	m, err := New(Config{Node: "me", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	keyB, keyC := memIdentity(t).PublicKeys()[0], memIdentity(t).PublicKeys()[0]
+	peers := []Peer{{Node: "b", Addr: loop(2), PublicKeys: [][]byte{keyB}}, {Node: "c", Addr: loop(3), PublicKeys: [][]byte{keyC}}}
+	m.SetPeers(peers)
+	pairOf := func(node string) *pair {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		p := m.peers[node]
+		return m.pairOf(p, m.id.current()[0], p.keys[0])
+	}
+	b, c := pairOf("b"), pairOf("c")
+	if b == nil || c == nil {
+		t.Fatal("no pair derived")
+	}
+	m.SetPeers(peers)
+	if pairOf("b") != b || pairOf("c") != c {
+		t.Error("SetPeers with the same keys derived the pairs again")
+	}
+
+	keyB2 := memIdentity(t).PublicKeys()[0]
+	m.SetPeers([]Peer{{Node: "b", Addr: loop(2), PublicKeys: [][]byte{keyB2}}, peers[1]})
+	if pairOf("b") == b {
+		t.Error("b's pair kept after its key changed")
+	}
+	if pairOf("c") != c {
+		t.Error("c's pair dropped when only b's key changed")
+	}
+
+	// The same short id, other bytes: the pair is not the old one's.
+	b2 := pairOf("b")
+	m.mu.Lock()
+	forged := m.peers["b"].keys[0]
+	m.mu.Unlock()
+	other, err := ecdh.X25519().NewPublicKey(keyB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	np := &peer{keys: []peerKey{{id: forged.id, pub: other}}, pairs: map[[2]keyID]*pair{}}
+	m.mu.Lock()
+	keepPairs(np, m.peers["b"], m.id.current())
+	m.mu.Unlock()
+	if len(np.pairs) != 0 {
+		t.Errorf("a key with the same id and other bytes kept the pair %p (old %p)", np.pairs, b2)
+	}
+
+	m.SetPeers([]Peer{{Node: "b", Addr: loop(4), PublicKeys: [][]byte{keyB2}}, peers[1]})
+	if pairOf("b") == b2 {
+		t.Error("b's pair kept after its address changed")
+	}
+}
+
+// Keys ValidPublicKey accepted are remembered; refused ones are checked again every time.
+func TestValidPublicKeyRemembersOnlyAcceptedKeys(t *testing.T) {
+	good := memIdentity(t).PublicKeys()[0]
+	for range 2 {
+		if err := ValidPublicKey(good); err != nil {
+			t.Fatalf("a fresh key refused: %v", err)
+		}
+		if err := ValidPublicKey(make([]byte, 32)); err == nil {
+			t.Fatal("the all-zero point accepted")
+		}
+		if err := ValidPublicKey(good[:31]); err == nil {
+			t.Fatal("31 bytes accepted")
+		}
+	}
+	if !validKeys.has([32]byte(good)) || validKeys.has([32]byte{}) {
+		t.Error("the set of accepted keys is not what was accepted")
+	}
+	validKeys.mu.Lock()
+	validKeys.m = make(map[[32]byte]struct{}, maxValidKeys)
+	for i := range maxValidKeys {
+		validKeys.m[[32]byte{byte(i), byte(i >> 8), 1}] = struct{}{}
+	}
+	validKeys.mu.Unlock()
+	if err := ValidPublicKey(good); err != nil {
+		t.Fatal(err)
+	}
+	validKeys.mu.Lock()
+	n := len(validKeys.m)
+	validKeys.mu.Unlock()
+	if n > maxValidKeys {
+		t.Errorf("%d keys remembered; at most %d", n, maxValidKeys)
+	}
+}
+
+// BenchmarkSetPeersUnchanged is SetPeers with the same 200 peers of two keys each, as every
+// Apply of a node in a large cluster calls it, the pairs of each peer's first key derived.
+func BenchmarkSetPeersUnchanged(b *testing.B) {
+	m, err := New(Config{Node: "me", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Interval: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	var peers []Peer
+	for i := range 200 {
+		id := memIdentity(b)
+		if _, err := id.Rotate(time.Now()); err != nil {
+			b.Fatal(err)
+		}
+		peers = append(peers, Peer{Node: fmt.Sprintf("n%d", i), Addr: netip.AddrFrom4([4]byte{127, 1, byte(i / 250), byte(i%250 + 1)}), PublicKeys: id.PublicKeys()})
+	}
+	m.SetPeers(peers)
+	derive := func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		for _, p := range m.peers {
+			if m.pairOf(p, m.id.current()[0], p.keys[0]) == nil {
+				b.Fatal("no pair")
+			}
+		}
+	}
+	derive()
+	b.ReportAllocs()
+	for b.Loop() {
+		m.SetPeers(peers)
+		derive()
+	}
+}
