@@ -387,17 +387,33 @@ func (m *Monitor) poke() {
 	}
 }
 
+// evaluator decides who is alive at every tick and heartbeat received, and also at the moment
+// a live peer's proof runs out: a dead node is declared misses intervals after its last proof,
+// not up to one tick later.
 func (m *Monitor) evaluator() {
 	defer m.wg.Done()
+	expiry := time.NewTimer(time.Hour)
+	defer expiry.Stop()
 	for {
 		select {
 		case <-m.stop:
 			return
 		case <-m.kick:
-			m.evaluate(time.Now())
+		case <-expiry.C:
 		}
+		now := time.Now()
+		next := m.evaluate(now)
+		wait := time.Hour
+		if !next.IsZero() {
+			// Just past it: evaluate counts a proof exactly deadline old as alive.
+			wait = max(next.Sub(now), 0) + expirySlack
+		}
+		expiry.Reset(wait)
 	}
 }
+
+// expirySlack is how long after a peer's proof runs out the evaluator looks again.
+const expirySlack = 200 * time.Microsecond
 
 // out is one heartbeat to send.
 type out struct {
@@ -605,7 +621,10 @@ func nonce() uint64 {
 // Only proof from before the stall counts, so stalls that follow each other keep no dead peer
 // alive: a peer that is really dead is found at most a deadline (and the stall) late. A standby
 // that woke and took over from an owner as alive as itself would move the VIP twice.
-func (m *Monitor) evaluate(now time.Time) {
+//
+// It returns the earliest time at which a peer alive now would stop being so without a
+// fresh heartbeat (zero when none is alive).
+func (m *Monitor) evaluate(now time.Time) time.Time {
 	deadline := m.deadline()
 	mine := m.id.current()
 	m.mu.Lock()
@@ -618,6 +637,7 @@ func (m *Monitor) evaluate(now time.Time) {
 	waking := !m.resumed.IsZero() && now.Sub(m.resumed) <= deadline
 	next := map[string]bool{}
 	seesMe := map[string]bool{}
+	var expires time.Time
 	rotated := len(mine) > 1
 	for n, p := range m.peers {
 		switch {
@@ -634,6 +654,15 @@ func (m *Monitor) evaluate(now time.Time) {
 		}
 		if next[n] && p.proven && p.sees {
 			seesMe[n] = true
+		}
+		if next[n] {
+			at := p.added.Add(deadline)
+			if p.proven {
+				at = p.proof.Add(deadline)
+			}
+			if at.After(now) && (expires.IsZero() || at.Before(expires)) {
+				expires = at
+			}
 		}
 		if len(p.keys) > 0 && (!p.usesOK || p.usesMine != mine[0].id) {
 			rotated = false
@@ -657,6 +686,7 @@ func (m *Monitor) evaluate(now time.Time) {
 			klog.InfoS("Heartbeat key rotation done: every peer uses the new key")
 		}
 	}
+	return expires
 }
 
 func sameSet(a, b map[string]bool) bool {

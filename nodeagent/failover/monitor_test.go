@@ -809,3 +809,55 @@ func BenchmarkSetPeersUnchanged(b *testing.B) {
 		derive()
 	}
 }
+
+// A peer is dead misses intervals after it was last proven alive (or added), not at the first
+// tick after that: the evaluator looks again when a live peer's time runs out. Ticks every
+// 500 ms, 2 misses: a peer added right after a tick and never heard runs out 1 s later, a tick
+// would see it 1.5 s later.
+func TestAPeerIsDeadWhenItsTimeRunsOutNotAtTheNextTick(t *testing.T) {
+	ticked := make(chan struct{}, 1)
+	var mp atomic.Pointer[Monitor]
+	died := make(chan time.Time, 1)
+	lateDead := func(m *Monitor) bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.peers["late"] != nil && !m.alive["late"]
+	}
+	// A port of its own: heartbeats go to the peers on the listening port, and only sent ones
+	// show in the hook.
+	m, err := New(Config{Node: "me", Listen: netip.AddrPortFrom(loop(1), freePort(t)), Interval: 500 * time.Millisecond, Misses: 2,
+		sent: func([]byte, netip.AddrPort) {
+			select {
+			case ticked <- struct{}{}:
+			default:
+			}
+		},
+		OnChange: func() {
+			if m := mp.Load(); m != nil && lateDead(m) {
+				select {
+				case died <- time.Now():
+				default:
+				}
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	mp.Store(m)
+	early := Peer{Node: "early", Addr: loop(2), PublicKeys: memIdentity(t).PublicKeys()}
+	m.SetPeers([]Peer{early}) // something to send to, so that the ticks show
+	<-ticked
+	<-ticked // a tick just now (the first may have been waiting in the channel)
+	added := time.Now()
+	m.SetPeers([]Peer{early, {Node: "late", Addr: loop(3), PublicKeys: memIdentity(t).PublicKeys()}})
+	select {
+	case at := <-died:
+		if took := at.Sub(added); took < time.Second || took > 1250*time.Millisecond {
+			t.Errorf("the silent peer counted as dead %s after it was added; want 1s (2 misses of 500ms), not 1.5s (the next tick)", took.Round(time.Millisecond))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the silent peer never counted as dead")
+	}
+}
