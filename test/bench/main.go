@@ -174,13 +174,13 @@ func main() {
 		if *ccmBin != "" {
 			bin = *ccmBin
 		}
-		row, w := allocation(m, srv, bin, n, i, agentPort)
+		row, w := allocation(m, srv, bin, n, i, agentPort, statusCost(costList))
 		rows = append(rows, row)
 		writes = append(writes, w)
 	}
 	r.add("Allocation against the real API server",
 		"Services created at full speed by 8 parallel clients (one namespace, one pool, one node with an agent). First the API server alone (no CCM running) creates them; then, in a fresh namespace, with the CCM running (default flags: 8 service syncs, 500 QPS): the time from the first create to the last Service holding an address in its status, per Service the time from its create returning to its address appearing in a watch, and the time until the last Service carries its metalvip.io/Announced condition. CCM API writes per Service: the API server's own count of mutating requests (apiserver_request_total) during the run with the CCM, less the same count for the run alone, over the Services (breakdown below). CPU (user+system) and resident memory (VmRSS) of the CCM over the run: heap and stacks (RssAnon), and the pages of its binary (RssFile; once its caches have synced the CCM tells the kernel it no longer needs those start-up read, MADV_PAGEOUT, so these are the pages it used again: 55 MiB before it did, at 1,000). Targets: all allocated within 1.3x the API server's own time and per-Service p99 under 200 ms at 1,000 and 5,000, CCM RSS at 1,000 under 72 MiB. MetalLB's controller measured 12.4-13.0 s for 1,000 (API server alone 4.3-4.8 s, p99 4.2-4.4 s, CPU 4.4 s, RSS 72 MiB) and 63.7 s for 5,000 (alone 33.6 s, p99 23 s) on this machine kind.\n\n"+
-			"Reading the figures: the CCM keeps pace with the creates (create-to-IP stays in tens of milliseconds, its Service queue's wait under a millisecond on average: below); what stretches is the creating itself, because kube-apiserver and etcd share 2 cores with everything else and serve the CCM's writes too (the price of each kind of write is the section below: a create costs them about 7 ms of CPU, each write the CCM makes 2-5 ms). A Service costs three writes: one status patch that carries the finalizer and the allocation record with the address (a Service's status subresource takes metadata too; the previous build wrote them in two patches), the IPAllocated Event and the Announced condition (server-side apply); those two reports are written at most 10 a second while allocations are being written and the rest once none was written for 0.5 s (loadbalancer/pacer.go): the agents are told at once, only the report waits, so \"all announced\" comes a few seconds after \"all allocated\". The framework's service controller, which metalvip no longer runs, cost a finalizer patch, the status, two Events, their updates and a record patch that made it sync again. Before and after, three runs each alternated on this machine at 1,000 Services with -ccm (load average 6-12, other work running): a build of 0be330d allocated all in 16.8-21.0 s (p99 153-447 ms, 8.7-8.8 writes per Service, kube-apiserver and etcd 27-37 ms of CPU per Service above the creates' own); this build in 14.6-17.4 s (p99 51-137 ms, 3.0 writes, 14 ms); one more pair on a quieter machine (load average 1.5-2.5): 11.8 s and p99 82 ms before, 10.1 s and 39 ms after. What remains of the gap, per Service: the status write during the burst (about half a create), the watch events the CCM's informer and the bench's own informer receive for each create and write (the run alone has no watcher), and the reports: written after the burst they still take the API server's CPU, but no longer from the creates; the gap lines below give, per run, the creates' own time with and without the CCM, kube-apiserver and etcd's CPU with and without it, the CCM's requests and their latency, and how long Services waited in the CCM's queues. The API server's own time grows faster than linearly: kube-apiserver 1.37 counts every allocated ClusterIP on each create (ipallocator.Used lists all IPAddress objects for a metric), which a profile of the API server showed as two thirds of its CPU by 3,500 Services.\n\nWhat the gap is made of, per run:\n\n"+strings.Join(writes, "\n"),
+			"Reading the figures: the CCM keeps pace with the creates (create-to-IP stays in tens of milliseconds, its Service queue's wait under a millisecond on average: below); what stretches is the creating itself, because kube-apiserver and etcd share 2 cores with everything else and serve the CCM's writes too (the price of each kind of write is the section below: a create costs them about 7 ms of CPU, each write the CCM makes 2-5 ms). A Service costs three writes: one status patch that carries the finalizer and the allocation record with the address (a Service's status subresource takes metadata too; the previous build wrote them in two patches), the IPAllocated Event and the Announced condition (server-side apply); those two reports are written at most 10 a second while allocations are being written and the rest once none was written for 0.5 s (loadbalancer/pacer.go): the agents are told at once, only the report waits, so \"all announced\" comes a few seconds after \"all allocated\". The framework's service controller, which metalvip no longer runs, cost a finalizer patch, the status, two Events, their updates and a record patch that made it sync again. Before and after, three runs each alternated on this machine at 1,000 Services with -ccm (load average 6-12, other work running): a build of 0be330d allocated all in 16.8-21.0 s (p99 153-447 ms, 8.7-8.8 writes per Service, kube-apiserver and etcd 27-37 ms of CPU per Service above the creates' own); this build in 14.6-17.4 s (p99 51-137 ms, 3.0 writes, 14 ms); one more pair on a quieter machine (load average 1.5-2.5): 11.8 s and p99 82 ms before, 10.1 s and 39 ms after. What remains of the gap, per Service: the status write during the burst (about half a create), the watch events the CCM's informer receives for each create and write (the bench's own informer, its probe, watches in both runs, alone too), and the reports: written after the burst they still take the API server's CPU, but no longer from the creates; the gap lines below give, per run, the creates' own time with and without the CCM, kube-apiserver and etcd's CPU with and without it, the CCM's requests and their latency, and how long Services waited in the CCM's queues, and the floor: the ratio one status write a Service would give by its price alone, which is above the target of 1.3x wherever a create costs the API server less than 3.3 times what a status write does. The API server's own time grows faster than linearly: kube-apiserver 1.37 counts every allocated ClusterIP on each create (ipallocator.Used lists all IPAddress objects for a metric), which a profile of the API server showed as two thirds of its CPU by 3,500 Services.\n\nWhat the gap is made of, per run:\n\n"+strings.Join(writes, "\n"),
 		rows)
 
 	costRows := [][]string{{"write", "kube-apiserver and etcd CPU per write", "500 with 8 clients in"}}
@@ -332,11 +332,14 @@ func createServices(m *testenv.Main, srv *kubeapi.Server, ns string, n int, clas
 
 // allocation measures run i with n Services; each run has its own pool, whose range
 // overlaps no earlier run's (overlapping pools are refused).
-func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agentPort int) ([]string, string) {
+func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agentPort int, status time.Duration) ([]string, string) {
 	step("allocation of %d Services: the API server alone", n)
 	base := fmt.Sprintf("bench-base-%d", n)
 	mustNamespace(m, srv, base)
 	// Of a class nobody serves: the CCMs started later leave them alone.
+	// The same probe as the run with the CCM watches them: its watch is the measure's cost,
+	// not metalvip's.
+	basePr := newProbe(srv, base, n)
 	pids := serverPids(srv)
 	w0, r0 := apiRequests(m, srv)
 	scpu0 := serverCPU(pids)
@@ -345,6 +348,7 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	aloneCPU := serverCPU(pids) - scpu0
 	w0b, r0b := apiRequests(m, srv)
 	aloneWrites, aloneReads := w0b.minus(w0), r0b.minus(r0)
+	basePr.stop()
 	step("  created in %s", alone.Round(time.Millisecond))
 	// Gone again (no finalizer holds them): every run starts with the API server as empty.
 	deleteServices(m, srv, base, n)
@@ -375,45 +379,8 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	proc := testenv.StartProc(m, fmt.Sprintf("ccm-%d", n), exec.Command(ccmBin, args...))
 	time.Sleep(3 * time.Second) // informers synced, allocator rebuilt, the agent reached
 
-	// An informer records when each Service's address appears (it re-lists and re-watches by
-	// itself, which a bare watch against a lagging watch cache does not), and when its
-	// Announced condition does.
-	var mu sync.Mutex
-	seen := make(map[string]time.Time, n)
-	announced := make(map[string]time.Time, n)
-	done, allAnnounced := make(chan struct{}), make(chan struct{})
-	factory := informers.NewSharedInformerFactoryWithOptions(srv.Client, 0, informers.WithNamespace(ns))
-	record := func(o any) {
-		s, ok := o.(*corev1.Service)
-		if !ok || len(s.Status.LoadBalancer.Ingress) == 0 {
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if _, dup := seen[s.Name]; !dup {
-			seen[s.Name] = time.Now()
-			if len(seen) == n {
-				close(done)
-			}
-		}
-		for _, c := range s.Status.Conditions {
-			if c.Type == "metalvip.io/Announced" {
-				if _, dup := announced[s.Name]; !dup {
-					announced[s.Name] = time.Now()
-					if len(announced) == n {
-						close(allAnnounced)
-					}
-				}
-			}
-		}
-	}
-	_, _ = factory.Core().V1().Services().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: record, UpdateFunc: func(_, o any) { record(o) },
-	})
-	stop := make(chan struct{})
-	defer close(stop)
-	factory.Start(stop)
-	factory.WaitForCacheSync(stop)
+	pr := newProbe(srv, ns, n)
+	defer pr.stop()
 	step("allocation of %d Services: with the CCM", n)
 	cpu0 := cpuSeconds(proc.Cmd.Process.Pid)
 	q0, err := readCCMMetrics(metricsURL, metricNames...)
@@ -436,12 +403,12 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	start := time.Now()
 	created, createdIn := createServices(m, srv, ns, n, "")
 	select {
-	case <-done:
+	case <-pr.done:
 	case <-time.After(15 * time.Minute):
-		m.Fatalf("only %d of %d Services allocated after 15 minutes", len(seen), n)
+		m.Fatalf("only %d of %d Services allocated after 15 minutes", pr.allocated(), n)
 	}
 	select {
-	case <-allAnnounced:
+	case <-pr.allAnnounced:
 	case <-time.After(60 * time.Second): // a CCM that writes no condition (an older one, -ccm)
 	}
 	// The reports written after the burst (IPAllocated Events, the pool status) land: the
@@ -467,20 +434,20 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	cpu := cpuSeconds(proc.Cmd.Process.Pid) - cpu0
 	var last, lastAnn time.Time
 	var lat []float64
-	for name, at := range seen {
+	pr.mu.Lock()
+	for name, at := range pr.seen {
 		if at.After(last) {
 			last = at
 		}
 		lat = append(lat, float64(at.Sub(created[name])))
 	}
-	mu.Lock()
-	for _, at := range announced {
+	for _, at := range pr.announced {
 		if at.After(lastAnn) {
 			lastAnn = at
 		}
 	}
-	nAnnounced := len(announced)
-	mu.Unlock()
+	nAnnounced := len(pr.announced)
+	pr.mu.Unlock()
 	annCell := dur(lastAnn.Sub(start))
 	if nAnnounced < n {
 		annCell = fmt.Sprintf("%d of %d with a condition", nAnnounced, n)
@@ -506,16 +473,23 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	return []string{fmt.Sprint(n), dur(alone), dur(all), fmt.Sprintf("%.2fx", all.Seconds()/alone.Seconds()),
 			dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))), dur(time.Duration(slices.Max(lat))),
 			annCell, fmt.Sprintf("%.2f", ccmWrites.total()/float64(n)), fmt.Sprintf("%.1f s", cpu), fmt.Sprintf("%s (heap and stacks %s, binary pages %s)", mib(rss), mib(anon), mib(file))},
-		gapOf(n, alone, createdIn, aloneCPU, withCPU, ccmWrites, ccmReads, q)
+		gapOf(n, alone, createdIn, aloneCPU, withCPU, ccmWrites, ccmReads, q, status)
 }
 
 // gapOf says what the time between the API server alone and metalvip is made of: how much
 // longer the creates themselves took, the API server's extra CPU, the CCM's requests, and how
 // long Services waited in the CCM's queues.
-func gapOf(n int, alone, createdIn time.Duration, aloneCPU, withCPU float64, writes, reads writeCounts, q ccmMetrics) string {
+func gapOf(n int, alone, createdIn time.Duration, aloneCPU, withCPU float64, writes, reads writeCounts, q ccmMetrics, status time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "- %d Services: the creates took %s alone and %s with the CCM; kube-apiserver and etcd used %.1f s of CPU alone and %.1f s with the CCM (%s more per Service). CCM writes per Service: %s. CCM reads per Service: %s.",
 		n, dur(alone), dur(createdIn), aloneCPU, withCPU, dur(time.Duration((withCPU-aloneCPU)/float64(n)*float64(time.Second))), writes.perService(n), orNone(reads.perService(n)))
+	if status > 0 && aloneCPU > 0 {
+		// The API server is the limit of a burst: its time is its CPU. The one write that
+		// carries the address adds its price to each create's.
+		perCreate := aloneCPU / float64(n)
+		fmt.Fprintf(&b, " The floor: alone the API server spent %s of CPU a create; one status write a Service (%s, the price list below) would make it %.2fx, with no watch, Event, condition or CCM CPU at all.",
+			dur(time.Duration(perCreate*float64(time.Second))), dur(status), 1+status.Seconds()/perCreate)
+	}
 	for _, name := range []string{"metalvip-services", "metalvip-service-events-paced", "metalvip-announcer-status", "metalvip-announcer-status-paced", "service"} {
 		wait, work := q["workqueue_queue_duration_seconds{"+name+"}"], q["workqueue_work_duration_seconds{"+name+"}"]
 		if wait.count == 0 {
@@ -999,4 +973,78 @@ func cmdVersion(name string, args ...string) string {
 		}
 	}
 	return strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0])
+}
+
+// statusCost is the price of the status write that carries a Service's address, finalizer and
+// record (0 when the price list was not measured).
+func statusCost(costs []writeCost) time.Duration {
+	for _, c := range costs {
+		if c.kind == statusWriteKind {
+			return c.cpu
+		}
+	}
+	return 0
+}
+
+// probe records when each Service of a namespace gets its address and its Announced
+// condition, by an informer (it re-lists and re-watches by itself, which a bare watch against
+// a lagging watch cache does not). It runs in both runs, alone and with the CCM, so that its
+// watch costs the API server the same in each.
+type probe struct {
+	mu                 sync.Mutex
+	n                  int
+	seen, announced    map[string]time.Time
+	done, allAnnounced chan struct{}
+	stopCh             chan struct{}
+}
+
+func newProbe(srv *kubeapi.Server, ns string, n int) *probe {
+	p := &probe{n: n, seen: make(map[string]time.Time, n), announced: make(map[string]time.Time, n),
+		done: make(chan struct{}), allAnnounced: make(chan struct{}), stopCh: make(chan struct{})}
+	factory := informers.NewSharedInformerFactoryWithOptions(srv.Client, 0, informers.WithNamespace(ns))
+	_, _ = factory.Core().V1().Services().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: p.record, UpdateFunc: func(_, o any) { p.record(o) },
+	})
+	factory.Start(p.stopCh)
+	factory.WaitForCacheSync(p.stopCh)
+	return p
+}
+
+func (p *probe) record(o any) {
+	s, ok := o.(*corev1.Service)
+	if !ok || len(s.Status.LoadBalancer.Ingress) == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, dup := p.seen[s.Name]; !dup {
+		p.seen[s.Name] = time.Now()
+		if len(p.seen) == p.n {
+			close(p.done)
+		}
+	}
+	for _, c := range s.Status.Conditions {
+		if c.Type == "metalvip.io/Announced" {
+			if _, dup := p.announced[s.Name]; !dup {
+				p.announced[s.Name] = time.Now()
+				if len(p.announced) == p.n {
+					close(p.allAnnounced)
+				}
+			}
+		}
+	}
+}
+
+func (p *probe) allocated() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.seen)
+}
+
+func (p *probe) stop() {
+	select {
+	case <-p.stopCh:
+	default:
+		close(p.stopCh)
+	}
 }

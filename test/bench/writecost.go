@@ -53,6 +53,9 @@ func serverCPU(pids []int) float64 {
 	return t
 }
 
+// statusWriteKind is the write metalvip makes to allocate: the one that carries the address.
+const statusWriteKind = "merge patch of status: record, finalizer and address at once"
+
 // writeCost is the API server's (kube-apiserver and etcd) CPU for one write of a kind.
 type writeCost struct {
 	kind string
@@ -128,7 +131,7 @@ func writeCosts(m *testenv.Main, srv *kubeapi.Server, n int) []writeCost {
 		_, err := svcs.Patch(ctx, name(i), types.MergePatchType, []byte(b), metav1.PatchOptions{}, "status")
 		return err
 	})
-	measure("merge patch of status: record, finalizer and address at once", func(i int) error {
+	measure(statusWriteKind, func(i int) error {
 		b := fmt.Sprintf(`{"metadata":{"annotations":{"metalvip.io/allocated-ips":"%s,"}},"status":{"loadBalancer":{"ingress":[{"ip":"%s","ipMode":"VIP"},{"ip":"10.251.0.1","ipMode":"VIP"}]}}}`, ip(i), ip(i))
 		_, err := svcs.Patch(ctx, name(i), types.MergePatchType, []byte(b), metav1.PatchOptions{}, "status")
 		return err
