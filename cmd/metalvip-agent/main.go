@@ -32,6 +32,7 @@ import (
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/internal/connlimit"
 	"github.com/metalvip/metalvip/internal/identity"
+	"github.com/metalvip/metalvip/internal/memlimit"
 	"github.com/metalvip/metalvip/internal/version"
 	"github.com/metalvip/metalvip/nodeagent"
 	"github.com/metalvip/metalvip/nodeagent/bgp"
@@ -158,6 +159,7 @@ func main() {
 func run(f *flags) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	memlimit.SetAndLog()
 
 	ifaces, err := interfaces(f.interfaces)
 	if err != nil {

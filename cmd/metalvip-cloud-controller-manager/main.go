@@ -22,6 +22,7 @@ import (
 	"k8s.io/component-base/version/verflag"
 	"k8s.io/klog/v2"
 
+	"github.com/metalvip/metalvip/internal/memlimit"
 	"github.com/metalvip/metalvip/internal/version"
 	"github.com/metalvip/metalvip/provider"
 	providerconfig "github.com/metalvip/metalvip/provider/config"
@@ -88,6 +89,7 @@ Settings of its own are in the --cloud-config file, documented in docs/cloud-con
 		}
 		verflag.PrintAndExitIfRequested()
 		klog.InfoS("Starting", "binary", cmd.Use, "version", version.Get().Version, "commit", version.Get().Commit)
+		memlimit.SetAndLog()
 		cp := opts.KubeCloudShared.CloudProvider
 		if cp.Name != provider.ProviderName {
 			return fmt.Errorf("--cloud-provider=%q: this binary runs only the %q provider; leave the flag out or set it to %q", cp.Name, provider.ProviderName, provider.ProviderName)

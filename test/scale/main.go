@@ -48,6 +48,7 @@ var (
 	outputDir  = flag.String("profiles", "_output/scale", "where the CCM's profiles and logs are kept")
 	ccmBin     = flag.String("ccm", "", "a CCM binary to measure instead of this tree's (for before and after)")
 	ccmArgs    = flag.String("ccm-flags", "", "extra CCM flags, space-separated")
+	ccmEnv     = flag.String("ccm-env", "", "extra environment of the CCM, space-separated NAME=value (e.g. GOMEMLIMIT=460MiB, what a 512-MiB container limit gives it)")
 	timeout    = flag.Duration("timeout", 30*time.Minute, "the longest any stage may take")
 	reread     = flag.Bool("rewrite-reading", false, "measure nothing: give the report (-out) this build's reading of the figures (its last section), for a reading written after the run")
 	simProfile = flag.String("sim-cpuprofile", "", "write this process's CPU profile (the simulated agents) over the node deaths to this file")
@@ -311,6 +312,10 @@ allocation:
 		args = append(args, splitFields(*ccmArgs)...)
 	}
 	cmd := exec.Command(r.bin, args...)
+	if *ccmEnv != "" {
+		// The CCM's alone, not this process's (its simulated agents).
+		cmd.Env = append(os.Environ(), splitFields(*ccmEnv)...)
+	}
 	r.ccm = &ccm{proc: testenv.StartProc(r.m, name, cmd), port: port, http: newDebugClient()}
 	keep := filepath.Join(r.dir, name+".log")
 	log := r.ccm.proc.Log
