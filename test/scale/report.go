@@ -252,12 +252,11 @@ func rewriteReading(file string) error {
 const analysis = `
 ## Reading the figures
 
-Scale. This run has 1,000 nodes and 10,000 Services, on a quiet machine (load average 1.5 to
-3), not the 20,000 the issue asks: the API server alone takes 173 s to create 10,000 (53.6 s for
-5,000, make bench; kube-apiserver 1.37 counts every allocated ClusterIP on each create, so its
-own cost grows faster than linearly), and 20,000 would have taken about 40 minutes of the
-session's remaining hour. ` + "`make bench-scale`" + ` runs 20,000 by default. The previous
-run (5,000 Services, load 6-14, before planner close): cold start 119 s, node death p99 1.20 s.
+Scale. This run has the 1,000 nodes and 20,000 Services the issue asks, on a quiet machine
+(load average about 2), in 11.6 minutes in all; most of it is the API server alone creating
+the Services (461 s: kube-apiserver 1.37 counts every allocated ClusterIP on each create, so its
+own cost grows faster than linearly). The run before, at 10,000 Services (before the key
+check below): cold start 91.4 s, node death p99 1.19-1.80 s.
 
 What grew faster than linearly, and what was done (each its own commit, with its figure):
 
@@ -286,37 +285,38 @@ What grew faster than linearly, and what was done (each its own commit, with its
   and the agent stays reachable. The simulation itself runs with a 30-s timeout, because its
   agents share the CCM's cores, which real nodes' agents do not.
 
-Node death to every holder updated, over 5 trials at 10,000 Services (100-145 agents hold the
-dead node, 121-180 pushed): p50 0.80-1.53 s, p99 1.19-1.80 s per trial (target 1 s: not met;
-at 5,000 Services it was 0.57-1.20 s). It is waiting, not the CCM's work: the CCM logged the
-agent unreachable 36 ms after the death (its Watch stream broke, the probe was refused), and
-its CPU profile over the death's first two seconds holds 130 ms of samples, then none; 0.37-1.0
-s of CPU per death in all. Not yet broken down: what the pushes wait for between the replan and
-the Applies landing. Two runs at 5,000 Services with the CCM at --v=2 (p99 0.34-0.50 s, under
-the target there): the replan's Events were written 7-15 ms after the agent was found
-unreachable, the first "Agent applied state" came 150-280 ms after them and the rest in waves
-about 50 ms apart, up to 420 ms; the same with the simulated agents' state on tmpfs, so not
-their fsyncs. A third run, with the Apply round trip in that log line ("rtt"): the CCM sent
-the 79 Applies within 40 ms of the death and each took 514-548 ms to be answered, so the time
-is in the simulated agents' Apply, in the measuring process that hosts all 1,000 on the CCM's
-two cores (79 agents checking, persisting and applying a new state at once; what in that costs
-most is not measured yet), not in the CCM. A real node applies only its own state on its
-own cores; a CPU profile of the measuring process over a death would say how much of this is
-the simulation. One holder of trial 4 got no state without the node before the stage ended
-(not looked into: a push lost, or one still waiting when the node came back). Next: timestamps per push (queued, sent, answered) at V(4)
-in loadbalancer/agents.go, and the sim agents' Apply time, to place the second.
+- Every Apply checked every heartbeat peer's public key with an X25519 scalar multiplication
+  (a low-order point must be refused), twice (the state's check and the heartbeat monitor's
+  SetPeers), and SetPeers threw away the MAC keys derived with them, derived again at the next
+  heartbeat: an Apply naming 200 peers of two keys spent 18 ms on the check
+  (BenchmarkCheckStateWithHeartbeatPeers) and 31-35 ms in SetPeers (BenchmarkSetPeersUnchanged).
+  At 10,000 Services the CCM sent a death's 79 Applies within 40 ms and each took 514-548 ms
+  to be answered; a CPU profile of the measuring process over deaths at 5,000 put 82% of the
+  simulated agents' Apply in that check. Keys found valid are remembered now (at most 8,192),
+  and SetPeers keeps the pairs of keys that did not change: 0.1 ms and 0.3-0.4 ms. At 5,000
+  Services, the same machine just before and after: node death p99 191-215 ms, then 69-108 ms.
+  A real node pays this on its own cores, once per Apply, so it was 50 ms of CPU per state
+  change at 200 peers, not a failover delay (the heartbeats decide failover, not the CCM).
+
+Node death to every holder updated, over 5 trials at 20,000 Services (179-237 agents hold the
+dead node, 229-291 pushed): p99 0.50-0.82 s per trial, 0.81 s over all 1,033 holders (target
+1 s: met), every holder updated. The CCM's own work is 0.18-0.71 s of CPU per death; the rest
+is the 1,000 simulated agents sharing its two cores: over the deaths and returns, their Apply
+is now mostly persisting the state (protojson, 58% of it) and copying it (proto.Clone, 27%).
+A real node applies only its own state on its own cores.
 
 What would break first at 5,000 nodes:
 
 1. A CCM restart or a leader change would move VIPs. A new leader first asks every agent what
    it holds (Discover) and keeps each primary that is still eligible; it waits at most 6 s
-   (announcer Discover). Here it took 0.7 s for 1,000 agents (a GetState each, over 1,000 new
-   mutual-TLS connections), 2.0 to 4.1 s in runs at load average 15-22; at 5,000 it would take
-   3 to 20 s, so a leader on a busy machine would plan without knowing what many agents hold
+   (announcer Discover). Here it took 1.06 s for 1,000 agents holding 20,000 VIPs (a GetState
+   each, over 1,000 new mutual-TLS connections; 0.7 s at 10,000), 2.0 to 4.1 s in runs at load
+   average 15-22; at 5,000 nodes it would take 5 to 20 s, so a leader on a busy machine would plan without knowing what many agents hold
    and move their VIPs. The deadline must grow with the nodes, or Discover must wait for
    every reachable agent.
-2. The CCM's memory: about 580 MiB resident here (10,000 Services; 500 MiB at 5,000), 2.5 to 2.7 times its heap in use
-   (Go's collector lets the heap double before it runs). What the 1,000 gRPC connections hold
+2. The CCM's memory: 925 MiB resident here at 20,000 Services (peak 1,171 MiB; 580 MiB at
+   10,000, 435-500 at 5,000), 2.3 times its heap in use (397 MB; Go's collector lets the heap
+   double before it runs). What the 1,000 gRPC connections hold
    is a good part of that heap (their read buffers alone are 27 MB, 14%, beside TLS and HTTP/2
    state and gRPC's buffer pool, 17 MB), and it grows with the nodes: at 5,000 the read
    buffers alone would be 135 MB, and the CCM would pass a 512-MiB memory limit before
@@ -327,8 +327,8 @@ What would break first at 5,000 nodes:
    VIPs that named it (planner close; 49 ms against 535 ms for a full replan at 20,000 VIPs on
    1,000 nodes, BenchmarkANodeDies20000VIPs1000Nodes). The join could be made incremental too
    (only the VIPs the joining node outranks, and the donors balance picks).
-4. Heartbeats: a node's peers are the other candidates of its VIPs, here 72 to 179 (median 112)
-   with 10 VIPs per node (23 to 105, median 57, at 5). They grow with VIPs per node until they
-   are all nodes: at the 10 ms profile, 112 peers are already 11,200 heartbeats a second sent
-   and as many verified per node.
+4. Heartbeats: a node's peers are the other candidates of its VIPs, here 165 to 296 (median
+   214) with 20 VIPs per node (72 to 179, median 112, at 10). They grow with VIPs per node until
+   they are all nodes: at the 10 ms profile, 214 peers are 21,400 heartbeats a second sent and
+   as many verified per node.
 `
