@@ -18,8 +18,9 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// cgroupFile is where cgroup v2 says the memory limit of the process's cgroup (a container's).
-const cgroupFile = "/sys/fs/cgroup/memory.max"
+// cgroupFile is where cgroup v2 says the memory limit of the process's cgroup (a container's);
+// a variable for the tests. cgroup v1 hosts give no limit here.
+var cgroupFile = "/sys/fs/cgroup/memory.max"
 
 // Share is the part of the cgroup's limit given to the runtime: the rest is for what the Go
 // heap does not count (the binary's pages, thread stacks outside the heap, the kernel's
@@ -54,7 +55,8 @@ func SetAndLog() {
 	if soft, why := Set(); soft > 0 {
 		klog.InfoS("Go memory limit set below the container's: the collector runs harder near it", "softLimitMiB", soft>>20, "share", Share)
 	} else {
-		klog.V(2).InfoS("No Go memory limit from the container", "reason", why)
+		// At Info: the CCM calls this before its -v flag is applied.
+		klog.InfoS("Go memory limit not taken from the container", "reason", why)
 	}
 }
 

@@ -1,6 +1,8 @@
 package memlimit
 
 import (
+	"os"
+	"path/filepath"
 	"runtime/debug"
 	"testing"
 )
@@ -27,5 +29,27 @@ func TestGOMEMLIMITWins(t *testing.T) {
 	}
 	if after := debug.SetMemoryLimit(-1); after != before {
 		t.Errorf("the runtime's limit changed from %d to %d", before, after)
+	}
+}
+
+func TestSetTakesShareOfTheCgroupLimit(t *testing.T) {
+	t.Setenv("GOMEMLIMIT", "")
+	f := filepath.Join(t.TempDir(), "memory.max")
+	if err := os.WriteFile(f, []byte("536870912\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := cgroupFile
+	cgroupFile = f
+	before := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { cgroupFile = old; debug.SetMemoryLimit(before) })
+	got, why := Set()
+	if want := int64(float64(536870912) * Share); got != want || debug.SetMemoryLimit(-1) != want {
+		t.Errorf("Set() = %d (%s), runtime limit %d; want %d", got, why, debug.SetMemoryLimit(-1), want)
+	}
+	if err := os.WriteFile(f, []byte("max\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, why := Set(); got != 0 || why == "" {
+		t.Errorf("Set() = %d, %q with no limit; want 0 and the reason", got, why)
 	}
 }
