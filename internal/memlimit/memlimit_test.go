@@ -43,7 +43,8 @@ func TestSetTakesShareOfTheCgroupLimit(t *testing.T) {
 	before := debug.SetMemoryLimit(-1)
 	t.Cleanup(func() { cgroupFile = old; debug.SetMemoryLimit(before) })
 	got, why := Set()
-	if want := int64(float64(536870912) * Share); got != want || debug.SetMemoryLimit(-1) != want {
+	limit := int64(536870912)
+	if want := int64(float64(limit) * Share); got != want || debug.SetMemoryLimit(-1) != want {
 		t.Errorf("Set() = %d (%s), runtime limit %d; want %d", got, why, debug.SetMemoryLimit(-1), want)
 	}
 	if err := os.WriteFile(f, []byte("max\n"), 0o600); err != nil {
