@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -171,5 +172,92 @@ func TestASlowApplyOfAnAnsweringAgentIsNoUnreachableNode(t *testing.T) {
 	}
 	if !a.Reachable("n1") {
 		t.Error("n1 not reachable after its state applied")
+	}
+}
+
+// costlyAgent takes cost for every Apply, as an agent does for a large state.
+type costlyAgent struct {
+	agentv1.UnimplementedAgentServiceServer
+	cost time.Duration
+
+	mu      sync.Mutex
+	applies int
+	held    *agentv1.DesiredState
+}
+
+func (f *costlyAgent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.GetStateResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return &agentv1.GetStateResponse{Node: "n1", Term: f.held.GetTerm(), Generation: f.held.GetGeneration()}, nil
+}
+
+func (f *costlyAgent) Apply(_ context.Context, req *agentv1.ApplyRequest) (*agentv1.ApplyResponse, error) {
+	time.Sleep(f.cost)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.applies++
+	f.held = req.GetState()
+	return &agentv1.ApplyResponse{Term: f.held.GetTerm(), Generation: f.held.GetGeneration(), Changed: true}, nil
+}
+
+func (f *costlyAgent) Watch(_ *agentv1.WatchRequest, s agentv1.AgentService_WatchServer) error {
+	_ = s.SendHeader(metadata.MD{})
+	<-s.Context().Done()
+	return nil
+}
+
+// A burst of changes to one node is sent in as few Applies as their cost allows: the push loop
+// waits pushPace times an Apply's cost before the next, and the last state always arrives.
+func TestABurstOfStatesIsPacedByTheCostOfAnApply(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.43:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	const cost = 20 * time.Millisecond
+	fake := &costlyAgent{cost: cost}
+	agentv1.RegisterAgentServiceServer(srv, fake)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+
+	a := NewAgents(AgentConfig{Port: lis.Addr().(*net.TCPAddr).Port, Insecure: true, Timeout: 5 * time.Second}, 1, AgentHooks{})
+	defer a.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a.SetNodes(ctx, map[string]netip.Addr{"n1": netip.MustParseAddr("127.0.0.43")})
+
+	// 300 states, one more VIP each, every 5 ms: back to back, an Apply of 20 ms would follow
+	// another for the whole burst.
+	const n = 300
+	var anns []*agentv1.Announcement
+	start := time.Now()
+	for i := range n {
+		anns = append(anns, &agentv1.Announcement{Vip: netip.AddrFrom4([4]byte{203, 0, 113, byte(i)}).String(), Mode: agentv1.Mode_MODE_BGP})
+		a.Push("n1", StateOf{&agentv1.DesiredState{Node: "n1", Announcements: slices.Clone(anns)}})
+		time.Sleep(5 * time.Millisecond)
+	}
+	burst := time.Since(start)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		fake.mu.Lock()
+		got := len(fake.held.GetAnnouncements())
+		fake.mu.Unlock()
+		if got == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent holds %d VIPs 20 s after the burst, want the last state's %d", got, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	fake.mu.Lock()
+	applies := fake.applies
+	fake.mu.Unlock()
+	// Each Apply costs at least cost and is followed by a pause of 3 times that (pushPace): at
+	// most one per 4*cost of the burst, and the last one after it.
+	most := int(burst/(4*cost)) + 2
+	t.Logf("%d states over %s in %d Applies (at most %d paced; %d back to back)", n, burst.Round(time.Millisecond), applies, most, int(burst/cost))
+	if applies > most {
+		t.Errorf("%d Applies for a burst of %s at %s each: not paced (want at most %d)", applies, burst.Round(time.Millisecond), cost, most)
 	}
 }
