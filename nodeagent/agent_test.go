@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/metalvip/metalvip/internal/certs"
@@ -458,7 +460,7 @@ func TestRestartResumesFromDisk(t *testing.T) {
 	if _, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: state(2, 7, l2VIP("203.0.113.10", "node-a"), bgpVIP("203.0.113.20"))}); err != nil {
 		t.Fatal(err)
 	}
-	info, err := os.Stat(filepath.Join(dir, "state.json"))
+	info, err := os.Stat(filepath.Join(dir, stateFile))
 	if err != nil || info.Mode().Perm() != 0o600 {
 		t.Fatalf("saved state: %v, %v; want a file readable by its owner only", info, err)
 	}
@@ -480,6 +482,36 @@ func TestRestartResumesFromDisk(t *testing.T) {
 	// The old term stays fenced after the restart.
 	if _, err := h2.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: state(1, 9)}); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("an older term after a restart: %v", err)
+	}
+}
+
+// An agent upgraded over a state saved in the old format (protojson, state.json) resumes from
+// it, and its first save replaces it.
+func TestRestartResumesFromAStateSavedInTheOldFormat(t *testing.T) {
+	dir := t.TempDir()
+	old, err := protojson.Marshal(state(2, 7, l2VIP("203.0.113.10", "node-a")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, legacyStateFile), old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := serve(t, dir)
+	if got := h.l2.last(); len(got) != 1 || got[0].Addr != netip.MustParseAddr("203.0.113.10") {
+		t.Errorf("the agent did not resume from %s: its L2 speaker got %v", legacyStateFile, got)
+	}
+	if st, err := h.ccm(t).GetState(ctx(t), &agentv1.GetStateRequest{}); err != nil || !st.GetRestored() || st.GetGeneration() != 7 {
+		t.Errorf("restarted agent's state %v, %v; want generation 7 restored", st, err)
+	}
+	if _, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: state(2, 8, l2VIP("203.0.113.11", "node-a"))}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, legacyStateFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s still there after a save: %v", legacyStateFile, err)
+	}
+	st, _, err := loadState(dir)
+	if err != nil || st.GetGeneration() != 8 {
+		t.Errorf("saved state %v, %v; want generation 8", st, err)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/metalvip/metalvip/internal/atomicfile"
 	"github.com/metalvip/metalvip/nodeagent/l2"
 )
 
@@ -84,7 +85,7 @@ func saveClients(dir string, cs []l2.Client) error {
 	if n < len(cs) {
 		klog.InfoS("Saving only the most recently seen clients of per-client VIPs", "saved", n, "clients", len(cs))
 	}
-	return writeAtomic(dir, clientsFile, data)
+	return atomicfile.Write(dir, clientsFile, data)
 }
 
 // loadClients reads the saved clients; none when there is no file. A file too large or that

@@ -221,7 +221,12 @@ func TestACorruptStateFileLeavesTheAgentRunning(t *testing.T) {
 		content []byte
 		want    string
 	}{
-		{"a truncated file", good[:len(good)/2], "does not parse"},
+		{"a truncated file", good[:len(good)/2], "truncated"},
+		{"a file with one byte changed", func() []byte {
+			b := slices.Clone(good)
+			b[len(b)-3] ^= 0x20
+			return b
+		}(), "damaged"},
 		{"an empty file", nil, "empty"},
 		{"garbage", []byte("\x00\xff\xfe not json at all"), "does not parse"},
 		{"a state for another node", func() []byte {
@@ -245,8 +250,8 @@ func TestACorruptStateFileLeavesTheAgentRunning(t *testing.T) {
 				t.Fatal(err)
 			}
 			p := strings.Join(st.GetProblems(), "; ")
-			if !strings.Contains(p, "state.json") || !strings.Contains(p, tc.want) || !strings.Contains(p, "moved to") {
-				t.Errorf("GetState problems %q; want state.json, %q and where it was moved", p, tc.want)
+			if !strings.Contains(p, stateFile) || !strings.Contains(p, tc.want) || !strings.Contains(p, "moved to") {
+				t.Errorf("GetState problems %q; want %s, %q and where it was moved", p, stateFile, tc.want)
 			}
 			if st.GetGeneration() != 0 || st.GetRestored() {
 				t.Errorf("GetState %v; want nothing held", st)

@@ -9,6 +9,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
 // MaxVIPsPerNode is the largest state an agent is sized for: this many VIPs on one node, with
@@ -55,4 +59,23 @@ func ClientOptions() []grpc.DialOption {
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: ClientPingInterval, Timeout: PingTimeout, PermitWithoutStream: true}),
 	}
+}
+
+// Restamped returns a shallow copy of st with its term and generation set to term and gen. The
+// content (announcements, peers, options) is shared with st, not copied, so neither may be
+// changed afterwards. Every field is carried over, those added to DesiredState later too.
+func Restamped(st *agentv1.DesiredState, term, gen uint64) *agentv1.DesiredState {
+	out := &agentv1.DesiredState{}
+	dst := out.ProtoReflect()
+	st.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		dst.Set(fd, v)
+		return true
+	})
+	out.Term, out.Generation = term, gen
+	return out
+}
+
+// SameContent reports whether two states say the same, whatever their terms and generations.
+func SameContent(x, y *agentv1.DesiredState) bool {
+	return proto.Equal(Restamped(x, 0, 0), Restamped(y, 0, 0))
 }
