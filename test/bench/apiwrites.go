@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -96,6 +98,10 @@ func cpuSeconds(pid int) float64 {
 	return (u + s) / 100 // clock ticks (USER_HZ is 100 on Linux)
 }
 
+// agentApplies and agentApplyTime count the bench agent's Applies and the time it spent in
+// them.
+var agentApplies, agentApplyTime atomic.Int64
+
 // benchAgent is the real agent logic without speakers, on a loopback address: the CCM plans,
 // pushes and writes its conditions as for a real node, and nothing goes on a wire.
 func benchAgent(m *testenv.Main, node string, addr netip.Addr) int {
@@ -108,7 +114,14 @@ func benchAgent(m *testenv.Main, node string, addr netip.Addr) int {
 	if err != nil {
 		m.Fatalf("agent listener: %v", err)
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if info.FullMethod != agentv1.AgentService_Apply_FullMethodName {
+			return h(ctx, req)
+		}
+		start := time.Now()
+		defer func() { agentApplies.Add(1); agentApplyTime.Add(int64(time.Since(start))) }()
+		return h(ctx, req)
+	}))
 	agentv1.RegisterAgentServiceServer(srv, a)
 	go func() { _ = srv.Serve(lis) }()
 	m.Cleanup(srv.Stop)

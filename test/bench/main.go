@@ -51,6 +51,7 @@ var (
 	goBench = flag.Bool("go-bench", true, "run the Go benchmarks (false for quick allocation runs)")
 	heapOut = flag.String("ccm-heap", "", "write the CCM's heap profile after each allocation run to this file prefix (profiling on a loopback port)")
 	cpuOut  = flag.String("ccm-cpu", "", "write the CCM's CPU profile of the first 10 s of each allocation run to this file prefix")
+	srvOut  = flag.String("server-cpu", "", "write kube-apiserver's CPU profile of the first 10 s of each allocation run, alone and with the CCM, to this file prefix")
 	costs   = flag.Bool("write-costs", true, "measure what each kind of write costs the API server before the allocation runs")
 	ccmBin  = flag.String("ccm", "", "a CCM binary to measure the allocation of instead of this tree's (e.g. an older build, for before and after)")
 )
@@ -343,9 +344,12 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	pids := serverPids(srv)
 	w0, r0 := apiRequests(m, srv)
 	scpu0 := serverCPU(pids)
+	self0 := cpuSeconds(os.Getpid())
+	serverProfile(srv, fmt.Sprintf("%d-alone", n))
 	_, alone := createServices(m, srv, base, n, "bench.metalvip.io/nobody")
 	time.Sleep(500 * time.Millisecond) // etcd's share of the last creates
 	aloneCPU := serverCPU(pids) - scpu0
+	aloneSelf := cpuSeconds(os.Getpid()) - self0
 	w0b, r0b := apiRequests(m, srv)
 	aloneWrites, aloneReads := w0b.minus(w0), r0b.minus(r0)
 	basePr.stop()
@@ -389,6 +393,7 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	}
 	w1, r1 := apiRequests(m, srv)
 	scpu1 := serverCPU(pids)
+	self1, ap0, at0 := cpuSeconds(os.Getpid()), agentApplies.Load(), agentApplyTime.Load()
 	if *cpuOut != "" {
 		prof := fmt.Sprintf("%s-%d.pprof", *cpuOut, n)
 		go func() {
@@ -400,8 +405,12 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 			}
 		}()
 	}
+	serverProfile(srv, fmt.Sprintf("%d-ccm", n))
 	start := time.Now()
 	created, createdIn := createServices(m, srv, ns, n, "")
+	agentLine := fmt.Sprintf(" During the creates the node's agent (in the bench's own process, on the same cores) took %d Applies of its whole state, %.1f s in them; the bench's process used %.1f s of CPU (alone %.1f s).",
+		agentApplies.Load()-ap0, time.Duration(agentApplyTime.Load()-at0).Seconds(), cpuSeconds(os.Getpid())-self1, aloneSelf)
+	step(" %s", agentLine)
 	select {
 	case <-pr.done:
 	case <-time.After(15 * time.Minute):
@@ -473,7 +482,24 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	return []string{fmt.Sprint(n), dur(alone), dur(all), fmt.Sprintf("%.2fx", all.Seconds()/alone.Seconds()),
 			dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))), dur(time.Duration(slices.Max(lat))),
 			annCell, fmt.Sprintf("%.2f", ccmWrites.total()/float64(n)), fmt.Sprintf("%.1f s", cpu), fmt.Sprintf("%s (heap and stacks %s, binary pages %s)", mib(rss), mib(anon), mib(file))},
-		gapOf(n, alone, createdIn, aloneCPU, withCPU, ccmWrites, ccmReads, q, status)
+		gapOf(n, alone, createdIn, aloneCPU, withCPU, ccmWrites, ccmReads, q, status) + agentLine
+}
+
+// serverProfile writes, when -server-cpu asks for it, kube-apiserver's CPU profile of the next
+// 10 s to the file named by -server-cpu and name, in the background.
+func serverProfile(srv *kubeapi.Server, name string) {
+	if *srvOut == "" {
+		return
+	}
+	go func() {
+		b, err := srv.Client.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "10").DoRaw(context.Background())
+		if err == nil {
+			err = os.WriteFile(fmt.Sprintf("%s-%s.pprof", *srvOut, name), b, 0o644)
+		}
+		if err != nil {
+			step("  kube-apiserver's CPU profile: %v", err)
+		}
+	}()
 }
 
 // gapOf says what the time between the API server alone and metalvip is made of: how much
