@@ -120,6 +120,10 @@ type Speaker struct {
 	shares map[netip.Addr]*Share // of the per-client VIPs in owned
 	macs   map[netip.Addr]string // of the VIPs in owned with a virtual MAC
 	again  map[netip.Addr]uint64 // VIP.Again as last Set
+	// bursts are the takeover announcements still to send, in the order the VIPs were
+	// taken over; burstLoop sends them.
+	bursts    []pendingBurst
+	burstKick chan struct{}
 	// answering is held (shared) by a receive loop from reading what an interface owns to
 	// sending its answer, and by Set while it changes that: once Set returns, no answer for a
 	// dropped VIP is on its way.
@@ -181,11 +185,13 @@ func New(opts Options) *Speaker {
 		owned:   map[netip.Addr][]string{},
 		shares:  map[netip.Addr]*Share{},
 		macs:    map[netip.Addr]string{},
-		refresh: make(chan time.Duration, 1),
-		stop:    make(chan struct{}),
+		refresh:   make(chan time.Duration, 1),
+		burstKick: make(chan struct{}, 1),
+		stop:      make(chan struct{}),
 	}
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go s.refreshLoop()
+	go s.burstLoop()
 	return s
 }
 
@@ -257,8 +263,16 @@ func (s *Speaker) Set(vips []VIP) error {
 	for name, ifc := range s.ifaces {
 		ifc.leaveUnused(perIface[name])
 	}
+	// In the order given: a takeover of many VIPs is announced in that order.
 	var added []netip.Addr
-	for a, names := range want {
+	seen := make(map[netip.Addr]bool, len(want))
+	for _, v := range vips {
+		a := v.Addr
+		names, ok := want[a]
+		if !ok || seen[a] {
+			continue
+		}
+		seen[a] = true
 		old, had := s.owned[a]
 		slices.Sort(names)
 		if shares[a] != nil {
@@ -273,10 +287,7 @@ func (s *Speaker) Set(vips []VIP) error {
 	}
 	s.owned, s.shares, s.macs, s.again = want, shares, macs, again
 	s.clients.keepOnly(func(vip netip.Addr) bool { return shares[vip] != nil })
-	for _, a := range added {
-		s.wg.Add(1)
-		go s.burst(a, want[a])
-	}
+	s.scheduleBursts(added)
 	return errors.Join(errs...)
 }
 
@@ -459,6 +470,11 @@ func (s *Speaker) readFailed(err error) bool {
 func (s *Speaker) announce(vip netip.Addr, names []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.announceLocked(vip, names)
+}
+
+// announceLocked is announce with mu held.
+func (s *Speaker) announceLocked(vip netip.Addr, names []string) {
 	for _, n := range names {
 		ifc := s.ifaces[n]
 		if ifc == nil {
@@ -476,18 +492,92 @@ func (s *Speaker) announce(vip netip.Addr, names []string) {
 	}
 }
 
-// burst announces a VIP just taken over a few times in a row, in case one is lost.
-func (s *Speaker) burst(vip netip.Addr, names []string) {
+// pendingBurst is a VIP just taken over, still to be announced left times, next at due.
+type pendingBurst struct {
+	vip  netip.Addr
+	left int
+	due  time.Time
+}
+
+// burstBatch is how many VIPs burstLoop announces per hold of mu: a Set waits for at most
+// that many (a few hundred microseconds), not for a whole takeover of thousands.
+const burstBatch = 64
+
+// scheduleBursts has each of added announced Burst times, BurstInterval apart, the first at
+// once; a VIP already scheduled starts again. The caller holds mu. One goroutine, burstLoop,
+// sends every burst: a takeover of a thousand VIPs (a peer of a node holding them missed its
+// heartbeats) once started a goroutine per VIP, which all woke together, queued for mu, and
+// starved the heartbeats of CPU until the peers took each other for dead in turn.
+func (s *Speaker) scheduleBursts(added []netip.Addr) {
+	restart := make(map[netip.Addr]bool, len(added))
+	for _, a := range added {
+		restart[a] = true
+	}
+	s.bursts = slices.DeleteFunc(s.bursts, func(b pendingBurst) bool { return s.owned[b.vip] == nil || restart[b.vip] })
+	if len(added) == 0 {
+		return
+	}
+	now := time.Now()
+	for _, a := range added {
+		s.bursts = append(s.bursts, pendingBurst{vip: a, left: s.opts.Burst, due: now})
+	}
+	select {
+	case s.burstKick <- struct{}{}:
+	default:
+	}
+}
+
+// burstLoop sends the takeover bursts as they fall due.
+func (s *Speaker) burstLoop() {
 	defer s.wg.Done()
-	for i := range s.opts.Burst {
-		if i > 0 {
-			select {
-			case <-s.stop:
-				return
-			case <-time.After(s.opts.BurstInterval):
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-s.burstKick:
+		case <-t.C:
+		}
+		wait := time.Hour
+		if next := s.sendDueBursts(); !next.IsZero() {
+			wait = max(time.Until(next), 0)
+		}
+		t.Reset(wait)
+	}
+}
+
+// sendDueBursts announces the VIPs whose burst is due, burstBatch at a time under mu, and
+// returns when the next is due (zero: none is left).
+func (s *Speaker) sendDueBursts() time.Time {
+	for {
+		s.mu.Lock()
+		now := time.Now()
+		sent := 0
+		for i := range s.bursts {
+			b := &s.bursts[i]
+			if b.due.After(now) {
+				continue
+			}
+			if sent == burstBatch {
+				break
+			}
+			s.announceLocked(b.vip, s.owned[b.vip])
+			b.left--
+			b.due = now.Add(s.opts.BurstInterval)
+			sent++
+		}
+		s.bursts = slices.DeleteFunc(s.bursts, func(b pendingBurst) bool { return b.left <= 0 })
+		var next time.Time
+		for _, b := range s.bursts {
+			if next.IsZero() || b.due.Before(next) {
+				next = b.due
 			}
 		}
-		s.announce(vip, names)
+		s.mu.Unlock()
+		if sent < burstBatch || s.stopped() {
+			return next
+		}
 	}
 }
 

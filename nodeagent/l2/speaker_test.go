@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -24,6 +25,26 @@ func (n *fakeNode) gratuitous(vip netip.Addr) []sentARP {
 		}
 	}
 	return out
+}
+
+// A takeover of a thousand VIPs is announced from one goroutine, each VIP its burst of three,
+// in the order given: not a goroutine per VIP, all waking together for the speaker's lock.
+func TestATakeoverOfAThousandVIPsIsAnnouncedByOneGoroutine(t *testing.T) {
+	n := newFakeNode(t, Options{Burst: 3})
+	var vips []VIP
+	for i := range 1000 {
+		vips = append(vips, VIP{Addr: netip.AddrFrom4([4]byte{203, 0, byte(i >> 8), byte(i)}), Interfaces: []string{"eth0"}})
+	}
+	base := runtime.NumGoroutine()
+	n.set(vips...)
+	if g := runtime.NumGoroutine(); g > base+2 {
+		t.Errorf("%d goroutines after a takeover of 1,000 VIPs, %d before", g, base)
+	}
+	waitFor(t, "3 requests and 3 replies for each of the 1,000 VIPs", func() bool { return len(n.arp["eth0"].arpSent()) == 6000 })
+	sent := n.arp["eth0"].arpSent()
+	if first, last := sent[0].p.SenderIP, sent[1998].p.SenderIP; first != vips[0].Addr || last != vips[999].Addr {
+		t.Errorf("the first round announced %s first and %s last; want the VIPs in the order given", first, last)
+	}
 }
 
 func TestTakeoverAnnouncesWithABurst(t *testing.T) {
