@@ -7,6 +7,9 @@ import (
 
 	"github.com/mdlayher/arp"
 	"github.com/mdlayher/ethernet"
+	"github.com/mdlayher/packet"
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 )
 
@@ -23,7 +26,45 @@ type ARPConn interface {
 
 var _ ARPConn = (*arp.Client)(nil)
 
-func dialARP(ifi *net.Interface) (ARPConn, error) { return arp.Dial(ifi) }
+// dialARP opens an interface's ARP connection, which takes only what the speaker answers: ARP
+// requests that are not gratuitous (a gratuitous request names its sender as its target). The
+// kernel drops the rest before the agent wakes: when other nodes take over a thousand VIPs,
+// their announcements (two frames per VIP, three times) would otherwise each cost every agent
+// on the segment a read, and the CPU its heartbeats need.
+func dialARP(ifi *net.Interface) (ARPConn, error) {
+	p, err := packet.Listen(ifi, packet.Raw, unix.ETH_P_ARP, &packet.Config{Filter: arpRequestFilter})
+	if err != nil {
+		return nil, err
+	}
+	c, err := arp.New(ifi, p)
+	if err != nil {
+		_ = p.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// arpRequestFilter passes the frames of ARP requests whose sender and target addresses
+// differ (offsets in an Ethernet frame: the operation at 20, the sender's IPv4 address at 28,
+// the target's at 38).
+var arpRequestFilter = mustAssemble([]bpf.Instruction{
+	bpf.LoadAbsolute{Off: 20, Size: 2},
+	bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: uint32(arp.OperationRequest), SkipTrue: 5},
+	bpf.LoadAbsolute{Off: 28, Size: 4},
+	bpf.TAX{},
+	bpf.LoadAbsolute{Off: 38, Size: 4},
+	bpf.JumpIfX{Cond: bpf.JumpEqual, SkipTrue: 1},
+	bpf.RetConstant{Val: 1 << 16},
+	bpf.RetConstant{Val: 0},
+})
+
+func mustAssemble(prog []bpf.Instruction) []bpf.RawInstruction {
+	raw, err := bpf.Assemble(prog)
+	if err != nil {
+		panic(err) // a constant program
+	}
+	return raw
+}
 
 func (s *Speaker) arpLoop(ifc *iface) {
 	defer s.wg.Done()

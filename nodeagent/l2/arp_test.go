@@ -7,6 +7,7 @@ import (
 
 	"github.com/mdlayher/arp"
 	"github.com/mdlayher/ethernet"
+	"golang.org/x/net/bpf"
 
 	"github.com/metalvip/metalvip/internal/rendezvous"
 )
@@ -117,4 +118,58 @@ func request(vip, ip netip.Addr, mac net.HardwareAddr) *arp.Packet {
 		panic(err)
 	}
 	return p
+}
+
+// The kernel passes the speaker ARP requests only, and no gratuitous ones: other nodes'
+// announcements of VIPs they take over never wake it.
+func TestTheARPSocketTakesRequestsOnly(t *testing.T) {
+	vm, err := bpf.NewVM(mustDisassemble(t, arpRequestFilter))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mac := net.HardwareAddr{2, 0, 0, 0, 0, 7}
+	vip, client := netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("198.51.100.100")
+	frame := func(op arp.Operation, sender, target netip.Addr, to net.HardwareAddr) []byte {
+		p, err := arp.NewPacket(op, mac, sender, to, target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pb, err := p.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := (&ethernet.Frame{Destination: ethernet.Broadcast, Source: mac, EtherType: ethernet.EtherTypeARP, Payload: pb}).MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	for _, tc := range []struct {
+		name  string
+		frame []byte
+		pass  bool
+	}{
+		{"a client's request", frame(arp.OperationRequest, client, vip, ethernet.Broadcast), true},
+		{"a probe for the address (sender 0.0.0.0)", frame(arp.OperationRequest, netip.IPv4Unspecified(), vip, ethernet.Broadcast), true},
+		{"a gratuitous request", frame(arp.OperationRequest, vip, vip, ethernet.Broadcast), false},
+		{"a gratuitous reply", frame(arp.OperationReply, vip, vip, ethernet.Broadcast), false},
+		{"a reply", frame(arp.OperationReply, vip, client, mac), false},
+	} {
+		n, err := vm.Run(tc.frame)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got := n > 0; got != tc.pass {
+			t.Errorf("%s: passed %v, want %v", tc.name, got, tc.pass)
+		}
+	}
+}
+
+func mustDisassemble(t *testing.T, raw []bpf.RawInstruction) []bpf.Instruction {
+	t.Helper()
+	prog, ok := bpf.Disassemble(raw)
+	if !ok {
+		t.Fatal("the filter does not disassemble")
+	}
+	return prog
 }
