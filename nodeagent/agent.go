@@ -498,6 +498,12 @@ func withoutMACs(vips []l2.VIP) []l2.VIP {
 
 // emitChanges emits events for what changed hands on this node. The caller holds mu.
 func (a *Agent) emitChanges(views map[netip.Addr]*agentv1.AnnouncedVIP) {
+	// Takeovers after a death are logged at Info in one line, whatever their number: a node
+	// that stood by for a thousand VIPs of a dead one would otherwise write a thousand lines
+	// at once, the work of a flap (the agent's own heartbeats wait meanwhile).
+	var failedOver []netip.Addr
+	var reason string
+	var soonest, latest time.Duration
 	for vip, v := range views {
 		old := a.views[vip]
 		l2 := v.GetMode() != agentv1.Mode_MODE_BGP
@@ -510,10 +516,13 @@ func (a *Agent) emitChanges(views map[netip.Addr]*agentv1.AnnouncedVIP) {
 				}
 				a.opts.Observer.TookOver(vip, after)
 				if after > 0 {
-					klog.InfoS("Answering for an L2 VIP", "vip", vip, "reason", v.Reason, "sinceOwnerLastHeard", after.Round(time.Millisecond))
-				} else {
-					klog.V(2).InfoS("Answering for an L2 VIP", "vip", vip, "reason", v.Reason)
+					failedOver, reason = append(failedOver, vip), v.Reason
+					if soonest == 0 || after < soonest {
+						soonest = after
+					}
+					latest = max(latest, after)
 				}
+				klog.V(2).InfoS("Answering for an L2 VIP", "vip", vip, "reason", v.Reason, "sinceOwnerLastHeard", after.Round(time.Millisecond))
 			}
 		}
 		if !v.Active && old != nil && old.Active {
@@ -523,6 +532,14 @@ func (a *Agent) emitChanges(views map[netip.Addr]*agentv1.AnnouncedVIP) {
 				klog.V(2).InfoS("No longer answering for an L2 VIP", "vip", vip, "reason", v.Reason)
 			}
 		}
+	}
+	switch n := len(failedOver); {
+	case n == 1:
+		klog.InfoS("Answering for an L2 VIP", "vip", failedOver[0], "reason", reason, "sinceOwnerLastHeard", soonest.Round(time.Millisecond))
+	case n > 1:
+		slices.SortFunc(failedOver, netip.Addr.Compare)
+		klog.InfoS("Answering for L2 VIPs whose higher-ranked candidates are down", "count", n, "vips", failedOver[:min(n, 10)],
+			"sinceOwnerLastHeard", soonest.Round(time.Millisecond), "upTo", latest.Round(time.Millisecond))
 	}
 	for vip, old := range a.views {
 		if _, still := views[vip]; !still {

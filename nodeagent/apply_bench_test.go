@@ -3,9 +3,16 @@ package nodeagent
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
+	"sync"
 	"testing"
 
+	"github.com/mdlayher/arp"
+	"github.com/mdlayher/ethernet"
+
+	"github.com/metalvip/metalvip/nodeagent/failover"
+	"github.com/metalvip/metalvip/nodeagent/l2"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
@@ -37,3 +44,63 @@ func BenchmarkApplyOneMoreVIP(b *testing.B) {
 		})
 	}
 }
+
+// toggledLiveness says one peer is alive or dead, as the benchmark sets it.
+type toggledLiveness struct {
+	fakeLiveness
+	mu   sync.Mutex
+	dead bool
+	cfg  failover.Config
+}
+
+func (f *toggledLiveness) Alive(string) bool { f.mu.Lock(); defer f.mu.Unlock(); return !f.dead }
+
+// discardARP is an ARP connection that sends nowhere and receives nothing until closed.
+type discardARP struct{ closed chan struct{} }
+
+func (d *discardARP) Read() (*arp.Packet, *ethernet.Frame, error) {
+	<-d.closed
+	return nil, nil, net.ErrClosed
+}
+func (d *discardARP) WriteTo(*arp.Packet, net.HardwareAddr) error { return nil }
+func (d *discardARP) Close() error                                 { close(d.closed); return nil }
+
+// BenchmarkALivenessChangeMovesAThousandVIPs is what a node does when the first candidate of
+// 1,000 L2 VIPs it stands by for dies, and again when it comes back: decide every VIP, set the
+// speaker (real, on a connection that sends nowhere), report the changes.
+func BenchmarkALivenessChangeMovesAThousandVIPs(b *testing.B) {
+	live := &toggledLiveness{}
+	speaker := l2.New(l2.Options{
+		OpenARP:         func(*net.Interface) (l2.ARPConn, error) { return &discardARP{closed: make(chan struct{})}, nil },
+		LookupInterface: func(name string) (*net.Interface, error) { return &net.Interface{Name: name, HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 1}}, nil },
+	})
+	a, err := New(context.Background(), Options{Node: "node-a", Interfaces: []string{"eth0"}, L2: speaker, MACFilter: noMACFilter{},
+		NewLiveness: func(c failover.Config) (Liveness, error) { live.cfg = c; return live, nil }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = a.Close(context.Background()) }()
+	st := state(1, 1)
+	st.Bgp, st.BgpPeers = nil, nil
+	for i := range 1000 {
+		ip := netip.AddrFrom4([4]byte{10, 128, byte(i >> 8), byte(i)})
+		st.Announcements = append(st.Announcements, withCandidates(ip.String(), "node-b", "node-a"))
+	}
+	st.HeartbeatPeers = []*agentv1.HeartbeatPeer{{Node: "node-b", Address: "198.51.100.12", PublicKeys: [][]byte{a.identity.PublicKeys()[0]}}}
+	if _, err := a.Apply(context.Background(), &agentv1.ApplyRequest{State: st}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		live.mu.Lock()
+		live.dead = !live.dead
+		live.mu.Unlock()
+		live.cfg.OnChange()
+	}
+}
+
+type noMACFilter struct{}
+
+func (noMACFilter) Set(map[string][]net.HardwareAddr) error { return nil }
+func (noMACFilter) Check() error                            { return nil }
+func (noMACFilter) Close() error                            { return nil }
