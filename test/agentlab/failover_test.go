@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -181,4 +183,110 @@ func TestAStallOfEveryAgentMovesNothing(t *testing.T) {
 	if c.ByMAC[mac1] == 0 {
 		t.Errorf("node1 never answered: %s", c)
 	}
+}
+
+// TestAStallAmongAThousandVIPsMovesThemOnceEachWay: with the 10 ms heartbeats of the fast
+// profile and 1,000 L2 VIPs over three nodes, the owner of a third of them stops for 80 ms
+// (SIGSTOP: its peers take it for dead). Its VIPs move to the next candidate and back once,
+// and nothing else moves. A takeover of hundreds of VIPs once cost every agent on the segment
+// enough work (a goroutine per VIP, and a read of every other node's gratuitous ARP) to miss
+// its own heartbeats in turn: seconds of VIPs moving back and forth over all three nodes.
+func TestAStallAmongAThousandVIPsMovesThemOnceEachWay(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 3})
+	tlsDir := pki(t, l.Nodes)
+	var agents []*agent
+	for _, n := range l.Nodes {
+		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
+	}
+	// Documentation addresses only: 254 IPv4 VIPs, the rest IPv6. Node i+1 ranks first for VIP
+	// i modulo 3.
+	const n = 1000
+	var anns []*agentv1.Announcement
+	v4 := 0
+	for i := range n {
+		vip := netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0x01, 0x00, 14: byte(i >> 8), 15: byte(i)})
+		if i < 254 {
+			vip, v4 = netip.AddrFrom4([4]byte{203, 0, 113, byte(i + 1)}), v4+1
+		}
+		r := i % 3
+		anns = append(anns, l2Ann(vip.String(), l.Nodes[r], l.Nodes[(r+1)%3], l.Nodes[(r+2)%3]))
+	}
+	for _, a := range agents {
+		st := heartbeatsOn(t, desired(1, l, anns...), a, agents)
+		st.L2.HeartbeatIntervalMs = 10
+		a.apply(st)
+	}
+	answered := func(a *agent) int {
+		k := 0
+		for _, v := range a.getState(t).GetAnnounced() {
+			if v.GetActive() {
+				k++
+			}
+		}
+		return k
+	}
+	settled := func() bool {
+		for _, a := range agents {
+			if answered(a) < n/3 || answered(a) > n/3+1 {
+				return false
+			}
+		}
+		return true
+	}
+	eventually(t, 30*time.Second, "each node answers its third of the VIPs", settled)
+	time.Sleep(time.Second)
+	tookOver := func() (sum float64, arpRequests uint64) {
+		for _, a := range agents {
+			sum += metric(t, a, `metalvip_agent_failovers_total{direction="took_over"}`)
+			arpRequests += a.getState(t).GetL2().GetArpRequests()
+		}
+		return sum, arpRequests
+	}
+	before, arpBefore := tookOver()
+
+	victim := agents[0]
+	if err := victim.proc.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(80 * time.Millisecond)
+	if err := victim.proc.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "each node answers its third of the VIPs again", settled)
+	time.Sleep(5 * time.Second) // time for any flapping to show
+	after, arpAfter := tookOver()
+	moves := after - before
+	t.Logf("after node1 stopped for 80 ms: %.0f takeovers (node1's third of the VIPs over and back: %d); ARP requests the agents took: %d", moves, 2*(n/3+1), arpAfter-arpBefore)
+	// Over and back is 2 moves per VIP of node1; a loaded machine may stall an agent once more.
+	if moves > 4*(n/3+1) {
+		t.Errorf("%.0f takeovers after one stall of node1: VIPs moved back and forth (want about %d)", moves, 2*(n/3+1))
+	}
+	if moves == 0 {
+		t.Errorf("no takeover after node1 stopped for 80 ms: the 10 ms heartbeats did not notice")
+	}
+	// The moves announce each IPv4 VIP of node1 with 3 gratuitous requests (and replies), twice:
+	// none of them is a question for any agent, and none reaches one.
+	if got := arpAfter - arpBefore; got >= uint64(v4/3) {
+		t.Errorf("the agents took %d ARP requests while node1's IPv4 VIPs moved over and back: the other nodes' gratuitous ARPs reach them", got)
+	}
+}
+
+// metric returns the value of a sample (name with labels, as exposed) of the agent's metrics.
+func metric(t *testing.T, a *agent, sample string) float64 {
+	t.Helper()
+	out, err := a.host.Run(context.Background(), "curl", "-sf", "--max-time", "5", "http://"+netip.AddrPortFrom(a.host.IPv4, 7474).String()+"/metrics")
+	if err != nil {
+		t.Fatalf("%s metrics: %v", a.host.Name, err)
+	}
+	for l := range strings.Lines(string(out)) {
+		if v, ok := strings.CutPrefix(l, sample+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("%s: %q: %v", a.host.Name, l, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("%s exposes no %s", a.host.Name, sample)
+	return 0
 }
