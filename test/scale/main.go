@@ -442,10 +442,12 @@ func (r *run) death(i int) {
 		lat = append(lat, float64(at.Sub(died)))
 	}
 	missed := 0
+	var missedNames []string
 	for _, h := range holders {
 		at, ok := dropped[h]
 		if !ok {
 			missed++
+			missedNames = append(missedNames, h)
 			continue
 		}
 		drop = append(drop, float64(at.Sub(died)))
@@ -454,6 +456,15 @@ func (r *run) death(i int) {
 	step("  died at %s; %d agents updated, the last %s after the death (p50 %s, p99 %s); holders without the node p50 %s, p99 %s; holders not updated: %d",
 		died.Format("15:04:05.000000"), len(last), d.converged.Round(time.Millisecond), dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))),
 		dur(time.Duration(percentile(drop, 50))), dur(time.Duration(percentile(drop, 99))), missed)
+	for _, h := range missedNames[:min(len(missedNames), 5)] {
+		var ls []string
+		for _, l := range r.tr.since(died) {
+			if l.agent == h {
+				ls = append(ls, fmt.Sprintf("%s held=%v dropped=%v", l.at.Sub(died).Round(time.Millisecond), l.held, l.dropped))
+			}
+		}
+		step("    not updated: %s (conv +%s): landings %v; holds it now: %v", h, conv.Sub(died).Round(time.Millisecond), ls, r.tr.holdsNow(h, victim.name))
+	}
 
 	// Back: the agent restarts on its saved state, as a rebooted node's does.
 	from = r.mark()

@@ -331,6 +331,14 @@ func (t *tracker) holders(node string) []string {
 	return out
 }
 
+// holdsNow reports whether agent holds node among a VIP's candidates now.
+func (t *tracker) holdsNow(agent, node string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	a := t.agents[agent]
+	return a != nil && holdsNode(a.held, node)
+}
+
 // primaries counts the VIPs each agent is the first candidate of.
 func (t *tracker) primaries() map[string]int {
 	t.mu.Lock()
