@@ -306,9 +306,10 @@ What grew faster than linearly, and what was done (each its own commit, with its
 Node death to every holder updated, over 5 trials at 20,000 Services (177-236 agents hold the
 dead node, 226-291 pushed): p99 0.63-0.79 s per trial, 0.78 s over all 1,037 holders (target
 1 s: met). One holder of the first death had no state without the dead node when the plan
-was whole again (the run before had one such holder in five deaths, and so did one of three
-runs at 10,000 here, with and without the pacing): the harness now names such holders and the
-states that landed on them, for the next run that has one. The CCM's own work is 0.8-1.8 s of
+was whole again. The run before, without the pacing, had one such holder in five deaths; of
+three runs at 10,000 here, the one without the pacing had none, one with it had 5 and 1 in two
+of its three deaths, the other none. Not explained yet: the harness now names such holders
+and the states that landed on them, for the next run that has one. The CCM's own work is 0.8-1.8 s of
 CPU per death (0.18-0.71 s on the faster machine); the rest is the 1,000 simulated agents
 sharing its two cores. Their Apply was mostly persisting the state as protojson and copying
 it; the state file is binary now and the copies are gone (BenchmarkApplyOneMoreVIP, 5,000
