@@ -63,7 +63,7 @@ func (d *discardARP) Read() (*arp.Packet, *ethernet.Frame, error) {
 	return nil, nil, net.ErrClosed
 }
 func (d *discardARP) WriteTo(*arp.Packet, net.HardwareAddr) error { return nil }
-func (d *discardARP) Close() error                                 { close(d.closed); return nil }
+func (d *discardARP) Close() error                                { close(d.closed); return nil }
 
 // BenchmarkALivenessChangeMovesAThousandVIPs is what a node does when the first candidate of
 // 1,000 L2 VIPs it stands by for dies, and again when it comes back: decide every VIP, set the
@@ -71,8 +71,10 @@ func (d *discardARP) Close() error                                 { close(d.clo
 func BenchmarkALivenessChangeMovesAThousandVIPs(b *testing.B) {
 	live := &toggledLiveness{}
 	speaker := l2.New(l2.Options{
-		OpenARP:         func(*net.Interface) (l2.ARPConn, error) { return &discardARP{closed: make(chan struct{})}, nil },
-		LookupInterface: func(name string) (*net.Interface, error) { return &net.Interface{Name: name, HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 1}}, nil },
+		OpenARP: func(*net.Interface) (l2.ARPConn, error) { return &discardARP{closed: make(chan struct{})}, nil },
+		LookupInterface: func(name string) (*net.Interface, error) {
+			return &net.Interface{Name: name, HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 1}}, nil
+		},
 	})
 	a, err := New(context.Background(), Options{Node: "node-a", Interfaces: []string{"eth0"}, L2: speaker, MACFilter: noMACFilter{},
 		NewLiveness: func(c failover.Config) (Liveness, error) { live.cfg = c; return live, nil }})

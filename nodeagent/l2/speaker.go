@@ -179,12 +179,12 @@ func New(opts Options) *Speaker {
 		opts.Now = time.Now
 	}
 	s := &Speaker{
-		opts:    opts,
-		clients: newClientTable(opts.Clients, opts.Now),
-		ifaces:  map[string]*iface{},
-		owned:   map[netip.Addr][]string{},
-		shares:  map[netip.Addr]*Share{},
-		macs:    map[netip.Addr]string{},
+		opts:      opts,
+		clients:   newClientTable(opts.Clients, opts.Now),
+		ifaces:    map[string]*iface{},
+		owned:     map[netip.Addr][]string{},
+		shares:    map[netip.Addr]*Share{},
+		macs:      map[netip.Addr]string{},
 		refresh:   make(chan time.Duration, 1),
 		burstKick: make(chan struct{}, 1),
 		stop:      make(chan struct{}),
