@@ -554,12 +554,12 @@ func (s *Speaker) sendDueBursts() time.Time {
 		s.mu.Lock()
 		now := time.Now()
 		sent := 0
+		// Earliest due first: a VIP not yet announced at all goes before another's repeat,
+		// however slowly the first batches went out.
+		slices.SortStableFunc(s.bursts, func(a, b pendingBurst) int { return a.due.Compare(b.due) })
 		for i := range s.bursts {
 			b := &s.bursts[i]
-			if b.due.After(now) {
-				continue
-			}
-			if sent == burstBatch {
+			if b.due.After(now) || sent == burstBatch {
 				break
 			}
 			s.announceLocked(b.vip, s.owned[b.vip])
