@@ -29,8 +29,11 @@ func (c *Cluster) Cordon(node string, on bool) {
 type BGPDrain struct {
 	Victim string
 	// HopGone: when the victim left the next hops of the router's kernel route (FRR's route
-	// in the main table); Withdrawn: when FRR lost the victim's path. 0: not within the wait.
-	HopGone, Withdrawn time.Duration
+	// in the main table); Withdrawn: when FRR was first seen without the victim's path. 0:
+	// not within the wait. LastSeen: when the last look that still found the path began, so
+	// the withdrawal fell between LastSeen and Withdrawn (each look runs vtysh, which takes
+	// tens of milliseconds and more on a busy machine).
+	HopGone, Withdrawn, LastSeen time.Duration
 	// Route is the router's kernel route Settle after the cordon; Path is FRR's view of the
 	// victim's path then.
 	Route, Path string
@@ -74,8 +77,13 @@ func (c *Cluster) MeasureBGPDrain(vip netip.Addr, victim string, long int, delay
 		if d.HopGone == 0 && !slices.Contains(c.NextHops(vip), victimAddr) {
 			d.HopGone = time.Since(t0)
 		}
-		if out, err := c.Lab.Vtysh("show bgp ipv4 unicast " + vip.String()); err == nil && !strings.Contains(out, victimAddr+" from") {
-			d.Withdrawn = time.Since(t0)
+		looked := time.Since(t0)
+		if out, err := c.Lab.Vtysh("show bgp ipv4 unicast " + vip.String()); err == nil {
+			if strings.Contains(out, victimAddr+" from") {
+				d.LastSeen = looked
+			} else {
+				d.Withdrawn = time.Since(t0)
+			}
 		}
 		if d.Route == "" && time.Since(t0) >= settle {
 			_, d.Route, _ = c.Lab.RouteWeights(vip.String())
@@ -124,7 +132,10 @@ func (c *Cluster) MeasureBGPDrain(vip netip.Addr, victim string, long int, delay
 			continue
 		}
 		d.Resets = append(d.Resets, fmt.Sprintf("%s@%s", lc.Server, at.Sub(t0).Round(10*time.Millisecond)))
-		before := d.Withdrawn == 0 || at.Before(withdrawnAt)
+		// Before the withdrawal only when surely so: before the last look that still found
+		// the path. A reset between that look and the first that did not came with the
+		// withdrawal (the kernel's group changes after FRR's table), counted after it.
+		before := d.Withdrawn == 0 || at.Before(t0.Add(d.LastSeen))
 		switch {
 		case onVictim && before:
 			d.ResetVictimBefore++
@@ -144,9 +155,9 @@ func (c *Cluster) MeasureBGPDrain(vip netip.Addr, victim string, long int, delay
 
 // String reads as one line of figures.
 func (d BGPDrain) String() string {
-	return fmt.Sprintf("%s out of the kernel's next hops %s after the cordon, withdrawn %s after; new connections: %d after the cordon (%d failed), the last on %s at %s, "+
+	return fmt.Sprintf("%s out of the kernel's next hops %s after the cordon, withdrawn %s after (the path last seen at %s); new connections: %d after the cordon (%d failed), the last on %s at %s, "+
 		"%d of %d on %s before the cordon, %d of %d from %s after it until the withdrawal; long connections %d on %s, %d on the others: reset before the withdrawal %d on %s, %d on the others, after it %d and %d: %v",
-		d.Victim, d.HopGone.Round(time.Millisecond), d.Withdrawn.Round(time.Millisecond), d.News, d.FailedNews, d.Victim, d.LastOnVictim.Round(time.Millisecond),
+		d.Victim, d.HopGone.Round(time.Millisecond), d.Withdrawn.Round(time.Millisecond), d.LastSeen.Round(time.Millisecond), d.News, d.FailedNews, d.Victim, d.LastOnVictim.Round(time.Millisecond),
 		d.EarlyOnVictim, d.Early, d.Victim, d.LateOnVictim, d.Late, d.Settle, d.LongOnVictim, d.Victim, d.LongOnOther,
 		d.ResetVictimBefore, d.Victim, d.ResetOthersBefore, d.ResetVictimAfter, d.ResetOthersAfter, d.Resets)
 }
