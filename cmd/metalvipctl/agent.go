@@ -189,13 +189,20 @@ func filesFromSecret(ctx context.Context, client kubernetes.Interface, ref strin
 	}
 	cleanup := func() { _ = os.RemoveAll(dir) }
 	files := certs.Files{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key")}
-	for key, path := range map[string]string{"ca.crt": files.CA, "tls.crt": files.Cert, "tls.key": files.Key} {
-		data, ok := sec.Data[key]
-		if !ok || len(data) == 0 {
-			cleanup()
-			return certs.Files{}, nil, fmt.Errorf("the Secret %s has no %s (metalvipctl certs --manifests makes ca.crt, tls.crt and tls.key)", ref, key)
+	// In this order, every missing key named: the same Secret always gives the same error.
+	keys := []struct{ key, path string }{{"ca.crt", files.CA}, {"tls.crt", files.Cert}, {"tls.key", files.Key}}
+	var missing []string
+	for _, k := range keys {
+		if len(sec.Data[k.key]) == 0 {
+			missing = append(missing, k.key)
 		}
-		if err := os.WriteFile(path, data, 0o600); err != nil {
+	}
+	if len(missing) > 0 {
+		cleanup()
+		return certs.Files{}, nil, fmt.Errorf("the Secret %s has no %s (metalvipctl certs --manifests makes ca.crt, tls.crt and tls.key)", ref, strings.Join(missing, " and "))
+	}
+	for _, k := range keys {
+		if err := os.WriteFile(k.path, sec.Data[k.key], 0o600); err != nil {
 			cleanup()
 			return certs.Files{}, nil, err
 		}

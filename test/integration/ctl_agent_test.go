@@ -89,7 +89,7 @@ func TestMetalvipctlAgentTakesTheViewersIdentityFromItsSecret(t *testing.T) {
 		{"the files still work instead of the Secret", []string{"--address", "127.0.0.1", "--tls-ca", filepath.Join(pki, "ca.crt"), "--tls-cert", filepath.Join(pki, "viewer.crt"), "--tls-key", filepath.Join(pki, "viewer.key")}, "Agent ctl-node: term 7", true},
 		{"a missing Secret says what to give instead", []string{"--tls-secret", ns + "/nope"}, "give --tls-ca, --tls-cert and --tls-key", false},
 		{"a Secret name without namespace is refused", []string{"--tls-secret", "metalvip-ccm-tls"}, "give NAMESPACE/NAME", false},
-		{"the agents' Secret is no client identity", []string{"--tls-secret", "kube-system/metalvip-agent-tls"}, "has no tls.crt", false},
+		{"the agents' Secret is no client identity", []string{"--tls-secret", "kube-system/metalvip-agent-tls"}, "has no tls.crt and tls.key", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := run(tc.args...)
