@@ -43,8 +43,8 @@ demo-cluster: deps cluster-deps ## The same on real kubelets (as root): a cluste
 
 .PHONY: cluster-deps
 cluster-deps: ## Build what the real-kubelet cluster needs: kubelet, kube-proxy, scheduler, controller-manager (.cache/bin), kubectl, helm, the images.
-	hack/kube-node.sh
-	@for t in helm kubectl; do hack/tool.sh $$t >/dev/null; done
+	hack/kube.sh kube-apiserver kubelet kube-proxy kube-scheduler kube-controller-manager kubectl
+	hack/tool.sh helm >/dev/null
 	$(MAKE) images cluster-images
 
 .PHONY: bench
@@ -101,22 +101,22 @@ chart: ## Lint the Helm chart and package it into _output/chart (helm built once
 .PHONY: deps
 deps: ## Install what the tests need: Debian packages and the kube-apiserver build (idempotent).
 	hack/install-deps.sh
-	hack/kube-apiserver.sh
+	hack/kube.sh kube-apiserver
 
 .PHONY: test-deps
-test-deps: ## Build what the install tests use (helm, kubectl, kubeadm, kubelet and the rest of a node into .cache/bin; the images), before any test runs.
-	@for t in helm kubectl kubeadm; do hack/tool.sh $$t >/dev/null; done
-	hack/kube-node.sh
+test-deps: ## Build what the tests use before any runs: every Kubernetes component in one go build (hack/kube.sh), helm (.cache/bin), the images.
+	hack/kube.sh
+	hack/tool.sh helm >/dev/null
 	$(MAKE) images cluster-images
 
 .PHONY: test-cluster
-test-cluster: deps test-deps ## Run only the real-kubelet e2e (test/e2ecluster: install.yaml and the chart on a lab cluster; root; part of make test).
+test-cluster: test-deps deps ## Run only the real-kubelet e2e (test/e2ecluster: install.yaml and the chart on a lab cluster; root; part of make test).
 	$(GO) test -count=1 -timeout 40m ./test/e2ecluster/
 
 .PHONY: test
 # test-deps first: building helm or arm64 binaries beside the lab's timing-sensitive tests would
 # compete with them for the CPU.
-test: deps test-deps ## Run unit, integration and lab tests (lab tests need root), and the release tools' tests.
+test: test-deps deps ## Run unit, integration and lab tests (lab tests need root), and the release tools' tests.
 	$(GO) test $(TEST_FLAGS) ./...
 	cd hack/tools && $(GO) test $(TEST_FLAGS) $(TOOLS_PACKAGES)
 

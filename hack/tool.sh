@@ -5,7 +5,7 @@
 # tests and make targets call this instead.
 #
 #   hack/tool.sh helm      # helm v4, pinned in hack/tools/go.mod (a `go tool` there)
-#   hack/tool.sh kubectl   # kubectl of the tests' Kubernetes release, hack/tools/kubectl
+#   hack/tool.sh kubectl   # kubectl of the tests' Kubernetes release (hack/kube.sh builds it)
 #   hack/tool.sh kubeadm   # kubeadm of that release (validates the install docs' configuration)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,11 +15,9 @@ case "${1:-}" in
     version=$(awk '$1 == "helm.sh/helm/v4" {print $2}' "$module/go.mod")
     ldflags="-X helm.sh/helm/v4/internal/version.version=$version" ;;
   kubectl|kubeadm)
-    module="$root/hack/tools/kubectl" pkg=k8s.io/kubernetes/cmd/$1
-    version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$module/go.mod")
-    ldflags="-X k8s.io/component-base/version.gitVersion=$version"
-    ldflags+=" -X k8s.io/component-base/version.gitMajor=$(echo "${version#v}" | cut -d. -f1)"
-    ldflags+=" -X k8s.io/component-base/version.gitMinor=$(echo "$version" | cut -d. -f2)" ;;
+    "$root/hack/kube.sh" "$1"
+    echo "$root/.cache/bin/$1"
+    exit 0 ;;
   *) echo "usage: hack/tool.sh helm|kubectl|kubeadm" >&2; exit 2 ;;
 esac
 out="$root/.cache/bin/$1"

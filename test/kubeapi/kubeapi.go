@@ -1,6 +1,6 @@
 // Package kubeapi gives tests a real kube-apiserver on a real etcd: one pair per test binary,
 // started on first use and stopped by Main. The kube-apiserver binary is built by
-// hack/kube-apiserver.sh (make test runs it); etcd comes from Debian's etcd-server.
+// hack/kube.sh (make test runs it); etcd comes from Debian's etcd-server.
 //
 //	func TestMain(m *testing.M) { kubeapi.Main(m) }
 //
@@ -128,7 +128,7 @@ func Binaries() (apiserver, etcd string, err error) {
 		apiserver = filepath.Join(root, ".cache", "bin", "kube-apiserver")
 	}
 	if _, serr := os.Stat(apiserver); serr != nil {
-		return "", "", fmt.Errorf("%w: kube-apiserver not found at %s; run hack/kube-apiserver.sh (make test does)", errMissingBinary, apiserver)
+		return "", "", fmt.Errorf("%w: kube-apiserver not found at %s; run hack/kube.sh kube-apiserver (make test does)", errMissingBinary, apiserver)
 	}
 	etcd, err = exec.LookPath("etcd")
 	if err != nil {

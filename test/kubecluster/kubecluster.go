@@ -12,7 +12,7 @@
 // first and restored at teardown, cgroups live under a parent of their own, and host folders
 // the kubelet hard-codes are bind-mounted per node inside private mount namespaces. A reaper
 // process undoes everything even when the test binary dies (as test/lab's does for the
-// namespaces). The component binaries come from hack/kube-apiserver.sh and hack/kube-node.sh
+// namespaces). The component binaries come from hack/kube.sh
 // (.cache/bin), the rest from Debian (hack/install-deps.sh).
 package kubecluster
 
@@ -99,11 +99,11 @@ func FindBinaries() (Binaries, error) {
 		dst          *string
 		name, script string
 	}{
-		{&b.APIServer, "kube-apiserver", "hack/kube-apiserver.sh"},
-		{&b.ControllerManager, "kube-controller-manager", "hack/kube-node.sh"},
-		{&b.Scheduler, "kube-scheduler", "hack/kube-node.sh"},
-		{&b.Kubelet, "kubelet", "hack/kube-node.sh"},
-		{&b.KubeProxy, "kube-proxy", "hack/kube-node.sh"},
+		{&b.APIServer, "kube-apiserver", "hack/kube.sh"},
+		{&b.ControllerManager, "kube-controller-manager", "hack/kube.sh"},
+		{&b.Scheduler, "kube-scheduler", "hack/kube.sh"},
+		{&b.Kubelet, "kubelet", "hack/kube.sh"},
+		{&b.KubeProxy, "kube-proxy", "hack/kube.sh"},
 	} {
 		p, err := cache(f.name, f.script)
 		*f.dst = p
