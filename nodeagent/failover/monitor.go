@@ -20,12 +20,8 @@ package failover
 
 import (
 	"crypto/ecdh"
-	"crypto/rand"
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"hash"
-	"net"
 	"net/netip"
 	"slices"
 	"sync"
@@ -475,31 +471,6 @@ func (m *Monitor) send(now time.Time) {
 
 func (m *Monitor) deadline() time.Duration { return time.Duration(m.cfg.Misses) * m.cfg.Interval }
 
-func (m *Monitor) receive() {
-	defer m.wg.Done()
-	var dgs []datagram
-	for {
-		var err error
-		dgs, err = m.conn.readBatch(dgs[:0])
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			select {
-			case <-m.stop:
-				return
-			default:
-			}
-			continue
-		}
-		if m.handle(dgs, time.Now()) {
-			m.poke()
-		}
-	}
-}
-
-func (m *Monitor) refuse(reason int) { m.refused[reason].Add(1) }
-
 // Indexes of reasons, for the counters.
 const (
 	iSize = iota
@@ -511,104 +482,6 @@ const (
 	iStale
 	iMAC
 )
-
-// handle checks a batch of datagrams, cheapest checks first, and records what the verified
-// ones prove. It reports whether any proved something.
-func (m *Monitor) handle(dgs []datagram, now time.Time) bool {
-	mine := m.id.current()
-	proved := false
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	freshFor := m.deadline() + maxEchoAgeRatio*m.cfg.Interval
-	for _, d := range dgs {
-		if len(d.data) != frameSize {
-			m.refuse(iSize)
-			continue
-		}
-		if d.ttl != onLinkTTL {
-			m.refuse(iTTL)
-			continue
-		}
-		p := m.byAddr[d.from]
-		if p == nil {
-			m.refuse(iSource)
-			continue
-		}
-		f, err := parseFrame(d.data)
-		if err != nil {
-			m.refuse(iVersion)
-			continue
-		}
-		ki := slices.IndexFunc(p.keys, func(k peerKey) bool { return k.id == f.from })
-		mi := slices.IndexFunc(mine, func(k *ownKey) bool { return k.id == f.to })
-		if ki < 0 || mi < 0 {
-			m.refuse(iKey)
-			continue
-		}
-		if last, ok := p.last[f.from]; ok && !f.at.after(last) {
-			m.refuse(iReplay)
-			continue
-		}
-		var echoed time.Time
-		if f.echo != 0 {
-			if echoed = p.sentAt(f.echo); echoed.IsZero() || now.Sub(echoed) > freshFor {
-				m.refuse(iStale)
-				continue
-			}
-		}
-		pr := m.pairOf(p, mine[mi], p.keys[ki])
-		if pr == nil || !macOK(d.data, pr.recv, pr.sum[:]) {
-			m.refuse(iMAC)
-			continue
-		}
-		p.last[f.from] = f.at
-		p.verified, p.echo = now, f.nonce
-		p.usesMine, p.usesOK = f.to, true
-		if echoed.IsZero() {
-			m.unproven.Add(1)
-			continue
-		}
-		// The peer was alive after it heard this node's heartbeat sent at echoed, and no
-		// later than one interval after (it echoes the latest it heard): a dead node is
-		// counted alive at most that long after its death.
-		proof := echoed.Add(m.cfg.Interval)
-		if proof.After(now) {
-			proof = now
-		}
-		if !p.proven || proof.After(p.proof) {
-			p.proof, p.proven = proof, true
-		}
-		if m.cfg.OnRTT != nil {
-			m.cfg.OnRTT(now.Sub(echoed))
-		}
-		p.sees = f.flags&flagAlive != 0
-		m.accepted.Add(1)
-		proved = true
-	}
-	return proved
-}
-
-// sentAt returns when this node sent the peer the heartbeat with nonce; zero if it did not
-// recently.
-func (p *peer) sentAt(nonce uint64) time.Time {
-	for _, s := range p.sent {
-		if s.nonce == nonce {
-			return s.at
-		}
-	}
-	return time.Time{}
-}
-
-// nonce returns a random non-zero nonce.
-func nonce() uint64 {
-	var b [8]byte
-	for {
-		_, _ = rand.Read(b[:])
-		if n := binary.BigEndian.Uint64(b[:]); n != 0 {
-			return n
-		}
-	}
-}
 
 // evaluate recomputes who is alive and, on a change, calls OnChange before the heartbeats show
 // it. It runs only on the evaluator goroutine, so OnChange is never called concurrently. It
