@@ -228,12 +228,6 @@ type NodeState interface {
 	Build() *agentv1.DesiredState
 }
 
-// StateOf wraps a complete state.
-type StateOf struct{ State *agentv1.DesiredState }
-
-// Build returns the state.
-func (s StateOf) Build() *agentv1.DesiredState { return s.State }
-
 // Push sets a node's desired state; it is sent unless the agent holds it already. st must not
 // be changed afterwards.
 func (a *Agents) Push(node string, st NodeState) {

@@ -26,6 +26,12 @@ type flakyAgent struct {
 	keys     [][]byte
 }
 
+// StateOf wraps a complete state.
+type StateOf struct{ State *agentv1.DesiredState }
+
+// Build returns the state.
+func (s StateOf) Build() *agentv1.DesiredState { return s.State }
+
 func (f *flakyAgent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.GetStateResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

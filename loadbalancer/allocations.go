@@ -145,6 +145,14 @@ func (a *Allocations) Run(ctx context.Context) {
 // Ready is closed once the allocator has been rebuilt from the cluster.
 func (a *Allocations) Ready() <-chan struct{} { return a.ready }
 
+// PoolOf is the allocator's answer to which pool an address was given from
+// (ipam.Allocator.PoolOf): the announcer's, never the Service's annotation.
+func (a *Allocations) PoolOf(addr netip.Addr) (pool string, held bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ipam.PoolOf(addr)
+}
+
 // ours reports whether metalvip serves a Service.
 func (a *Allocations) ours(svc *v1.Service) bool { return a.cfg.Serves.Ours(svc) }
 

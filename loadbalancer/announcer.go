@@ -2,6 +2,9 @@ package loadbalancer
 
 import (
 	"context"
+	"maps"
+	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/loadbalancer/desired"
+	"github.com/metalvip/metalvip/loadbalancer/planner"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
@@ -56,6 +60,17 @@ type AnnouncerConfig struct {
 	// Pacer holds Services' Announced conditions back while allocations are being written
 	// (the Service controller's); nil writes them at once.
 	Pacer *Pacer
+	// Records answers which pool each held address was given from (the allocator, whose
+	// Ready the first plan waits for). nil: the pool whose ranges hold the address.
+	Records Records
+}
+
+// Records is the allocator's record of addresses, as the announcer reads it.
+type Records interface {
+	// PoolOf is ipam.Allocator.PoolOf.
+	PoolOf(netip.Addr) (pool string, held bool)
+	// Ready is closed once the record is rebuilt from the cluster after a start.
+	Ready() <-chan struct{}
 }
 
 // Announcer decides who announces every allocated address (through the planner) and pushes
@@ -274,6 +289,15 @@ func (a *Announcer) Run(ctx context.Context, fence Fence) {
 	if !cache.WaitForCacheSync(ctx.Done(), a.synced...) {
 		return
 	}
+	if a.cfg.Records != nil {
+		// An address's pool is the allocator's record: before it is rebuilt every held
+		// address would look poolless and be withdrawn.
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.cfg.Records.Ready():
+		}
+	}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); a.writer.Run(ctx, 2) }()
@@ -309,4 +333,54 @@ func (a *Announcer) Run(ctx context.Context, fence Fence) {
 		}
 		a.sync(ctx, a.take())
 	}
+}
+
+// raiseTerm raises this leader's term above what an agent holds, through the Lease.
+func (a *Announcer) raiseTerm(ctx context.Context, above uint64) {
+	t, err := a.fence.Raise(ctx, above)
+	if err != nil {
+		klog.ErrorS(err, "An agent holds a newer term than this leader's, and raising the term failed; retrying on the next refusal", "held", above, "term", a.agents.Term())
+		return
+	}
+	klog.InfoS("Raised the term above one an agent held", "held", above, "term", t)
+	a.agents.SetTerm(t)
+}
+
+// seedPlan is the plan the agents' states describe: for each L2 VIP the candidates of the
+// newest state (highest term; within a term, generations count per node, so the primary's
+// own copy wins), for a BGP VIP the nodes that advertise it.
+func seedPlan(held map[string]*agentv1.DesiredState) planner.Plan {
+	type source struct {
+		term    uint64
+		primary bool
+	}
+	plan := planner.Plan{}
+	from := map[netip.Addr]source{}
+	for _, node := range slices.Sorted(maps.Keys(held)) {
+		st := held[node]
+		for _, an := range st.GetAnnouncements() {
+			ip, err := netip.ParseAddr(an.GetVip())
+			if err != nil {
+				continue
+			}
+			if an.GetMode() == agentv1.Mode_MODE_BGP {
+				e := plan[ip]
+				e.Mode = planner.BGP
+				e.Nodes = append(e.Nodes, node)
+				plan[ip] = e
+				continue
+			}
+			e := planner.Entry{Mode: planner.L2}
+			for _, c := range an.GetL2().GetCandidates() {
+				e.Nodes = append(e.Nodes, c.GetNode())
+			}
+			src := source{st.GetTerm(), e.Primary() == node}
+			if old, ok := from[ip]; ok && (old.term > src.term || old.term == src.term && (old.primary || !src.primary)) {
+				continue
+			}
+			from[ip] = src
+			plan[ip] = e
+		}
+	}
+	return plan
 }

@@ -65,10 +65,10 @@ func (a *Allocations) applyPoolsLocked() {
 					"Address %s came from IP pool %s, which is invalid now (%s); the Service keeps the address, which no node announces until the pool is fixed", o.IP, o.Pool, pools.Problems(set.Pool(o.Pool).Problems))
 			case o.PoolDeleted:
 				a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, ReasonPoolDeleted,
-					"Address %s came from IP pool %s, which was deleted; the Service keeps it until it is deleted or asks for another address", o.IP, o.Pool)
+					"Address %s came from IP pool %s, which was deleted; the Service keeps it, which no node announces, until it is deleted or asks for another address (or a pool named %s holds it again)", o.IP, o.Pool, o.Pool)
 			default:
 				a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, ReasonPoolShrunk,
-					"Address %s is no longer in IP pool %s (removed from its spec.addresses); the Service keeps it until it is deleted or asks for another address", o.IP, o.Pool)
+					"Address %s is no longer in IP pool %s (removed from its spec.addresses); the Service keeps it, which no node announces, until it is deleted or asks for another address (or the pool holds it again)", o.IP, o.Pool)
 			}
 		}
 	}

@@ -153,6 +153,7 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 			MaxCandidates:     f.MaxCandidates,
 			PasswordNamespace: c.cfg.BGP.PasswordSecretNamespace,
 			Pacer:             c.services.Pacer(),
+			Records:           c.allocs,
 			Drain: desired.Drain{
 				Label: c.cfg.Drain.Label, OnCordon: c.cfg.Drain.OnCordon != nil && *c.cfg.Drain.OnCordon,
 				Delay: c.cfg.Drain.Delay.Duration,

@@ -22,7 +22,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
-	"github.com/metalvip/metalvip/internal/annotation"
 	"github.com/metalvip/metalvip/loadbalancer"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/loadbalancer/pools"
@@ -223,11 +222,10 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 			ss.Addresses = append(ss.Addresses, a.String())
 		}
 		if len(ips) > 0 {
-			recorded, _ := annotation.AllocatedPool.Value(s)
-			if p := set.PoolOf(recorded, ips[0]); p != nil {
+			// The pool whose ranges hold the address: the Service's allocated-pool
+			// annotation is writable by whoever may edit the Service, never the answer.
+			if p := set.PoolOf(ips[0]); p != nil {
 				ss.Pool = p.Name
-			} else {
-				ss.Pool = recorded
 			}
 		}
 		if c := meta.FindStatusCondition(s.Status.Conditions, desired.ConditionAnnounced); c != nil {

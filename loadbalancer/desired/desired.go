@@ -140,13 +140,16 @@ func Weights(v planner.VIP, sharers []Sharer, pool *pools.Pool) map[string]uint3
 }
 
 // VIP returns what the planner needs of one address shown by the given Services (several when
-// they share it) from pool (nil: the address is in no pool and is announced in L2 from every
-// eligible node). A pool that is not valid is announced from no node. With
+// they share it) from pool. It fails closed: an address in no pool (its pool deleted, or
+// shrunk so that it no longer holds the address) and an address of a pool that is not valid
+// are announced from no node. With
 // externalTrafficPolicy Local (which sharing Services have in common) the nodes with a ready
 // endpoint of any of them may announce it.
 func VIP(addr netip.Addr, sharers []Sharer, pool *pools.Pool) planner.VIP {
 	v := planner.VIP{Addr: addr, Mode: planner.L2}
-	if pool != nil {
+	if pool == nil {
+		v.NodeSelector = selector{pools.Nothing()}
+	} else {
 		if pool.Announce.Mode != 0 {
 			v.Mode = pool.Announce.Mode
 		}

@@ -116,7 +116,7 @@ func TestVIPFromItsServicesAndPool(t *testing.T) {
 		if v.NodeSelector == nil || v.NodeSelector.Matches(map[string]string{}) || v.NodeSelector.Matches(map[string]string{"x": "y"}) {
 			t.Error("an invalid pool's VIP selects nodes")
 		}
-		if SameVIP(v, VIP(ip, []Sharer{{Service: svc("a", false, "203.0.113.1")}}, nil)) {
+		if SameVIP(v, planner.VIP{Addr: ip, Mode: planner.L2}) {
 			t.Error("a VIP of an invalid pool is the same as one selecting every node")
 		}
 	})
@@ -262,5 +262,16 @@ func TestAnAnnouncementSaysWhetherItsPoolDrainsByWeight(t *testing.T) {
 		Announce:  v1alpha1.Announce{Mode: v1alpha1.AnnounceBGP, BGP: &v1alpha1.BGPAnnounce{Drain: "Withdraw"}}}})
 	if bad.Valid() || !strings.Contains(fmt.Sprint(bad.Problems), "spec.announce.bgp.drain") {
 		t.Errorf("a drain mode the CRD would refuse gives problems %v; want one naming spec.announce.bgp.drain", bad.Problems)
+	}
+}
+
+// TestAnAddressInNoPoolIsAnnouncedFromNoNode: an address whose pool was deleted under it (or
+// shrank past it) used to be announced in L2 from every eligible node: a BGP address became an
+// ARP answer on the node segment. It fails closed now, like an address of an invalid pool.
+func TestAnAddressInNoPoolIsAnnouncedFromNoNode(t *testing.T) {
+	ip := netip.MustParseAddr("203.0.113.1")
+	v := VIP(ip, []Sharer{{Service: svc("a", false, "203.0.113.1")}}, nil)
+	if v.NodeSelector == nil || v.NodeSelector.Matches(map[string]string{}) || v.NodeSelector.Matches(map[string]string{"kubernetes.io/hostname": "n1"}) {
+		t.Errorf("an address in no pool may be announced by nodes: selector %v", v.NodeSelector)
 	}
 }

@@ -52,7 +52,7 @@ func (s Serves) ExternalIPs(svc *v1.Service, set *pools.Set, heldBy func(netip.A
 			continue
 		}
 		ip = ip.Unmap()
-		p := set.PoolOf("", ip)
+		p := set.PoolOf(ip)
 		switch {
 		case slices.Contains(ok, ip):
 			continue

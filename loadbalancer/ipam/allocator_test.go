@@ -436,3 +436,41 @@ func TestSeveralAddressesPerFamily(t *testing.T) {
 		t.Errorf("after a restart %v, %v; want %v", again, err, four)
 	}
 }
+
+// TestARestoredPoolNameIsAClaimCheckedAgainstThePools: after a restart the pool an address was
+// given from comes from an annotation anyone who may edit the Service can write. It is the
+// record only where it cannot contradict the pools; a name pointing at another pool is
+// ignored, so a tenant cannot pick which pool's rules announce their address.
+func TestARestoredPoolNameIsAClaimCheckedAgainstThePools(t *testing.T) {
+	a := newAlloc(t,
+		Pool{Name: "l2", Order: 1, Ranges: mustRanges(t, "203.0.113.0/28"), AutoAssign: true},
+		Pool{Name: "bgp", Order: 2, Ranges: mustRanges(t, "203.0.113.64/28"), AutoAssign: true},
+		Pool{Name: "wide", Order: 3, Ranges: mustRanges(t, "203.0.113.0/27")}, // overlaps l2: shadowed
+	)
+	for _, tc := range []struct {
+		name, key, claim, addr, want string
+	}{
+		{"the pool holding the address", "ns/a", "l2", "203.0.113.1", "l2"},
+		{"another pool's name is ignored", "ns/b", "bgp", "203.0.113.2", "l2"},
+		{"no name", "ns/c", "", "203.0.113.3", "l2"},
+		{"of overlapping pools, the one named when it holds the address", "ns/d", "wide", "203.0.113.4", "wide"},
+		{"a shadowed pool keeps what only it holds", "ns/e", "bgp", "203.0.113.20", "wide"},
+		{"an address in no valid pool keeps the name of a pool that is gone", "ns/f", "deleted", "198.51.100.7", "deleted"},
+		{"but not the name of a valid pool that does not hold it", "ns/g", "bgp", "198.51.100.8", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := a.Restore(svc(tc.key), Allocation{Pool: tc.claim, IPs: []netip.Addr{ip(tc.addr)}}); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := a.Get(tc.key); got.Pool != tc.want {
+				t.Errorf("restored with pool %q, want %q", got.Pool, tc.want)
+			}
+			if got, held := a.PoolOf(ip(tc.addr)); got != tc.want || !held {
+				t.Errorf("PoolOf(%s) = %q, %v; want %q, held", tc.addr, got, held, tc.want)
+			}
+		})
+	}
+	if got, held := a.PoolOf(ip("203.0.113.70")); got != "bgp" || held {
+		t.Errorf("PoolOf a free address = %q, %v; want the pool holding it, not held", got, held)
+	}
+}

@@ -479,15 +479,61 @@ func (s *Set) AllocatorPools() []ipam.Pool {
 	return out
 }
 
-// PoolOf returns the pool an address belongs to: the one named by the Service's allocation
-// record when given and known, else the valid pool whose ranges hold the address (of
-// overlapping pools the older). nil when none.
-func (s *Set) PoolOf(recorded string, addr netip.Addr) *Pool {
-	if p := s.pools[recorded]; p != nil && recorded != "" {
-		return p
-	}
-	if name, ok := s.index.PoolOf(addr.Unmap()); ok {
+// PoolOf returns the pool whose ranges hold an address, for an address no allocation record
+// speaks for (an externalIP, a reader without the allocator): the usable pool (of
+// overlapping pools the older), else a valid pool an older one shadows, else an invalid pool
+// whose ranges hold it (announced from no node: the caller reports its problems); nil when
+// none. The pool of an address a Service holds is the allocator's record: see Governing.
+func (s *Set) PoolOf(addr netip.Addr) *Pool {
+	addr = addr.Unmap()
+	if name, ok := s.index.PoolOf(addr); ok {
 		return s.pools[name]
 	}
-	return nil
+	var valid, invalid *Pool
+	for _, p := range s.pools {
+		if !p.holds(addr) {
+			continue
+		}
+		switch {
+		case p.Valid() && (valid == nil || p.older(valid)):
+			valid = p
+		case !p.Valid() && (invalid == nil || p.older(invalid)):
+			invalid = p
+		}
+	}
+	if valid != nil {
+		return valid
+	}
+	return invalid
+}
+
+// Governing returns the pool whose rules announce an address the allocator records as given
+// from the named pool: that pool while it holds the address (an invalid pool too: it is
+// announced from no node); nil when the pool was deleted, or shrunk so that it no longer holds
+// the address, or name is "". nil fails closed: such an address is announced from no node.
+func (s *Set) Governing(name string, addr netip.Addr) *Pool {
+	p := s.pools[name]
+	if p == nil || !p.holds(addr.Unmap()) {
+		return nil
+	}
+	return p
+}
+
+// holds reports whether one of the pool's ranges holds addr (the ranges that decoded, for an
+// invalid pool).
+func (p *Pool) holds(addr netip.Addr) bool {
+	for _, r := range p.Allocation.Ranges {
+		if r.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// older orders pools as the allocator does: by Order, then name.
+func (p *Pool) older(q *Pool) bool {
+	if p.Allocation.Order != q.Allocation.Order {
+		return p.Allocation.Order < q.Allocation.Order
+	}
+	return p.Name < q.Name
 }

@@ -77,23 +77,51 @@ func TestDecodingTypedAndUnstructuredAgree(t *testing.T) {
 	}
 }
 
-func TestPoolOfPrefersTheRecordAndTheOlderOfOverlappingPools(t *testing.T) {
+func TestPoolOfIsThePoolWhoseRangesHoldTheAddress(t *testing.T) {
+	older := DecodePool(pool("older", time.Hour, v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.0/28")}))
+	younger := DecodePool(pool("younger", 0, v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.0/24")}))
+	other := DecodePool(pool("other", 0, v1alpha1.IPPoolSpec{Addresses: addrs("198.51.100.0/28")}))
+	broken := DecodePool(pool("broken", 0, v1alpha1.IPPoolSpec{Addresses: addrs("198.51.100.64/28")}))
+	broken.Problems = []Problem{{Field: "spec.announce.nodeSelector", Message: "does not parse"}}
+	set := NewSet([]*Pool{younger, older, other, broken}, nil)
+	for _, tc := range []struct {
+		name, addr string
+		want       *Pool
+	}{
+		{"of overlapping pools the older", "203.0.113.5", older},
+		{"a pool an older one shadows still holds what only it holds", "203.0.113.200", younger},
+		{"a plain pool", "198.51.100.2", other},
+		{"an invalid pool holds its ranges (and is announced from no node)", "198.51.100.65", broken},
+		{"an address in no pool has none", "192.0.2.1", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := set.PoolOf(netip.MustParseAddr(tc.addr)); got != tc.want {
+				t.Errorf("PoolOf(%s) = %v, want %v", tc.addr, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestGoverningIsTheRecordedPoolOnlyWhileItHoldsTheAddress: the allocator's record names the
+// pool an address was given from; a pool deleted, or shrunk so that it no longer holds the
+// address, governs nothing (the address is announced from no node), and no other pool is
+// taken in its place.
+func TestGoverningIsTheRecordedPoolOnlyWhileItHoldsTheAddress(t *testing.T) {
 	older := DecodePool(pool("older", time.Hour, v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.0/24")}))
 	younger := DecodePool(pool("younger", 0, v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.0/28")}))
-	other := DecodePool(pool("other", 0, v1alpha1.IPPoolSpec{Addresses: addrs("198.51.100.0/28")}))
-	set := NewSet([]*Pool{younger, older, other}, nil)
+	set := NewSet([]*Pool{younger, older}, nil)
 	ip := netip.MustParseAddr("203.0.113.5")
-	if got := set.PoolOf("", ip); got != older {
-		t.Errorf("PoolOf(%s) = %v, want the older pool", ip, got)
+	if got := set.Governing("younger", ip); got != younger {
+		t.Errorf("the record names younger, which holds %s: got %v", ip, got)
 	}
-	if got := set.PoolOf("younger", ip); got != younger {
-		t.Errorf("the allocation record names younger, got %v", got)
+	if got := set.Governing("younger", netip.MustParseAddr("203.0.113.100")); got != nil {
+		t.Errorf("younger does not hold 203.0.113.100: got %v, want nil (fail closed)", got)
 	}
-	if got := set.PoolOf("gone", netip.MustParseAddr("198.51.100.2")); got != other {
-		t.Errorf("a record naming a deleted pool falls back to the range, got %v", got)
+	if got := set.Governing("gone", ip); got != nil {
+		t.Errorf("a deleted pool: got %v, want nil (fail closed), not the pool holding the range", got)
 	}
-	if got := set.PoolOf("", netip.MustParseAddr("192.0.2.1")); got != nil {
-		t.Errorf("an address in no pool has pool %v", got)
+	if got := set.Governing("", ip); got != nil {
+		t.Errorf("no record: got %v, want nil", got)
 	}
 }
 

@@ -1,0 +1,211 @@
+package loadbalancer
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/btree"
+	"google.golang.org/protobuf/proto"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/klog/v2"
+
+	"github.com/metalvip/metalvip/loadbalancer/desired"
+	"github.com/metalvip/metalvip/loadbalancer/planner"
+	"github.com/metalvip/metalvip/loadbalancer/pools"
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+)
+
+// loopState is what the announcer's loop knows between rounds. Only the loop touches it.
+type loopState struct {
+	first bool         // no full plan made yet
+	seed  planner.Plan // what the agents held at start, for the first plan
+
+	set       *pools.Set
+	nodeList  []*v1.Node
+	byName    map[string]*v1.Node
+	addrs     map[string]netip.Addr
+	reachable map[string]bool
+	planner   *planner.Planner
+
+	svcAddrs map[string][]netip.Addr          // Service -> addresses its status shows, and its externalIPs announced
+	extIPs   map[string][]netip.Addr          // Service -> its externalIPs announced (also in svcAddrs)
+	extWant  map[string]bool                  // Services that ask for their externalIPs to be announced
+	extSaid  map[string]string                // Service -> its ExternalIPs condition last set (text form)
+	vipSvcs  map[netip.Addr][]string          // address -> Services showing it, sorted
+	vips     map[netip.Addr]planner.VIP       // what the planner was given
+	vipPool  map[netip.Addr]*pools.Pool       // the address's pool (nil: none)
+	weights  map[netip.Addr]map[string]uint32 // BGP VIPs weighted by endpoints: node -> weight
+	anns     map[netip.Addr]*agentv1.Announcement
+	annNodes map[netip.Addr][]string // the nodes each announcement was given to
+	parts    map[string]*nodePart    // node -> its announcements
+	groups   map[string][]netip.Addr // group -> member addresses
+	states   map[string]pushed
+
+	conds       map[string]string                          // Service -> condition last set (its text form)
+	primaries   map[netip.Addr]string                      // last primary per L2 VIP, for Moved Events
+	noNode      map[netip.Addr]bool                        // VIPs told to have no eligible node
+	groupMsg    map[string]string                          // last VIPsShareNodes message per group
+	refused     map[string]map[netip.Addr]*agentv1.Refusal // node -> VIP -> refusal
+	peerRefused map[string]map[string]*agentv1.Refusal     // node -> peer address -> refusal
+	whole       map[string]string                          // node -> why its whole state was refused
+	warned      map[string]string                          // "kind/key" -> last warning given
+	passwords   map[string]string                          // peer -> last password read
+	statusSet   map[string]string                          // pool/peer/node status last set (text form)
+	conflicts   map[string][]desired.PeerConflict          // node -> peers left off it
+	sessions    map[string][]*agentv1.PeerStatus           // node -> its BGP sessions, as its agent reported them
+	drainSince  map[string]time.Time                       // node -> when its drain began (as this CCM saw it)
+	drainEnded  map[string]bool                            // nodes whose drain delay is over
+	drainTimers map[string]*time.Timer                     // wake the loop at the end of a drain's delay
+}
+
+// nodePart is one node's announcements, ordered by VIP in a copy-on-write tree (a snapshot
+// for the push costs nothing, a change O(log n)), and how many of its L2 VIPs each other node
+// is a candidate of (its heartbeat peers).
+type nodePart struct {
+	anns    *btree.BTreeG[annItem]
+	peers   map[string]int
+	version uint64
+}
+
+type annItem struct {
+	ip netip.Addr
+	an *agentv1.Announcement
+}
+
+func annLess(a, b annItem) bool { return a.ip.Less(b.ip) }
+
+// nodeState is what a node is pushed: everything but the announcements in head, and a
+// snapshot of the announcements, put together only when sent.
+type nodeState struct {
+	head *agentv1.DesiredState
+	anns *btree.BTreeG[annItem]
+}
+
+// Build puts the state together.
+func (n nodeState) Build() *agentv1.DesiredState {
+	st := proto.Clone(n.head).(*agentv1.DesiredState)
+	st.Announcements = make([]*agentv1.Announcement, 0, n.anns.Len())
+	n.anns.Ascend(func(it annItem) bool {
+		st.Announcements = append(st.Announcements, it.an)
+		return true
+	})
+	return st
+}
+
+// pushed is what a node was last pushed.
+type pushed struct {
+	head    *agentv1.DesiredState
+	version uint64
+}
+
+func newLoopState(maxCandidates int) loopState {
+	return loopState{
+		first:       true,
+		planner:     planner.New(planner.Options{MaxCandidates: maxCandidates}),
+		byName:      map[string]*v1.Node{},
+		addrs:       map[string]netip.Addr{},
+		reachable:   map[string]bool{},
+		svcAddrs:    map[string][]netip.Addr{},
+		extIPs:      map[string][]netip.Addr{},
+		extWant:     map[string]bool{},
+		extSaid:     map[string]string{},
+		vipSvcs:     map[netip.Addr][]string{},
+		vips:        map[netip.Addr]planner.VIP{},
+		vipPool:     map[netip.Addr]*pools.Pool{},
+		weights:     map[netip.Addr]map[string]uint32{},
+		anns:        map[netip.Addr]*agentv1.Announcement{},
+		annNodes:    map[netip.Addr][]string{},
+		parts:       map[string]*nodePart{},
+		groups:      map[string][]netip.Addr{},
+		states:      map[string]pushed{},
+		conds:       map[string]string{},
+		primaries:   map[netip.Addr]string{},
+		noNode:      map[netip.Addr]bool{},
+		groupMsg:    map[string]string{},
+		refused:     map[string]map[netip.Addr]*agentv1.Refusal{},
+		peerRefused: map[string]map[string]*agentv1.Refusal{},
+		whole:       map[string]string{},
+		warned:      map[string]string{},
+		passwords:   map[string]string{},
+		statusSet:   map[string]string{},
+		conflicts:   map[string][]desired.PeerConflict{},
+		sessions:    map[string][]*agentv1.PeerStatus{},
+		drainSince:  map[string]time.Time{},
+		drainEnded:  map[string]bool{},
+		drainTimers: map[string]*time.Timer{},
+	}
+}
+
+// refreshNodes lists the nodes again.
+func (s *loopState) refreshNodes(a *Announcer) {
+	list, err := a.nodes.List(labels.Everything())
+	if err != nil {
+		klog.ErrorS(err, "List Nodes")
+		return
+	}
+	slices.SortFunc(list, func(x, y *v1.Node) int { return strings.Compare(x.Name, y.Name) })
+	s.nodeList = list
+	s.byName = make(map[string]*v1.Node, len(list))
+	s.addrs = make(map[string]netip.Addr, len(list))
+	for _, n := range list {
+		s.byName[n.Name] = n
+		s.addrs[n.Name] = desired.NodeAddress(n)
+	}
+}
+
+func (s *loopState) addrOf(node string) netip.Addr { return s.addrs[node] }
+
+func (s *loopState) plannerNodes(d desired.Drain) []planner.Node {
+	out := make([]planner.Node, 0, len(s.nodeList))
+	for _, n := range s.nodeList {
+		out = append(out, s.plannerNode(n, d))
+	}
+	return out
+}
+
+// plannerNode is what the planner knows of a node: a node being drained takes nothing (what
+// it announces lingers for the drain's delay, see drainRound).
+func (s *loopState) plannerNode(n *v1.Node, d desired.Drain) planner.Node {
+	pn := desired.Node(n, s.reachable[n.Name])
+	pn.Excluded = pn.Excluded || d.Draining(n)
+	return pn
+}
+
+func (s *loopState) part(node string) *nodePart {
+	p := s.parts[node]
+	if p == nil {
+		p = &nodePart{anns: btree.NewG(32, annLess), peers: map[string]int{}}
+		s.parts[node] = p
+	}
+	return p
+}
+
+// set puts an announcement in the part.
+func (p *nodePart) set(ip netip.Addr, an *agentv1.Announcement) {
+	if old, found := p.anns.ReplaceOrInsert(annItem{ip, an}); found {
+		p.unpeer(old.an)
+	}
+	for _, c := range an.GetL2().GetCandidates() {
+		p.peers[c.GetNode()]++
+	}
+	p.version++
+}
+
+// remove takes a VIP's announcement out of the part.
+func (p *nodePart) remove(ip netip.Addr) {
+	if old, found := p.anns.Delete(annItem{ip: ip}); found {
+		p.unpeer(old.an)
+		p.version++
+	}
+}
+
+func (p *nodePart) unpeer(an *agentv1.Announcement) {
+	for _, c := range an.GetL2().GetCandidates() {
+		if p.peers[c.GetNode()]--; p.peers[c.GetNode()] <= 0 {
+			delete(p.peers, c.GetNode())
+		}
+	}
+}
