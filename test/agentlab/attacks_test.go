@@ -28,6 +28,7 @@ import (
 	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -151,7 +152,7 @@ func TestStalledConnectionsNeitherKillTheAgentNorKeepTheCCMOut(t *testing.T) {
 	mac := macOf(t, node)
 	eventually(t, 10*time.Second, "the agent answers its VIP", func() bool { return whoAnswers(t, l.Client, vip) == mac })
 	pid := a.proc.Cmd.Process.Pid
-	idle, err := rss(pid)
+	idle, err := proc.MemoryOf(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +210,7 @@ func TestStalledConnectionsNeitherKillTheAgentNorKeepTheCCMOut(t *testing.T) {
 
 	t.Logf("%d stalled connections from %d addresses for %s: %d opened in all (%d dial errors), %d closed by the agent at once, %d later, at most %d open at the attacker",
 		conns, len(sources), attack, st.dials, st.dialErrors, st.closedAtOnce, st.closedLater, st.maxOpen)
-	t.Logf("agent RSS: %.1f MiB idle, peak %.1f MiB during the stall", float64(idle)/(1<<20), float64(peakBytes)/(1<<20))
+	t.Logf("agent RSS: %.1f MiB idle, peak %.1f MiB during the stall", float64(idle.RSS)/(1<<20), float64(peakBytes)/(1<<20))
 	t.Logf("CCM calls during the stall: %d, %d failed, slowest %s", calls.Load(), failed.Load(), time.Duration(slowest.Load()).Round(time.Millisecond))
 	t.Logf("ARP probe every %s: %s", probeEvery, c)
 	if !a.alive() {

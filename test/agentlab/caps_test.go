@@ -1,45 +1,31 @@
 package agentlab
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
-// capEff reads a process's effective capabilities.
-func capEff(t *testing.T, pid int) uint64 {
+const capNetRaw = 1 << 13
+
+// capEff reads an agent's effective capabilities.
+func capEff(t *testing.T, a *agent) uint64 {
 	t.Helper()
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	v, err := proc.CapEff(a.proc.Cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "CapEff:"); ok {
-			v, err := strconv.ParseUint(strings.TrimSpace(rest), 16, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return v
-		}
-	}
-	t.Fatal("no CapEff")
-	return 0
+	return v
 }
-
-const capNetRaw = 1 << 13
 
 // TestTheAgentNeedsOnlyNetRaw runs two agents as root with no capability but CAP_NET_RAW (no
 // NET_ADMIN, no NET_BIND_SERVICE) and checks that everything they do works: gRPC with mutual
@@ -67,7 +53,7 @@ func TestTheAgentNeedsOnlyNetRaw(t *testing.T) {
 		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state"), netRawOnly...))
 	}
 	for _, a := range agents {
-		if got := capEff(t, a.proc.Cmd.Process.Pid); got != capNetRaw {
+		if got := capEff(t, a); got != capNetRaw {
 			t.Fatalf("%s's agent runs with capabilities %#x; want CAP_NET_RAW (%#x) alone", a.host.Name, got, capNetRaw)
 		}
 	}
@@ -108,7 +94,7 @@ func TestTheAgentNeedsOnlyNetRaw(t *testing.T) {
 		}
 		none := []string{"/usr/bin/setpriv", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--"}
 		a := startAgent(t, l.Nodes[0], tlsDir, filepath.Join(t.TempDir(), "state"), none...)
-		if got := capEff(t, a.proc.Cmd.Process.Pid); got != 0 {
+		if got := capEff(t, a); got != 0 {
 			t.Fatalf("the agent runs with capabilities %#x; want none", got)
 		}
 		st := desired(1, l, l2Ann(vip4.String(), l.Nodes[0]))

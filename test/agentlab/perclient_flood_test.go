@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/metalvip/metalvip/internal/rendezvous"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -422,24 +422,8 @@ func watchPeaks(agents []*agent) func() []figures {
 
 // memory returns the agent's resident memory and its peak, in bytes.
 func memory(a *agent) (rss, hwm int64) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", a.proc.Cmd.Process.Pid))
-	if err != nil {
-		return 0, 0
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		kb, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmRSS:":
-			rss = kb << 10
-		case "VmHWM:":
-			hwm = kb << 10
-		}
-	}
-	return rss, hwm
+	m, _ := proc.MemoryOf(a.proc.Cmd.Process.Pid)
+	return m.RSS, m.HWM
 }
 
 func fileSize(a *agent) int64 {

@@ -14,6 +14,7 @@ import (
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness/figure"
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
@@ -118,7 +119,7 @@ func fastFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 	slices.Sort(outages)
 	r.add("The 10 ms failover profile",
 		fmt.Sprintf("In the lab, with `failover.interval: 10ms` and `failover.misses: 3` in the CCM's cloud-config (docs/announcing.md): each node runs a small HTTP server; the client opens a new TCP connection to an L2 VIP every 10 ms and asks for one HTTP answer (an attempt unanswered within 300 ms is lost; attempts overlap); the node answering dies hard (link down, agent killed); the outage runs from the first attempt not answered to the first answered after it, by another node. The node is revived between trials, and each trial starts once the VIP's first candidate answers steadily (a trial in which another node answered at the kill is run again: %d were). %d trials. Target: p99 under 50 ms. Moves after the takeover: trials in which, after a survivor first answered, the VIP went on to another survivor (each is a second move for the clients). Where the time goes (frames captured at the client over 10 trials on a quiet machine, 2026-12-02): the survivor takes over 20-30 ms after the death, three missed intervals after the victim's last heartbeat, which came 0-10 ms before the death (its agent logs sinceOwnerLastHeard 30-32 ms); its gratuitous ARP reaches the client at once, and the client's next attempt, 0-10 ms later, goes to it and is answered. Outages therefore fall on the client's 10-ms grid, 20 to 40 ms; a machine busy enough to delay a timer by some milliseconds turns a 40 into a 50.", tr.Discarded, len(outages)),
-		[][]string{{"p50", "p99", "max", "min", "trials with moves after the takeover"}, {dur(time.Duration(percentile(outages, 50))), dur(time.Duration(percentile(outages, 99))), dur(time.Duration(slices.Max(outages))), dur(time.Duration(slices.Min(outages))), fmt.Sprintf("%d of %d", moved, len(outages))}})
+		[][]string{{"p50", "p99", "max", "min", "trials with moves after the takeover"}, {figure.Duration(time.Duration(figure.Percentile(outages, 50))), figure.Duration(time.Duration(figure.Percentile(outages, 99))), figure.Duration(time.Duration(slices.Max(outages))), figure.Duration(time.Duration(slices.Min(outages))), fmt.Sprintf("%d of %d", moved, len(outages))}})
 	r.add("What the heartbeats cost",
 		fmt.Sprintf("One agent in the lab (node1 of three; heartbeats go to the other candidates of its L2 VIPs, here the two other nodes), over %s each: heartbeats sent (its own counters, GetState), and its process's CPU (user+system, /proc; BGP sessions, BFD and the gRPC connection included), from 5 s after every agent holds the interval. First with the VIPs the benchmark's Services give it, then with 1,000 more. A heartbeat is one %d-byte frame (a 74-byte UDP datagram, HMAC-SHA-256); a node pair carries one each way per interval, whatever the number of VIPs the pair shares: the count of heartbeats does not change with 1,000 VIPs more, and the CPU they cost is that of the packets.", window, heartbeatFrame),
 		rows)

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -48,7 +49,7 @@ func serverPids(srv *kubeapi.Server) []int {
 func serverCPU(pids []int) float64 {
 	t := 0.0
 	for _, p := range pids {
-		t += cpuSeconds(p)
+		t += proc.CPUSeconds(p)
 	}
 	return t
 }

@@ -2,14 +2,11 @@ package cluster
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
-	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness/proc"
 )
 
 // ServeHTTP starts an HTTP server on port on every node (it answers on the VIPs too, with the
@@ -137,27 +134,20 @@ func (c *Cluster) MeasureAgent(node string, window time.Duration) AgentCost {
 		return st
 	}
 	pid := a.Proc.Cmd.Process.Pid
-	st0, cpu0, t0 := state(), processCPU(c, pid), time.Now()
+	st0, cpu0, t0 := state(), c.processCPU(pid), time.Now()
 	time.Sleep(window)
-	st1, cpu1, t1 := state(), processCPU(c, pid), time.Now()
+	st1, cpu1, t1 := state(), c.processCPU(pid), time.Now()
 	return AgentCost{Window: t1.Sub(t0), CPU: cpu1 - cpu0, Sent: st1.GetHeartbeats().GetSent() - st0.GetHeartbeats().GetSent(),
 		Peers: len(st1.GetState().GetHeartbeatPeers()), VIPs: len(st1.GetState().GetAnnouncements())}
 }
 
 // processCPU is a process's user and system CPU so far.
-func processCPU(c *Cluster, pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+func (c *Cluster) processCPU(pid int) time.Duration {
+	d, err := proc.CPU(pid)
 	if err != nil {
 		c.T.Fatalf("%v", err)
 	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	if len(f) < 13 {
-		c.T.Fatalf("/proc/%d/stat: %d fields", pid, len(f))
-	}
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	sy, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(u+sy) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+	return d
 }
 
 // firstCandidate is the first of vip's ranked candidates, as the agents hold them; empty when

@@ -3,9 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness/proc"
 )
 
 // TestBadObjectsDisturbNothing creates, while a client probes an L2 VIP every 20 ms, every
@@ -119,16 +118,11 @@ func TestBadObjectsDisturbNothing(t *testing.T) {
 	}
 }
 
+// rssKiB is a process's peak resident memory (VmHWM), in KiB.
 func rssKiB(t *testing.T, pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	m, err := proc.MemoryOf(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for l := range strings.SplitSeq(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmHWM:" {
-			n, _ := strconv.ParseInt(f[1], 10, 64)
-			return n
-		}
-	}
-	return 0
+	return m.HWM >> 10
 }

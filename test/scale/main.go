@@ -34,6 +34,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/test/harness/figure"
+	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -101,7 +103,7 @@ func main() {
 		m.Close()
 		os.Exit(130)
 	}()
-	r := &run{m: m, rep: &report{loadStart: loadAverage(), nodes: *nodes, services: *services}}
+	r := &run{m: m, rep: &report{loadStart: proc.LoadAverage(), nodes: *nodes, services: *services}}
 	var err error
 	if r.dir, err = filepath.Abs(*outputDir); err != nil {
 		m.Fatalf("%v", err)
@@ -151,8 +153,8 @@ func main() {
 		r.rep.deathProfile = pprofTop(append([]string{"-top", "-nodecount=25"}, files...)...)
 	}
 	r.restart()
-	r.rep.loadEnd = loadAverage()
-	r.rep.simCPU = cpuSeconds(os.Getpid())
+	r.rep.loadEnd = proc.LoadAverage()
+	r.rep.simCPU = proc.CPUSeconds(os.Getpid())
 	r.ccm.proc.Stop(30 * time.Second)
 	r.fl.stopAll()
 	if *out != "" {
@@ -200,10 +202,11 @@ func (r *run) agents() {
 		}
 	})
 	r.m.Cleanup(r.fl.stopAll)
-	rss, _ := memOf(os.Getpid())
+	mem, _ := proc.MemoryOf(os.Getpid())
+	rss := mem.RSS
 	r.rep.simStart = time.Since(start)
 	r.rep.simRSS = rss
-	step("  %d agents up in %s; this process holds %s", *nodes, r.rep.simStart.Round(time.Millisecond), mib(rss))
+	step("  %d agents up in %s; this process holds %s", *nodes, r.rep.simStart.Round(time.Millisecond), figure.MiB(rss))
 }
 
 // objects creates the Nodes, the pool and the Services, with no CCM running.
@@ -273,7 +276,7 @@ func (r *run) objects() {
 		done.Store(i, true)
 	})
 	r.rep.servicesIn = time.Since(start)
-	r.rep.createCalls = apiCallsOf(r.m, r.srv).minus(c0)
+	r.rep.createCalls = apiCallsOf(r.m, r.srv).Minus(c0)
 	step("  in %s", r.rep.servicesIn.Round(time.Millisecond))
 	r.svcs = watchServices(r.m, r.srv, *services)
 }
@@ -328,7 +331,7 @@ type stage struct {
 	wall        time.Duration // to converged
 	cpu         float64
 	rss, hwm    int64
-	calls       apiCalls
+	calls       figure.Counts
 	fleet       counts
 	profile     string
 	heap        string
@@ -340,7 +343,7 @@ type stage struct {
 type mark struct {
 	at    time.Time
 	ccm   sample
-	calls apiCalls
+	calls figure.Counts
 	fleet counts
 }
 
@@ -355,7 +358,7 @@ func (r *run) mark() mark {
 func (r *run) finish(name string, from mark, converged time.Time) stage {
 	now := r.mark()
 	st := stage{name: name, wall: converged.Sub(from.at), cpu: now.ccm.cpu - from.ccm.cpu, rss: now.ccm.rss, hwm: now.ccm.hwm,
-		calls: now.calls.minus(from.calls), fleet: now.fleet.minus(from.fleet)}
+		calls: now.calls.Minus(from.calls), fleet: now.fleet.minus(from.fleet)}
 	if last := r.tr.lastLanding(); last.After(from.at) {
 		st.lastLanding = last.Sub(from.at)
 	}
@@ -401,7 +404,7 @@ func (r *run) coldStart() {
 	st.profile = prof.stop()
 	st.heap = r.ccm.heap(r.dir, "cold")
 	step("  converged after %s (last push landed %s after the start, all Announced after %s); CCM CPU %.1f s, RSS %s (peak %s)",
-		st.wall.Round(time.Millisecond), st.lastLanding.Round(time.Millisecond), st.announced.Round(time.Millisecond), st.cpu, mib(st.rss), mib(st.hwm))
+		st.wall.Round(time.Millisecond), st.lastLanding.Round(time.Millisecond), st.announced.Round(time.Millisecond), st.cpu, figure.MiB(st.rss), figure.MiB(st.hwm))
 	r.rep.stages = append(r.rep.stages, st)
 	r.rep.balance = balance(r.tr.primaries(), *nodes)
 	r.rep.peers = r.tr.peers()
@@ -454,8 +457,8 @@ func (r *run) death(i int) {
 	}
 	d := deathResult{victim: victim.name, holders: len(holders), pushed: len(last), missed: missed, converged: conv.Sub(died), lat: lat, drop: drop, st: st}
 	step("  died at %s; %d agents updated, the last %s after the death (p50 %s, p99 %s); holders without the node p50 %s, p99 %s; holders not updated: %d",
-		died.Format("15:04:05.000000"), len(last), d.converged.Round(time.Millisecond), dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))),
-		dur(time.Duration(percentile(drop, 50))), dur(time.Duration(percentile(drop, 99))), missed)
+		died.Format("15:04:05.000000"), len(last), d.converged.Round(time.Millisecond), figure.Duration(time.Duration(figure.Percentile(lat, 50))), figure.Duration(time.Duration(figure.Percentile(lat, 99))),
+		figure.Duration(time.Duration(figure.Percentile(drop, 50))), figure.Duration(time.Duration(figure.Percentile(drop, 99))), missed)
 	for _, h := range missedNames[:min(len(missedNames), 5)] {
 		var ls []string
 		for _, l := range r.tr.since(died) {
@@ -493,7 +496,7 @@ func (r *run) restart() {
 	st := r.finish("CCM restart", from, conv)
 	st.profile = prof.stop()
 	st.heap = r.ccm.heap(r.dir, "restart")
-	step("  converged after %s; CCM CPU %.1f s, RSS %s (peak %s)", st.wall.Round(time.Millisecond), st.cpu, mib(st.rss), mib(st.hwm))
+	step("  converged after %s; CCM CPU %.1f s, RSS %s (peak %s)", st.wall.Round(time.Millisecond), st.cpu, figure.MiB(st.rss), figure.MiB(st.hwm))
 	r.rep.stages = append(r.rep.stages, st)
 }
 
