@@ -22,6 +22,7 @@ import (
 
 	"github.com/metalvip/metalvip/internal/certs"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -256,19 +257,6 @@ func nextHops(t *testing.T, l *lab.Lab, vip string) []string {
 	return hops
 }
 
-// eventually polls cond every 20 ms for up to timeout and returns how long it took.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 3})
 	tlsDir := pki(t, l.Nodes)
@@ -292,7 +280,7 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	}
 	// BGP: one route, three next hops.
 	all := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
-	eventually(t, 30*time.Second, "three next hops for the BGP VIP", func() bool {
+	harness.Eventually(t, 30*time.Second, "three next hops for the BGP VIP", func() bool {
 		return slices.Equal(nextHops(t, l, bgpVIP), all)
 	})
 	// The client reaches the BGP VIP through the router... and the remote client too.
@@ -313,7 +301,7 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	// Kill node1's agent outright (no goodbye), with no CCM anywhere, and start it again on
 	// the same state: it resumes answering and advertising on its own.
 	agents[0].proc.Kill()
-	eventually(t, 30*time.Second, "the router drops the dead agent's next hop (BFD)", func() bool {
+	harness.Eventually(t, 30*time.Second, "the router drops the dead agent's next hop (BFD)", func() bool {
 		return !slices.Contains(nextHops(t, l, bgpVIP), "198.51.100.11")
 	})
 	if got := whoAnswers(t, l.Client, netip.MustParseAddr(l2VIP)); got != "" {
@@ -321,10 +309,10 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	}
 	restart := time.Now()
 	agents[0].start()
-	took := eventually(t, 30*time.Second, "the restarted agent answers ARP again", func() bool {
+	took := harness.Eventually(t, 30*time.Second, "the restarted agent answers ARP again", func() bool {
 		return whoAnswers(t, l.Client, netip.MustParseAddr(l2VIP)) == node1MAC
 	})
-	eventually(t, 30*time.Second, "the restarted agent advertises again", func() bool {
+	harness.Eventually(t, 30*time.Second, "the restarted agent advertises again", func() bool {
 		return slices.Equal(nextHops(t, l, bgpVIP), all)
 	})
 	t.Logf("restarted agent answered ARP %s after start (%s total)", took.Round(time.Millisecond), time.Since(restart).Round(time.Millisecond))
@@ -336,7 +324,7 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 
 	// Withdraw: the BGP VIP removed from node2 leaves two next hops.
 	agents[1].apply(desired(2, l, l2Ann(l2VIP, l.Nodes[0], l.Nodes[1])))
-	eventually(t, 10*time.Second, "node2's next hop withdrawn", func() bool {
+	harness.Eventually(t, 10*time.Second, "node2's next hop withdrawn", func() bool {
 		return slices.Equal(nextHops(t, l, bgpVIP), []string{"198.51.100.11", "198.51.100.13"})
 	})
 	if !strings.Contains(agents[1].proc.Output(), "serving") {
@@ -347,7 +335,7 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	if err := agents[2].proc.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	took = eventually(t, 5*time.Second, "node3's next hop withdrawn on SIGTERM", func() bool {
+	took = harness.Eventually(t, 5*time.Second, "node3's next hop withdrawn on SIGTERM", func() bool {
 		return slices.Equal(nextHops(t, l, bgpVIP), []string{"198.51.100.11"})
 	})
 	t.Logf("SIGTERM to next hop gone at the router: %s", took.Round(time.Millisecond))

@@ -28,6 +28,7 @@ import (
 	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
 )
@@ -150,7 +151,7 @@ func TestStalledConnectionsNeitherKillTheAgentNorKeepTheCCMOut(t *testing.T) {
 	a.apply(desired(1, l, l2Ann(vip.String(), node)))
 	ccm := ccmFrom(t, l.Control, a)
 	mac := macOf(t, node)
-	eventually(t, 10*time.Second, "the agent answers its VIP", func() bool { return whoAnswers(t, l.Client, vip) == mac })
+	harness.Eventually(t, 10*time.Second, "the agent answers its VIP", func() bool { return whoAnswers(t, l.Client, vip) == mac })
 	pid := a.proc.Cmd.Process.Pid
 	idle, err := proc.MemoryOf(pid)
 	if err != nil {
@@ -252,7 +253,7 @@ func reviveNode(t *testing.T, a *agent) {
 func failoverTime(t *testing.T, probe *arpProbe, killed time.Time, newOwner string) time.Duration {
 	t.Helper()
 	var at time.Time
-	eventually(t, 10*time.Second, "the next candidate answers", func() bool {
+	harness.Eventually(t, 10*time.Second, "the next candidate answers", func() bool {
 		at = probe.count(killed, time.Now()).FirstAnswerBy[newOwner]
 		return !at.IsZero()
 	})
@@ -279,7 +280,7 @@ func heartbeatCluster(t *testing.T, l *lab.Lab, hosts []*lab.Host, vip netip.Add
 	}
 	applyAll()
 	first := macOf(t, hosts[0])
-	eventually(t, 10*time.Second, hosts[0].Name+" answers", func() bool { return whoAnswers(t, l.Client, vip) == first })
+	harness.Eventually(t, 10*time.Second, hosts[0].Name+" answers", func() bool { return whoAnswers(t, l.Client, vip) == first })
 	return agents
 }
 
@@ -302,7 +303,7 @@ func TestReplayedHeartbeatsKeepNoDeadNodeAlive(t *testing.T) {
 	plain := failoverTime(t, probe, killNode(t, node1), mac2)
 	reviveNode(t, node1)
 	mac1 := macOf(t, l.Nodes[0])
-	eventually(t, 10*time.Second, "node1 takes its VIP back", func() bool { return whoAnswers(t, l.Client, vip) == mac1 })
+	harness.Eventually(t, 10*time.Second, "node1 takes its VIP back", func() bool { return whoAnswers(t, l.Client, vip) == mac1 })
 
 	capt := captureUDP(t, l.Nodes[1], l.Nodes[0].IPv4, hbPort)
 	for boot := range 2 { // two more boots of node1, each captured for a while
@@ -310,7 +311,7 @@ func TestReplayedHeartbeatsKeepNoDeadNodeAlive(t *testing.T) {
 		node1.proc.Kill()
 		node1.start()
 		node1.waitServing()
-		eventually(t, 10*time.Second, fmt.Sprintf("node1 takes its VIP back after restart %d", boot+1), func() bool { return whoAnswers(t, l.Client, vip) == mac1 })
+		harness.Eventually(t, 10*time.Second, fmt.Sprintf("node1 takes its VIP back after restart %d", boot+1), func() bool { return whoAnswers(t, l.Client, vip) == mac1 })
 	}
 	time.Sleep(time.Second) // and earlier in the current boot
 	capt.stop()
@@ -432,7 +433,7 @@ func TestANodesOwnKeyCannotSpeakForAnother(t *testing.T) {
 	}
 	sniff := captureUDP(t, l.Nodes[0], l.Nodes[1].IPv4, hbPort) // node2's heartbeats to node1
 	probe := probeARP(t, l.Client, vip, probeEvery, 10000)
-	eventually(t, 5*time.Second, "node1 sees node2's heartbeats", func() bool { return len(sniff.packets()) > 0 })
+	harness.Eventually(t, 5*time.Second, "node1 sees node2's heartbeats", func() bool { return len(sniff.packets()) > 0 })
 	before := counters(t, node2)
 
 	forger := newRawSender(t, l.Nodes[0])

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
 )
@@ -64,13 +65,13 @@ func TestTheAgentNeedsOnlyNetRaw(t *testing.T) {
 		a.apply(heartbeatsOn(t, st, a, agents))
 	}
 	mac1 := macOf(t, l.Nodes[0])
-	eventually(t, 10*time.Second, "node1 answers ARP", func() bool { return whoAnswers(t, l.Client, vip4) == mac1 })
-	eventually(t, 30*time.Second, "the router has node1's BGP route, over MD5", func() bool {
+	harness.Eventually(t, 10*time.Second, "node1 answers ARP", func() bool { return whoAnswers(t, l.Client, vip4) == mac1 })
+	harness.Eventually(t, 30*time.Second, "the router has node1's BGP route, over MD5", func() bool {
 		hops := nextHops(t, l, bgpVIP)
 		return len(hops) >= 1 && hops[0] == n1.String()
 	})
 	var st1, st2 *agentv1.GetStateResponse
-	eventually(t, 30*time.Second, "node1's session with BFD up, node2 standing by for node1 by heartbeats", func() bool {
+	harness.Eventually(t, 30*time.Second, "node1's session with BFD up, node2 standing by for node1 by heartbeats", func() bool {
 		st1, st2 = agents[0].getState(t), agents[1].getState(t)
 		up := len(st1.GetPeers()) == 1 && st1.GetPeers()[0].GetState() == "Established" && st1.GetPeers()[0].GetBfdState() == "Up"
 		return up && st2.GetHeartbeats().GetAccepted() > 0 && st1.GetHeartbeats().GetAccepted() > 0

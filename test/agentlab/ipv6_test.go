@@ -9,6 +9,7 @@ import (
 	"time"
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -38,7 +39,7 @@ func TestAnIPv6OnlyNodesAgentStarts(t *testing.T) {
 	}}
 	a.apply(&agentv1.DesiredState{Term: 1, Generation: 1, Announcements: []*agentv1.Announcement{an}})
 	mac := macOf(t, h)
-	eventually(t, 10*time.Second, "the client learns the node's MAC for the IPv6 VIP by NDP", func() bool {
+	harness.Eventually(t, 10*time.Second, "the client learns the node's MAC for the IPv6 VIP by NDP", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = l.Client.Ping(ctx, vip, 1) // resolves the neighbour; the node has no such address to answer the echo

@@ -21,6 +21,7 @@ import (
 
 	"github.com/metalvip/metalvip/internal/rendezvous"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
 )
@@ -67,7 +68,7 @@ func TestPerClientTableKeepsRealClientsThroughAFlood(t *testing.T) {
 	for _, c := range clients {
 		owner[c.Addr] = rendezvous.Owner(c.Addr, all)
 	}
-	eventually(t, 15*time.Second, "every real client answered by its owner alone", func() bool {
+	harness.Eventually(t, 15*time.Second, "every real client answered by its owner alone", func() bool {
 		for _, c := range clients {
 			if got := heard.nodesSince(c.Addr, time.Time{}); len(got) != 1 || got[0] != owner[c.Addr] {
 				return false
@@ -85,7 +86,7 @@ func TestPerClientTableKeepsRealClientsThroughAFlood(t *testing.T) {
 		}
 		return out
 	}
-	eventually(t, 15*time.Second, "every agent keeps the 100 real clients", func() bool {
+	harness.Eventually(t, 15*time.Second, "every agent keeps the 100 real clients", func() bool {
 		for _, a := range agents {
 			if len(missing(a)) > 0 {
 				return false

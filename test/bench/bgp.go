@@ -12,6 +12,7 @@ import (
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/figure"
 	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
@@ -33,7 +34,7 @@ func bgpWeighted(m *testenv.Main, r *report, c *cluster.Cluster) {
 	var w map[netip.Addr]int
 	var route string
 	start := time.Now()
-	cluster.Eventually(m, 60*time.Second, "three weighted next hops", func() bool {
+	harness.Eventually(m, 60*time.Second, "three weighted next hops", func() bool {
 		var err error
 		w, route, err = c.Lab.RouteWeights(vip.String())
 		return err == nil && len(w) == 3 && w[hops["node1"]] > 1 && w[hops["node1"]] < w[hops["node3"]]
@@ -171,12 +172,12 @@ func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duratio
 		delay, time.Now().UTC().Format("2006-01-02 15:04 UTC"), proc.LoadAverage(), weightRoute, buckets, settle)
 	l2vip := c.Service("drain-l2")
 	var owner string
-	cluster.Eventually(m, 30*time.Second, "an owner", func() bool { owner = c.Owner(l2vip); return owner != "" })
+	harness.Eventually(m, 30*time.Second, "an owner", func() bool { owner = c.Owner(l2vip); return owner != "" })
 	probe, err := c.Lab.Client.Probe(l2vip, 20*time.Millisecond, int((delay+10*time.Second)/(20*time.Millisecond)))
 	if err != nil {
 		m.Fatalf("%v", err)
 	}
-	cluster.Eventually(m, 5*time.Second, "the probe is answered", probe.Answered)
+	harness.Eventually(m, 5*time.Second, "the probe is answered", probe.Answered)
 	t1 := time.Now()
 	c.Cordon(owner, true)
 	d := c.SampleL2Drain(l2vip, owner, t1, delay+2*time.Second)

@@ -14,6 +14,7 @@ import (
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/figure"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -35,7 +36,7 @@ func fastFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 	const window = 10 * time.Second
 	c.ServeHTTP(port)
 	vip := c.Service("fast-failover")
-	cluster.Eventually(m, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
+	harness.Eventually(m, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
 
 	type costRow struct {
 		interval time.Duration
@@ -45,7 +46,7 @@ func fastFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 	measure := func(iv time.Duration) {
 		// The agents take the interval with the state the restarted CCM pushes them; the
 		// window starts once every agent holds it, and the pushes have settled.
-		cluster.Eventually(m, 2*time.Minute, fmt.Sprintf("every agent holds the %s interval", iv), func() bool {
+		harness.Eventually(m, 2*time.Minute, fmt.Sprintf("every agent holds the %s interval", iv), func() bool {
 			for _, a := range c.Agents {
 				st, err := a.Client.GetState(context.Background(), &agentv1.GetStateRequest{})
 				if err != nil || time.Duration(st.GetState().GetL2().GetHeartbeatIntervalMs())*time.Millisecond != iv {
@@ -93,7 +94,7 @@ func fastFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 	}
 	wg.Wait()
 	before := costs[len(costs)-1].cost.VIPs
-	cluster.Eventually(m, 5*time.Minute, "node1's agent takes part in 1,000 more VIPs", func() bool {
+	harness.Eventually(m, 5*time.Minute, "node1's agent takes part in 1,000 more VIPs", func() bool {
 		st, err := c.Agents["node1"].Client.GetState(context.Background(), &agentv1.GetStateRequest{})
 		return err == nil && len(st.GetState().GetAnnouncements()) >= before+n
 	})
@@ -105,7 +106,7 @@ func fastFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 	for i := range n {
 		_ = c.Srv.Client.CoreV1().Services(c.NS).Delete(context.Background(), fmt.Sprintf("fast-%04d", i), metav1.DeleteOptions{})
 	}
-	cluster.Eventually(m, 5*time.Minute, "node1's agent back to its VIPs before", func() bool {
+	harness.Eventually(m, 5*time.Minute, "node1's agent back to its VIPs before", func() bool {
 		st, err := c.Agents["node1"].Client.GetState(context.Background(), &agentv1.GetStateRequest{})
 		return err == nil && len(st.GetState().GetAnnouncements()) <= before
 	})

@@ -38,6 +38,7 @@ import (
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/figure"
 	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/kubeapi"
@@ -641,7 +642,7 @@ func perClient(m *testenv.Main, r *report, c *cluster.Cluster) {
 	clients := c.NewClients(c.ClientAddrs())
 	owned := func() map[netip.Addr]string {
 		var owners map[netip.Addr]string
-		cluster.Eventually(m, 30*time.Second, "every client answered by exactly one node", func() bool {
+		harness.Eventually(m, 30*time.Second, "every client answered by exactly one node", func() bool {
 			var ok bool
 			owners, ok = clients.Owners(vip, 300*time.Millisecond)
 			return ok
@@ -679,7 +680,7 @@ func perClient(m *testenv.Main, r *report, c *cluster.Cluster) {
 		c.Revive(victim)
 		// Back to the first spread (rendezvous hashing over the same three nodes), which also
 		// has the returned node learn the clients from their requests.
-		cluster.Eventually(m, 30*time.Second, victim+" answers its clients again", func() bool {
+		harness.Eventually(m, 30*time.Second, victim+" answers its clients again", func() bool {
 			now, ok := clients.Owners(vip, 300*time.Millisecond)
 			return ok && maps.Equal(now, owners)
 		})
@@ -725,7 +726,7 @@ func perClientFailed(m *testenv.Main, c *cluster.Cluster, vip netip.Addr, victim
 func l2Failover(m *testenv.Main, r *report, c *cluster.Cluster) {
 	step("L2 failover, %d trials", *trials)
 	vip := c.Service("failover")
-	cluster.Eventually(m, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
+	harness.Eventually(m, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
 	outages := failoverTrials(c, vip)
 	r.add("L2 failover",
 		fmt.Sprintf("In the lab: the node answering for an L2 VIP dies hard (its link down and its agent killed) while the client pings the VIP every 10 ms; the outage runs from the first unanswered ping to the first answered one, through the next candidate. Heartbeats every 50 ms, dead after 3 misses. The node is revived between trials. %d trials. Target: p99 under 300 ms; MetalLB measured 5.9 s (median of 5) and kube-vip 21 s on this machine kind.", *trials),
@@ -738,7 +739,7 @@ func failoverTrials(c *cluster.Cluster, vip netip.Addr) []float64 {
 	var outages []float64
 	for i := range *trials {
 		var victim string
-		cluster.Eventually(c.T, 10*time.Second, "one node answers before the kill", func() bool { victim = c.Owner(vip); return victim != "" })
+		harness.Eventually(c.T, 10*time.Second, "one node answers before the kill", func() bool { victim = c.Owner(vip); return victim != "" })
 		d := c.Failover(vip, victim)
 		outages = append(outages, float64(d))
 		step("  trial %d: %s died, outage %s", i, victim, d.Round(time.Millisecond))
@@ -752,7 +753,7 @@ func bgpFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 	step("BGP failover: BFD and graceful shutdown")
 	vip := c.Service("bgp-failover", cluster.InPool("bgp-"+c.NS))
 	all := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
-	cluster.Eventually(m, 60*time.Second, "three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
+	harness.Eventually(m, 60*time.Second, "three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
 	measure := func(node string, act func()) float64 {
 		ip := c.Agents[node].Host.IPv4.String()
 		start := time.Now()
@@ -782,14 +783,14 @@ func bgpFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 	var bfd, graceful []float64
 	for i := range 5 {
 		node := c.Lab.Nodes[i%3].Name
-		cluster.Eventually(m, 60*time.Second, node+"'s BGP session and BFD up", func() bool { return bfdUp(node) })
+		harness.Eventually(m, 60*time.Second, node+"'s BGP session and BFD up", func() bool { return bfdUp(node) })
 		bfd = append(bfd, measure(node, func() { c.Kill(node) }))
 		c.Revive(node)
-		cluster.Eventually(m, 60*time.Second, "back to three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
+		harness.Eventually(m, 60*time.Second, "back to three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
 		graceful = append(graceful, measure(node, func() { _ = c.Agents[node].Proc.Cmd.Process.Signal(syscall.SIGTERM) }))
 		<-c.Agents[node].Proc.Done()
 		c.StartAgent(c.Agents[node])
-		cluster.Eventually(m, 60*time.Second, "back to three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
+		harness.Eventually(m, 60*time.Second, "back to three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
 	}
 	row := func(name string, xs []float64) []string {
 		return []string{name, figure.Duration(time.Duration(figure.Percentile(xs, 50))), figure.Duration(time.Duration(slices.Min(xs))), figure.Duration(time.Duration(slices.Max(xs)))}
@@ -802,7 +803,7 @@ func bgpFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 func arpLatency(m *testenv.Main, r *report, c *cluster.Cluster) {
 	step("ARP answer latency")
 	vip := c.Service("arp-latency")
-	cluster.Eventually(m, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
+	harness.Eventually(m, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
 	cl, err := c.Lab.Client.DialARP()
 	if err != nil {
 		m.Fatalf("%v", err)
@@ -856,7 +857,7 @@ func agentMemory(m *testenv.Main, r *report, c *cluster.Cluster) {
 		}()
 	}
 	wg.Wait()
-	cluster.Eventually(m, 5*time.Minute, "node1's agent takes part in 1,000 VIPs", func() bool {
+	harness.Eventually(m, 5*time.Minute, "node1's agent takes part in 1,000 VIPs", func() bool {
 		st, err := c.Agents["node1"].Client.GetState(context.Background(), &agentv1.GetStateRequest{})
 		if err != nil {
 			return false

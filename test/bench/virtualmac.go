@@ -9,6 +9,7 @@ import (
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/loadbalancer/pools"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/figure"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -22,7 +23,7 @@ func virtualMACFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 	c.Object(v1alpha1.IPPoolResource, pool, fmt.Sprintf(`{addresses: ["203.0.113.200-203.0.113.207"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {l2: {virtualMAC: {scheme: Local}}}}`, c.NS))
 	vip := c.Service("vmac", cluster.InPool(pool))
 	mac := pools.VirtualMAC(v1alpha1.VirtualMACLocal, vip).String()
-	cluster.Eventually(m, 30*time.Second, "answered with the virtual MAC", func() bool {
+	harness.Eventually(m, 30*time.Second, "answered with the virtual MAC", func() bool {
 		macs, err := c.Lab.Client.AskARP(vip, 300*time.Millisecond, true)
 		return err == nil && len(macs) == 1 && macs[0] == mac
 	})

@@ -40,6 +40,7 @@ import (
 	"github.com/metalvip/metalvip/internal/identity"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/nodetoken"
@@ -181,7 +182,7 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 		start := time.Now()
 		for _, n := range l.Nodes[:opts.Joined] {
 			a := c.Agents[n.Name]
-			Eventually(t, 30*time.Second, n.Name+"'s agent is enrolled", func() bool {
+			harness.Eventually(t, 30*time.Second, n.Name+"'s agent is enrolled", func() bool {
 				ctx, cancel := context.WithTimeout(c.ctx, time.Second)
 				defer cancel()
 				_, err := a.Client.GetState(ctx, &agentv1.GetStateRequest{})
@@ -278,7 +279,7 @@ func (c *Cluster) agentToken(node, file string) {
 // gives the test a CCM identity of it (ccm.crt, ccm.key) to call agents and metalvipctl with.
 func (c *Cluster) readCA() {
 	var cm *corev1.ConfigMap
-	Eventually(c.T, 30*time.Second, "the CCM publishes the agents' CA", func() bool {
+	harness.Eventually(c.T, 30*time.Second, "the CCM publishes the agents' CA", func() bool {
 		var err error
 		cm, err = c.Srv.Client.CoreV1().ConfigMaps(c.NS).Get(c.ctx, identity.CAName, metav1.GetOptions{})
 		return err == nil && cm.Data[identity.CAKey] != ""
@@ -443,7 +444,7 @@ func (c *Cluster) Service(name string, opts ...SvcOpt) netip.Addr {
 	c.T.Helper()
 	c.createService(name, opts...)
 	var ip netip.Addr
-	Eventually(c.T, 30*time.Second, name+" gets an address", func() bool {
+	harness.Eventually(c.T, 30*time.Second, name+" gets an address", func() bool {
 		got, err := c.Srv.Client.CoreV1().Services(c.NS).Get(c.ctx, name, metav1.GetOptions{})
 		if err != nil || len(got.Status.LoadBalancer.Ingress) == 0 {
 			return false
@@ -459,7 +460,7 @@ func (c *Cluster) ServiceIPs(name string, n int, opts ...SvcOpt) []netip.Addr {
 	c.T.Helper()
 	c.createService(name, opts...)
 	var ips []netip.Addr
-	Eventually(c.T, 30*time.Second, fmt.Sprintf("%s gets %d addresses", name, n), func() bool {
+	harness.Eventually(c.T, 30*time.Second, fmt.Sprintf("%s gets %d addresses", name, n), func() bool {
 		got, err := c.Srv.Client.CoreV1().Services(c.NS).Get(c.ctx, name, metav1.GetOptions{})
 		if err != nil || len(got.Status.LoadBalancer.Ingress) != n {
 			return false
@@ -556,20 +557,7 @@ func (c *Cluster) Owner(vip netip.Addr) string {
 
 func (c *Cluster) WaitOwner(vip netip.Addr, want string, timeout time.Duration) {
 	c.T.Helper()
-	Eventually(c.T, timeout, fmt.Sprintf("%s answered by %s", vip, want), func() bool { return c.Owner(vip) == want })
-}
-
-// eventually polls cond every 20 ms for up to timeout and returns how long it took.
-func Eventually(t testenv.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(start)
+	harness.Eventually(c.T, timeout, fmt.Sprintf("%s answered by %s", vip, want), func() bool { return c.Owner(vip) == want })
 }
 
 func MACOf(t testenv.TB, h *lab.Host) string {
@@ -647,10 +635,10 @@ func (c *Cluster) Failover(vip netip.Addr, victim string) time.Duration {
 	if err != nil {
 		c.T.Fatalf("%v", err)
 	}
-	Eventually(c.T, 5*time.Second, "the probe is answered before the kill", probe.Answered)
+	harness.Eventually(c.T, 5*time.Second, "the probe is answered before the kill", probe.Answered)
 	killed := time.Now()
 	c.Kill(victim)
-	Eventually(c.T, 5*time.Second, "the client is answered again", func() bool {
+	harness.Eventually(c.T, 5*time.Second, "the client is answered again", func() bool {
 		return time.Since(killed) > 200*time.Millisecond && probe.Answered()
 	})
 	probe.Stop()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/proc"
 )
 
@@ -34,7 +35,7 @@ func (c *Cluster) FailoverHTTP(vip netip.Addr, port uint16, interval time.Durati
 	}
 	// The VIP's first candidate answers, steadily: a node revived just before takes its VIP
 	// back from the next one when its peers hear it, which must not happen during the trial.
-	Eventually(c.T, 30*time.Second, "the first candidate answers the HTTP client steadily", func() bool {
+	harness.Eventually(c.T, 30*time.Second, "the first candidate answers the HTTP client steadily", func() bool {
 		victim = probe.Steady(time.Second)
 		return victim != "" && victim == c.firstCandidate(vip) && c.Owner(vip) == victim && probe.Steady(time.Second) == victim
 	})
@@ -43,7 +44,7 @@ func (c *Cluster) FailoverHTTP(vip netip.Addr, port uint16, interval time.Durati
 	// Killing takes a moment (the link is set down by a command): the victim answers until
 	// then. Another node must answer an attempt made after.
 	down := time.Now()
-	Eventually(c.T, 5*time.Second, "another node answers the HTTP client", func() bool {
+	harness.Eventually(c.T, 5*time.Second, "another node answers the HTTP client", func() bool {
 		_, _, by := probe.Outage(down)
 		return len(by) > 0 && by[len(by)-1] != victim && probe.Answered()
 	})
@@ -90,7 +91,7 @@ func (c *Cluster) FailoverTrials(vip netip.Addr, port uint16, interval time.Dura
 		}
 		c.Revive(victim)
 		a := c.Agents[victim]
-		Eventually(c.T, 30*time.Second, victim+" back and in touch with the CCM", func() bool {
+		harness.Eventually(c.T, 30*time.Second, victim+" back and in touch with the CCM", func() bool {
 			st, err := a.Client.GetState(context.Background(), &agentv1.GetStateRequest{})
 			return err == nil && !st.GetRestored()
 		})

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/metalvip/metalvip/test/harness"
 )
 
 // TrialsEnv sets how many times each fault is repeated: 2 by default (make test), 10 or more
@@ -55,7 +57,7 @@ func TestTheControlPlaneVIP(t *testing.T) {
 	t.Run("the first node brings the VIP up with no API server running at all", func(t *testing.T) {
 		start := time.Now()
 		e.startAgent("node1")
-		took := eventually(t, 10*time.Second, "node1 answers ARP for the VIP", func() bool { return w.owner() == "node1" })
+		took := harness.Eventually(t, 10*time.Second, "node1 answers ARP for the VIP", func() bool { return w.owner() == "node1" })
 		var refused bool
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -83,7 +85,7 @@ func TestTheControlPlaneVIP(t *testing.T) {
 		}
 		e.waitAPIServers(3 * time.Minute)
 		t.Logf("three kube-apiservers ready in %s", time.Since(start).Round(time.Second))
-		eventually(t, 30*time.Second, "node1 holds the VIP, its bootstrap over, and the client is served", func() bool {
+		harness.Eventually(t, 30*time.Second, "node1 holds the VIP, its bootstrap over, and the client is served", func() bool {
 			cp := e.controlPlane("node1")
 			return w.owner() == "node1" && cp.GetApiServerReady() && !cp.GetBootstrap() && len(cp.GetSeen()) == 2 && l.steady(2*time.Second)
 		})
@@ -135,14 +137,14 @@ func TestTheControlPlaneVIP(t *testing.T) {
 			e.startAgent(n.Name)
 		}
 		all := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
-		took := eventually(t, 60*time.Second, "three next hops at the router", func() bool { return slices.Equal(e.nextHops(t), all) })
+		took := harness.Eventually(t, 60*time.Second, "three next hops at the router", func() bool { return slices.Equal(e.nextHops(t), all) })
 		t.Logf("BGP: three next hops %s after the agents started", took.Round(time.Millisecond))
 		var leaves []time.Duration
 		for i := range n {
 			victim := e.lab.Nodes[1+i%2]
-			eventually(t, 60*time.Second, "three next hops", func() bool { return slices.Equal(e.nextHops(t), all) })
+			harness.Eventually(t, 60*time.Second, "three next hops", func() bool { return slices.Equal(e.nextHops(t), all) })
 			e.apiservers[victim.Name].Kill()
-			gone := eventually(t, 10*time.Second, victim.Name+"'s next hop leaves", func() bool {
+			gone := harness.Eventually(t, 10*time.Second, victim.Name+"'s next hop leaves", func() bool {
 				return !slices.Contains(e.nextHops(t), victim.IPv4.String())
 			})
 			leaves = append(leaves, gone)
@@ -169,7 +171,7 @@ func ms(d time.Duration) string { return d.Round(time.Millisecond).String() }
 // until it holds the VIP again. It returns when the VIP moved and the client's outage.
 func (e *env) fault(t *testing.T, w *arpWatch, l *lister, kind string) (move, outage time.Duration) {
 	const victim = "node1"
-	eventually(t, 2*time.Minute, "node1 holds the VIP and the client is served", func() bool {
+	harness.Eventually(t, 2*time.Minute, "node1 holds the VIP and the client is served", func() bool {
 		return w.owner() == victim && l.steady(2*time.Second)
 	})
 	h := e.node(victim)
@@ -234,7 +236,7 @@ func (e *env) fault(t *testing.T, w *arpWatch, l *lister, kind string) (move, ou
 // failover bound on exactly one other node answers and node1 does not, then heals it.
 func (e *env) partition(t *testing.T, w *arpWatch, l *lister) {
 	const victim = "node1"
-	eventually(t, 2*time.Minute, "node1 holds the VIP and the client is served", func() bool {
+	harness.Eventually(t, 2*time.Minute, "node1 holds the VIP and the client is served", func() bool {
 		return w.owner() == victim && l.steady(2*time.Second)
 	})
 	h := e.node(victim)
@@ -275,7 +277,7 @@ func (e *env) partition(t *testing.T, w *arpWatch, l *lister) {
 		t.Fatalf("nft: %v: %s", err, out)
 	}
 	healed := time.Now()
-	eventually(t, 30*time.Second, "node1 holds the VIP again once the partition heals", func() bool { return w.owner() == victim })
+	harness.Eventually(t, 30*time.Second, "node1 holds the VIP again once the partition heals", func() bool { return w.owner() == victim })
 	t.Logf("partition healed: node1 holds the VIP again %s later", ms(time.Since(healed)))
 }
 
@@ -312,7 +314,7 @@ func (e *env) nextHops(t *testing.T) []string {
 // it, and measures what the client sees; then turns it off again.
 func (e *env) standby(t *testing.T, w *arpWatch, l *lister) {
 	const victim = "node1"
-	eventually(t, 2*time.Minute, "node1 holds the VIP and the client is served", func() bool {
+	harness.Eventually(t, 2*time.Minute, "node1 holds the VIP and the client is served", func() bool {
 		return w.owner() == victim && l.steady(2*time.Second)
 	})
 	file := e.files + "/" + victim + "/controlplane.yaml"
@@ -323,7 +325,7 @@ func (e *env) standby(t *testing.T, w *arpWatch, l *lister) {
 	}
 	t0 := time.Now()
 	set("on")
-	took := eventually(t, 10*time.Second, "another node holds the VIP", func() bool { o := w.owner(); return o != "" && o != victim })
+	took := harness.Eventually(t, 10*time.Second, "another node holds the VIP", func() bool { o := w.owner(); return o != "" && o != victim })
 	time.Sleep(observe)
 	t1 := time.Now()
 	gap, failed, firstErr := l.outage(t0, t1)
@@ -339,7 +341,7 @@ func (e *env) standby(t *testing.T, w *arpWatch, l *lister) {
 		t.Errorf("node1 says %v", cp)
 	}
 	set("off")
-	eventually(t, 30*time.Second, "node1 holds the VIP again after standby off", func() bool { return w.owner() == victim })
+	harness.Eventually(t, 30*time.Second, "node1 holds the VIP again after standby off", func() bool { return w.owner() == victim })
 }
 
 // logMarks returns how long each agent's log is now.

@@ -652,19 +652,6 @@ func (w *arpWatch) owner() string {
 	return ""
 }
 
-// eventually polls cond every 20 ms for up to timeout and returns how long it took.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // percentiles returns p50, p99 and max of ds.
 func percentiles(ds []time.Duration) (p50, p99, maxd time.Duration) {
 	s := slices.Clone(ds)

@@ -25,6 +25,7 @@ import (
 	"github.com/metalvip/metalvip/internal/annotation"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/testenv"
@@ -103,18 +104,18 @@ func main() {
 	for _, r := range rows {
 		switch {
 		case r.mode == "L2 per client":
-			cluster.Eventually(m, 30*time.Second, r.name+" answered, each client by one node", func() bool {
+			harness.Eventually(m, 30*time.Second, r.name+" answered, each client by one node", func() bool {
 				_, ok := clients.Owners(r.vip, 300*time.Millisecond)
 				return ok
 			})
 		case strings.HasPrefix(r.mode, "L2"):
-			cluster.Eventually(m, 30*time.Second, r.name+" answered", func() bool { return c.Owner(r.vip) != "" })
+			harness.Eventually(m, 30*time.Second, r.name+" answered", func() bool { return c.Owner(r.vip) != "" })
 		default:
 			want := 3
 			if r.policy == "Local" {
 				want = 1
 			}
-			cluster.Eventually(m, 60*time.Second, r.name+" advertised", func() bool { return len(c.NextHops(r.vip)) == want })
+			harness.Eventually(m, 60*time.Second, r.name+" advertised", func() bool { return len(c.NextHops(r.vip)) == want })
 		}
 	}
 
@@ -155,7 +156,7 @@ func main() {
 	fmt.Printf("  HTTP from the client now: %s\n\n", strings.Join(askNodes(m, c.Lab.Client, vip, 1), ", "))
 	step("bringing %s back", victim)
 	c.Revive(victim)
-	cluster.Eventually(m, 60*time.Second, victim+" back", func() bool {
+	harness.Eventually(m, 60*time.Second, victim+" back", func() bool {
 		st, err := c.Agents[victim].Client.GetState(context.Background(), &agentv1.GetStateRequest{})
 		return err == nil && !st.GetRestored()
 	})

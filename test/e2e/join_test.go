@@ -18,6 +18,7 @@ import (
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/internal/identity"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -29,14 +30,14 @@ func TestAFourthNodeJoinsWithNoManualStep(t *testing.T) {
 	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary, Nodes: 4, Joined: 3})
 	bgp := c.Service("everywhere", cluster.InPool("bgp-"+c.NS))
 	three := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
-	cluster.Eventually(t, 60*time.Second, "the BGP VIP is advertised by the three nodes", func() bool {
+	harness.Eventually(t, 60*time.Second, "the BGP VIP is advertised by the three nodes", func() bool {
 		return slices.Equal(c.NextHops(bgp), three)
 	})
 	var l2 []netip.Addr
 	for _, name := range []string{"web-1", "web-2", "web-3"} {
 		l2 = append(l2, c.Service(name))
 	}
-	cluster.Eventually(t, 30*time.Second, "the three L2 VIPs are answered, one per node", func() bool {
+	harness.Eventually(t, 30*time.Second, "the three L2 VIPs are answered, one per node", func() bool {
 		owners := cluster.ValuesOf(c.Owners(l2))
 		slices.Sort(owners)
 		return slices.Equal(owners, []string{"node1", "node2", "node3"})
@@ -44,7 +45,7 @@ func TestAFourthNodeJoinsWithNoManualStep(t *testing.T) {
 
 	joined := time.Now()
 	c.Join("node4")
-	took := cluster.Eventually(t, 60*time.Second, "the joined node advertises the BGP VIP", func() bool {
+	took := harness.Eventually(t, 60*time.Second, "the joined node advertises the BGP VIP", func() bool {
 		return slices.Equal(c.NextHops(bgp), append(slices.Clone(three), "198.51.100.14"))
 	})
 	t.Logf("node4 advertises the BGP VIP %s after joining", took.Round(time.Millisecond))

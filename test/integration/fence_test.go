@@ -20,6 +20,7 @@ import (
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/nodeagent"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -152,7 +153,7 @@ func lbService(t *testing.T, srv *kubeapi.Server, ns, name, pool string) string 
 		t.Fatal(err)
 	}
 	var ip string
-	eventually(t, 30*time.Second, name+" gets an address", func() bool {
+	harness.Eventually(t, 30*time.Second, name+" gets an address", func() bool {
 		s, err := srv.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
 		if err == nil && len(s.Status.LoadBalancer.Ingress) > 0 {
 			ip = s.Status.LoadBalancer.Ingress[0].IP
@@ -160,17 +161,6 @@ func lbService(t *testing.T, srv *kubeapi.Server, ns, name, pool string) string 
 		return ip != ""
 	})
 	return ip
-}
-
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // TestAFutureTermDoesNotLockOutTheNextLeader: someone holding the CCM's key (or an older
@@ -196,7 +186,7 @@ func TestAFutureTermDoesNotLockOutTheNextLeader(t *testing.T) {
 	startCCM(t, srv, announcingConfig(dir, agent.port), "--leader-elect=true", "--leader-elect-resource-name="+lease,
 		"--controllers=service-lb-controller")
 	vip := lbService(t, srv, ns, "web", "fence-"+ns)
-	eventually(t, 60*time.Second, "the agent announces the new leader's VIP", func() bool { return agent.announces(t, vip) })
+	harness.Eventually(t, 60*time.Second, "the agent announces the new leader's VIP", func() bool { return agent.announces(t, vip) })
 	st := agent.state(t)
 	if st.GetTerm() <= future {
 		t.Errorf("the agent holds term %d, not above the rogue %d", st.GetTerm(), future)
@@ -230,12 +220,12 @@ func TestARecreatedNodeConvergesOnItsAgent(t *testing.T) {
 	createPool(t, srv, "moved-"+ns, fmt.Sprintf(`{"addresses": ["198.18.8.0/27"], "serviceAllocation": {"namespaces": [%q]}}`, ns))
 	startCCM(t, srv, announcingConfig(dir, agent.port), "--controllers=service-lb-controller")
 	a := lbService(t, srv, ns, "a", "moved-"+ns)
-	eventually(t, 30*time.Second, "the agent announces a", func() bool { return agent.announces(t, a) })
+	harness.Eventually(t, 30*time.Second, "the agent announces a", func() bool { return agent.announces(t, a) })
 	// A few more changes, so that the agent holds a generation well above 1: a connection that
 	// started again from 1 would look applied already.
 	for i := range 5 {
 		vip := lbService(t, srv, ns, fmt.Sprintf("c%d", i), "moved-"+ns)
-		eventually(t, 30*time.Second, "the agent announces "+vip, func() bool { return agent.announces(t, vip) })
+		harness.Eventually(t, 30*time.Second, "the agent announces "+vip, func() bool { return agent.announces(t, vip) })
 	}
 	gen := agent.state(t).GetGeneration()
 	t.Logf("the agent holds generation %d before the Node is re-created", gen)
@@ -243,13 +233,13 @@ func TestARecreatedNodeConvergesOnItsAgent(t *testing.T) {
 	if err := srv.Client.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the Node is gone", func() bool {
+	harness.Eventually(t, 30*time.Second, "the Node is gone", func() bool {
 		_, err := srv.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		return err != nil
 	})
 	mk(second)
 	b := lbService(t, srv, ns, "b", "moved-"+ns)
-	eventually(t, 30*time.Second, "the agent announces b too, reached at its new address", func() bool {
+	harness.Eventually(t, 30*time.Second, "the agent announces b too, reached at its new address", func() bool {
 		return agent.announces(t, a) && agent.announces(t, b)
 	})
 	st := agent.state(t)

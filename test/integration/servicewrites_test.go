@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/metalvip/metalvip/internal/annotation"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -133,8 +134,8 @@ func TestANewServiceIsWrittenOnceForItsAddressAndOnceForItsCondition(t *testing.
 			}
 		})
 		ip := lbService(t, srv, ns, "alone", pool)
-		eventually(t, 30*time.Second, "the agent announces "+ip, func() bool { return agent.announces(t, ip) })
-		eventually(t, 30*time.Second, "alone carries its Announced condition", func() bool {
+		harness.Eventually(t, 30*time.Second, "the agent announces "+ip, func() bool { return agent.announces(t, ip) })
+		harness.Eventually(t, 30*time.Second, "alone carries its Announced condition", func() bool {
 			r := revs.of("alone")
 			return len(r) > 0 && announced(r[len(r)-1])
 		})
@@ -142,7 +143,7 @@ func TestANewServiceIsWrittenOnceForItsAddressAndOnceForItsCondition(t *testing.
 		if msg := checkWrittenOnce(revs.of("alone"), pool, prefix); msg != "" {
 			t.Error(msg)
 		}
-		eventually(t, 10*time.Second, "alone has its IPAllocated Event", func() bool { return len(ipAllocatedEvents(t, srv, ns, "alone")) > 0 })
+		harness.Eventually(t, 10*time.Second, "alone has its IPAllocated Event", func() bool { return len(ipAllocatedEvents(t, srv, ns, "alone")) > 0 })
 		if evs := ipAllocatedEvents(t, srv, ns, "alone"); len(evs) != 1 || evs[0].Count > 1 {
 			t.Errorf("IPAllocated Events on alone: %+v, want one, once", evs)
 		}
@@ -169,7 +170,7 @@ func TestANewServiceIsWrittenOnceForItsAddressAndOnceForItsCondition(t *testing.
 		}
 		wg.Wait()
 		var lastIP, lastCond time.Time
-		eventually(t, 60*time.Second, "every Service of the burst carries its Announced condition", func() bool {
+		harness.Eventually(t, 60*time.Second, "every Service of the burst carries its Announced condition", func() bool {
 			withIP, withCond := 0, 0
 			for i := range n {
 				r := revs.of(fmt.Sprintf("burst-%02d", i))
