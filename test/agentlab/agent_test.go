@@ -23,6 +23,7 @@ import (
 	"github.com/metalvip/metalvip/internal/certs"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -56,37 +57,6 @@ type agent struct {
 	wrap   []string // a command the agent runs under (setpriv ...), if any
 }
 
-// pki writes a CA, the CCM's certificate and one per node into dir.
-func pki(t *testing.T, nodes []*lab.Host) string {
-	t.Helper()
-	dir := t.TempDir()
-	ca, err := certs.NewCA("metalvip-ca", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write := func(name string, p certs.Pair) {
-		for ext, data := range map[string][]byte{".crt": p.Cert, ".key": p.Key} {
-			if err := os.WriteFile(filepath.Join(dir, name+ext), data, 0o600); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	write("ca", ca)
-	ccm, err := certs.Issue(ca, certs.CCMName, certs.Client, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write("ccm", ccm)
-	for _, n := range nodes {
-		p, err := certs.Issue(ca, n.Name, certs.Server, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		write(n.Name, p)
-	}
-	return dir
-}
-
 func startAgent(t *testing.T, h *lab.Host, tlsDir, stateDir string, wrap ...string) *agent {
 	t.Helper()
 	a := &agent{t: t, host: h, state: stateDir, tls: tlsDir, wrap: wrap}
@@ -99,7 +69,7 @@ func startAgent(t *testing.T, h *lab.Host, tlsDir, stateDir string, wrap ...stri
 // ccmClient dials the agent at addr inside h's namespace with the CCM's certificate.
 func ccmClient(t *testing.T, h *lab.Host, tlsDir string, addr netip.AddrPort) agentv1.AgentServiceClient {
 	t.Helper()
-	cfg, err := certs.ClientConfig(certs.Files{CA: filepath.Join(tlsDir, "ca.crt"), Cert: filepath.Join(tlsDir, "ccm.crt"), Key: filepath.Join(tlsDir, "ccm.key")}, h.Name)
+	cfg, err := certs.ClientConfig(pki.Files(tlsDir, "ccm"), h.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +229,7 @@ func nextHops(t *testing.T, l *lab.Lab, vip string) []string {
 
 func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	var agents []*agent
 	for _, n := range l.Nodes {
 		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))

@@ -29,6 +29,7 @@ import (
 	"github.com/metalvip/metalvip/internal/certs"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
 )
@@ -48,7 +49,7 @@ const (
 // namespace), with the contract's client options.
 func ccmFrom(t *testing.T, from *lab.Host, a *agent) agentv1.AgentServiceClient {
 	t.Helper()
-	cfg, err := certs.ClientConfig(certs.Files{CA: filepath.Join(a.tls, "ca.crt"), Cert: filepath.Join(a.tls, "ccm.crt"), Key: filepath.Join(a.tls, "ccm.key")}, a.host.Name)
+	cfg, err := certs.ClientConfig(pki.Files(a.tls, "ccm"), a.host.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +147,7 @@ func stall(t *testing.T, h *lab.Host, target netip.AddrPort, sources []netip.Add
 func TestStalledConnectionsNeitherKillTheAgentNorKeepTheCCMOut(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 1, ClientAddrs: 49})
 	node := l.Nodes[0]
-	a := startAgent(t, node, pki(t, l.Nodes), filepath.Join(t.TempDir(), "state"))
+	a := startAgent(t, node, pki.AgentsDir(t, lab.Names(l.Nodes)...), filepath.Join(t.TempDir(), "state"))
 	vip := netip.MustParseAddr("203.0.113.40")
 	a.apply(desired(1, l, l2Ann(vip.String(), node)))
 	ccm := ccmFrom(t, l.Control, a)
@@ -264,7 +265,7 @@ func failoverTime(t *testing.T, probe *arpProbe, killed time.Time, newOwner stri
 // candidates in order, and waits until the first answers.
 func heartbeatCluster(t *testing.T, l *lab.Lab, hosts []*lab.Host, vip netip.Addr) []*agent {
 	t.Helper()
-	tlsDir := pki(t, hosts)
+	tlsDir := pki.AgentsDir(t, lab.Names(hosts)...)
 	var agents []*agent
 	for _, n := range hosts {
 		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))

@@ -12,6 +12,7 @@ import (
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
 )
@@ -47,7 +48,7 @@ func TestTheAgentNeedsOnlyNetRaw(t *testing.T) {
 		"-c", "address-family ipv4 unicast", "-c", fmt.Sprintf("neighbor %s activate", n1)).CombinedOutput(); err != nil {
 		t.Fatalf("configure FRR: %v: %s", err, out)
 	}
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	netRawOnly := []string{"/usr/bin/setpriv", "--bounding-set=-all,+net_raw", "--inh-caps=-all", "--ambient-caps=-all", "--"}
 	var agents []*agent
 	for _, n := range l.Nodes {

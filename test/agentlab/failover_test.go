@@ -13,6 +13,7 @@ import (
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -21,7 +22,7 @@ import (
 // candidate answers; then brings the node back and checks the hand-over back to it.
 func TestL2FailoverAmongAgents(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	var agents []*agent
 	for _, n := range l.Nodes {
 		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
@@ -194,7 +195,7 @@ func TestAStallOfEveryAgentMovesNothing(t *testing.T) {
 // its own heartbeats in turn: seconds of VIPs moving back and forth over all three nodes.
 func TestAStallAmongAThousandVIPsMovesThemOnceEachWay(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	var agents []*agent
 	for _, n := range l.Nodes {
 		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))

@@ -10,6 +10,7 @@ import (
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -23,7 +24,7 @@ func TestAnIPv6OnlyNodesAgentStarts(t *testing.T) {
 	if out, err := h.Run(context.Background(), "ip", "-4", "addr", "flush", "dev", "eth0"); err != nil {
 		t.Fatalf("remove the node's IPv4 address: %v %s", err, out)
 	}
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	a := &agent{t: t, host: h, state: filepath.Join(t.TempDir(), "state"), tls: tlsDir}
 	a.proc = h.Start(t, "agent", agentBinary,
 		"--node-name", h.Name, "--listen-address", h.IPv6.String(), "--metrics-address", h.IPv6.String(),

@@ -22,6 +22,7 @@ import (
 	"github.com/metalvip/metalvip/internal/rendezvous"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
 )
@@ -39,7 +40,7 @@ import (
 func TestPerClientTableKeepsRealClientsThroughAFlood(t *testing.T) {
 	const realClients, randomForged, claimsForged, repeatForged = 100, 10000, 1000, 1000
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	var agents []*agent
 	names := map[string]string{} // node MAC to name
 	for _, n := range l.Nodes {
@@ -484,7 +485,7 @@ func kib(b int64) string { return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10)) }
 func TestPerClientFloodOfManyVIPsStaysBounded(t *testing.T) {
 	const vips, perVIP = 50, 2000
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki(t, l.Nodes[:1])
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes[:1])...)
 	a := startAgent(t, l.Nodes[0], tlsDir, filepath.Join(t.TempDir(), "state"))
 	st := &agentv1.DesiredState{Term: 1, Generation: 1}
 	var addrs []netip.Addr

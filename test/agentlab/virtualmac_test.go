@@ -17,6 +17,7 @@ import (
 	"github.com/metalvip/metalvip/loadbalancer/pools"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -35,7 +36,7 @@ func TestAVirtualMACWithoutNetAdminIsAnsweredWithTheNodesMAC(t *testing.T) {
 		t.Skip("setpriv (util-linux) not found")
 	}
 	l := lab.New(t, lab.Options{Nodes: 1})
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	netRawOnly := []string{"/usr/bin/setpriv", "--bounding-set=-all,+net_raw", "--inh-caps=-all", "--ambient-caps=-all", "--"}
 	a := startAgent(t, l.Nodes[0], tlsDir, filepath.Join(t.TempDir(), "state"), netRawOnly...)
 	vip := netip.MustParseAddr("203.0.113.60")
@@ -63,7 +64,7 @@ func TestAVirtualMACWithoutNetAdminIsAnsweredWithTheNodesMAC(t *testing.T) {
 // nftables transaction, from its log).
 func TestTakingOverManyVirtualMACs(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 2})
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	var agents []*agent
 	for _, n := range l.Nodes {
 		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
@@ -160,7 +161,7 @@ func fdbPort(t *testing.T, l *lab.Lab, mac string) string {
 // it back only after the other stopped.
 func TestAVirtualMACMovesInOrderAcrossQuickRestarts(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	var agents []*agent
 	for _, n := range l.Nodes {
 		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))

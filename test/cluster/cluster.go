@@ -41,6 +41,7 @@ import (
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/nodetoken"
@@ -284,42 +285,22 @@ func (c *Cluster) readCA() {
 		cm, err = c.Srv.Client.CoreV1().ConfigMaps(c.NS).Get(c.ctx, identity.CAName, metav1.GetOptions{})
 		return err == nil && cm.Data[identity.CAKey] != ""
 	})
-	if err := os.WriteFile(filepath.Join(c.PKI, "ca.crt"), []byte(cm.Data[identity.CAKey]), 0o600); err != nil {
+	if err := pki.WritePair(c.PKI, "ca", certs.Pair{Cert: []byte(cm.Data[identity.CAKey])}); err != nil {
 		c.T.Fatalf("%v", err)
 	}
 	sec, err := c.Srv.Client.CoreV1().Secrets(c.NS).Get(c.ctx, identity.CAName, metav1.GetOptions{})
 	if err != nil {
 		c.T.Fatalf("the CA Secret: %v", err)
 	}
-	ccm, err := certs.Issue(certs.Pair{Cert: sec.Data[corev1.TLSCertKey], Key: sec.Data[corev1.TLSPrivateKeyKey]}, certs.CCMName, certs.Client, time.Hour)
-	if err != nil {
+	ca := certs.Pair{Cert: sec.Data[corev1.TLSCertKey], Key: sec.Data[corev1.TLSPrivateKeyKey]}
+	if err := pki.Issue(c.PKI, "ccm", ca, certs.CCMName, certs.Client, time.Hour); err != nil {
 		c.T.Fatalf("%v", err)
-	}
-	for name, data := range map[string][]byte{"ccm.crt": ccm.Cert, "ccm.key": ccm.Key} {
-		if err := os.WriteFile(filepath.Join(c.PKI, name), data, 0o600); err != nil {
-			c.T.Fatalf("%v", err)
-		}
 	}
 }
 
 func (c *Cluster) writePKI() {
-	ca, err := certs.NewCA("metalvip-ca", time.Hour)
-	if err != nil {
-		c.T.Fatalf("%v", err)
-	}
-	write := func(name string, p certs.Pair) {
-		for ext, data := range map[string][]byte{".crt": p.Cert, ".key": p.Key} {
-			if err := os.WriteFile(filepath.Join(c.PKI, name+ext), data, 0o600); err != nil {
-				c.T.Fatalf("%v", err)
-			}
-		}
-	}
-	write("ca", ca)
-	ccm, _ := certs.Issue(ca, certs.CCMName, certs.Client, time.Hour)
-	write("ccm", ccm)
-	for _, n := range c.Lab.Nodes {
-		p, _ := certs.Issue(ca, n.Name, certs.Server, time.Hour)
-		write(n.Name, p)
+	if _, err := pki.Agents(c.PKI, "", time.Hour, lab.Names(c.Lab.Nodes)...); err != nil {
+		c.T.Fatalf("the agents' PKI: %v", err)
 	}
 }
 
@@ -352,7 +333,7 @@ func (c *Cluster) StartAgent(a *Agent) {
 	}
 	a.Proc = h.Start(c.Root, "agent", c.opts.AgentBinary, args...)
 	if a.Client == nil {
-		cfg, err := certs.ClientConfig(certs.Files{CA: filepath.Join(c.PKI, "ca.crt"), Cert: filepath.Join(c.PKI, "ccm.crt"), Key: filepath.Join(c.PKI, "ccm.key")}, h.Name)
+		cfg, err := certs.ClientConfig(pki.Files(c.PKI, "ccm"), h.Name)
 		if err != nil {
 			c.T.Fatalf("%v", err)
 		}

@@ -8,17 +8,9 @@ package controlplane
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/hex"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
@@ -41,6 +33,7 @@ import (
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/nodeagent/controlplane"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/testenv"
@@ -145,70 +138,22 @@ func (e *env) writePKI() {
 	if err := os.MkdirAll(e.pki, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "lab-kubernetes-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	srvKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ips := []net.IP{vip.AsSlice(), net.IPv4(127, 0, 0, 1)}
+	addrs := []netip.Addr{vip, netip.AddrFrom4([4]byte{127, 0, 0, 1})}
 	for _, n := range e.lab.Nodes {
-		ips = append(ips, n.IPv4.AsSlice())
+		addrs = append(addrs, n.IPv4)
 	}
-	srvDER, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-apiserver"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), IPAddresses: ips, DNSNames: []string{"kubernetes"},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}, caCert, &srvKey.PublicKey, caKey)
-	if err != nil {
+	if err := pki.APIServer(e.pki, 24*time.Hour, addrs...); err != nil {
 		t.Fatal(err)
 	}
-	srvKeyDER, _ := x509.MarshalECPrivateKey(srvKey)
-	sa, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
+	if _, err := pki.ServiceAccount(e.pki); err != nil {
 		t.Fatal(err)
 	}
-	saPub, _ := x509.MarshalPKIXPublicKey(&sa.PublicKey)
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	e.token = hex.EncodeToString(b)
-	files := map[string][]byte{
-		"ca.crt":        pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		"apiserver.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srvDER}),
-		"apiserver.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: srvKeyDER}),
-		"sa.key":        pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(sa)}),
-		"sa.pub":        pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPub}),
-		"tokens.csv":    fmt.Appendf(nil, "%s,lab-admin,lab-admin,system:masters\n", e.token),
-	}
-	agentCA, err := certs.NewCA("metalvip-ca", time.Hour*24)
-	if err != nil {
+	var err error
+	if e.token, err = pki.AdminToken(e.pki, "lab-admin"); err != nil {
 		t.Fatal(err)
 	}
-	files["agent-ca.crt"], files["agent-ca.key"] = agentCA.Cert, agentCA.Key
-	viewer, err := certs.Issue(agentCA, certs.ViewerName, certs.Client, 24*time.Hour)
-	if err != nil {
+	if _, err := pki.Agents(e.pki, "agent-", 24*time.Hour, lab.Names(e.lab.Nodes)...); err != nil {
 		t.Fatal(err)
-	}
-	files["agent-viewer.crt"], files["agent-viewer.key"] = viewer.Cert, viewer.Key
-	for _, n := range e.lab.Nodes {
-		p, err := certs.Issue(agentCA, n.Name, certs.Server, 24*time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files["agent-"+n.Name+".crt"], files["agent-"+n.Name+".key"] = p.Cert, p.Key
-	}
-	for name, data := range files {
-		if err := os.WriteFile(e.path(name), data, 0o600); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 

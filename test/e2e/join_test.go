@@ -7,7 +7,6 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"net/netip"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -19,6 +18,7 @@ import (
 	"github.com/metalvip/metalvip/internal/identity"
 	"github.com/metalvip/metalvip/test/cluster"
 	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -107,7 +107,7 @@ func TestAFourthNodeJoinsWithNoManualStep(t *testing.T) {
 func servedCertificate(t *testing.T, c *cluster.Cluster, node string) *x509.Certificate {
 	t.Helper()
 	a := c.Agents[node]
-	src, err := certs.FileSource(certs.Files{CA: filepath.Join(c.PKI, "ca.crt"), Cert: filepath.Join(c.PKI, "ccm.crt"), Key: filepath.Join(c.PKI, "ccm.key")})
+	src, err := certs.FileSource(pki.Files(c.PKI, "ccm"))
 	if err != nil {
 		t.Fatal(err)
 	}

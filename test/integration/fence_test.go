@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -21,40 +20,9 @@ import (
 	"github.com/metalvip/metalvip/nodeagent"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
-
-// pki writes a CA, the CCM's client pair and a server pair per node into a folder.
-func pki(t *testing.T, nodes ...string) string {
-	t.Helper()
-	dir := t.TempDir()
-	ca, err := certs.NewCA("metalvip test CA", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write := func(name string, p certs.Pair) {
-		if err := os.WriteFile(filepath.Join(dir, name+".crt"), p.Cert, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, name+".key"), p.Key, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("ca", ca)
-	ccm, err := certs.Issue(ca, certs.CCMName, certs.Client, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write("ccm", ccm)
-	for _, n := range nodes {
-		p, err := certs.Issue(ca, n, certs.Server, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		write(n, p)
-	}
-	return dir
-}
 
 // inProcessAgent is the real agent logic (validation, fencing, generations, persistence)
 // without speakers, served over mutual TLS on loopback addresses.
@@ -72,7 +40,7 @@ func startAgent(t *testing.T, dir, node string, addrs ...netip.Addr) *inProcessA
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.Close(context.Background()) })
-	tc, err := certs.ServerConfig(certs.Files{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, node+".crt"), Key: filepath.Join(dir, node+".key")}, certs.CCMName)
+	tc, err := certs.ServerConfig(pki.Files(dir, node), certs.CCMName)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +138,7 @@ func TestAFutureTermDoesNotLockOutTheNextLeader(t *testing.T) {
 	srv := kubeapi.Get(t)
 	ctx := context.Background()
 	node := "fence-" + rand.String(5)
-	dir := pki(t, node)
+	dir := pki.AgentsDir(t, node)
 	addr := netip.MustParseAddr("127.0.0.21")
 	agent := startAgent(t, dir, node, addr)
 	createNode(t, srv, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node},
@@ -208,7 +176,7 @@ func TestARecreatedNodeConvergesOnItsAgent(t *testing.T) {
 	srv := kubeapi.Get(t)
 	ctx := context.Background()
 	node := "moved-" + rand.String(5)
-	dir := pki(t, node)
+	dir := pki.AgentsDir(t, node)
 	first, second := netip.MustParseAddr("127.0.0.22"), netip.MustParseAddr("127.0.0.23")
 	agent := startAgent(t, dir, node, first, second)
 	mk := func(a netip.Addr) {

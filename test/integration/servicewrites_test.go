@@ -19,6 +19,7 @@ import (
 
 	"github.com/metalvip/metalvip/internal/annotation"
 	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -115,7 +116,7 @@ func ipAllocatedEvents(t *testing.T, srv *kubeapi.Server, ns, name string) []cor
 func TestANewServiceIsWrittenOnceForItsAddressAndOnceForItsCondition(t *testing.T) {
 	srv := kubeapi.Get(t)
 	node := "writes-" + rand.String(5)
-	dir := pki(t, node)
+	dir := pki.AgentsDir(t, node)
 	agent := startAgent(t, dir, node, netip.MustParseAddr("127.0.0.51"))
 	createNode(t, srv, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node},
 		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.51"}}}})

@@ -18,11 +18,6 @@ package kubecluster
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/rsa"
-	"crypto/x509"
-	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -40,7 +35,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/metalvip/metalvip/internal/certs"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -344,34 +339,19 @@ func (c *Cluster) startControlPlane() error {
 		"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
 		"--initial-cluster", "default=http://127.0.0.1:2380", "--log-level", "warn")
 
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if _, err := pki.ServiceAccount(cp); err != nil {
+		return err
+	}
+	token, err := pki.AdminToken(cp, "kubecluster-admin")
 	if err != nil {
 		return err
 	}
-	pubDER, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	if err != nil {
-		return err
-	}
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	c.token = hex.EncodeToString(b)
+	c.token = token
 	// A client CA, as every kubeadm cluster has: the API server then publishes it in
 	// kube-system/extension-apiserver-authentication, which the CCM's secure port reads
 	// (without it the CCM logs the ConfigMap's absence many times a minute).
-	clientCA, err := certs.NewCA("kubecluster-client-ca", 24*time.Hour)
-	if err != nil {
+	if err := pki.ClientCA(cp, 24*time.Hour); err != nil {
 		return err
-	}
-	files := map[string][]byte{
-		"client-ca.crt": clientCA.Cert,
-		"sa.key":        pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
-		"sa.pub":        pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}),
-		"tokens.csv":    fmt.Appendf(nil, "%s,kubecluster-admin,kubecluster-admin,system:masters\n", c.token),
-	}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(cp, name), data, 0o600); err != nil {
-			return err
-		}
 	}
 	certDir := filepath.Join(cp, "certs")
 	c.apiCA = filepath.Join(certDir, "apiserver.crt")

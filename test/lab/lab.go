@@ -168,6 +168,15 @@ func (l *Lab) Hosts() []*Host {
 	return append(hs, l.Nodes...)
 }
 
+// Names returns the hosts' names, in order.
+func Names(hosts []*Host) []string {
+	out := make([]string, 0, len(hosts))
+	for _, h := range hosts {
+		out = append(out, h.Name)
+	}
+	return out
+}
+
 // Namespaces returns the names of every namespace of the lab.
 func (l *Lab) Namespaces() []string {
 	var out []string
