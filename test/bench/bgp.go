@@ -22,7 +22,7 @@ import (
 // bgpWeighted measures weighted ECMP by endpoints: the router's kernel weights for endpoints
 // 1/2/3 on three nodes, and how 5 rounds of 1,000 connections from the remote client split.
 func bgpWeighted(m *testenv.Main, r *report, c *cluster.Cluster) {
-	step("BGP: weighted ECMP by endpoints")
+	harness.Step("BGP: weighted ECMP by endpoints")
 	pool := "weighted-" + c.NS
 	createObject(m, c.Dyn, v1alpha1.IPPoolResource, pool, fmt.Sprintf(`{addresses: ["203.0.113.96/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {mode: BGP, bgp: {weightByEndpoints: true}}}`, c.NS))
 	vip := c.Service("weighted", cluster.Local, cluster.InPool(pool))
@@ -91,7 +91,7 @@ var drainSetups = []struct {
 // hash-threshold ECMP, or a resilient next-hop group) and drain mode; and an L2 VIP's owner
 // is cordoned while the on-link client probes it every 20 ms.
 func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duration) {
-	step("drains: BGP by GRACEFUL_SHUTDOWN and by weight, plain and resilient ECMP; L2 make-before-break")
+	harness.Step("drains: BGP by GRACEFUL_SHUTDOWN and by weight, plain and resilient ECMP; L2 make-before-break")
 	createObject(m, c.Dyn, v1alpha1.IPPoolResource, "drainw-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.112/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {mode: BGP, bgp: {drain: Weight}}}`, c.NS))
 	// BFD at 100 ms resets sessions when the shared machine stalls a daemon for 300 ms, which
 	// would be measured as the drain's doing (as in test/e2e): off for the drains, back after.
@@ -119,7 +119,7 @@ func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duratio
 			buckets = fmt.Sprintf("%d buckets, idle timer %s", fib.Options.Buckets, fib.Options.IdleTimer)
 		}
 		d := c.MeasureBGPDrain(vip, "node1", 20, delay, settle)
-		step("%s: %s", s.name, d)
+		harness.Step("%s: %s", s.name, d)
 		if fib != nil {
 			if _, err := fib.Changes(); err != nil {
 				m.Fatalf("the resilient group did not follow FRR's route: %v", err)

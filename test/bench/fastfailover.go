@@ -31,7 +31,7 @@ const heartbeatFrame = 74 + 8 + 20 + 14
 // 1,000 more, to show the cost follows node pairs, not VIPs. It leaves c at 50 ms and with
 // the Services it had.
 func fastFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
-	step("the 10 ms failover profile")
+	harness.Step("the 10 ms failover profile")
 	const port = 8080
 	const window = 10 * time.Second
 	c.ServeHTTP(port)
@@ -57,14 +57,14 @@ func fastFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 		})
 		time.Sleep(5 * time.Second)
 		cost := c.MeasureAgent("node1", window)
-		step("  %s: node1 in %d VIPs, %d peers, %.0f heartbeats per peer per second, CPU %.2f%% of a core", iv, cost.VIPs, cost.Peers, cost.SentPerPeerPerSecond(), 100*cost.CPUShare())
+		harness.Step("  %s: node1 in %d VIPs, %d peers, %.0f heartbeats per peer per second, CPU %.2f%% of a core", iv, cost.VIPs, cost.Peers, cost.SentPerPeerPerSecond(), 100*cost.CPUShare())
 		costs = append(costs, costRow{iv, cost})
 	}
 	measure(50 * time.Millisecond)
 	c.SetHeartbeat(10*time.Millisecond, 3)
 	measure(10 * time.Millisecond)
 
-	tr := c.FailoverTrials(vip, port, 10*time.Millisecond, *trials, func(f string, args ...any) { step("  "+f, args...) })
+	tr := c.FailoverTrials(vip, port, 10*time.Millisecond, *trials, func(f string, args ...any) { harness.Step("  "+f, args...) })
 	var outages []float64
 	moved := 0
 	for i, d := range tr.Outages {
@@ -72,7 +72,7 @@ func fastFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 		moved += min(tr.Moves[i], 1)
 	}
 
-	step("  1,000 more VIPs")
+	harness.Step("  1,000 more VIPs")
 	pool := "fast-" + c.NS
 	// API objects only: no packet is sent to these addresses.
 	createObject(m, c.Dyn, v1alpha1.IPPoolResource, pool, fmt.Sprintf(`{addresses: ["10.201.0.0/22"], autoAssign: false, serviceAllocation: {namespaces: [%s]}}`, c.NS))

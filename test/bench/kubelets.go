@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/figure"
 	"github.com/metalvip/metalvip/test/kubecluster"
 	"github.com/metalvip/metalvip/test/testenv"
@@ -31,7 +32,7 @@ func kubeletsAlone(m *testenv.Main, r *report) {
 // on each of two nodes) while the client probes it over HTTP every 20 ms; the section goes
 // after the bare-process L2 failover's. The cluster is torn down before the next step.
 func kubeletFailover(r *report) {
-	step("real kubelets: a cluster in the lab, metalvip from install.yaml, %d hard node kills", *kubeletsTrials)
+	harness.Step("real kubelets: a cluster in the lab, metalvip from install.yaml, %d hard node kills", *kubeletsTrials)
 	m := testenv.NewMain("metalvip-bench-kubelets")
 	defer m.Close()
 	ctx := context.Background()
@@ -55,7 +56,7 @@ func kubeletFailover(r *report) {
 	if err != nil {
 		m.Fatalf("%v\n%s", err, c.Describe(ctx))
 	}
-	step("  cluster up in %s (control plane %s), nodes initialised %s after the install, agents Ready %s later",
+	harness.Step("  cluster up in %s (control plane %s), nodes initialised %s after the install, agents Ready %s later",
 		c.NodesReady.Round(time.Millisecond), c.ControlPlaneReady.Round(time.Millisecond), initialised.Round(time.Millisecond), agents.Round(time.Millisecond))
 	w, err := c.DeployWorkload(ctx, "node2", "node3")
 	if err != nil {
@@ -69,7 +70,7 @@ func kubeletFailover(r *report) {
 		if err != nil {
 			m.Fatalf("trial %d: %v\n%s", i, err, c.Describe(ctx))
 		}
-		step("  trial %d: %s", i, f)
+		harness.Step("  trial %d: %s", i, f)
 		outages = append(outages, float64(f.Outage))
 		returns = append(returns, float64(f.Return))
 		if f.Return > 0 {

@@ -61,13 +61,8 @@ var (
 )
 
 var (
-	begin       = time.Now()
 	loadAtStart = proc.LoadAverage()
 )
-
-func step(format string, args ...any) {
-	fmt.Printf("[%6.1fs] %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
-}
 
 // report collects the sections of docs/benchmarks.md.
 type report struct {
@@ -100,11 +95,7 @@ func (r *report) addAfter(after, title, method string, rows [][]string) {
 
 func main() {
 	flag.Parse()
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "make bench builds network namespaces: run it as root")
-		os.Exit(2)
-	}
-	m := testenv.NewMain("metalvip-bench")
+	m := harness.Program("metalvip-bench", "make bench builds network namespaces: run it as root")
 	defer m.Close()
 	r := &report{}
 
@@ -117,21 +108,17 @@ func main() {
 		return
 	}
 	if *goBench {
-		step("Go benchmarks of the allocator, the planner and the announcer")
+		harness.Step("Go benchmarks of the allocator, the planner and the announcer")
 		goBenchmarks(m, r)
 	}
 
-	step("building the binaries")
+	harness.Step("building the binaries")
 	ccm, agent, err := cluster.Build(m.TempDir())
 	if err != nil {
 		m.Fatalf("%v", err)
 	}
-	step("starting etcd and kube-apiserver")
-	srv, err := kubeapi.Start()
-	if err != nil {
-		m.Fatalf("%v", err)
-	}
-	m.Cleanup(srv.Stop)
+	harness.Step("starting etcd and kube-apiserver")
+	srv := kubeapi.Own(m)
 	srv.InstallCRDs(m)
 	// One Ready node, as a cluster has, with an agent (the real agent logic without speakers,
 	// on a loopback address): the CCM plans and pushes as for a real node and writes each
@@ -153,7 +140,7 @@ func main() {
 	var writes []string
 	var costList []writeCost
 	if *costs {
-		step("what each kind of write costs the API server")
+		harness.Step("what each kind of write costs the API server")
 		costList = writeCosts(m, srv, 500)
 	}
 	rows = append(rows, []string{"Services", "API server alone creates them in", "all allocated after", "ratio (to the mean alone)", "create to IP p50", "p99", "max", "all announced after", "CCM API writes per Service", "CCM CPU", "CCM resident memory"})
@@ -193,7 +180,7 @@ func main() {
 		}
 		return
 	}
-	step("the lab: API server, CCM, agents, FRR")
+	harness.Step("the lab: API server, CCM, agents, FRR")
 	c := cluster.New(m, srv, cluster.Options{CCMBinary: ccm, AgentBinary: agent, ClientAddrs: 29})
 	if *fastOnly {
 		fastFailover(m, r, c)
@@ -221,7 +208,7 @@ func main() {
 	}
 
 	write(m, r)
-	step("wrote %s", *out)
+	harness.Step("wrote %s", *out)
 }
 
 func goBenchmarks(m *testenv.Main, r *report) {
@@ -325,7 +312,7 @@ func createServices(m *testenv.Main, srv *kubeapi.Server, ns string, n int, clas
 // allocation measures run i with n Services; each run has its own pool, whose range
 // overlaps no earlier run's (overlapping pools are refused).
 func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agentPort int, status time.Duration) ([]string, string) {
-	step("allocation of %d Services: the API server alone", n)
+	harness.Step("allocation of %d Services: the API server alone", n)
 	base := fmt.Sprintf("bench-base-%d", n)
 	mustNamespace(m, srv, base)
 	// Of a class nobody serves: the CCMs started later leave them alone.
@@ -344,7 +331,7 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	w0b, r0b := apiRequests(m, srv)
 	aloneWrites, aloneReads := w0b.Minus(w0), r0b.Minus(r0)
 	basePr.stop()
-	step("  created in %s", alone.Round(time.Millisecond))
+	harness.Step("  created in %s", alone.Round(time.Millisecond))
 	// Gone again (no finalizer holds them): every run starts with the API server as empty.
 	deleteServices(m, srv, base, n)
 
@@ -376,7 +363,7 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 
 	pr := newProbe(srv, ns, n)
 	defer pr.stop()
-	step("allocation of %d Services: with the CCM", n)
+	harness.Step("allocation of %d Services: with the CCM", n)
 	cpu0 := proc.CPUSeconds(ccmProc.Cmd.Process.Pid)
 	q0, err := readCCMMetrics(metricsURL, metricNames...)
 	if err != nil {
@@ -390,9 +377,9 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 		go func() {
 			cmd := exec.Command("curl", "-sk", "-o", prof, fmt.Sprintf("https://127.0.0.1:%d/debug/pprof/profile?seconds=10", profPort))
 			if out, err := cmd.CombinedOutput(); err != nil {
-				step("  CPU profile: %v %s", err, out)
+				harness.Step("  CPU profile: %v %s", err, out)
 			} else {
-				step("  CPU profile in %s", prof)
+				harness.Step("  CPU profile in %s", prof)
 			}
 		}()
 	}
@@ -401,7 +388,7 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	created, createdIn := createServices(m, srv, ns, n, "")
 	agentLine := fmt.Sprintf(" During the creates the node's agent (in the bench's own process, on the same cores) took %d Applies of its whole state, %.1f s in them; the bench's process used %.1f s of CPU (alone %.1f s).",
 		agentApplies.Load()-ap0, time.Duration(agentApplyTime.Load()-at0).Seconds(), proc.CPUSeconds(os.Getpid())-self1, aloneSelf)
-	step(" %s", agentLine)
+	harness.Step(" %s", agentLine)
 	select {
 	case <-pr.done:
 	case <-time.After(15 * time.Minute):
@@ -459,15 +446,15 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 		heap := fmt.Sprintf("%s-%d.pprof", *heapOut, n)
 		cmd := exec.Command("curl", "-sk", "-o", heap, fmt.Sprintf("https://127.0.0.1:%d/debug/pprof/heap", profPort))
 		if out, err := cmd.CombinedOutput(); err != nil {
-			step("  heap profile: %v %s", err, out)
+			harness.Step("  heap profile: %v %s", err, out)
 		} else {
-			step("  heap profile in %s", heap)
+			harness.Step("  heap profile in %s", heap)
 		}
 	}
-	step("  all allocated after %s (API server alone: %s), announced: %s, CCM writes %.2f per Service (%s)", all.Round(time.Millisecond), alone.Round(time.Millisecond),
+	harness.Step("  all allocated after %s (API server alone: %s), announced: %s, CCM writes %.2f per Service (%s)", all.Round(time.Millisecond), alone.Round(time.Millisecond),
 		annCell, ccmWrites.Total()/float64(n), ccmWrites.Describe(float64(n), 0.05, 2))
 	// The CCM removes its finalizers as the Services go: later runs and the lab start clean.
-	step("  deleting them")
+	harness.Step("  deleting them")
 	deleteServices(m, srv, ns, n)
 	ccmProc.Stop(10 * time.Second)
 	// A-B-A: the same API server creates more slowly the more runs it has been through, so the run alone is made again after the CCM's, and the
@@ -479,7 +466,7 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 		againPr := newProbe(srv, again, n)
 		_, after := createServices(m, srv, again, n, "bench.metalvip.io/nobody")
 		againPr.stop()
-		step("  the API server alone again, after the CCM's run: created in %s (before it: %s)", after.Round(time.Millisecond), alone.Round(time.Millisecond))
+		harness.Step("  the API server alone again, after the CCM's run: created in %s (before it: %s)", after.Round(time.Millisecond), alone.Round(time.Millisecond))
 		deleteServices(m, srv, again, n)
 		baseline = (alone + after) / 2
 		aloneCell = fmt.Sprintf("%s before, %s after (mean %s)", figure.Duration(alone), figure.Duration(after), figure.Duration(baseline))
@@ -504,7 +491,7 @@ func serverProfile(srv *kubeapi.Server, name string) {
 			err = os.WriteFile(fmt.Sprintf("%s-%s.pprof", *srvOut, name), b, 0o644)
 		}
 		if err != nil {
-			step("  kube-apiserver's CPU profile: %v", err)
+			harness.Step("  kube-apiserver's CPU profile: %v", err)
 		}
 	}()
 }
@@ -598,7 +585,7 @@ func deleteServices(m *testenv.Main, srv *kubeapi.Server, ns string, n int) {
 }
 
 func lab2Answer(m *testenv.Main, r *report, c *cluster.Cluster) {
-	step("Service created to VIP answering at the client, 20 Services")
+	harness.Step("Service created to VIP answering at the client, 20 Services")
 	var lat []float64
 	for i := range 20 {
 		name := fmt.Sprintf("answer-%d", i)
@@ -636,7 +623,7 @@ func answers(m *testenv.Main, c *cluster.Cluster, vip netip.Addr, timeout time.D
 // how long each client of a dying node waits for a survivor's targeted reply.
 func perClient(m *testenv.Main, r *report, c *cluster.Cluster) {
 	const trials = 5
-	step("per-client L2 spreading: 30 clients, 3 candidates, %d trials", trials)
+	harness.Step("per-client L2 spreading: 30 clients, 3 candidates, %d trials", trials)
 	pool := c.PerClientPool("pc")
 	vip := c.Service("per-client", cluster.InPool(pool))
 	clients := c.NewClients(c.ClientAddrs())
@@ -676,7 +663,7 @@ func perClient(m *testenv.Main, r *report, c *cluster.Cluster) {
 			outages = append(outages, float64(at.Sub(killed)))
 			worst = max(worst, at.Sub(killed))
 		}
-		step("  trial %d: %s died, its %d clients told within %s", i, victim, len(moved), worst.Round(time.Millisecond))
+		harness.Step("  trial %d: %s died, its %d clients told within %s", i, victim, len(moved), worst.Round(time.Millisecond))
 		c.Revive(victim)
 		// Back to the first spread (rendezvous hashing over the same three nodes), which also
 		// has the returned node learn the clients from their requests.
@@ -710,12 +697,12 @@ func perClientFailed(m *testenv.Main, c *cluster.Cluster, vip netip.Addr, victim
 		}
 		st, err := c.Agents[n.Name].Client.GetState(context.Background(), &agentv1.GetStateRequest{})
 		if err != nil {
-			step("  %s: GetState: %v", n.Name, err)
+			harness.Step("  %s: GetState: %v", n.Name, err)
 			continue
 		}
 		for _, v := range st.GetAnnounced() {
 			if v.GetVip() == vip.String() {
-				step("  %s: active %v, %s, sharing %v, clients %d known, %d answered; targeted replies %d",
+				harness.Step("  %s: active %v, %s, sharing %v, clients %d known, %d answered; targeted replies %d",
 					n.Name, v.GetActive(), v.GetReason(), v.GetSharing(), v.GetClientsKnown(), v.GetClientsAnswered(), st.GetL2().GetTargetedReplies())
 			}
 		}
@@ -724,7 +711,7 @@ func perClientFailed(m *testenv.Main, c *cluster.Cluster, vip netip.Addr, victim
 }
 
 func l2Failover(m *testenv.Main, r *report, c *cluster.Cluster) {
-	step("L2 failover, %d trials", *trials)
+	harness.Step("L2 failover, %d trials", *trials)
 	vip := c.Service("failover")
 	harness.Eventually(m, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
 	outages := failoverTrials(c, vip)
@@ -742,7 +729,7 @@ func failoverTrials(c *cluster.Cluster, vip netip.Addr) []float64 {
 		harness.Eventually(c.T, 10*time.Second, "one node answers before the kill", func() bool { victim = c.Owner(vip); return victim != "" })
 		d := c.Failover(vip, victim)
 		outages = append(outages, float64(d))
-		step("  trial %d: %s died, outage %s", i, victim, d.Round(time.Millisecond))
+		harness.Step("  trial %d: %s died, outage %s", i, victim, d.Round(time.Millisecond))
 		c.Revive(victim)
 		time.Sleep(3 * time.Second) // the revived agent back in the plan
 	}
@@ -750,7 +737,7 @@ func failoverTrials(c *cluster.Cluster, vip netip.Addr) []float64 {
 }
 
 func bgpFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
-	step("BGP failover: BFD and graceful shutdown")
+	harness.Step("BGP failover: BFD and graceful shutdown")
 	vip := c.Service("bgp-failover", cluster.InPool("bgp-"+c.NS))
 	all := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
 	harness.Eventually(m, 60*time.Second, "three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
@@ -801,7 +788,7 @@ func bgpFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 }
 
 func arpLatency(m *testenv.Main, r *report, c *cluster.Cluster) {
-	step("ARP answer latency")
+	harness.Step("ARP answer latency")
 	vip := c.Service("arp-latency")
 	harness.Eventually(m, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
 	cl, err := c.Lab.Client.DialARP()
@@ -838,7 +825,7 @@ func arpLatency(m *testenv.Main, r *report, c *cluster.Cluster) {
 }
 
 func agentMemory(m *testenv.Main, r *report, c *cluster.Cluster) {
-	step("agent memory at 1,000 VIPs")
+	harness.Step("agent memory at 1,000 VIPs")
 	dyn := c.Dyn
 	createObject(m, dyn, v1alpha1.IPPoolResource, "many-"+c.NS, fmt.Sprintf(`{addresses: ["10.200.0.0/22"], autoAssign: false, serviceAllocation: {namespaces: [%s]}}`, c.NS))
 	idle, _ := proc.MemoryOf(c.Agents["node1"].Proc.Cmd.Process.Pid)

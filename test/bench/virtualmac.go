@@ -17,7 +17,7 @@ import (
 // virtualMACFailover measures L2 failover as a client that ignores gratuitous ARP sees it: its
 // neighbour entry for the VIP is permanent, holding the VIP's virtual MAC.
 func virtualMACFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
-	step("L2 failover with a virtual MAC, %d trials", *trials)
+	harness.Step("L2 failover with a virtual MAC, %d trials", *trials)
 	ctx := context.Background()
 	pool := "bench-vmac"
 	c.Object(v1alpha1.IPPoolResource, pool, fmt.Sprintf(`{addresses: ["203.0.113.200-203.0.113.207"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {l2: {virtualMAC: {scheme: Local}}}}`, c.NS))

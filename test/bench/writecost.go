@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/testenv"
@@ -110,7 +111,7 @@ func writeCosts(m *testenv.Main, srv *kubeapi.Server, n int) []writeCost {
 		wall := time.Since(start)
 		time.Sleep(500 * time.Millisecond) // etcd's share of the last writes
 		c := writeCost{kind: kind, cpu: time.Duration((serverCPU(pids) - cpu0) / float64(n) * float64(time.Second)), wall: wall}
-		step("  %s: %s of API server CPU each (%d in %s)", kind, c.cpu.Round(10*time.Microsecond), n, wall.Round(time.Millisecond))
+		harness.Step("  %s: %s of API server CPU each (%d in %s)", kind, c.cpu.Round(10*time.Microsecond), n, wall.Round(time.Millisecond))
 		out = append(out, c)
 	}
 	class := "bench.metalvip.io/nobody"

@@ -14,11 +14,9 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/signal"
 	"slices"
 	"sort"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -31,34 +29,12 @@ import (
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
-var begin = time.Now()
-
-func step(format string, args ...any) {
-	fmt.Printf("[%5.1fs] %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
-}
-
 func main() {
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "make demo builds network namespaces: run it as root (sudo make demo)")
-		os.Exit(2)
-	}
-	m := testenv.NewMain("metalvip-demo")
-	defer m.Close()
 	// Ctrl-C tears the lab down too.
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sig
-		fmt.Println("\ninterrupted: tearing down (Ctrl-C again to leave at once; the lab's reaper removes its namespaces)")
-		go func() {
-			<-sig
-			os.Exit(130)
-		}()
-		m.Close()
-		os.Exit(130)
-	}()
+	m := harness.Program("metalvip-demo", "make demo builds network namespaces: run it as root (sudo make demo)")
+	defer m.Close()
 
-	step("building the CCM, the agent and metalvipctl")
+	harness.Step("building the CCM, the agent and metalvipctl")
 	ccm, agent, err := cluster.Build(m.TempDir())
 	if err != nil {
 		m.Fatalf("%v", err)
@@ -67,19 +43,15 @@ func main() {
 	if err != nil {
 		m.Fatalf("%v", err)
 	}
-	step("starting etcd and kube-apiserver")
-	srv, err := kubeapi.Start()
-	if err != nil {
-		m.Fatalf("%v", err)
-	}
-	m.Cleanup(srv.Stop)
-	step("building the lab: 3 nodes, FRR router, client (30 addresses), remote client; agents and the CCM")
+	harness.Step("starting etcd and kube-apiserver")
+	srv := kubeapi.Own(m)
+	harness.Step("building the lab: 3 nodes, FRR router, client (30 addresses), remote client; agents and the CCM")
 	c := cluster.New(m, srv, cluster.Options{CCMBinary: ccm, AgentBinary: agent, ClientAddrs: 29})
 	for _, n := range c.Lab.Nodes {
 		echo(m, n)
 	}
 
-	step("creating Services in namespace %s", c.NS)
+	harness.Step("creating Services in namespace %s", c.NS)
 	type row struct {
 		name, mode, policy string
 		vip                netip.Addr
@@ -100,7 +72,7 @@ func main() {
 	rows = append(rows, row{"web-per-client", "L2 per client", "Cluster", c.Service("web-per-client", cluster.InPool(pool))})
 	clients := c.NewClients(c.ClientAddrs())
 
-	step("waiting until every address is announced")
+	harness.Step("waiting until every address is announced")
 	for _, r := range rows {
 		switch {
 		case r.mode == "L2 per client":
@@ -148,25 +120,25 @@ func main() {
 
 	vip := rows[0].vip
 	victim := c.Owner(vip)
-	step("killing %s, which answers for %s (link down, agent killed), while the client probes every 10 ms", victim, vip)
+	harness.Step("killing %s, which answers for %s (link down, agent killed), while the client probes every 10 ms", victim, vip)
 	c.T = m
 	outage := c.Failover(vip, victim)
 	now := c.Owner(vip)
 	fmt.Printf("\n  %s failed over from %s to %s: the client saw %d ms without answers\n", vip, victim, now, outage.Milliseconds())
 	fmt.Printf("  HTTP from the client now: %s\n\n", strings.Join(askNodes(m, c.Lab.Client, vip, 1), ", "))
-	step("bringing %s back", victim)
+	harness.Step("bringing %s back", victim)
 	c.Revive(victim)
 	harness.Eventually(m, 60*time.Second, victim+" back", func() bool {
 		st, err := c.Agents[victim].Client.GetState(context.Background(), &agentv1.GetStateRequest{})
 		return err == nil && !st.GetRestored()
 	})
-	step("%s is back; %s is answered by %s", victim, vip, c.Owner(vip))
+	harness.Step("%s is back; %s is answered by %s", victim, vip, c.Owner(vip))
 
 	if os.Getenv("KEEP") == "1" {
 		keep(c, srv, m, ctl, rows[0].vip, rows[3].vip)
 		return
 	}
-	step("tearing down")
+	harness.Step("tearing down")
 }
 
 // echo serves HTTP on port 80 of a node, answering with the node's name.

@@ -136,6 +136,18 @@ func Binaries() (apiserver, etcd string, err error) {
 	return apiserver, etcd, nil
 }
 
+// Own starts a new etcd and kube-apiserver for t alone (Get's is shared), stopped when t
+// ends; it fails t when they do not start.
+func Own(t testenv.TB) *Server {
+	t.Helper()
+	s, err := Start()
+	if err != nil {
+		t.Fatalf("start kube-apiserver: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
 // Start starts a new etcd and kube-apiserver and waits until the API server is ready.
 func Start() (*Server, error) {
 	apiserverBin, etcdBin, err := Binaries()

@@ -16,13 +16,11 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -34,6 +32,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/figure"
 	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/kubeapi"
@@ -55,12 +54,6 @@ var (
 	reread     = flag.Bool("rewrite-reading", false, "measure nothing: give the report (-out) this build's reading of the figures (its last section), for a reading written after the run")
 	simProfile = flag.String("sim-cpuprofile", "", "write this process's CPU profile (the simulated agents) over the node deaths to this file")
 )
-
-var begin = time.Now()
-
-func step(format string, args ...any) {
-	fmt.Printf("[%6.1fs] %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
-}
 
 const namespace = "scale"
 
@@ -88,21 +81,9 @@ func main() {
 		}
 		return
 	}
-	m := testenv.NewMain("metalvip-scale")
-	defer m.Close()
 	// Ctrl-C stops the CCM, the API server and the agents, and removes their state.
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sig
-		fmt.Println("\ninterrupted: stopping (Ctrl-C again to leave at once)")
-		go func() {
-			<-sig
-			os.Exit(130)
-		}()
-		m.Close()
-		os.Exit(130)
-	}()
+	m := harness.Program("metalvip-scale", "")
+	defer m.Close()
 	r := &run{m: m, rep: &report{loadStart: proc.LoadAverage(), nodes: *nodes, services: *services}}
 	var err error
 	if r.dir, err = filepath.Abs(*outputDir); err != nil {
@@ -118,18 +99,15 @@ func main() {
 	}
 	quietKlog(m, filepath.Join(r.dir, "agents.log"))
 
-	step("building the CCM")
+	harness.Step("building the CCM")
 	r.bin = *ccmBin
 	if r.bin == "" {
 		if r.bin, err = testenv.GoBuild(m.TempDir(), "./cmd/metalvip-cloud-controller-manager"); err != nil {
 			m.Fatalf("%v", err)
 		}
 	}
-	step("starting etcd and kube-apiserver")
-	if r.srv, err = kubeapi.Start(); err != nil {
-		m.Fatalf("%v", err)
-	}
-	m.Cleanup(r.srv.Stop)
+	harness.Step("starting etcd and kube-apiserver")
+	r.srv = kubeapi.Own(m)
 	r.srv.InstallCRDs(m)
 
 	r.tr = newTracker(*candidates)
@@ -161,7 +139,7 @@ func main() {
 		if err := os.WriteFile(*out, []byte(r.rep.markdown()), 0o644); err != nil {
 			m.Fatalf("%v", err)
 		}
-		step("wrote %s", *out)
+		harness.Step("wrote %s", *out)
 	}
 }
 
@@ -182,7 +160,7 @@ func quietKlog(m *testenv.Main, file string) {
 
 // agents starts the simulated agents.
 func (r *run) agents() {
-	step("issuing certificates and starting %d simulated agents", *nodes)
+	harness.Step("issuing certificates and starting %d simulated agents", *nodes)
 	start := time.Now()
 	var err error
 	// Their state directories on tmpfs: 1,000 agents' fsyncs on one shared disk would queue
@@ -206,14 +184,14 @@ func (r *run) agents() {
 	rss := mem.RSS
 	r.rep.simStart = time.Since(start)
 	r.rep.simRSS = rss
-	step("  %d agents up in %s; this process holds %s", *nodes, r.rep.simStart.Round(time.Millisecond), figure.MiB(rss))
+	harness.Step("  %d agents up in %s; this process holds %s", *nodes, r.rep.simStart.Round(time.Millisecond), figure.MiB(rss))
 }
 
 // objects creates the Nodes, the pool and the Services, with no CCM running.
 func (r *run) objects() {
 	ctx := context.Background()
 	cs := r.srv.Client
-	step("creating %d Nodes", *nodes)
+	harness.Step("creating %d Nodes", *nodes)
 	c0 := apiCallsOf(r.m, r.srv)
 	start := time.Now()
 	parallel(8, *nodes, func(i int) {
@@ -228,7 +206,7 @@ func (r *run) objects() {
 		}
 	})
 	r.rep.nodesIn = time.Since(start)
-	step("  in %s", r.rep.nodesIn.Round(time.Millisecond))
+	harness.Step("  in %s", r.rep.nodesIn.Round(time.Millisecond))
 
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
 		r.m.Fatalf("%v", err)
@@ -246,7 +224,7 @@ func (r *run) objects() {
 		r.m.Fatalf("pool: %v", err)
 	}
 
-	step("creating %d Services (the API server alone)", *services)
+	harness.Step("creating %d Services (the API server alone)", *services)
 	start = time.Now()
 	var done sync.Map
 	go func() {
@@ -256,7 +234,7 @@ func (r *run) objects() {
 			if n >= *services {
 				return
 			}
-			step("  %d created", n)
+			harness.Step("  %d created", n)
 		}
 	}()
 	parallel(8, *services, func(i int) {
@@ -277,7 +255,7 @@ func (r *run) objects() {
 	})
 	r.rep.servicesIn = time.Since(start)
 	r.rep.createCalls = apiCallsOf(r.m, r.srv).Minus(c0)
-	step("  in %s", r.rep.servicesIn.Round(time.Millisecond))
+	harness.Step("  in %s", r.rep.servicesIn.Round(time.Millisecond))
 	r.svcs = watchServices(r.m, r.srv, *services)
 }
 
@@ -380,7 +358,7 @@ func (r *run) waitConverged(what string, from time.Time, quiet time.Duration) ti
 		}
 		if time.Since(report) > 30*time.Second {
 			notOK, stale := r.tr.status()
-			step("  %s: after %s, %d VIPs not as planned yet, %d agents without a state of this term", what, time.Since(from).Round(time.Second), notOK, stale)
+			harness.Step("  %s: after %s, %d VIPs not as planned yet, %d agents without a state of this term", what, time.Since(from).Round(time.Second), notOK, stale)
 			report = time.Now()
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -390,12 +368,12 @@ func (r *run) waitConverged(what string, from time.Time, quiet time.Duration) ti
 // coldStart is the CCM's first start: it allocates every Service, plans, and pushes every
 // agent its state.
 func (r *run) coldStart() {
-	step("cold start: the CCM allocates %d Services and pushes %d agents their state", *services, *nodes)
+	harness.Step("cold start: the CCM allocates %d Services and pushes %d agents their state", *services, *nodes)
 	from := r.mark()
 	r.startCCM("ccm-cold")
 	prof := r.ccm.profile(r.dir, "cold", 5*time.Second)
 	allocated := r.svcs.waitAllocated(r.m, *timeout)
-	step("  all allocated after %s", allocated.Sub(from.at).Round(time.Millisecond))
+	harness.Step("  all allocated after %s", allocated.Sub(from.at).Round(time.Millisecond))
 	r.tr.expect(r.svcs.vips())
 	conv := r.waitConverged("cold start", from.at, 5*time.Second)
 	announced := r.svcs.waitAnnounced(r.m, *timeout)
@@ -403,7 +381,7 @@ func (r *run) coldStart() {
 	st.allocated, st.announced = allocated.Sub(from.at), announced.Sub(from.at)
 	st.profile = prof.stop()
 	st.heap = r.ccm.heap(r.dir, "cold")
-	step("  converged after %s (last push landed %s after the start, all Announced after %s); CCM CPU %.1f s, RSS %s (peak %s)",
+	harness.Step("  converged after %s (last push landed %s after the start, all Announced after %s); CCM CPU %.1f s, RSS %s (peak %s)",
 		st.wall.Round(time.Millisecond), st.lastLanding.Round(time.Millisecond), st.announced.Round(time.Millisecond), st.cpu, figure.MiB(st.rss), figure.MiB(st.hwm))
 	r.rep.stages = append(r.rep.stages, st)
 	r.rep.balance = balance(r.tr.primaries(), *nodes)
@@ -416,7 +394,7 @@ func (r *run) death(i int) {
 	rng := rand.New(rand.NewPCG(uint64(i), 19))
 	victim := r.fl.agents[rng.IntN(len(r.fl.agents))]
 	holders := r.tr.holders(victim.name)
-	step("node death %d: %s (a candidate with %d other agents)", i+1, victim.name, len(holders))
+	harness.Step("node death %d: %s (a candidate with %d other agents)", i+1, victim.name, len(holders))
 	from := r.mark()
 	prof := r.ccm.profile(r.dir, fmt.Sprintf("death%d", i+1), time.Second)
 	died := time.Now()
@@ -456,7 +434,7 @@ func (r *run) death(i int) {
 		drop = append(drop, float64(at.Sub(died)))
 	}
 	d := deathResult{victim: victim.name, holders: len(holders), pushed: len(last), missed: missed, converged: conv.Sub(died), lat: lat, drop: drop, st: st}
-	step("  died at %s; %d agents updated, the last %s after the death (p50 %s, p99 %s); holders without the node p50 %s, p99 %s; holders not updated: %d",
+	harness.Step("  died at %s; %d agents updated, the last %s after the death (p50 %s, p99 %s); holders without the node p50 %s, p99 %s; holders not updated: %d",
 		died.Format("15:04:05.000000"), len(last), d.converged.Round(time.Millisecond), figure.Duration(time.Duration(figure.Percentile(lat, 50))), figure.Duration(time.Duration(figure.Percentile(lat, 99))),
 		figure.Duration(time.Duration(figure.Percentile(drop, 50))), figure.Duration(time.Duration(figure.Percentile(drop, 99))), missed)
 	for _, h := range missedNames[:min(len(missedNames), 5)] {
@@ -466,7 +444,7 @@ func (r *run) death(i int) {
 				ls = append(ls, fmt.Sprintf("%s held=%v dropped=%v", l.at.Sub(died).Round(time.Millisecond), l.held, l.dropped))
 			}
 		}
-		step("    not updated: %s (conv +%s): landings %v; holds it now: %v", h, conv.Sub(died).Round(time.Millisecond), ls, r.tr.holdsNow(h, victim.name))
+		harness.Step("    not updated: %s (conv +%s): landings %v; holds it now: %v", h, conv.Sub(died).Round(time.Millisecond), ls, r.tr.holdsNow(h, victim.name))
 	}
 
 	// Back: the agent restarts on its saved state, as a rebooted node's does.
@@ -479,14 +457,14 @@ func (r *run) death(i int) {
 	}
 	conv = r.waitConverged("node back", back, 3*time.Second)
 	d.back = r.finish(fmt.Sprintf("node back %d", i+1), from, conv)
-	step("  back in the plan after %s", d.back.wall.Round(time.Millisecond))
+	harness.Step("  back in the plan after %s", d.back.wall.Round(time.Millisecond))
 	r.rep.deaths = append(r.rep.deaths, d)
 }
 
 // restart stops the CCM and starts it again: every Service is allocated, every agent holds
 // its state; the new CCM learns what they hold and pushes every agent again under its term.
 func (r *run) restart() {
-	step("CCM restart")
+	harness.Step("CCM restart")
 	r.ccm.proc.Stop(30 * time.Second)
 	r.tr.requireTerm(r.tr.maxTerm() + 1)
 	from := r.mark()
@@ -496,7 +474,7 @@ func (r *run) restart() {
 	st := r.finish("CCM restart", from, conv)
 	st.profile = prof.stop()
 	st.heap = r.ccm.heap(r.dir, "restart")
-	step("  converged after %s; CCM CPU %.1f s, RSS %s (peak %s)", st.wall.Round(time.Millisecond), st.cpu, figure.MiB(st.rss), figure.MiB(st.hwm))
+	harness.Step("  converged after %s; CCM CPU %.1f s, RSS %s (peak %s)", st.wall.Round(time.Millisecond), st.cpu, figure.MiB(st.rss), figure.MiB(st.hwm))
 	r.rep.stages = append(r.rep.stages, st)
 }
 
