@@ -7,6 +7,7 @@ import (
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/probe"
 	"github.com/metalvip/metalvip/test/harness/proc"
 )
 
@@ -29,15 +30,15 @@ func (c *Cluster) FailoverHTTP(vip netip.Addr, port uint16, interval time.Durati
 	// An attempt not answered within 300 ms is lost: far above an answer's time on the lab's
 	// bridge, far below TCP's first SYN retransmission (1 s), which a connect sent to the dead
 	// node's MAC would wait for.
-	probe, err := c.Lab.Client.HTTPProbe(netip.AddrPortFrom(vip, port), interval, 300*time.Millisecond, int(20*time.Second/interval))
+	prober, err := probe.StartHTTP(c.Lab.Client, netip.AddrPortFrom(vip, port), interval, 300*time.Millisecond, int(20*time.Second/interval))
 	if err != nil {
 		c.T.Fatalf("%v", err)
 	}
 	// The VIP's first candidate answers, steadily: a node revived just before takes its VIP
 	// back from the next one when its peers hear it, which must not happen during the trial.
 	harness.Eventually(c.T, 30*time.Second, "the first candidate answers the HTTP client steadily", func() bool {
-		victim = probe.Steady(time.Second)
-		return victim != "" && victim == c.firstCandidate(vip) && c.Owner(vip) == victim && probe.Steady(time.Second) == victim
+		victim = prober.Steady(time.Second)
+		return victim != "" && victim == c.firstCandidate(vip) && c.Owner(vip) == victim && prober.Steady(time.Second) == victim
 	})
 	killed := time.Now()
 	c.Kill(victim)
@@ -45,13 +46,14 @@ func (c *Cluster) FailoverHTTP(vip netip.Addr, port uint16, interval time.Durati
 	// then. Another node must answer an attempt made after.
 	down := time.Now()
 	harness.Eventually(c.T, 5*time.Second, "another node answers the HTTP client", func() bool {
-		_, _, by := probe.Outage(down)
-		return len(by) > 0 && by[len(by)-1] != victim && probe.Answered()
+		by := prober.Outage(down).By
+		return len(by) > 0 && by[len(by)-1] != victim && prober.Answered()
 	})
-	if err := probe.Stop(); err != nil {
+	if err := prober.Stop(); err != nil {
 		c.T.Fatalf("%v", err)
 	}
-	outage, _, by = probe.Outage(killed.Add(-2 * interval))
+	o := prober.Outage(killed.Add(-2 * interval))
+	outage, by = o.Longest, o.By
 	if outage > 5*time.Second {
 		c.T.Errorf("outage %s over the 5s bound", outage)
 	}

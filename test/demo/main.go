@@ -9,9 +9,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"slices"
@@ -24,6 +21,7 @@ import (
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
 	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/probe"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/testenv"
@@ -48,7 +46,7 @@ func main() {
 	harness.Step("building the lab: 3 nodes, FRR router, client (30 addresses), remote client; agents and the CCM")
 	c := cluster.New(m, srv, cluster.Options{CCMBinary: ccm, AgentBinary: agent, ClientAddrs: 29})
 	for _, n := range c.Lab.Nodes {
-		echo(m, n)
+		n.ServeHTTP(m, 80)
 	}
 
 	harness.Step("creating Services in namespace %s", c.NS)
@@ -105,13 +103,13 @@ func main() {
 				parts = append(parts, fmt.Sprintf("%s %d", n.Name, shares[n.Name]))
 			}
 			announced = "ARP, clients per node: " + strings.Join(parts, ", ") + " of 30"
-			answered = "client on the segment: " + strings.Join(askNodes(m, c.Lab.Client, r.vip, 3), ", ")
+			answered = "client on the segment: " + strings.Join(askNodes(c.Lab.Client, r.vip, 3), ", ")
 		case strings.HasPrefix(r.mode, "L2"):
 			announced = c.Owner(r.vip) + " (ARP)"
-			answered = "client on the segment: " + strings.Join(askNodes(m, c.Lab.Client, r.vip, 3), ", ")
+			answered = "client on the segment: " + strings.Join(askNodes(c.Lab.Client, r.vip, 3), ", ")
 		default:
 			announced = "next hops at the router: " + strings.Join(c.NextHops(r.vip), ", ")
-			answered = "remote client: " + strings.Join(askNodes(m, c.Lab.Remote, r.vip, 12), ", ")
+			answered = "remote client: " + strings.Join(askNodes(c.Lab.Remote, r.vip, 12), ", ")
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.name, r.vip, r.mode, r.policy, announced, answered)
 	}
@@ -125,7 +123,7 @@ func main() {
 	outage := c.Failover(vip, victim)
 	now := c.Owner(vip)
 	fmt.Printf("\n  %s failed over from %s to %s: the client saw %d ms without answers\n", vip, victim, now, outage.Milliseconds())
-	fmt.Printf("  HTTP from the client now: %s\n\n", strings.Join(askNodes(m, c.Lab.Client, vip, 1), ", "))
+	fmt.Printf("  HTTP from the client now: %s\n\n", strings.Join(askNodes(c.Lab.Client, vip, 1), ", "))
 	harness.Step("bringing %s back", victim)
 	c.Revive(victim)
 	harness.Eventually(m, 60*time.Second, victim+" back", func() bool {
@@ -141,50 +139,16 @@ func main() {
 	harness.Step("tearing down")
 }
 
-// echo serves HTTP on port 80 of a node, answering with the node's name.
-func echo(m *testenv.Main, n *lab.Host) {
-	var lis net.Listener
-	if err := n.Do(func() error {
-		var err error
-		lis, err = net.Listen("tcp", ":80")
-		return err
-	}); err != nil {
-		m.Fatalf("echo server on %s: %v", n.Name, err)
-	}
-	m.Cleanup(func() { lis.Close() })
-	name := n.Name
-	go func() {
-		_ = http.Serve(lis, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, name) }))
-	}()
-}
-
 // askNodes sends n HTTP requests (each on a new connection) to vip from h and returns the
 // distinct node names that answered, sorted.
-func askNodes(m *testenv.Main, h *lab.Host, vip netip.Addr, n int) []string {
-	tr := &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var conn net.Conn
-			err := h.Do(func() error {
-				var d net.Dialer
-				var err error
-				conn, err = d.DialContext(ctx, network, addr)
-				return err
-			})
-			return conn, err
-		},
-	}
-	client := &http.Client{Transport: tr, Timeout: 2 * time.Second}
+func askNodes(h *lab.Host, vip netip.Addr, n int) []string {
 	seen := map[string]bool{}
 	for range n {
-		resp, err := client.Get("http://" + vip.String() + "/")
+		body, err := probe.Get(h, netip.AddrPortFrom(vip, 80), 2*time.Second)
 		if err != nil {
-			seen["("+err.Error()+")"] = true
-			continue
+			body = "(" + err.Error() + ")"
 		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		seen[strings.TrimSpace(string(b))] = true
+		seen[body] = true
 	}
 	out := make([]string, 0, len(seen))
 	for k := range seen {

@@ -10,6 +10,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"sort"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/probe"
 	"github.com/metalvip/metalvip/test/kubecluster"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -114,7 +116,7 @@ func show(m *testenv.Main, c *kubecluster.Cluster, w *kubecluster.Workload) {
 			owner, _ := c.Owner(vip)
 			who = "ARP " + owner
 		}
-		body, err := kubecluster.Get(client, vip, 2*time.Second)
+		body, err := probe.Get(client, netip.AddrPortFrom(vip, 80), 2*time.Second)
 		if err != nil {
 			body = err.Error()
 		}

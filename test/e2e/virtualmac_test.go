@@ -24,6 +24,7 @@ import (
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
 	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/probe"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -262,7 +263,7 @@ const vmacHTTPPort = 8081
 // httpProbe is the client opening an HTTP connection to the VIP every 20 ms.
 type httpProbe struct {
 	t *testing.T
-	p *lab.HTTPProber
+	p *probe.HTTP
 }
 
 func (h httpProbe) Answered() bool { return h.p.Answered() }
@@ -275,13 +276,13 @@ func (h httpProbe) Stop() {
 
 // Outage is the longest time without an answered attempt since since, and the attempts lost.
 func (h httpProbe) Outage(since time.Time) (time.Duration, int) {
-	d, lost, _ := h.p.Outage(since)
-	return d, lost
+	o := h.p.Outage(since)
+	return o.Longest, o.Lost
 }
 
 func startProbe(t *testing.T, c *cluster.Cluster, vip netip.Addr) httpProbe {
 	t.Helper()
-	p, err := c.Lab.Client.HTTPProbe(netip.AddrPortFrom(vip, vmacHTTPPort), 20*time.Millisecond, 200*time.Millisecond, 3000)
+	p, err := probe.StartHTTP(c.Lab.Client, netip.AddrPortFrom(vip, vmacHTTPPort), 20*time.Millisecond, 200*time.Millisecond, 3000)
 	if err != nil {
 		t.Fatal(err)
 	}
