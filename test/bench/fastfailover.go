@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -77,22 +76,14 @@ func fastFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 	// API objects only: no packet is sent to these addresses.
 	createObject(m, c.Dyn, v1alpha1.IPPoolResource, pool, fmt.Sprintf(`{addresses: ["10.201.0.0/22"], autoAssign: false, serviceAllocation: {namespaces: [%s]}}`, c.NS))
 	const n = 1000
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 8 {
-				s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: c.NS, Name: fmt.Sprintf("fast-%04d", i),
-					Annotations: map[string]string{"metalvip.io/pool": pool}},
-					Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}, AllocateLoadBalancerNodePorts: ptr(false)}}
-				if _, err := c.Srv.Client.CoreV1().Services(c.NS).Create(context.Background(), s, metav1.CreateOptions{}); err != nil {
-					m.Errorf("service %d: %v", i, err)
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	harness.Parallel(8, n, func(i int) {
+		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: c.NS, Name: fmt.Sprintf("fast-%04d", i),
+			Annotations: map[string]string{"metalvip.io/pool": pool}},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}, AllocateLoadBalancerNodePorts: ptr(false)}}
+		if _, err := c.Srv.Client.CoreV1().Services(c.NS).Create(context.Background(), s, metav1.CreateOptions{}); err != nil {
+			m.Errorf("service %d: %v", i, err)
+		}
+	})
 	before := costs[len(costs)-1].cost.VIPs
 	harness.Eventually(m, 5*time.Minute, "node1's agent takes part in 1,000 more VIPs", func() bool {
 		st, err := c.Agents["node1"].Client.GetState(context.Background(), &agentv1.GetStateRequest{})

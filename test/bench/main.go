@@ -274,38 +274,30 @@ func createServices(m *testenv.Main, srv *kubeapi.Server, ns string, n int, clas
 	var mu sync.Mutex
 	created := make(map[string]time.Time, n)
 	start := time.Now()
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 8 {
-				name := fmt.Sprintf("s-%05d", i)
-				// No node ports: thousands of Services would exhaust the range (2,768 ports), and a
-				// bare-metal load balancer does not need them.
-				s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-					Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}},
-						AllocateLoadBalancerNodePorts: ptr(false)}}
-				if class != "" {
-					s.Spec.LoadBalancerClass = &class
-				}
-				for attempt := 0; ; attempt++ {
-					_, err := srv.Client.CoreV1().Services(ns).Create(context.Background(), s, metav1.CreateOptions{})
-					if err == nil {
-						break
-					}
-					if attempt > 5 {
-						m.Fatalf("create %s: %v", name, err)
-					}
-					time.Sleep(100 * time.Millisecond)
-				}
-				mu.Lock()
-				created[name] = time.Now()
-				mu.Unlock()
+	harness.Parallel(8, n, func(i int) {
+		name := fmt.Sprintf("s-%05d", i)
+		// No node ports: thousands of Services would exhaust the range (2,768 ports), and a
+		// bare-metal load balancer does not need them.
+		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}},
+				AllocateLoadBalancerNodePorts: ptr(false)}}
+		if class != "" {
+			s.Spec.LoadBalancerClass = &class
+		}
+		for attempt := 0; ; attempt++ {
+			_, err := srv.Client.CoreV1().Services(ns).Create(context.Background(), s, metav1.CreateOptions{})
+			if err == nil {
+				break
 			}
-		}()
-	}
-	wg.Wait()
+			if attempt > 5 {
+				m.Fatalf("create %s: %v", name, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		mu.Lock()
+		created[name] = time.Now()
+		mu.Unlock()
+	})
 	return created, time.Since(start)
 }
 
@@ -560,17 +552,9 @@ func freePort(m *testenv.Main) int {
 
 // deleteServices deletes the n Services of ns and waits until they are gone.
 func deleteServices(m *testenv.Main, srv *kubeapi.Server, ns string, n int) {
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 8 {
-				_ = srv.Client.CoreV1().Services(ns).Delete(context.Background(), fmt.Sprintf("s-%05d", i), metav1.DeleteOptions{})
-			}
-		}()
-	}
-	wg.Wait()
+	harness.Parallel(8, n, func(i int) {
+		_ = srv.Client.CoreV1().Services(ns).Delete(context.Background(), fmt.Sprintf("s-%05d", i), metav1.DeleteOptions{})
+	})
 	deadline := time.Now().Add(10 * time.Minute)
 	for {
 		l, err := srv.Client.CoreV1().Services(ns).List(context.Background(), metav1.ListOptions{Limit: 1})
@@ -830,20 +814,12 @@ func agentMemory(m *testenv.Main, r *report, c *cluster.Cluster) {
 	createObject(m, dyn, v1alpha1.IPPoolResource, "many-"+c.NS, fmt.Sprintf(`{addresses: ["10.200.0.0/22"], autoAssign: false, serviceAllocation: {namespaces: [%s]}}`, c.NS))
 	idle, _ := proc.MemoryOf(c.Agents["node1"].Proc.Cmd.Process.Pid)
 	const n = 1000
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 8 {
-				s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: c.NS, Name: fmt.Sprintf("many-%04d", i),
-					Annotations: map[string]string{"metalvip.io/pool": "many-" + c.NS}},
-					Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}, AllocateLoadBalancerNodePorts: ptr(false)}}
-				_, _ = c.Srv.Client.CoreV1().Services(c.NS).Create(context.Background(), s, metav1.CreateOptions{})
-			}
-		}()
-	}
-	wg.Wait()
+	harness.Parallel(8, n, func(i int) {
+		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: c.NS, Name: fmt.Sprintf("many-%04d", i),
+			Annotations: map[string]string{"metalvip.io/pool": "many-" + c.NS}},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}, AllocateLoadBalancerNodePorts: ptr(false)}}
+		_, _ = c.Srv.Client.CoreV1().Services(c.NS).Create(context.Background(), s, metav1.CreateOptions{})
+	})
 	harness.Eventually(m, 5*time.Minute, "node1's agent takes part in 1,000 VIPs", func() bool {
 		st, err := c.Agents["node1"].Client.GetState(context.Background(), &agentv1.GetStateRequest{})
 		if err != nil {

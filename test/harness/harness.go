@@ -6,6 +6,7 @@
 package harness
 
 import (
+	"sync"
 	"time"
 
 	"github.com/metalvip/metalvip/test/testenv"
@@ -23,4 +24,20 @@ func Eventually(t testenv.TB, timeout time.Duration, what string, cond func() bo
 		time.Sleep(20 * time.Millisecond)
 	}
 	return time.Since(start)
+}
+
+// Parallel calls f(i) for every i from 0 to n-1 from workers goroutines at once (worker k takes
+// k, k+workers, ...), as that many clients would, and returns when all calls have.
+func Parallel(workers, n int, f func(i int)) {
+	var wg sync.WaitGroup
+	for k := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := k; i < n; i += workers {
+				f(i)
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -153,23 +153,15 @@ func TestANewServiceIsWrittenOnceForItsAddressAndOnceForItsCondition(t *testing.
 	t.Run("in a burst every Service gets the same writes, and every condition lands", func(t *testing.T) {
 		const n = 40
 		start := time.Now()
-		var wg sync.WaitGroup
-		for w := range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := w; i < n; i += 8 {
-					_, err := srv.Client.CoreV1().Services(ns).Create(context.Background(), &corev1.Service{
-						ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("burst-%02d", i), Annotations: map[string]string{"metalvip.io/pool": pool}},
-						Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}},
-					}, metav1.CreateOptions{})
-					if err != nil {
-						t.Error(err)
-					}
-				}
-			}()
-		}
-		wg.Wait()
+		harness.Parallel(8, n, func(i int) {
+			_, err := srv.Client.CoreV1().Services(ns).Create(context.Background(), &corev1.Service{
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("burst-%02d", i), Annotations: map[string]string{"metalvip.io/pool": pool}},
+				Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}},
+			}, metav1.CreateOptions{})
+			if err != nil {
+				t.Error(err)
+			}
+		})
 		var lastIP, lastCond time.Time
 		harness.Eventually(t, 60*time.Second, "every Service of the burst carries its Announced condition", func() bool {
 			withIP, withCond := 0, 0

@@ -174,7 +174,7 @@ func (r *run) agents() {
 	if r.fl, err = newFleet(dir, *nodes, *agentPort, r.tr); err != nil {
 		r.m.Fatalf("%v", err)
 	}
-	parallel(8, len(r.fl.agents), func(i int) {
+	harness.Parallel(8, len(r.fl.agents), func(i int) {
 		if err := r.fl.start(r.fl.agents[i]); err != nil {
 			r.m.Fatalf("%v", err)
 		}
@@ -194,7 +194,7 @@ func (r *run) objects() {
 	harness.Step("creating %d Nodes", *nodes)
 	c0 := apiCallsOf(r.m, r.srv)
 	start := time.Now()
-	parallel(8, *nodes, func(i int) {
+	harness.Parallel(8, *nodes, func(i int) {
 		n, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: simName(i)}}, metav1.CreateOptions{})
 		if err != nil {
 			r.m.Fatalf("node %d: %v", i, err)
@@ -237,7 +237,7 @@ func (r *run) objects() {
 			harness.Step("  %d created", n)
 		}
 	}()
-	parallel(8, *services, func(i int) {
+	harness.Parallel(8, *services, func(i int) {
 		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: fmt.Sprintf("s-%05d", i)},
 			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}},
 				AllocateLoadBalancerNodePorts: ptr(false)}}
@@ -560,21 +560,6 @@ func (w *svcWatch) vips() []netip.Addr {
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out)
-}
-
-// parallel runs f(0..n-1) on w workers.
-func parallel(w, n int, f func(int)) {
-	var wg sync.WaitGroup
-	for k := range w {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := k; i < n; i += w {
-				f(i)
-			}
-		}()
-	}
-	wg.Wait()
 }
 
 func ptr[T any](v T) *T { return &v }
