@@ -74,17 +74,7 @@ func ccmClient(t *testing.T, h *lab.Host, tlsDir string, addr netip.AddrPort) ag
 		t.Fatal(err)
 	}
 	// The agent listens inside the node's namespace: dial from there.
-	dial := func(ctx context.Context, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := h.Do(func() error {
-			var d net.Dialer
-			var err error
-			c, err = d.DialContext(ctx, "tcp", addr)
-			return err
-		})
-		return c, err
-	}
-	conn, err := grpc.NewClient("passthrough:///"+addr.String(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dial))
+	conn, err := grpc.NewClient("passthrough:///"+addr.String(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(h.DialTCP))
 	if err != nil {
 		t.Fatal(err)
 	}

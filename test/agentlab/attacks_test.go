@@ -53,17 +53,7 @@ func ccmFrom(t *testing.T, from *lab.Host, a *agent) agentv1.AgentServiceClient 
 	if err != nil {
 		t.Fatal(err)
 	}
-	dial := func(ctx context.Context, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := from.Do(func() error {
-			var d net.Dialer
-			var err error
-			c, err = d.DialContext(ctx, "tcp", addr)
-			return err
-		})
-		return c, err
-	}
-	opts := append(agentapi.ClientOptions(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dial))
+	opts := append(agentapi.ClientOptions(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(from.DialTCP))
 	conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(a.host.IPv4, 7472).String(), opts...)
 	if err != nil {
 		t.Fatal(err)

@@ -337,18 +337,8 @@ func (c *Cluster) StartAgent(a *Agent) {
 		if err != nil {
 			c.T.Fatalf("%v", err)
 		}
-		dial := func(ctx context.Context, addr string) (net.Conn, error) {
-			var conn net.Conn
-			err := h.Do(func() error {
-				var d net.Dialer
-				var err error
-				conn, err = d.DialContext(ctx, "tcp", addr)
-				return err
-			})
-			return conn, err
-		}
 		conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(h.IPv4, 7472).String(),
-			grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dial))
+			grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(h.DialTCP))
 		if err != nil {
 			c.T.Fatalf("%v", err)
 		}

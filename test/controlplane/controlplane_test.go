@@ -61,7 +61,7 @@ func TestTheControlPlaneVIP(t *testing.T) {
 		var refused bool
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		if _, err := dialIn(e.lab.Client)(ctx, netip.AddrPortFrom(vip, apiPort).String()); err != nil {
+		if _, err := e.lab.Client.DialTCP(ctx, netip.AddrPortFrom(vip, apiPort).String()); err != nil {
 			refused = strings.Contains(err.Error(), "refused")
 		}
 		if !refused {

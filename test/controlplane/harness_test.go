@@ -232,7 +232,7 @@ func (e *env) startAgent(node string) {
 			e.t.Fatal(err)
 		}
 		conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(h.IPv4, 7472).String(),
-			grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dialIn(e.lab.Control)))
+			grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(e.lab.Control.DialTCP))
 		if err != nil {
 			e.t.Fatal(err)
 		}
@@ -317,25 +317,10 @@ func (e *env) httpClient(from *lab.Host) *http.Client {
 	pool := x509.NewCertPool()
 	ca, _ := os.ReadFile(e.path("ca.crt"))
 	pool.AppendCertsFromPEM(ca)
-	dial := dialIn(from)
 	return &http.Client{Timeout: time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: pool},
-		DialContext:     func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) },
+		DialContext:     from.DialContext,
 	}}
-}
-
-// dialIn dials from inside a host's namespace.
-func dialIn(h *lab.Host) func(ctx context.Context, addr string) (net.Conn, error) {
-	return func(ctx context.Context, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := h.Do(func() error {
-			var d net.Dialer
-			var err error
-			c, err = d.DialContext(ctx, "tcp", addr)
-			return err
-		})
-		return c, err
-	}
 }
 
 // request is one List through the VIP.
@@ -367,8 +352,7 @@ func (e *env) startLister() *lister {
 		TLSClientConfig: rest.TLSClientConfig{CAFile: e.path("ca.crt")},
 		Timeout:         listTimeout, QPS: 1000, Burst: 1000,
 	}
-	dial := dialIn(e.lab.Client)
-	cfg.Dial = func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) }
+	cfg.Dial = e.lab.Client.DialContext
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		e.t.Fatal(err)

@@ -20,14 +20,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -147,8 +144,7 @@ type Cluster struct {
 	bins   Binaries
 	apiCA  string
 	token  string
-	reaper *exec.Cmd
-	pipe   io.WriteCloser
+	reaper *testenv.Reaper
 	// sysctls are the kubelet's machine-wide sysctls as found (key=value), restored at teardown.
 	sysctls []string
 }
@@ -257,8 +253,7 @@ func (c *Cluster) startReaper() error {
 			mountpoints = append(mountpoints, p) // ours: created below, removed when empty
 		}
 	}
-	script := `read -r _ || true
-kill_ours() {
+	script := `kill_ours() {
   for p in /proc/[0-9]*; do
     case "$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)" in *"$KC_DIR"*) kill -9 "${p#/proc/}" 2>/dev/null;; esac
   done
@@ -276,20 +271,10 @@ sysctl -q -w $KC_SYSCTLS
 rm -rf "$KC_DIR"
 for m in $KC_MOUNTPOINTS; do rmdir "$m" 2>/dev/null; done
 echo reaped`
-	cmd := exec.Command("/bin/sh", "-c", script, "kubecluster-reaper")
-	cmd.Env = append(os.Environ(), "KC_DIR="+c.Dir, "KC_CGROUPS="+strings.Join(cgroups, " "),
-		"KC_SYSCTLS="+strings.Join(sysctls, " "), "KC_MOUNTPOINTS="+strings.Join(mountpoints, " "))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	var err error
-	if c.pipe, err = cmd.StdinPipe(); err != nil {
-		return err
-	}
-	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start reaper: %w", err)
-	}
-	c.reaper = cmd
-	return nil
+	c.reaper, err = testenv.StartReaper("kubecluster-reaper", script, []string{"KC_DIR=" + c.Dir, "KC_CGROUPS=" + strings.Join(cgroups, " "),
+		"KC_SYSCTLS=" + strings.Join(sysctls, " "), "KC_MOUNTPOINTS=" + strings.Join(mountpoints, " ")})
+	return err
 }
 
 // close stops the nodes, then lets the reaper remove what is left. test/lab's cleanup, which
@@ -298,12 +283,7 @@ func (c *Cluster) close() {
 	for _, n := range c.Nodes {
 		n.stopDaemons(false)
 	}
-	c.pipe.Close()
-	done := make(chan error, 1)
-	go func() { done <- c.reaper.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(60 * time.Second):
+	if !c.reaper.Reap(60 * time.Second) {
 		c.t.Errorf("kubecluster %s: reaper did not finish within 60s", c.Lab.ID)
 		return
 	}
@@ -368,16 +348,6 @@ func (c *Cluster) startControlPlane() error {
 		"--kubelet-preferred-address-types", "InternalIP",
 		"--service-cluster-ip-range", ServiceCIDR.String(), "--allow-privileged", "--v", "1")
 
-	dial := func(ctx context.Context, network, address string) (net.Conn, error) {
-		var conn net.Conn
-		err := ctl.Do(func() error {
-			var d net.Dialer
-			var err error
-			conn, err = d.DialContext(ctx, network, address)
-			return err
-		})
-		return conn, err
-	}
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		if _, err := os.Stat(c.apiCA); err == nil {
@@ -389,7 +359,7 @@ func (c *Cluster) startControlPlane() error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	c.Config = &rest.Config{Host: fmt.Sprintf("https://%s:%d", addr, APIPort), BearerToken: c.token,
-		TLSClientConfig: rest.TLSClientConfig{CAFile: c.apiCA}, Dial: dial, QPS: 200, Burst: 400}
+		TLSClientConfig: rest.TLSClientConfig{CAFile: c.apiCA}, Dial: ctl.DialContext, QPS: 200, Burst: 400}
 	if c.Client, err = kubernetes.NewForConfig(c.Config); err != nil {
 		return err
 	}
