@@ -5,9 +5,7 @@ package agentlab
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -173,50 +171,6 @@ func answerers(t *testing.T, client *lab.Host, vip netip.Addr) []string {
 	return macs
 }
 
-func macOf(t *testing.T, h *lab.Host) string {
-	t.Helper()
-	var mac string
-	if err := h.Do(func() error {
-		ifi, err := net.InterfaceByName("eth0")
-		if err == nil {
-			mac = ifi.HardwareAddr.String()
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return mac
-}
-
-// nextHops returns the next hops of the router's kernel route to vip.
-func nextHops(t *testing.T, l *lab.Lab, vip string) []string {
-	t.Helper()
-	out, err := l.Router.Run(context.Background(), "ip", "-j", "route", "show", vip)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var routes []struct {
-		Gateway  string `json:"gateway"`
-		Nexthops []struct {
-			Gateway string `json:"gateway"`
-		} `json:"nexthops"`
-	}
-	if err := json.Unmarshal(out, &routes); err != nil {
-		t.Fatalf("ip -j route: %v: %s", err, out)
-	}
-	var hops []string
-	for _, r := range routes {
-		if r.Gateway != "" {
-			hops = append(hops, r.Gateway)
-		}
-		for _, n := range r.Nexthops {
-			hops = append(hops, n.Gateway)
-		}
-	}
-	slices.Sort(hops)
-	return hops
-}
-
 func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 3})
 	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
@@ -231,7 +185,7 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	}
 
 	// L2: only the first candidate answers.
-	node1MAC := macOf(t, l.Nodes[0])
+	node1MAC := l.Nodes[0].MAC(t)
 	if got := whoAnswers(t, l.Client, netip.MustParseAddr(l2VIP)); got != node1MAC {
 		t.Errorf("ARP for %s answered by %q, want node1's %s", l2VIP, got, node1MAC)
 	}
@@ -241,7 +195,7 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	// BGP: one route, three next hops.
 	all := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
 	harness.Eventually(t, 30*time.Second, "three next hops for the BGP VIP", func() bool {
-		return slices.Equal(nextHops(t, l, bgpVIP), all)
+		return slices.Equal(l.NextHops(t, bgpVIP), all)
 	})
 	// The client reaches the BGP VIP through the router... and the remote client too.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -262,7 +216,7 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	// the same state: it resumes answering and advertising on its own.
 	agents[0].proc.Kill()
 	harness.Eventually(t, 30*time.Second, "the router drops the dead agent's next hop (BFD)", func() bool {
-		return !slices.Contains(nextHops(t, l, bgpVIP), "198.51.100.11")
+		return !slices.Contains(l.NextHops(t, bgpVIP), "198.51.100.11")
 	})
 	if got := whoAnswers(t, l.Client, netip.MustParseAddr(l2VIP)); got != "" {
 		t.Errorf("ARP for %s answered by %s while its only answering agent is dead", l2VIP, got)
@@ -273,7 +227,7 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 		return whoAnswers(t, l.Client, netip.MustParseAddr(l2VIP)) == node1MAC
 	})
 	harness.Eventually(t, 30*time.Second, "the restarted agent advertises again", func() bool {
-		return slices.Equal(nextHops(t, l, bgpVIP), all)
+		return slices.Equal(l.NextHops(t, bgpVIP), all)
 	})
 	t.Logf("restarted agent answered ARP %s after start (%s total)", took.Round(time.Millisecond), time.Since(restart).Round(time.Millisecond))
 	agents[0].waitServing()
@@ -285,7 +239,7 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	// Withdraw: the BGP VIP removed from node2 leaves two next hops.
 	agents[1].apply(desired(2, l, l2Ann(l2VIP, l.Nodes[0], l.Nodes[1])))
 	harness.Eventually(t, 10*time.Second, "node2's next hop withdrawn", func() bool {
-		return slices.Equal(nextHops(t, l, bgpVIP), []string{"198.51.100.11", "198.51.100.13"})
+		return slices.Equal(l.NextHops(t, bgpVIP), []string{"198.51.100.11", "198.51.100.13"})
 	})
 	if !strings.Contains(agents[1].proc.Output(), "serving") {
 		t.Error("agent log does not say it serves")
@@ -296,7 +250,7 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 		t.Fatal(err)
 	}
 	took = harness.Eventually(t, 5*time.Second, "node3's next hop withdrawn on SIGTERM", func() bool {
-		return slices.Equal(nextHops(t, l, bgpVIP), []string{"198.51.100.11"})
+		return slices.Equal(l.NextHops(t, bgpVIP), []string{"198.51.100.11"})
 	})
 	t.Logf("SIGTERM to next hop gone at the router: %s", took.Round(time.Millisecond))
 	select {

@@ -141,7 +141,7 @@ func TestStalledConnectionsNeitherKillTheAgentNorKeepTheCCMOut(t *testing.T) {
 	vip := netip.MustParseAddr("203.0.113.40")
 	a.apply(desired(1, l, l2Ann(vip.String(), node)))
 	ccm := ccmFrom(t, l.Control, a)
-	mac := macOf(t, node)
+	mac := node.MAC(t)
 	harness.Eventually(t, 10*time.Second, "the agent answers its VIP", func() bool { return whoAnswers(t, l.Client, vip) == mac })
 	pid := a.proc.Cmd.Process.Pid
 	idle, err := proc.MemoryOf(pid)
@@ -270,7 +270,7 @@ func heartbeatCluster(t *testing.T, l *lab.Lab, hosts []*lab.Host, vip netip.Add
 		}
 	}
 	applyAll()
-	first := macOf(t, hosts[0])
+	first := hosts[0].MAC(t)
 	harness.Eventually(t, 10*time.Second, hosts[0].Name+" answers", func() bool { return whoAnswers(t, l.Client, vip) == first })
 	return agents
 }
@@ -287,13 +287,13 @@ func TestReplayedHeartbeatsKeepNoDeadNodeAlive(t *testing.T) {
 	vip := netip.MustParseAddr("203.0.113.41")
 	agents := heartbeatCluster(t, l, l.Nodes, vip)
 	node1, node2 := agents[0], agents[1]
-	mac2 := macOf(t, l.Nodes[1])
+	mac2 := l.Nodes[1].MAC(t)
 	probe := probeARP(t, l.Client, vip, probeEvery, 10000)
 
 	t.Log("baseline: node1 dies with nobody replaying")
 	plain := failoverTime(t, probe, killNode(t, node1), mac2)
 	reviveNode(t, node1)
-	mac1 := macOf(t, l.Nodes[0])
+	mac1 := l.Nodes[0].MAC(t)
 	harness.Eventually(t, 10*time.Second, "node1 takes its VIP back", func() bool { return whoAnswers(t, l.Client, vip) == mac1 })
 
 	capt := captureUDP(t, l.Nodes[1], l.Nodes[0].IPv4, hbPort)
@@ -400,7 +400,7 @@ func TestANodesOwnKeyCannotSpeakForAnother(t *testing.T) {
 	// The candidates, best first: node3, node2, node1.
 	agents := heartbeatCluster(t, l, []*lab.Host{l.Nodes[2], l.Nodes[1], l.Nodes[0]}, vip)
 	node3, node2, node1 := agents[0], agents[1], agents[2] // node1 is the compromised one
-	mac2 := macOf(t, l.Nodes[1])
+	mac2 := l.Nodes[1].MAC(t)
 
 	// What node1 has: its private key, node2's and node3's public keys, and node2's heartbeats.
 	var saved struct {
@@ -482,7 +482,7 @@ func TestAFloodAtTheHeartbeatPortMakesNoDoubleAnswer(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 2})
 	vip := netip.MustParseAddr("203.0.113.43")
 	agents := heartbeatCluster(t, l, l.Nodes, vip)
-	mac1 := macOf(t, l.Nodes[0])
+	mac1 := l.Nodes[0].MAC(t)
 	standby := agents[1]
 	dst := netip.AddrPortFrom(l.Nodes[1].IPv4, hbPort)
 	before := counters(t, standby)

@@ -65,10 +65,10 @@ func TestTheAgentNeedsOnlyNetRaw(t *testing.T) {
 		st.BgpPeers[0].Password = password
 		a.apply(heartbeatsOn(t, st, a, agents))
 	}
-	mac1 := macOf(t, l.Nodes[0])
+	mac1 := l.Nodes[0].MAC(t)
 	harness.Eventually(t, 10*time.Second, "node1 answers ARP", func() bool { return whoAnswers(t, l.Client, vip4) == mac1 })
 	harness.Eventually(t, 30*time.Second, "the router has node1's BGP route, over MD5", func() bool {
-		hops := nextHops(t, l, bgpVIP)
+		hops := l.NextHops(t, bgpVIP)
 		return len(hops) >= 1 && hops[0] == n1.String()
 	})
 	var st1, st2 *agentv1.GetStateResponse

@@ -30,7 +30,7 @@ func TestL2FailoverAmongAgents(t *testing.T) {
 	vip := netip.MustParseAddr("203.0.113.30")
 	macs := map[string]string{}
 	for _, n := range l.Nodes {
-		macs[macOf(t, n)] = n.Name
+		macs[n.MAC(t)] = n.Name
 	}
 	gen := uint64(0)
 	applyAll := func(order ...*lab.Host) {
@@ -121,7 +121,7 @@ func TestHeartbeatKeyRotationMovesNothing(t *testing.T) {
 	vip := netip.MustParseAddr("203.0.113.31")
 	agents := heartbeatCluster(t, l, l.Nodes, vip)
 	node1 := agents[0]
-	mac1 := macOf(t, l.Nodes[0])
+	mac1 := l.Nodes[0].MAC(t)
 	probe := probeARP(t, l.Client, vip, probeEvery, 1000)
 	start := time.Now()
 	old := node1.keys(t)
@@ -156,7 +156,7 @@ func TestAStallOfEveryAgentMovesNothing(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 2})
 	vip := netip.MustParseAddr("203.0.113.32")
 	agents := heartbeatCluster(t, l, l.Nodes, vip)
-	mac1, mac2 := macOf(t, l.Nodes[0]), macOf(t, l.Nodes[1])
+	mac1, mac2 := l.Nodes[0].MAC(t), l.Nodes[1].MAC(t)
 	probe := probeARP(t, l.Client, vip, probeEvery, 1000)
 	harness.Eventually(t, 10*time.Second, "node1 answers", func() bool { return whoAnswers(t, l.Client, vip) == mac1 })
 	start := time.Now()

@@ -39,7 +39,7 @@ func TestAnIPv6OnlyNodesAgentStarts(t *testing.T) {
 		Candidates: []*agentv1.Candidate{{Node: h.Name, Address: h.IPv6.String()}},
 	}}
 	a.apply(&agentv1.DesiredState{Term: 1, Generation: 1, Announcements: []*agentv1.Announcement{an}})
-	mac := macOf(t, h)
+	mac := h.MAC(t)
 	harness.Eventually(t, 10*time.Second, "the client learns the node's MAC for the IPv6 VIP by NDP", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

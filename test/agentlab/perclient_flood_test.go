@@ -45,7 +45,7 @@ func TestPerClientTableKeepsRealClientsThroughAFlood(t *testing.T) {
 	names := map[string]string{} // node MAC to name
 	for _, n := range l.Nodes {
 		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
-		names[macOf(t, n)] = n.Name
+		names[n.MAC(t)] = n.Name
 	}
 	vip := netip.MustParseAddr("203.0.113.40")
 	state := func(gen uint64, candidates ...*lab.Host) *agentv1.DesiredState {

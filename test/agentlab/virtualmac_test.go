@@ -52,7 +52,7 @@ func TestAVirtualMACWithoutNetAdminIsAnsweredWithTheNodesMAC(t *testing.T) {
 	if !strings.Contains(problems, "virtual MACs: ") || !strings.Contains(problems, "operation not permitted; answering with the interfaces' own MACs") {
 		t.Errorf("problems %q; want the filter's refusal and what the agent does instead", problems)
 	}
-	if got, want := whoAnswers(t, l.Client, vip), macOf(t, l.Nodes[0]); got != want {
+	if got, want := whoAnswers(t, l.Client, vip), l.Nodes[0].MAC(t); got != want {
 		t.Errorf("ARP for %s answered by %q; want the node's own %s", vip, got, want)
 	}
 	t.Logf("with CAP_NET_RAW alone: %s", problems)

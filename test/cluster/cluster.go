@@ -9,7 +9,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -140,7 +139,7 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 	}
 	c.opts = opts
 	for _, n := range l.Nodes {
-		c.MACs[MACOf(t, n)] = n.Name
+		c.MACs[n.MAC(t)] = n.Name
 	}
 	// The CCM runs in the lab's control namespace and reaches the API server through a relay.
 	u := strings.TrimPrefix(srv.URL, "https://")
@@ -531,21 +530,6 @@ func (c *Cluster) WaitOwner(vip netip.Addr, want string, timeout time.Duration) 
 	harness.Eventually(c.T, timeout, fmt.Sprintf("%s answered by %s", vip, want), func() bool { return c.Owner(vip) == want })
 }
 
-func MACOf(t testenv.TB, h *lab.Host) string {
-	t.Helper()
-	var mac string
-	if err := h.Do(func() error {
-		ifi, err := net.InterfaceByName("eth0")
-		if err == nil {
-			mac = ifi.HardwareAddr.String()
-		}
-		return err
-	}); err != nil {
-		t.Fatalf("%v", err)
-	}
-	return mac
-}
-
 // Answerers asks for vip once by ARP from the client and returns every node that answered
 // within 100 ms, sorted.
 func (c *Cluster) Answerers(vip netip.Addr) []string {
@@ -563,18 +547,7 @@ func (c *Cluster) Answerers(vip netip.Addr) []string {
 
 // NextHops returns the next hops of the router's kernel route to vip, sorted.
 func (c *Cluster) NextHops(vip netip.Addr) []string {
-	out, err := c.Lab.Router.Run(context.Background(), "ip", "route", "show", vip.String())
-	if err != nil {
-		c.T.Fatalf("%v", err)
-	}
-	var hops []string
-	for _, f := range strings.Fields(string(out)) {
-		if a, err := netip.ParseAddr(f); err == nil && a != vip {
-			hops = append(hops, a.String())
-		}
-	}
-	slices.Sort(hops)
-	return slices.Compact(hops)
+	return c.Lab.NextHops(c.T, vip.String())
 }
 
 // kill takes a node off the segment (link down) and kills its agent: a node dying hard.

@@ -2,7 +2,6 @@ package controlplane
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -137,22 +136,22 @@ func TestTheControlPlaneVIP(t *testing.T) {
 			e.startAgent(n.Name)
 		}
 		all := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
-		took := harness.Eventually(t, 60*time.Second, "three next hops at the router", func() bool { return slices.Equal(e.nextHops(t), all) })
+		took := harness.Eventually(t, 60*time.Second, "three next hops at the router", func() bool { return slices.Equal(e.lab.NextHops(t, vip.String()), all) })
 		t.Logf("BGP: three next hops %s after the agents started", took.Round(time.Millisecond))
 		var leaves []time.Duration
 		for i := range n {
 			victim := e.lab.Nodes[1+i%2]
-			harness.Eventually(t, 60*time.Second, "three next hops", func() bool { return slices.Equal(e.nextHops(t), all) })
+			harness.Eventually(t, 60*time.Second, "three next hops", func() bool { return slices.Equal(e.lab.NextHops(t, vip.String()), all) })
 			e.apiservers[victim.Name].Kill()
 			gone := harness.Eventually(t, 10*time.Second, victim.Name+"'s next hop leaves", func() bool {
-				return !slices.Contains(e.nextHops(t), victim.IPv4.String())
+				return !slices.Contains(e.lab.NextHops(t, vip.String()), victim.IPv4.String())
 			})
 			leaves = append(leaves, gone)
-			t.Logf("trial %d: %s's kube-apiserver killed; its next hop left the router's table %s later; hops now %v", i+1, victim.Name, ms(gone), e.nextHops(t))
+			t.Logf("trial %d: %s's kube-apiserver killed; its next hop left the router's table %s later; hops now %v", i+1, victim.Name, ms(gone), e.lab.NextHops(t, vip.String()))
 			if gone > moveBound {
 				t.Errorf("trial %d: the next hop left %s after the kill, over the %s bound", i+1, ms(gone), moveBound)
 			}
-			if got := e.nextHops(t); len(got) != 2 {
+			if got := e.lab.NextHops(t, vip.String()); len(got) != 2 {
 				t.Errorf("trial %d: next hops %v; want the two others", i+1, got)
 			}
 			e.startAPIServer(victim.Name)
@@ -279,35 +278,6 @@ func (e *env) partition(t *testing.T, w *arpWatch, l *lister) {
 	healed := time.Now()
 	harness.Eventually(t, 30*time.Second, "node1 holds the VIP again once the partition heals", func() bool { return w.owner() == victim })
 	t.Logf("partition healed: node1 holds the VIP again %s later", ms(time.Since(healed)))
-}
-
-// nextHops returns the next hops of the router's kernel route to the VIP.
-func (e *env) nextHops(t *testing.T) []string {
-	t.Helper()
-	out, err := e.lab.Router.Run(context.Background(), "ip", "-j", "route", "show", vip.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var routes []struct {
-		Gateway  string `json:"gateway"`
-		Nexthops []struct {
-			Gateway string `json:"gateway"`
-		} `json:"nexthops"`
-	}
-	if err := json.Unmarshal(out, &routes); err != nil {
-		t.Fatalf("ip -j route: %v: %s", err, out)
-	}
-	var hops []string
-	for _, r := range routes {
-		if r.Gateway != "" {
-			hops = append(hops, r.Gateway)
-		}
-		for _, n := range r.Nexthops {
-			hops = append(hops, n.Gateway)
-		}
-	}
-	slices.Sort(hops)
-	return hops
 }
 
 // standby sets standby in node1's file with metalvipctl, as an operator does before upgrading

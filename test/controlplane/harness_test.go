@@ -11,7 +11,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -98,17 +97,7 @@ func newEnv(t *testing.T) *env {
 	e.pki = filepath.Join(e.dir, "pki")
 	e.writePKI()
 	for _, n := range l.Nodes {
-		var mac string
-		if err := n.Do(func() error {
-			ifi, err := net.InterfaceByName("eth0")
-			if err == nil {
-				mac = ifi.HardwareAddr.String()
-			}
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		e.macs[mac] = n.Name
+		e.macs[n.MAC(t)] = n.Name
 	}
 	// etcd on the segment, in the control namespace: every API server reaches it, and a
 	// node's link going down cuts that node's API server from it, as in a real cluster.

@@ -19,6 +19,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -29,6 +30,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -182,6 +184,51 @@ func (h *Host) DialContext(ctx context.Context, network, address string) (net.Co
 // DialTCP dials address by TCP from inside h's namespace (grpc.WithContextDialer).
 func (h *Host) DialTCP(ctx context.Context, address string) (net.Conn, error) {
 	return h.DialContext(ctx, "tcp", address)
+}
+
+// MAC is the hardware address of h's eth0, or fails t.
+func (h *Host) MAC(t testenv.TB) string {
+	t.Helper()
+	var mac string
+	if err := h.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err == nil {
+			mac = ifi.HardwareAddr.String()
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("MAC of %s: %v", h.Name, err)
+	}
+	return mac
+}
+
+// NextHops returns the next hops of the router's kernel route to vip, sorted.
+func (l *Lab) NextHops(t testenv.TB, vip string) []string {
+	t.Helper()
+	out, err := l.Router.Run(context.Background(), "ip", "-j", "route", "show", vip)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	var routes []struct {
+		Gateway  string `json:"gateway"`
+		Nexthops []struct {
+			Gateway string `json:"gateway"`
+		} `json:"nexthops"`
+	}
+	if err := json.Unmarshal(out, &routes); err != nil {
+		t.Fatalf("ip -j route: %v: %s", err, out)
+	}
+	var hops []string
+	for _, r := range routes {
+		if r.Gateway != "" {
+			hops = append(hops, r.Gateway)
+		}
+		for _, n := range r.Nexthops {
+			hops = append(hops, n.Gateway)
+		}
+	}
+	slices.Sort(hops)
+	return slices.Compact(hops)
 }
 
 // Names returns the hosts' names, in order.
