@@ -5,7 +5,6 @@ package agentlab
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -29,17 +28,10 @@ import (
 var agentBinary string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "metalvip-agentlab-")
-	if err != nil {
-		panic(err)
-	}
-	agentBinary, err = testenv.GoBuild(dir, "./cmd/metalvip-agent")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+	bins, cleanup := testenv.BuildMain("metalvip-agentlab", "./cmd/metalvip-agent")
+	agentBinary = bins[0]
 	code := m.Run()
-	os.RemoveAll(dir)
+	cleanup()
 	os.Exit(code)
 }
 

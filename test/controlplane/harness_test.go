@@ -44,20 +44,10 @@ import (
 var agentBinary, ctlBinary string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "metalvip-cp-e2e-")
-	if err != nil {
-		panic(err)
-	}
-	agentBinary, err = testenv.GoBuild(dir, "./cmd/metalvip-agent")
-	if err == nil {
-		ctlBinary, err = testenv.GoBuild(dir, "./cmd/metalvipctl")
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+	bins, cleanup := testenv.BuildMain("metalvip-cp-e2e", "./cmd/metalvip-agent", "./cmd/metalvipctl")
+	agentBinary, ctlBinary = bins[0], bins[1]
 	code := m.Run()
-	os.RemoveAll(dir)
+	cleanup()
 	os.Exit(code)
 }
 

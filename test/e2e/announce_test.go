@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
-	"os"
 	"os/exec"
 	"slices"
 	"sort"
@@ -37,20 +36,9 @@ func lineWith(text, sub string) string {
 var ccmBinary, agentBinary, ctlBinary string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "metalvip-e2e-")
-	if err != nil {
-		panic(err)
-	}
-	ccmBinary, agentBinary, err = cluster.Build(dir)
-	if err == nil {
-		ctlBinary, err = testenv.GoBuild(dir, "./cmd/metalvipctl")
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	defer os.RemoveAll(dir)
-	kubeapi.Main(m)
+	bins, cleanup := testenv.BuildMain("metalvip-e2e", "./cmd/metalvip-cloud-controller-manager", "./cmd/metalvip-agent", "./cmd/metalvipctl")
+	ccmBinary, agentBinary, ctlBinary = bins[0], bins[1], bins[2]
+	kubeapi.Main(m, cleanup)
 }
 
 // TestAnnouncing runs the planner and failover acceptance on one cluster, step by step.

@@ -82,14 +82,18 @@ var (
 	initErr error
 )
 
-// Main runs the package's tests and stops the shared server afterwards, if one was started.
-func Main(m *testing.M) {
+// Main runs the package's tests, stops the shared server afterwards if one was started, runs
+// cleanups and exits.
+func Main(m *testing.M, cleanups ...func()) {
 	code := m.Run()
 	mu.Lock()
 	if shared != nil {
 		shared.Stop()
 	}
 	mu.Unlock()
+	for _, c := range cleanups {
+		c()
+	}
 	os.Exit(code)
 }
 
