@@ -5,9 +5,6 @@ package agentlab
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -22,6 +19,8 @@ import (
 
 	"github.com/metalvip/metalvip/internal/certs"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -29,17 +28,10 @@ import (
 var agentBinary string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "metalvip-agentlab-")
-	if err != nil {
-		panic(err)
-	}
-	agentBinary, err = testenv.GoBuild(dir, "./cmd/metalvip-agent")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+	bins, cleanup := testenv.BuildMain("metalvip-agentlab", "./cmd/metalvip-agent")
+	agentBinary = bins[0]
 	code := m.Run()
-	os.RemoveAll(dir)
+	cleanup()
 	os.Exit(code)
 }
 
@@ -55,37 +47,6 @@ type agent struct {
 	wrap   []string // a command the agent runs under (setpriv ...), if any
 }
 
-// pki writes a CA, the CCM's certificate and one per node into dir.
-func pki(t *testing.T, nodes []*lab.Host) string {
-	t.Helper()
-	dir := t.TempDir()
-	ca, err := certs.NewCA("metalvip-ca", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write := func(name string, p certs.Pair) {
-		for ext, data := range map[string][]byte{".crt": p.Cert, ".key": p.Key} {
-			if err := os.WriteFile(filepath.Join(dir, name+ext), data, 0o600); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	write("ca", ca)
-	ccm, err := certs.Issue(ca, certs.CCMName, certs.Client, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write("ccm", ccm)
-	for _, n := range nodes {
-		p, err := certs.Issue(ca, n.Name, certs.Server, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		write(n.Name, p)
-	}
-	return dir
-}
-
 func startAgent(t *testing.T, h *lab.Host, tlsDir, stateDir string, wrap ...string) *agent {
 	t.Helper()
 	a := &agent{t: t, host: h, state: stateDir, tls: tlsDir, wrap: wrap}
@@ -98,22 +59,12 @@ func startAgent(t *testing.T, h *lab.Host, tlsDir, stateDir string, wrap ...stri
 // ccmClient dials the agent at addr inside h's namespace with the CCM's certificate.
 func ccmClient(t *testing.T, h *lab.Host, tlsDir string, addr netip.AddrPort) agentv1.AgentServiceClient {
 	t.Helper()
-	cfg, err := certs.ClientConfig(certs.Files{CA: filepath.Join(tlsDir, "ca.crt"), Cert: filepath.Join(tlsDir, "ccm.crt"), Key: filepath.Join(tlsDir, "ccm.key")}, h.Name)
+	cfg, err := certs.ClientConfig(pki.Files(tlsDir, "ccm"), h.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The agent listens inside the node's namespace: dial from there.
-	dial := func(ctx context.Context, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := h.Do(func() error {
-			var d net.Dialer
-			var err error
-			c, err = d.DialContext(ctx, "tcp", addr)
-			return err
-		})
-		return c, err
-	}
-	conn, err := grpc.NewClient("passthrough:///"+addr.String(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dial))
+	conn, err := grpc.NewClient("passthrough:///"+addr.String(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(h.DialTCP))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,66 +163,9 @@ func answerers(t *testing.T, client *lab.Host, vip netip.Addr) []string {
 	return macs
 }
 
-func macOf(t *testing.T, h *lab.Host) string {
-	t.Helper()
-	var mac string
-	if err := h.Do(func() error {
-		ifi, err := net.InterfaceByName("eth0")
-		if err == nil {
-			mac = ifi.HardwareAddr.String()
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return mac
-}
-
-// nextHops returns the next hops of the router's kernel route to vip.
-func nextHops(t *testing.T, l *lab.Lab, vip string) []string {
-	t.Helper()
-	out, err := l.Router.Run(context.Background(), "ip", "-j", "route", "show", vip)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var routes []struct {
-		Gateway  string `json:"gateway"`
-		Nexthops []struct {
-			Gateway string `json:"gateway"`
-		} `json:"nexthops"`
-	}
-	if err := json.Unmarshal(out, &routes); err != nil {
-		t.Fatalf("ip -j route: %v: %s", err, out)
-	}
-	var hops []string
-	for _, r := range routes {
-		if r.Gateway != "" {
-			hops = append(hops, r.Gateway)
-		}
-		for _, n := range r.Nexthops {
-			hops = append(hops, n.Gateway)
-		}
-	}
-	slices.Sort(hops)
-	return hops
-}
-
-// eventually polls cond every 20 ms for up to timeout and returns how long it took.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	var agents []*agent
 	for _, n := range l.Nodes {
 		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
@@ -283,7 +177,7 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	}
 
 	// L2: only the first candidate answers.
-	node1MAC := macOf(t, l.Nodes[0])
+	node1MAC := l.Nodes[0].MAC(t)
 	if got := whoAnswers(t, l.Client, netip.MustParseAddr(l2VIP)); got != node1MAC {
 		t.Errorf("ARP for %s answered by %q, want node1's %s", l2VIP, got, node1MAC)
 	}
@@ -292,8 +186,8 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	}
 	// BGP: one route, three next hops.
 	all := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
-	eventually(t, 30*time.Second, "three next hops for the BGP VIP", func() bool {
-		return slices.Equal(nextHops(t, l, bgpVIP), all)
+	harness.Eventually(t, 30*time.Second, "three next hops for the BGP VIP", func() bool {
+		return slices.Equal(l.NextHops(t, bgpVIP), all)
 	})
 	// The client reaches the BGP VIP through the router... and the remote client too.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -313,19 +207,19 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	// Kill node1's agent outright (no goodbye), with no CCM anywhere, and start it again on
 	// the same state: it resumes answering and advertising on its own.
 	agents[0].proc.Kill()
-	eventually(t, 30*time.Second, "the router drops the dead agent's next hop (BFD)", func() bool {
-		return !slices.Contains(nextHops(t, l, bgpVIP), "198.51.100.11")
+	harness.Eventually(t, 30*time.Second, "the router drops the dead agent's next hop (BFD)", func() bool {
+		return !slices.Contains(l.NextHops(t, bgpVIP), "198.51.100.11")
 	})
 	if got := whoAnswers(t, l.Client, netip.MustParseAddr(l2VIP)); got != "" {
 		t.Errorf("ARP for %s answered by %s while its only answering agent is dead", l2VIP, got)
 	}
 	restart := time.Now()
 	agents[0].start()
-	took := eventually(t, 30*time.Second, "the restarted agent answers ARP again", func() bool {
+	took := harness.Eventually(t, 30*time.Second, "the restarted agent answers ARP again", func() bool {
 		return whoAnswers(t, l.Client, netip.MustParseAddr(l2VIP)) == node1MAC
 	})
-	eventually(t, 30*time.Second, "the restarted agent advertises again", func() bool {
-		return slices.Equal(nextHops(t, l, bgpVIP), all)
+	harness.Eventually(t, 30*time.Second, "the restarted agent advertises again", func() bool {
+		return slices.Equal(l.NextHops(t, bgpVIP), all)
 	})
 	t.Logf("restarted agent answered ARP %s after start (%s total)", took.Round(time.Millisecond), time.Since(restart).Round(time.Millisecond))
 	agents[0].waitServing()
@@ -336,8 +230,8 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 
 	// Withdraw: the BGP VIP removed from node2 leaves two next hops.
 	agents[1].apply(desired(2, l, l2Ann(l2VIP, l.Nodes[0], l.Nodes[1])))
-	eventually(t, 10*time.Second, "node2's next hop withdrawn", func() bool {
-		return slices.Equal(nextHops(t, l, bgpVIP), []string{"198.51.100.11", "198.51.100.13"})
+	harness.Eventually(t, 10*time.Second, "node2's next hop withdrawn", func() bool {
+		return slices.Equal(l.NextHops(t, bgpVIP), []string{"198.51.100.11", "198.51.100.13"})
 	})
 	if !strings.Contains(agents[1].proc.Output(), "serving") {
 		t.Error("agent log does not say it serves")
@@ -347,8 +241,8 @@ func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	if err := agents[2].proc.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	took = eventually(t, 5*time.Second, "node3's next hop withdrawn on SIGTERM", func() bool {
-		return slices.Equal(nextHops(t, l, bgpVIP), []string{"198.51.100.11"})
+	took = harness.Eventually(t, 5*time.Second, "node3's next hop withdrawn on SIGTERM", func() bool {
+		return slices.Equal(l.NextHops(t, bgpVIP), []string{"198.51.100.11"})
 	})
 	t.Logf("SIGTERM to next hop gone at the router: %s", took.Round(time.Millisecond))
 	select {

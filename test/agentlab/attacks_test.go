@@ -28,6 +28,9 @@ import (
 	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
+	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -46,21 +49,11 @@ const (
 // namespace), with the contract's client options.
 func ccmFrom(t *testing.T, from *lab.Host, a *agent) agentv1.AgentServiceClient {
 	t.Helper()
-	cfg, err := certs.ClientConfig(certs.Files{CA: filepath.Join(a.tls, "ca.crt"), Cert: filepath.Join(a.tls, "ccm.crt"), Key: filepath.Join(a.tls, "ccm.key")}, a.host.Name)
+	cfg, err := certs.ClientConfig(pki.Files(a.tls, "ccm"), a.host.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dial := func(ctx context.Context, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := from.Do(func() error {
-			var d net.Dialer
-			var err error
-			c, err = d.DialContext(ctx, "tcp", addr)
-			return err
-		})
-		return c, err
-	}
-	opts := append(agentapi.ClientOptions(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dial))
+	opts := append(agentapi.ClientOptions(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(from.DialTCP))
 	conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(a.host.IPv4, 7472).String(), opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -144,14 +137,14 @@ func stall(t *testing.T, h *lab.Host, target netip.AddrPort, sources []netip.Add
 func TestStalledConnectionsNeitherKillTheAgentNorKeepTheCCMOut(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 1, ClientAddrs: 49})
 	node := l.Nodes[0]
-	a := startAgent(t, node, pki(t, l.Nodes), filepath.Join(t.TempDir(), "state"))
+	a := startAgent(t, node, pki.AgentsDir(t, lab.Names(l.Nodes)...), filepath.Join(t.TempDir(), "state"))
 	vip := netip.MustParseAddr("203.0.113.40")
 	a.apply(desired(1, l, l2Ann(vip.String(), node)))
 	ccm := ccmFrom(t, l.Control, a)
-	mac := macOf(t, node)
-	eventually(t, 10*time.Second, "the agent answers its VIP", func() bool { return whoAnswers(t, l.Client, vip) == mac })
+	mac := node.MAC(t)
+	harness.Eventually(t, 10*time.Second, "the agent answers its VIP", func() bool { return whoAnswers(t, l.Client, vip) == mac })
 	pid := a.proc.Cmd.Process.Pid
-	idle, err := rss(pid)
+	idle, err := proc.MemoryOf(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +202,7 @@ func TestStalledConnectionsNeitherKillTheAgentNorKeepTheCCMOut(t *testing.T) {
 
 	t.Logf("%d stalled connections from %d addresses for %s: %d opened in all (%d dial errors), %d closed by the agent at once, %d later, at most %d open at the attacker",
 		conns, len(sources), attack, st.dials, st.dialErrors, st.closedAtOnce, st.closedLater, st.maxOpen)
-	t.Logf("agent RSS: %.1f MiB idle, peak %.1f MiB during the stall", float64(idle)/(1<<20), float64(peakBytes)/(1<<20))
+	t.Logf("agent RSS: %.1f MiB idle, peak %.1f MiB during the stall", float64(idle.RSS)/(1<<20), float64(peakBytes)/(1<<20))
 	t.Logf("CCM calls during the stall: %d, %d failed, slowest %s", calls.Load(), failed.Load(), time.Duration(slowest.Load()).Round(time.Millisecond))
 	t.Logf("ARP probe every %s: %s", probeEvery, c)
 	if !a.alive() {
@@ -251,7 +244,7 @@ func reviveNode(t *testing.T, a *agent) {
 func failoverTime(t *testing.T, probe *arpProbe, killed time.Time, newOwner string) time.Duration {
 	t.Helper()
 	var at time.Time
-	eventually(t, 10*time.Second, "the next candidate answers", func() bool {
+	harness.Eventually(t, 10*time.Second, "the next candidate answers", func() bool {
 		at = probe.count(killed, time.Now()).FirstAnswerBy[newOwner]
 		return !at.IsZero()
 	})
@@ -262,7 +255,7 @@ func failoverTime(t *testing.T, probe *arpProbe, killed time.Time, newOwner stri
 // candidates in order, and waits until the first answers.
 func heartbeatCluster(t *testing.T, l *lab.Lab, hosts []*lab.Host, vip netip.Addr) []*agent {
 	t.Helper()
-	tlsDir := pki(t, hosts)
+	tlsDir := pki.AgentsDir(t, lab.Names(hosts)...)
 	var agents []*agent
 	for _, n := range hosts {
 		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
@@ -277,8 +270,8 @@ func heartbeatCluster(t *testing.T, l *lab.Lab, hosts []*lab.Host, vip netip.Add
 		}
 	}
 	applyAll()
-	first := macOf(t, hosts[0])
-	eventually(t, 10*time.Second, hosts[0].Name+" answers", func() bool { return whoAnswers(t, l.Client, vip) == first })
+	first := hosts[0].MAC(t)
+	harness.Eventually(t, 10*time.Second, hosts[0].Name+" answers", func() bool { return whoAnswers(t, l.Client, vip) == first })
 	return agents
 }
 
@@ -294,14 +287,14 @@ func TestReplayedHeartbeatsKeepNoDeadNodeAlive(t *testing.T) {
 	vip := netip.MustParseAddr("203.0.113.41")
 	agents := heartbeatCluster(t, l, l.Nodes, vip)
 	node1, node2 := agents[0], agents[1]
-	mac2 := macOf(t, l.Nodes[1])
+	mac2 := l.Nodes[1].MAC(t)
 	probe := probeARP(t, l.Client, vip, probeEvery, 10000)
 
 	t.Log("baseline: node1 dies with nobody replaying")
 	plain := failoverTime(t, probe, killNode(t, node1), mac2)
 	reviveNode(t, node1)
-	mac1 := macOf(t, l.Nodes[0])
-	eventually(t, 10*time.Second, "node1 takes its VIP back", func() bool { return whoAnswers(t, l.Client, vip) == mac1 })
+	mac1 := l.Nodes[0].MAC(t)
+	harness.Eventually(t, 10*time.Second, "node1 takes its VIP back", func() bool { return whoAnswers(t, l.Client, vip) == mac1 })
 
 	capt := captureUDP(t, l.Nodes[1], l.Nodes[0].IPv4, hbPort)
 	for boot := range 2 { // two more boots of node1, each captured for a while
@@ -309,7 +302,7 @@ func TestReplayedHeartbeatsKeepNoDeadNodeAlive(t *testing.T) {
 		node1.proc.Kill()
 		node1.start()
 		node1.waitServing()
-		eventually(t, 10*time.Second, fmt.Sprintf("node1 takes its VIP back after restart %d", boot+1), func() bool { return whoAnswers(t, l.Client, vip) == mac1 })
+		harness.Eventually(t, 10*time.Second, fmt.Sprintf("node1 takes its VIP back after restart %d", boot+1), func() bool { return whoAnswers(t, l.Client, vip) == mac1 })
 	}
 	time.Sleep(time.Second) // and earlier in the current boot
 	capt.stop()
@@ -407,7 +400,7 @@ func TestANodesOwnKeyCannotSpeakForAnother(t *testing.T) {
 	// The candidates, best first: node3, node2, node1.
 	agents := heartbeatCluster(t, l, []*lab.Host{l.Nodes[2], l.Nodes[1], l.Nodes[0]}, vip)
 	node3, node2, node1 := agents[0], agents[1], agents[2] // node1 is the compromised one
-	mac2 := macOf(t, l.Nodes[1])
+	mac2 := l.Nodes[1].MAC(t)
 
 	// What node1 has: its private key, node2's and node3's public keys, and node2's heartbeats.
 	var saved struct {
@@ -431,7 +424,7 @@ func TestANodesOwnKeyCannotSpeakForAnother(t *testing.T) {
 	}
 	sniff := captureUDP(t, l.Nodes[0], l.Nodes[1].IPv4, hbPort) // node2's heartbeats to node1
 	probe := probeARP(t, l.Client, vip, probeEvery, 10000)
-	eventually(t, 5*time.Second, "node1 sees node2's heartbeats", func() bool { return len(sniff.packets()) > 0 })
+	harness.Eventually(t, 5*time.Second, "node1 sees node2's heartbeats", func() bool { return len(sniff.packets()) > 0 })
 	before := counters(t, node2)
 
 	forger := newRawSender(t, l.Nodes[0])
@@ -489,7 +482,7 @@ func TestAFloodAtTheHeartbeatPortMakesNoDoubleAnswer(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 2})
 	vip := netip.MustParseAddr("203.0.113.43")
 	agents := heartbeatCluster(t, l, l.Nodes, vip)
-	mac1 := macOf(t, l.Nodes[0])
+	mac1 := l.Nodes[0].MAC(t)
 	standby := agents[1]
 	dst := netip.AddrPortFrom(l.Nodes[1].IPv4, hbPort)
 	before := counters(t, standby)

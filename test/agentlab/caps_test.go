@@ -1,45 +1,33 @@
 package agentlab
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
+	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
-// capEff reads a process's effective capabilities.
-func capEff(t *testing.T, pid int) uint64 {
+const capNetRaw = 1 << 13
+
+// capEff reads an agent's effective capabilities.
+func capEff(t *testing.T, a *agent) uint64 {
 	t.Helper()
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	v, err := proc.CapEff(a.proc.Cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "CapEff:"); ok {
-			v, err := strconv.ParseUint(strings.TrimSpace(rest), 16, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return v
-		}
-	}
-	t.Fatal("no CapEff")
-	return 0
+	return v
 }
-
-const capNetRaw = 1 << 13
 
 // TestTheAgentNeedsOnlyNetRaw runs two agents as root with no capability but CAP_NET_RAW (no
 // NET_ADMIN, no NET_BIND_SERVICE) and checks that everything they do works: gRPC with mutual
@@ -60,14 +48,14 @@ func TestTheAgentNeedsOnlyNetRaw(t *testing.T) {
 		"-c", "address-family ipv4 unicast", "-c", fmt.Sprintf("neighbor %s activate", n1)).CombinedOutput(); err != nil {
 		t.Fatalf("configure FRR: %v: %s", err, out)
 	}
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	netRawOnly := []string{"/usr/bin/setpriv", "--bounding-set=-all,+net_raw", "--inh-caps=-all", "--ambient-caps=-all", "--"}
 	var agents []*agent
 	for _, n := range l.Nodes {
 		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state"), netRawOnly...))
 	}
 	for _, a := range agents {
-		if got := capEff(t, a.proc.Cmd.Process.Pid); got != capNetRaw {
+		if got := capEff(t, a); got != capNetRaw {
 			t.Fatalf("%s's agent runs with capabilities %#x; want CAP_NET_RAW (%#x) alone", a.host.Name, got, capNetRaw)
 		}
 	}
@@ -77,14 +65,14 @@ func TestTheAgentNeedsOnlyNetRaw(t *testing.T) {
 		st.BgpPeers[0].Password = password
 		a.apply(heartbeatsOn(t, st, a, agents))
 	}
-	mac1 := macOf(t, l.Nodes[0])
-	eventually(t, 10*time.Second, "node1 answers ARP", func() bool { return whoAnswers(t, l.Client, vip4) == mac1 })
-	eventually(t, 30*time.Second, "the router has node1's BGP route, over MD5", func() bool {
-		hops := nextHops(t, l, bgpVIP)
+	mac1 := l.Nodes[0].MAC(t)
+	harness.Eventually(t, 10*time.Second, "node1 answers ARP", func() bool { return whoAnswers(t, l.Client, vip4) == mac1 })
+	harness.Eventually(t, 30*time.Second, "the router has node1's BGP route, over MD5", func() bool {
+		hops := l.NextHops(t, bgpVIP)
 		return len(hops) >= 1 && hops[0] == n1.String()
 	})
 	var st1, st2 *agentv1.GetStateResponse
-	eventually(t, 30*time.Second, "node1's session with BFD up, node2 standing by for node1 by heartbeats", func() bool {
+	harness.Eventually(t, 30*time.Second, "node1's session with BFD up, node2 standing by for node1 by heartbeats", func() bool {
 		st1, st2 = agents[0].getState(t), agents[1].getState(t)
 		up := len(st1.GetPeers()) == 1 && st1.GetPeers()[0].GetState() == "Established" && st1.GetPeers()[0].GetBfdState() == "Up"
 		return up && st2.GetHeartbeats().GetAccepted() > 0 && st1.GetHeartbeats().GetAccepted() > 0
@@ -108,7 +96,7 @@ func TestTheAgentNeedsOnlyNetRaw(t *testing.T) {
 		}
 		none := []string{"/usr/bin/setpriv", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--"}
 		a := startAgent(t, l.Nodes[0], tlsDir, filepath.Join(t.TempDir(), "state"), none...)
-		if got := capEff(t, a.proc.Cmd.Process.Pid); got != 0 {
+		if got := capEff(t, a); got != 0 {
 			t.Fatalf("the agent runs with capabilities %#x; want none", got)
 		}
 		st := desired(1, l, l2Ann(vip4.String(), l.Nodes[0]))

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -20,7 +22,7 @@ import (
 // candidate answers; then brings the node back and checks the hand-over back to it.
 func TestL2FailoverAmongAgents(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	var agents []*agent
 	for _, n := range l.Nodes {
 		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
@@ -28,7 +30,7 @@ func TestL2FailoverAmongAgents(t *testing.T) {
 	vip := netip.MustParseAddr("203.0.113.30")
 	macs := map[string]string{}
 	for _, n := range l.Nodes {
-		macs[macOf(t, n)] = n.Name
+		macs[n.MAC(t)] = n.Name
 	}
 	gen := uint64(0)
 	applyAll := func(order ...*lab.Host) {
@@ -57,7 +59,7 @@ func TestL2FailoverAmongAgents(t *testing.T) {
 			dump()
 		}
 	})
-	eventually(t, 10*time.Second, "node1 answers", func() bool { return owner() == "node1" })
+	harness.Eventually(t, 10*time.Second, "node1 answers", func() bool { return owner() == "node1" })
 
 	const trials = 3
 	var outages []time.Duration
@@ -67,13 +69,13 @@ func TestL2FailoverAmongAgents(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
+		harness.Eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
 		killed := time.Now()
 		if _, err := l.Nodes[0].Run(context.Background(), "ip", "link", "set", "eth0", "down"); err != nil {
 			t.Fatal(err)
 		}
 		victim.proc.Kill()
-		eventually(t, 5*time.Second, "the client is answered again", func() bool {
+		harness.Eventually(t, 5*time.Second, "the client is answered again", func() bool {
 			return probe.Answered() && time.Since(killed) > 150*time.Millisecond
 		})
 		probe.Stop()
@@ -119,19 +121,19 @@ func TestHeartbeatKeyRotationMovesNothing(t *testing.T) {
 	vip := netip.MustParseAddr("203.0.113.31")
 	agents := heartbeatCluster(t, l, l.Nodes, vip)
 	node1 := agents[0]
-	mac1 := macOf(t, l.Nodes[0])
+	mac1 := l.Nodes[0].MAC(t)
 	probe := probeARP(t, l.Client, vip, probeEvery, 1000)
 	start := time.Now()
 	old := node1.keys(t)
 	if err := node1.proc.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "node1 publishes a new key", func() bool { return len(node1.keys(t)) == 2 })
+	harness.Eventually(t, 10*time.Second, "node1 publishes a new key", func() bool { return len(node1.keys(t)) == 2 })
 	time.Sleep(time.Second)
 	for _, a := range agents {
 		a.apply(heartbeatsOn(t, desired(2, l, l2Ann(vip.String(), l.Nodes...)), a, agents))
 	}
-	took := eventually(t, 10*time.Second, "node1 retires its old key", func() bool {
+	took := harness.Eventually(t, 10*time.Second, "node1 retires its old key", func() bool {
 		k := node1.keys(t)
 		return len(k) == 1 && string(k[0]) != string(old[0])
 	})
@@ -154,9 +156,9 @@ func TestAStallOfEveryAgentMovesNothing(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 2})
 	vip := netip.MustParseAddr("203.0.113.32")
 	agents := heartbeatCluster(t, l, l.Nodes, vip)
-	mac1, mac2 := macOf(t, l.Nodes[0]), macOf(t, l.Nodes[1])
+	mac1, mac2 := l.Nodes[0].MAC(t), l.Nodes[1].MAC(t)
 	probe := probeARP(t, l.Client, vip, probeEvery, 1000)
-	eventually(t, 10*time.Second, "node1 answers", func() bool { return whoAnswers(t, l.Client, vip) == mac1 })
+	harness.Eventually(t, 10*time.Second, "node1 answers", func() bool { return whoAnswers(t, l.Client, vip) == mac1 })
 	start := time.Now()
 	const trials, stall = 3, 4 * failoverInterval
 	for trial := range trials {
@@ -193,7 +195,7 @@ func TestAStallOfEveryAgentMovesNothing(t *testing.T) {
 // its own heartbeats in turn: seconds of VIPs moving back and forth over all three nodes.
 func TestAStallAmongAThousandVIPsMovesThemOnceEachWay(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	var agents []*agent
 	for _, n := range l.Nodes {
 		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
@@ -233,7 +235,7 @@ func TestAStallAmongAThousandVIPsMovesThemOnceEachWay(t *testing.T) {
 		}
 		return true
 	}
-	eventually(t, 30*time.Second, "each node answers its third of the VIPs", settled)
+	harness.Eventually(t, 30*time.Second, "each node answers its third of the VIPs", settled)
 	time.Sleep(time.Second)
 	tookOver := func() (sum float64, arpRequests uint64) {
 		for _, a := range agents {
@@ -252,7 +254,7 @@ func TestAStallAmongAThousandVIPsMovesThemOnceEachWay(t *testing.T) {
 	if err := victim.proc.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "each node answers its third of the VIPs again", settled)
+	harness.Eventually(t, 30*time.Second, "each node answers its third of the VIPs again", settled)
 	time.Sleep(5 * time.Second) // time for any flapping to show
 	after, arpAfter := tookOver()
 	moves := after - before

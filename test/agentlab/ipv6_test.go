@@ -9,6 +9,8 @@ import (
 	"time"
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -22,7 +24,7 @@ func TestAnIPv6OnlyNodesAgentStarts(t *testing.T) {
 	if out, err := h.Run(context.Background(), "ip", "-4", "addr", "flush", "dev", "eth0"); err != nil {
 		t.Fatalf("remove the node's IPv4 address: %v %s", err, out)
 	}
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	a := &agent{t: t, host: h, state: filepath.Join(t.TempDir(), "state"), tls: tlsDir}
 	a.proc = h.Start(t, "agent", agentBinary,
 		"--node-name", h.Name, "--listen-address", h.IPv6.String(), "--metrics-address", h.IPv6.String(),
@@ -37,8 +39,8 @@ func TestAnIPv6OnlyNodesAgentStarts(t *testing.T) {
 		Candidates: []*agentv1.Candidate{{Node: h.Name, Address: h.IPv6.String()}},
 	}}
 	a.apply(&agentv1.DesiredState{Term: 1, Generation: 1, Announcements: []*agentv1.Announcement{an}})
-	mac := macOf(t, h)
-	eventually(t, 10*time.Second, "the client learns the node's MAC for the IPv6 VIP by NDP", func() bool {
+	mac := h.MAC(t)
+	harness.Eventually(t, 10*time.Second, "the client learns the node's MAC for the IPv6 VIP by NDP", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = l.Client.Ping(ctx, vip, 1) // resolves the neighbour; the node has no such address to answer the echo

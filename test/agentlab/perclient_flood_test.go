@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +21,9 @@ import (
 
 	"github.com/metalvip/metalvip/internal/rendezvous"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
+	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -38,12 +40,12 @@ import (
 func TestPerClientTableKeepsRealClientsThroughAFlood(t *testing.T) {
 	const realClients, randomForged, claimsForged, repeatForged = 100, 10000, 1000, 1000
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	var agents []*agent
 	names := map[string]string{} // node MAC to name
 	for _, n := range l.Nodes {
 		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
-		names[macOf(t, n)] = n.Name
+		names[n.MAC(t)] = n.Name
 	}
 	vip := netip.MustParseAddr("203.0.113.40")
 	state := func(gen uint64, candidates ...*lab.Host) *agentv1.DesiredState {
@@ -67,7 +69,7 @@ func TestPerClientTableKeepsRealClientsThroughAFlood(t *testing.T) {
 	for _, c := range clients {
 		owner[c.Addr] = rendezvous.Owner(c.Addr, all)
 	}
-	eventually(t, 15*time.Second, "every real client answered by its owner alone", func() bool {
+	harness.Eventually(t, 15*time.Second, "every real client answered by its owner alone", func() bool {
 		for _, c := range clients {
 			if got := heard.nodesSince(c.Addr, time.Time{}); len(got) != 1 || got[0] != owner[c.Addr] {
 				return false
@@ -85,7 +87,7 @@ func TestPerClientTableKeepsRealClientsThroughAFlood(t *testing.T) {
 		}
 		return out
 	}
-	eventually(t, 15*time.Second, "every agent keeps the 100 real clients", func() bool {
+	harness.Eventually(t, 15*time.Second, "every agent keeps the 100 real clients", func() bool {
 		for _, a := range agents {
 			if len(missing(a)) > 0 {
 				return false
@@ -422,24 +424,8 @@ func watchPeaks(agents []*agent) func() []figures {
 
 // memory returns the agent's resident memory and its peak, in bytes.
 func memory(a *agent) (rss, hwm int64) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", a.proc.Cmd.Process.Pid))
-	if err != nil {
-		return 0, 0
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		kb, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmRSS:":
-			rss = kb << 10
-		case "VmHWM:":
-			hwm = kb << 10
-		}
-	}
-	return rss, hwm
+	m, _ := proc.MemoryOf(a.proc.Cmd.Process.Pid)
+	return m.RSS, m.HWM
 }
 
 func fileSize(a *agent) int64 {
@@ -499,7 +485,7 @@ func kib(b int64) string { return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10)) }
 func TestPerClientFloodOfManyVIPsStaysBounded(t *testing.T) {
 	const vips, perVIP = 50, 2000
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki(t, l.Nodes[:1])
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes[:1])...)
 	a := startAgent(t, l.Nodes[0], tlsDir, filepath.Join(t.TempDir(), "state"))
 	st := &agentv1.DesiredState{Term: 1, Generation: 1}
 	var addrs []netip.Addr

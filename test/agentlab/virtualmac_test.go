@@ -16,6 +16,8 @@ import (
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/loadbalancer/pools"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -34,7 +36,7 @@ func TestAVirtualMACWithoutNetAdminIsAnsweredWithTheNodesMAC(t *testing.T) {
 		t.Skip("setpriv (util-linux) not found")
 	}
 	l := lab.New(t, lab.Options{Nodes: 1})
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	netRawOnly := []string{"/usr/bin/setpriv", "--bounding-set=-all,+net_raw", "--inh-caps=-all", "--ambient-caps=-all", "--"}
 	a := startAgent(t, l.Nodes[0], tlsDir, filepath.Join(t.TempDir(), "state"), netRawOnly...)
 	vip := netip.MustParseAddr("203.0.113.60")
@@ -50,7 +52,7 @@ func TestAVirtualMACWithoutNetAdminIsAnsweredWithTheNodesMAC(t *testing.T) {
 	if !strings.Contains(problems, "virtual MACs: ") || !strings.Contains(problems, "operation not permitted; answering with the interfaces' own MACs") {
 		t.Errorf("problems %q; want the filter's refusal and what the agent does instead", problems)
 	}
-	if got, want := whoAnswers(t, l.Client, vip), macOf(t, l.Nodes[0]); got != want {
+	if got, want := whoAnswers(t, l.Client, vip), l.Nodes[0].MAC(t); got != want {
 		t.Errorf("ARP for %s answered by %q; want the node's own %s", vip, got, want)
 	}
 	t.Logf("with CAP_NET_RAW alone: %s", problems)
@@ -62,7 +64,7 @@ func TestAVirtualMACWithoutNetAdminIsAnsweredWithTheNodesMAC(t *testing.T) {
 // nftables transaction, from its log).
 func TestTakingOverManyVirtualMACs(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 2})
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	var agents []*agent
 	for _, n := range l.Nodes {
 		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
@@ -79,7 +81,7 @@ func TestTakingOverManyVirtualMACs(t *testing.T) {
 		a.apply(heartbeatsOn(t, desired(1, l, anns...), a, agents))
 	}
 	macOfVIP := func(v netip.Addr) string { return pools.VirtualMAC(v1alpha1.VirtualMACLocal, v).String() }
-	eventually(t, 10*time.Second, "node1 answers every VIP with its virtual MAC", func() bool {
+	harness.Eventually(t, 10*time.Second, "node1 answers every VIP with its virtual MAC", func() bool {
 		return whoAnswers(t, l.Client, vips[0]) == macOfVIP(vips[0]) && whoAnswers(t, l.Client, vips[n-1]) == macOfVIP(vips[n-1])
 	})
 	if st := agents[1].getState(t); slices.ContainsFunc(st.GetAnnounced(), func(v *agentv1.AnnouncedVIP) bool { return v.GetActive() }) {
@@ -89,7 +91,7 @@ func TestTakingOverManyVirtualMACs(t *testing.T) {
 	killed := killNode(t, agents[0])
 	left := slices.Clone(vips)
 	var firstAt time.Duration
-	took := eventually(t, 10*time.Second, "node2 answers every VIP with its virtual MAC", func() bool {
+	took := harness.Eventually(t, 10*time.Second, "node2 answers every VIP with its virtual MAC", func() bool {
 		left = slices.DeleteFunc(left, func(v netip.Addr) bool {
 			ok := whoAnswers(t, l.Client, v) == macOfVIP(v)
 			if ok && firstAt == 0 {
@@ -159,7 +161,7 @@ func fdbPort(t *testing.T, l *lab.Lab, mac string) string {
 // it back only after the other stopped.
 func TestAVirtualMACMovesInOrderAcrossQuickRestarts(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki(t, l.Nodes)
+	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	var agents []*agent
 	for _, n := range l.Nodes {
 		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
@@ -169,7 +171,7 @@ func TestAVirtualMACMovesInOrderAcrossQuickRestarts(t *testing.T) {
 	for _, a := range agents {
 		a.apply(heartbeatsOn(t, desired(1, l, vmacAnn(vip, l.Nodes...)), a, agents))
 	}
-	eventually(t, 10*time.Second, "node1 answers with the virtual MAC", func() bool { return fdbPort(t, l, mac.String()) == "p-node1" })
+	harness.Eventually(t, 10*time.Second, "node1 answers with the virtual MAC", func() bool { return fdbPort(t, l, mac.String()) == "p-node1" })
 	if _, err := l.Client.Run(context.Background(), "ip", "neigh", "replace", vip.String(), "lladdr", mac.String(), "dev", "eth0", "nud", "permanent"); err != nil {
 		t.Fatal(err)
 	}
@@ -188,9 +190,9 @@ func TestAVirtualMACMovesInOrderAcrossQuickRestarts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
+		harness.Eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
 		killed := killNode(t, agents[0])
-		eventually(t, 5*time.Second, "the client is answered again", func() bool {
+		harness.Eventually(t, 5*time.Second, "the client is answered again", func() bool {
 			return probe.Answered() && time.Since(killed) > 300*time.Millisecond
 		})
 		probe.Stop()
@@ -200,7 +202,7 @@ func TestAVirtualMACMovesInOrderAcrossQuickRestarts(t *testing.T) {
 		}
 		revived := time.Now()
 		reviveNode(t, agents[0])
-		eventually(t, 15*time.Second, "node1 takes its VIP back", func() bool { return fdbPort(t, l, mac.String()) == "p-node1" })
+		harness.Eventually(t, 15*time.Second, "node1 takes its VIP back", func() bool { return fdbPort(t, l, mac.String()) == "p-node1" })
 		tookBack := time.Since(revived)
 		t.Logf("trial %d: outage %s (%d probes lost); node1 back on the bridge %s after its restart began", trial, outage.Round(time.Millisecond), lost, tookBack.Round(time.Millisecond))
 		outages, backs = append(outages, outage), append(backs, tookBack)

@@ -1,18 +1,13 @@
 package agentlab
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +16,7 @@ import (
 	"golang.org/x/net/ipv4"
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -212,23 +208,6 @@ func (p *arpProbe) count(from, to time.Time) arpCount {
 	return c
 }
 
-// rss returns a process's resident memory in bytes.
-func rss(pid int) (int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, errors.New("no VmRSS")
-}
-
 // peakRSS samples a process's resident memory every 50 ms until stop closes, and returns the
 // peak on done.
 func peakRSS(pid int, stop <-chan struct{}) <-chan int64 {
@@ -238,8 +217,8 @@ func peakRSS(pid int, stop <-chan struct{}) <-chan int64 {
 		t := time.NewTicker(50 * time.Millisecond)
 		defer t.Stop()
 		for {
-			if n, err := rss(pid); err == nil {
-				peak = max(peak, n)
+			if m, err := proc.MemoryOf(pid); err == nil {
+				peak = max(peak, m.RSS)
 			}
 			select {
 			case <-stop:

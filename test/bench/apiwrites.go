@@ -1,16 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -18,26 +12,25 @@ import (
 
 	"github.com/metalvip/metalvip/nodeagent"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness/figure"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
-// writeCounts are the API server's mutating requests so far, by resource/subresource (from
-// its own apiserver_request_total).
-type writeCounts map[string]float64
-
-func apiWrites(m *testenv.Main, srv *kubeapi.Server) writeCounts {
+// apiWrites are the API server's mutating requests so far, by "resource[/subresource] VERB"
+// (from its own apiserver_request_total).
+func apiWrites(m *testenv.Main, srv *kubeapi.Server) figure.Counts {
 	w, _ := apiRequests(m, srv)
 	return w
 }
 
 // apiRequests are the API server's requests so far, mutating and reading apart.
-func apiRequests(m *testenv.Main, srv *kubeapi.Server) (writes, reads writeCounts) {
+func apiRequests(m *testenv.Main, srv *kubeapi.Server) (writes, reads figure.Counts) {
 	reqs, err := srv.Requests(context.Background())
 	if err != nil {
 		m.Fatalf("the API server's metrics: %v", err)
 	}
-	writes, reads = writeCounts{}, writeCounts{}
+	writes, reads = figure.Counts{}, figure.Counts{}
 	for _, r := range reqs {
 		switch r.Verb {
 		case "POST", "PUT", "PATCH", "APPLY", "DELETE":
@@ -47,55 +40,6 @@ func apiRequests(m *testenv.Main, srv *kubeapi.Server) (writes, reads writeCount
 		}
 	}
 	return writes, reads
-}
-
-func (w writeCounts) minus(o writeCounts) writeCounts {
-	out := writeCounts{}
-	for k, v := range w {
-		if d := v - o[k]; d > 0 {
-			out[k] = d
-		}
-	}
-	return out
-}
-
-func (w writeCounts) total() float64 {
-	t := 0.0
-	for _, v := range w {
-		t += v
-	}
-	return t
-}
-
-// perService describes writes per Service, largest first.
-func (w writeCounts) perService(n int) string {
-	keys := make([]string, 0, len(w))
-	for k := range w {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b string) int { return int(w[b] - w[a]) })
-	var parts []string
-	for _, k := range keys {
-		if per := w[k] / float64(n); per >= 0.05 {
-			parts = append(parts, fmt.Sprintf("%s %.2f", k, per))
-		}
-	}
-	return strings.Join(parts, ", ")
-}
-
-// cpuSeconds is a process's user and system CPU so far.
-func cpuSeconds(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseFloat(f[11], 64)
-	s, _ := strconv.ParseFloat(f[12], 64)
-	return (u + s) / 100 // clock ticks (USER_HZ is 100 on Linux)
 }
 
 // agentApplies and agentApplyTime count the bench agent's Applies and the time it spent in

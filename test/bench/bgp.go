@@ -12,6 +12,9 @@ import (
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/figure"
+	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -19,7 +22,7 @@ import (
 // bgpWeighted measures weighted ECMP by endpoints: the router's kernel weights for endpoints
 // 1/2/3 on three nodes, and how 5 rounds of 1,000 connections from the remote client split.
 func bgpWeighted(m *testenv.Main, r *report, c *cluster.Cluster) {
-	step("BGP: weighted ECMP by endpoints")
+	harness.Step("BGP: weighted ECMP by endpoints")
 	pool := "weighted-" + c.NS
 	createObject(m, c.Dyn, v1alpha1.IPPoolResource, pool, fmt.Sprintf(`{addresses: ["203.0.113.96/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {mode: BGP, bgp: {weightByEndpoints: true}}}`, c.NS))
 	vip := c.Service("weighted", cluster.Local, cluster.InPool(pool))
@@ -31,7 +34,7 @@ func bgpWeighted(m *testenv.Main, r *report, c *cluster.Cluster) {
 	var w map[netip.Addr]int
 	var route string
 	start := time.Now()
-	cluster.Eventually(m, 60*time.Second, "three weighted next hops", func() bool {
+	harness.Eventually(m, 60*time.Second, "three weighted next hops", func() bool {
 		var err error
 		w, route, err = c.Lab.RouteWeights(vip.String())
 		return err == nil && len(w) == 3 && w[hops["node1"]] > 1 && w[hops["node1"]] < w[hops["node3"]]
@@ -67,7 +70,7 @@ func bgpWeighted(m *testenv.Main, r *report, c *cluster.Cluster) {
 	}
 	rows = append(rows, []string{"all 5,000", fmt.Sprintf("%.1f%%", float64(sum["node1"])/50), fmt.Sprintf("%.1f%%", float64(sum["node2"])/50), fmt.Sprintf("%.1f%%", float64(sum["node3"])/50), fmt.Sprintf("%d of 5 rounds", inTen)})
 	r.add("BGP weighted ECMP by endpoints",
-		fmt.Sprintf("In the lab: a pool with announce.bgp.weightByEndpoints, an externalTrafficPolicy Local Service with 1, 2 and 3 ready endpoints on node1, node2 and node3; each node advertises the link-bandwidth community (1 Mbit/s per endpoint) and FRR 8.4 (bgp bestpath bandwidth skip-missing) installs nexthop weights of 100 times each share, truncated; weights in the kernel %s after the endpoints were set:\n\n```\n%s\n```\n\nThen 5 rounds of 1,000 TCP connections, one after another, from the remote client behind the router to the VIP (the router hashes source and destination ports, fib_multipath_hash_policy 1); each node's server names itself. A round's split is binomial around the weights (about ±12 connections, one standard deviation, on node1), so a round within ±10%% of 1:2:3 on every node is likely, not certain; FRR's truncation alone puts the ideal at 16.2/33.3/50.5%%.", dur(took), route),
+		fmt.Sprintf("In the lab: a pool with announce.bgp.weightByEndpoints, an externalTrafficPolicy Local Service with 1, 2 and 3 ready endpoints on node1, node2 and node3; each node advertises the link-bandwidth community (1 Mbit/s per endpoint) and FRR 8.4 (bgp bestpath bandwidth skip-missing) installs nexthop weights of 100 times each share, truncated; weights in the kernel %s after the endpoints were set:\n\n```\n%s\n```\n\nThen 5 rounds of 1,000 TCP connections, one after another, from the remote client behind the router to the VIP (the router hashes source and destination ports, fib_multipath_hash_policy 1); each node's server names itself. A round's split is binomial around the weights (about ±12 connections, one standard deviation, on node1), so a round within ±10%% of 1:2:3 on every node is likely, not certain; FRR's truncation alone puts the ideal at 16.2/33.3/50.5%%.", figure.Duration(took), route),
 		rows)
 }
 
@@ -88,7 +91,7 @@ var drainSetups = []struct {
 // hash-threshold ECMP, or a resilient next-hop group) and drain mode; and an L2 VIP's owner
 // is cordoned while the on-link client probes it every 20 ms.
 func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duration) {
-	step("drains: BGP by GRACEFUL_SHUTDOWN and by weight, plain and resilient ECMP; L2 make-before-break")
+	harness.Step("drains: BGP by GRACEFUL_SHUTDOWN and by weight, plain and resilient ECMP; L2 make-before-break")
 	createObject(m, c.Dyn, v1alpha1.IPPoolResource, "drainw-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.112/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {mode: BGP, bgp: {drain: Weight}}}`, c.NS))
 	// BFD at 100 ms resets sessions when the shared machine stalls a daemon for 300 ms, which
 	// would be measured as the drain's doing (as in test/e2e): off for the drains, back after.
@@ -116,7 +119,7 @@ func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duratio
 			buckets = fmt.Sprintf("%d buckets, idle timer %s", fib.Options.Buckets, fib.Options.IdleTimer)
 		}
 		d := c.MeasureBGPDrain(vip, "node1", 20, delay, settle)
-		step("%s: %s", s.name, d)
+		harness.Step("%s: %s", s.name, d)
 		if fib != nil {
 			if _, err := fib.Changes(); err != nil {
 				m.Fatalf("the resilient group did not follow FRR's route: %v", err)
@@ -136,15 +139,15 @@ func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duratio
 		}
 		rows = append(rows, out)
 	}
-	row("node1 out of the kernel's next hops after the cordon", func(d cluster.BGPDrain) string { return dur(d.HopGone) })
-	row("node1's path withdrawn after the cordon", func(d cluster.BGPDrain) string { return dur(d.Withdrawn) })
+	row("node1 out of the kernel's next hops after the cordon", func(d cluster.BGPDrain) string { return figure.Duration(d.HopGone) })
+	row("node1's path withdrawn after the cordon", func(d cluster.BGPDrain) string { return figure.Duration(d.Withdrawn) })
 	row("new connections on node1: before the cordon", func(d cluster.BGPDrain) string {
 		return fmt.Sprintf("%d of %d", d.EarlyOnVictim, d.Early)
 	})
 	row(fmt.Sprintf("new connections on node1: from %s after the cordon to the withdrawal", settle), func(d cluster.BGPDrain) string {
 		return fmt.Sprintf("%d of %d", d.LateOnVictim, d.Late)
 	})
-	row("last new connection served by node1 after the cordon", func(d cluster.BGPDrain) string { return dur(d.LastOnVictim) })
+	row("last new connection served by node1 after the cordon", func(d cluster.BGPDrain) string { return figure.Duration(d.LastOnVictim) })
 	row("new connections after the cordon, failed", func(d cluster.BGPDrain) string { return fmt.Sprintf("%d, %d", d.News, d.FailedNews) })
 	row("long connections on node1 reset before the withdrawal", func(d cluster.BGPDrain) string {
 		return fmt.Sprintf("%d of %d", d.ResetVictimBefore, d.LongOnVictim)
@@ -166,15 +169,15 @@ func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duratio
 		"Plain ECMP: FRR 8.4 installs its route as a hash-threshold group, the only kind it makes (it has no resilient option for BGP routes, nor does any later FRR): any change of next hops or weights rehashes flows, node1's established connections go to nodes that reset them and some of the others' move too. "+
 		"Resilient: the router forwards over a Linux resilient next-hop group (%s, unbalanced timer 0) that follows FRR's next hops and weights (test/lab, ResilientECMP), as a router with resilient hashing programs its FIB: a next hop that leaves gives its buckets to the others at once, a weight change moves only idle buckets. "+
 		"Resets are counted when an echo fails, up to a second after the cause; new connections from %s after the cordon (the idle buckets have moved by then) until the withdrawal show where new flows go during the delay: node1 keeps the buckets its long connections keep busy, and its weight's share, about 1%%.",
-		delay, time.Now().UTC().Format("2006-01-02 15:04 UTC"), loadAverage(), weightRoute, buckets, settle)
+		delay, time.Now().UTC().Format("2006-01-02 15:04 UTC"), proc.LoadAverage(), weightRoute, buckets, settle)
 	l2vip := c.Service("drain-l2")
 	var owner string
-	cluster.Eventually(m, 30*time.Second, "an owner", func() bool { owner = c.Owner(l2vip); return owner != "" })
+	harness.Eventually(m, 30*time.Second, "an owner", func() bool { owner = c.Owner(l2vip); return owner != "" })
 	probe, err := c.Lab.Client.Probe(l2vip, 20*time.Millisecond, int((delay+10*time.Second)/(20*time.Millisecond)))
 	if err != nil {
 		m.Fatalf("%v", err)
 	}
-	cluster.Eventually(m, 5*time.Second, "the probe is answered", probe.Answered)
+	harness.Eventually(m, 5*time.Second, "the probe is answered", probe.Answered)
 	t1 := time.Now()
 	c.Cordon(owner, true)
 	d := c.SampleL2Drain(l2vip, owner, t1, delay+2*time.Second)
@@ -186,8 +189,8 @@ func bgpDrain(m *testenv.Main, r *report, c *cluster.Cluster, delay time.Duratio
 	r.add("Drains", bgpMethod, rows)
 	r.add("Drains: L2", "The same run: the on-link client pings an L2 VIP every 20 ms (ICMP echo); the owner is cordoned; who answers ARP is sampled (each ask waits 100 ms).",
 		[][]string{{"measure", "value"},
-			{"new owner's first answer after the cordon", dur(d.Made)},
-			{"old owner's last answer after the cordon", dur(d.Broken)},
+			{"new owner's first answer after the cordon", figure.Duration(d.Made)},
+			{"old owner's last answer after the cordon", figure.Duration(d.Broken)},
 			{"ARP samples with nobody answering / with both", fmt.Sprintf("%d / %d of %d", d.None, d.Two, d.Samples)},
 			{"pings unanswered (every 20 ms)", fmt.Sprint(lost)},
 		})

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -16,19 +17,15 @@ var drainsOnly = flag.Bool("drains-only", false, "only the drain sections, in a 
 // drainsAlone measures the drains alone and writes their sections into the report in place
 // of the ones of the same titles (a whole make bench takes an hour; the drains take minutes).
 func drainsAlone(m *testenv.Main, r *report) {
-	step("building the binaries")
+	harness.Step("building the binaries")
 	ccm, agent, err := cluster.Build(m.TempDir())
 	if err != nil {
 		m.Fatalf("%v", err)
 	}
-	step("starting etcd and kube-apiserver")
-	srv, err := kubeapi.Start()
-	if err != nil {
-		m.Fatalf("%v", err)
-	}
-	m.Cleanup(srv.Stop)
+	harness.Step("starting etcd and kube-apiserver")
+	srv := kubeapi.Own(m)
 	srv.InstallCRDs(m)
-	step("the lab: API server, CCM, agents, FRR")
+	harness.Step("the lab: API server, CCM, agents, FRR")
 	c := cluster.New(m, srv, cluster.Options{CCMBinary: ccm, AgentBinary: agent})
 	for _, n := range c.Lab.Nodes {
 		n.ServeName(m, 80)

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strings"
 
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
@@ -14,7 +15,7 @@ import (
 // lines starting "FIGURES ", with env added to the environment, and adds those lines to the report as one section: the tests are
 // the measurement (with their own checks), the report only gathers what they printed.
 func testFigures(m *testenv.Main, r *report, title, method, pkg, run string, env ...string) {
-	step("%s: go test -run %s %s", title, run, pkg)
+	harness.Step("%s: go test -run %s %s", title, run, pkg)
 	cmd := exec.Command("go", "test", "-count=1", "-v", "-timeout", "30m", "-run", run, pkg)
 	cmd.Env = append(append(os.Environ(), "METALVIP_REQUIRE_LAB=1"), env...)
 	var buf bytes.Buffer

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/figure"
 	"github.com/metalvip/metalvip/test/kubecluster"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -30,7 +32,7 @@ func kubeletsAlone(m *testenv.Main, r *report) {
 // on each of two nodes) while the client probes it over HTTP every 20 ms; the section goes
 // after the bare-process L2 failover's. The cluster is torn down before the next step.
 func kubeletFailover(r *report) {
-	step("real kubelets: a cluster in the lab, metalvip from install.yaml, %d hard node kills", *kubeletsTrials)
+	harness.Step("real kubelets: a cluster in the lab, metalvip from install.yaml, %d hard node kills", *kubeletsTrials)
 	m := testenv.NewMain("metalvip-bench-kubelets")
 	defer m.Close()
 	ctx := context.Background()
@@ -54,7 +56,7 @@ func kubeletFailover(r *report) {
 	if err != nil {
 		m.Fatalf("%v\n%s", err, c.Describe(ctx))
 	}
-	step("  cluster up in %s (control plane %s), nodes initialised %s after the install, agents Ready %s later",
+	harness.Step("  cluster up in %s (control plane %s), nodes initialised %s after the install, agents Ready %s later",
 		c.NodesReady.Round(time.Millisecond), c.ControlPlaneReady.Round(time.Millisecond), initialised.Round(time.Millisecond), agents.Round(time.Millisecond))
 	w, err := c.DeployWorkload(ctx, "node2", "node3")
 	if err != nil {
@@ -68,17 +70,17 @@ func kubeletFailover(r *report) {
 		if err != nil {
 			m.Fatalf("trial %d: %v\n%s", i, err, c.Describe(ctx))
 		}
-		step("  trial %d: %s", i, f)
+		harness.Step("  trial %d: %s", i, f)
 		outages = append(outages, float64(f.Outage))
 		returns = append(returns, float64(f.Return))
 		if f.Return > 0 {
 			lost++
 		}
 	}
-	d := func(xs []float64, p float64) string { return dur(time.Duration(percentile(xs, p))) }
+	d := func(xs []float64, p float64) string { return figure.Duration(time.Duration(figure.Percentile(xs, p))) }
 	r.addAfter("L2 failover", kubeletsSection,
 		fmt.Sprintf("In a cluster of real kubelets (test/kubecluster: containerd, kubelet --cloud-provider=external and kube-proxy in iptables mode on each of three node namespaces, bridge CNI; metalvip installed from manifests/install.yaml, its images imported into each node's containerd), an HTTP server Deployment on two nodes behind an L2 Service with externalTrafficPolicy Local. The node answering for the VIP dies hard (link down; its kubelet, containerd, kube-proxy, shims and containers, the agent pod's included, killed at once) while the client sends an HTTP GET every 20 ms, each on a new connection with a 250 ms timeout; the outage runs from the first unanswered GET to the first answered one, through the other node's agent, kube-proxy and pod. Each kill waits until the kube-proxy of every node running a ready pod reports a local endpoint on the Service's health check node port (kube-proxy routes a pod that has just become ready up to a second later; a kill in that window measures kube-proxy: 360-620 ms, see docs/announcing.md). The node is then revived (containerd, kubelet, kube-proxy started again) and the cluster settled (pods ready, the CCM reaching the agent) before the next trial; \"return\" is the longest outage while the node came back. %d trials. Bring-up: control plane ready %s, three nodes Ready %s, the CCM pod initialised them %s after the install, agents Ready %s later. Target: under 300 ms, as for the bare-process figure above.",
 			*kubeletsTrials, c.ControlPlaneReady.Round(100*time.Millisecond), c.NodesReady.Round(100*time.Millisecond), initialised.Round(100*time.Millisecond), agents.Round(100*time.Millisecond)),
 		[][]string{{"outage p50", "p99", "max", "min", "trials whose node's return cost traffic", "return max"},
-			{d(outages, 50), d(outages, 99), dur(time.Duration(slices.Max(outages))), dur(time.Duration(slices.Min(outages))), fmt.Sprintf("%d of %d", lost, len(returns)), dur(time.Duration(slices.Max(returns)))}})
+			{d(outages, 50), d(outages, 99), figure.Duration(time.Duration(slices.Max(outages))), figure.Duration(time.Duration(slices.Min(outages))), fmt.Sprintf("%d of %d", lost, len(returns)), figure.Duration(time.Duration(slices.Max(returns)))}})
 }

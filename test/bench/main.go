@@ -38,6 +38,9 @@ import (
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/figure"
+	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -58,26 +61,8 @@ var (
 )
 
 var (
-	begin       = time.Now()
-	loadAtStart = loadAverage()
+	loadAtStart = proc.LoadAverage()
 )
-
-// loadAverage is /proc/loadavg's 1, 5 and 15 minute figures.
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}
-
-func step(format string, args ...any) {
-	fmt.Printf("[%6.1fs] %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
-}
 
 // report collects the sections of docs/benchmarks.md.
 type report struct {
@@ -110,11 +95,7 @@ func (r *report) addAfter(after, title, method string, rows [][]string) {
 
 func main() {
 	flag.Parse()
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "make bench builds network namespaces: run it as root")
-		os.Exit(2)
-	}
-	m := testenv.NewMain("metalvip-bench")
+	m := harness.Program("metalvip-bench", "make bench builds network namespaces: run it as root")
 	defer m.Close()
 	r := &report{}
 
@@ -127,21 +108,17 @@ func main() {
 		return
 	}
 	if *goBench {
-		step("Go benchmarks of the allocator, the planner and the announcer")
+		harness.Step("Go benchmarks of the allocator, the planner and the announcer")
 		goBenchmarks(m, r)
 	}
 
-	step("building the binaries")
+	harness.Step("building the binaries")
 	ccm, agent, err := cluster.Build(m.TempDir())
 	if err != nil {
 		m.Fatalf("%v", err)
 	}
-	step("starting etcd and kube-apiserver")
-	srv, err := kubeapi.Start()
-	if err != nil {
-		m.Fatalf("%v", err)
-	}
-	m.Cleanup(srv.Stop)
+	harness.Step("starting etcd and kube-apiserver")
+	srv := kubeapi.Own(m)
 	srv.InstallCRDs(m)
 	// One Ready node, as a cluster has, with an agent (the real agent logic without speakers,
 	// on a loopback address): the CCM plans and pushes as for a real node and writes each
@@ -163,7 +140,7 @@ func main() {
 	var writes []string
 	var costList []writeCost
 	if *costs {
-		step("what each kind of write costs the API server")
+		harness.Step("what each kind of write costs the API server")
 		costList = writeCosts(m, srv, 500)
 	}
 	rows = append(rows, []string{"Services", "API server alone creates them in", "all allocated after", "ratio (to the mean alone)", "create to IP p50", "p99", "max", "all announced after", "CCM API writes per Service", "CCM CPU", "CCM resident memory"})
@@ -187,7 +164,7 @@ func main() {
 
 	costRows := [][]string{{"write", "kube-apiserver and etcd CPU per write", "500 with 8 clients in"}}
 	for _, c := range costList {
-		costRows = append(costRows, []string{c.kind, dur(c.cpu), dur(c.wall)})
+		costRows = append(costRows, []string{c.kind, figure.Duration(c.cpu), figure.Duration(c.wall)})
 	}
 	r.add("What each write costs the API server",
 		"500 Services of a class nobody serves, then each kind of write once on each, 8 clients at a time, nothing else running: the CPU (user+system from /proc) kube-apiserver and etcd used for them, over the count. The writes are those the CCM makes for a Service (the Announced condition both as server-side apply, as metalvip writes it, and as a strategic merge patch, for comparison). On 2 cores the API server is the limit of a create burst, so each write the CCM makes during the burst takes its CPU from the creates.",
@@ -203,7 +180,7 @@ func main() {
 		}
 		return
 	}
-	step("the lab: API server, CCM, agents, FRR")
+	harness.Step("the lab: API server, CCM, agents, FRR")
 	c := cluster.New(m, srv, cluster.Options{CCMBinary: ccm, AgentBinary: agent, ClientAddrs: 29})
 	if *fastOnly {
 		fastFailover(m, r, c)
@@ -231,7 +208,7 @@ func main() {
 	}
 
 	write(m, r)
-	step("wrote %s", *out)
+	harness.Step("wrote %s", *out)
 }
 
 func goBenchmarks(m *testenv.Main, r *report) {
@@ -274,15 +251,15 @@ func goBenchmarks(m *testenv.Main, r *report) {
 		x := results[name]
 		per, mem, writes := "", "", ""
 		if len(x.extra) > 0 {
-			per = dur(time.Duration(median(x.extra)))
+			per = figure.Duration(time.Duration(figure.Median(x.extra)))
 		}
 		if len(x.bytes) > 0 {
-			mem = bytesOf(median(x.bytes))
+			mem = figure.Bytes(figure.Median(x.bytes))
 		}
 		if len(x.writes) > 0 {
-			writes = fmt.Sprintf("%.1f", median(x.writes))
+			writes = fmt.Sprintf("%.1f", figure.Median(x.writes))
 		}
-		rows = append(rows, []string{name, fmt.Sprintf("%s (%s-%s)", dur(time.Duration(median(x.ns))), dur(time.Duration(slices.Min(x.ns))), dur(time.Duration(slices.Max(x.ns)))), mem, per, writes})
+		rows = append(rows, []string{name, fmt.Sprintf("%s (%s-%s)", figure.Duration(time.Duration(figure.Median(x.ns))), figure.Duration(time.Duration(slices.Min(x.ns))), figure.Duration(time.Duration(slices.Max(x.ns)))), mem, per, writes})
 	}
 	r.add("Allocator, planner and announcer (Go benchmarks)",
 		"`go test -run XXX -bench . -benchmem -count 3 ./loadbalancer/ipam/ ./loadbalancer/planner/ ./loadbalancer/`. The allocator keeps free addresses as intervals in a B-tree (O(log n) a Service, however large the pool; `avoidBuggyIPs` by arithmetic, so a /8 or a /0 costs what a /24 does; before this wave a pool of 0.0.0.0/0 with avoidBuggyIPs built 16.7 million ranges: SetPools took 48.8 s and 1.7 GiB, and the CCM's 512 MiB limit killed it at every start; BenchmarkPoolSize/v4-slash0/SetPools below gives the figure now); the planner places one changed VIP alone and replans everything only when nodes change. BenchmarkOneServiceChange is one announcer round after one Service's endpoint moved, with 100 and with 10,000 Services in the informers on 3 nodes (each node's state holds every VIP): the round re-plans that Service alone and rebuilds the two nodes concerned by copy-on-write, so its cost does not grow with the Services; the state is put together when sent (one build per burst, on the node's connection). API writes per op: the Service's condition and one Moved Event.",
@@ -297,45 +274,37 @@ func createServices(m *testenv.Main, srv *kubeapi.Server, ns string, n int, clas
 	var mu sync.Mutex
 	created := make(map[string]time.Time, n)
 	start := time.Now()
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 8 {
-				name := fmt.Sprintf("s-%05d", i)
-				// No node ports: thousands of Services would exhaust the range (2,768 ports), and a
-				// bare-metal load balancer does not need them.
-				s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-					Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}},
-						AllocateLoadBalancerNodePorts: ptr(false)}}
-				if class != "" {
-					s.Spec.LoadBalancerClass = &class
-				}
-				for attempt := 0; ; attempt++ {
-					_, err := srv.Client.CoreV1().Services(ns).Create(context.Background(), s, metav1.CreateOptions{})
-					if err == nil {
-						break
-					}
-					if attempt > 5 {
-						m.Fatalf("create %s: %v", name, err)
-					}
-					time.Sleep(100 * time.Millisecond)
-				}
-				mu.Lock()
-				created[name] = time.Now()
-				mu.Unlock()
+	harness.Parallel(8, n, func(i int) {
+		name := fmt.Sprintf("s-%05d", i)
+		// No node ports: thousands of Services would exhaust the range (2,768 ports), and a
+		// bare-metal load balancer does not need them.
+		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}},
+				AllocateLoadBalancerNodePorts: ptr(false)}}
+		if class != "" {
+			s.Spec.LoadBalancerClass = &class
+		}
+		for attempt := 0; ; attempt++ {
+			_, err := srv.Client.CoreV1().Services(ns).Create(context.Background(), s, metav1.CreateOptions{})
+			if err == nil {
+				break
 			}
-		}()
-	}
-	wg.Wait()
+			if attempt > 5 {
+				m.Fatalf("create %s: %v", name, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		mu.Lock()
+		created[name] = time.Now()
+		mu.Unlock()
+	})
 	return created, time.Since(start)
 }
 
 // allocation measures run i with n Services; each run has its own pool, whose range
 // overlaps no earlier run's (overlapping pools are refused).
 func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agentPort int, status time.Duration) ([]string, string) {
-	step("allocation of %d Services: the API server alone", n)
+	harness.Step("allocation of %d Services: the API server alone", n)
 	base := fmt.Sprintf("bench-base-%d", n)
 	mustNamespace(m, srv, base)
 	// Of a class nobody serves: the CCMs started later leave them alone.
@@ -345,16 +314,16 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	pids := serverPids(srv)
 	w0, r0 := apiRequests(m, srv)
 	scpu0 := serverCPU(pids)
-	self0 := cpuSeconds(os.Getpid())
+	self0 := proc.CPUSeconds(os.Getpid())
 	serverProfile(srv, fmt.Sprintf("%d-alone", n))
 	_, alone := createServices(m, srv, base, n, "bench.metalvip.io/nobody")
 	time.Sleep(500 * time.Millisecond) // etcd's share of the last creates
 	aloneCPU := serverCPU(pids) - scpu0
-	aloneSelf := cpuSeconds(os.Getpid()) - self0
+	aloneSelf := proc.CPUSeconds(os.Getpid()) - self0
 	w0b, r0b := apiRequests(m, srv)
-	aloneWrites, aloneReads := w0b.minus(w0), r0b.minus(r0)
+	aloneWrites, aloneReads := w0b.Minus(w0), r0b.Minus(r0)
 	basePr.stop()
-	step("  created in %s", alone.Round(time.Millisecond))
+	harness.Step("  created in %s", alone.Round(time.Millisecond))
 	// Gone again (no finalizer holds them): every run starts with the API server as empty.
 	deleteServices(m, srv, base, n)
 
@@ -381,28 +350,28 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	if *ccmArg != "" {
 		args = append(args, strings.Fields(*ccmArg)...)
 	}
-	proc := testenv.StartProc(m, fmt.Sprintf("ccm-%d", n), exec.Command(ccmBin, args...))
+	ccmProc := testenv.StartProc(m, fmt.Sprintf("ccm-%d", n), exec.Command(ccmBin, args...))
 	time.Sleep(3 * time.Second) // informers synced, allocator rebuilt, the agent reached
 
 	pr := newProbe(srv, ns, n)
 	defer pr.stop()
-	step("allocation of %d Services: with the CCM", n)
-	cpu0 := cpuSeconds(proc.Cmd.Process.Pid)
+	harness.Step("allocation of %d Services: with the CCM", n)
+	cpu0 := proc.CPUSeconds(ccmProc.Cmd.Process.Pid)
 	q0, err := readCCMMetrics(metricsURL, metricNames...)
 	if err != nil {
 		m.Fatalf("the CCM's metrics: %v", err)
 	}
 	w1, r1 := apiRequests(m, srv)
 	scpu1 := serverCPU(pids)
-	self1, ap0, at0 := cpuSeconds(os.Getpid()), agentApplies.Load(), agentApplyTime.Load()
+	self1, ap0, at0 := proc.CPUSeconds(os.Getpid()), agentApplies.Load(), agentApplyTime.Load()
 	if *cpuOut != "" {
 		prof := fmt.Sprintf("%s-%d.pprof", *cpuOut, n)
 		go func() {
 			cmd := exec.Command("curl", "-sk", "-o", prof, fmt.Sprintf("https://127.0.0.1:%d/debug/pprof/profile?seconds=10", profPort))
 			if out, err := cmd.CombinedOutput(); err != nil {
-				step("  CPU profile: %v %s", err, out)
+				harness.Step("  CPU profile: %v %s", err, out)
 			} else {
-				step("  CPU profile in %s", prof)
+				harness.Step("  CPU profile in %s", prof)
 			}
 		}()
 	}
@@ -410,8 +379,8 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	start := time.Now()
 	created, createdIn := createServices(m, srv, ns, n, "")
 	agentLine := fmt.Sprintf(" During the creates the node's agent (in the bench's own process, on the same cores) took %d Applies of its whole state, %.1f s in them; the bench's process used %.1f s of CPU (alone %.1f s).",
-		agentApplies.Load()-ap0, time.Duration(agentApplyTime.Load()-at0).Seconds(), cpuSeconds(os.Getpid())-self1, aloneSelf)
-	step(" %s", agentLine)
+		agentApplies.Load()-ap0, time.Duration(agentApplyTime.Load()-at0).Seconds(), proc.CPUSeconds(os.Getpid())-self1, aloneSelf)
+	harness.Step(" %s", agentLine)
 	select {
 	case <-pr.done:
 	case <-time.After(15 * time.Minute):
@@ -423,9 +392,9 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	}
 	// The reports written after the burst (IPAllocated Events, the pool status) land: the
 	// writes counted are all of them, until the API server's count of writes stops moving.
-	for last, still, deadline := apiWrites(m, srv).total(), 0, time.Now().Add(5*time.Minute); still < 3 && time.Now().Before(deadline); {
+	for last, still, deadline := apiWrites(m, srv).Total(), 0, time.Now().Add(5*time.Minute); still < 3 && time.Now().Before(deadline); {
 		time.Sleep(time.Second)
-		now := apiWrites(m, srv).total()
+		now := apiWrites(m, srv).Total()
 		if now == last {
 			still++
 		} else {
@@ -434,14 +403,14 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 		last = now
 	}
 	w2, r2 := apiRequests(m, srv)
-	ccmWrites, ccmReads := w2.minus(w1).minus(aloneWrites), r2.minus(r1).minus(aloneReads)
+	ccmWrites, ccmReads := w2.Minus(w1).Minus(aloneWrites), r2.Minus(r1).Minus(aloneReads)
 	withCPU := serverCPU(pids) - scpu1
 	q1, err := readCCMMetrics(metricsURL, metricNames...)
 	if err != nil {
 		m.Fatalf("the CCM's metrics: %v", err)
 	}
 	q := q1.minus(q0)
-	cpu := cpuSeconds(proc.Cmd.Process.Pid) - cpu0
+	cpu := proc.CPUSeconds(ccmProc.Cmd.Process.Pid) - cpu0
 	var last, lastAnn time.Time
 	var lat []float64
 	pr.mu.Lock()
@@ -458,47 +427,47 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	}
 	nAnnounced := len(pr.announced)
 	pr.mu.Unlock()
-	annCell := dur(lastAnn.Sub(start))
+	annCell := figure.Duration(lastAnn.Sub(start))
 	if nAnnounced < n {
 		annCell = fmt.Sprintf("%d of %d with a condition", nAnnounced, n)
 	}
 	all := last.Sub(start)
-	rss := rssOf(proc.Cmd.Process.Pid)
-	anon, file := statusField(proc.Cmd.Process.Pid, "RssAnon:"), statusField(proc.Cmd.Process.Pid, "RssFile:")
+	mem, _ := proc.MemoryOf(ccmProc.Cmd.Process.Pid)
+	rss, anon, file := mem.RSS, mem.Anon, mem.File
 	if *heapOut != "" {
 		heap := fmt.Sprintf("%s-%d.pprof", *heapOut, n)
 		cmd := exec.Command("curl", "-sk", "-o", heap, fmt.Sprintf("https://127.0.0.1:%d/debug/pprof/heap", profPort))
 		if out, err := cmd.CombinedOutput(); err != nil {
-			step("  heap profile: %v %s", err, out)
+			harness.Step("  heap profile: %v %s", err, out)
 		} else {
-			step("  heap profile in %s", heap)
+			harness.Step("  heap profile in %s", heap)
 		}
 	}
-	step("  all allocated after %s (API server alone: %s), announced: %s, CCM writes %.2f per Service (%s)", all.Round(time.Millisecond), alone.Round(time.Millisecond),
-		annCell, ccmWrites.total()/float64(n), ccmWrites.perService(n))
+	harness.Step("  all allocated after %s (API server alone: %s), announced: %s, CCM writes %.2f per Service (%s)", all.Round(time.Millisecond), alone.Round(time.Millisecond),
+		annCell, ccmWrites.Total()/float64(n), ccmWrites.Describe(float64(n), 0.05, 2))
 	// The CCM removes its finalizers as the Services go: later runs and the lab start clean.
-	step("  deleting them")
+	harness.Step("  deleting them")
 	deleteServices(m, srv, ns, n)
-	proc.Stop(10 * time.Second)
+	ccmProc.Stop(10 * time.Second)
 	// A-B-A: the same API server creates more slowly the more runs it has been through, so the run alone is made again after the CCM's, and the
 	// CCM's is compared with the mean of the two.
-	aloneCell, baseline, order := dur(alone), alone, ""
+	aloneCell, baseline, order := figure.Duration(alone), alone, ""
 	if *aloneAfter {
 		again := fmt.Sprintf("bench-again-%d", n)
 		mustNamespace(m, srv, again)
 		againPr := newProbe(srv, again, n)
 		_, after := createServices(m, srv, again, n, "bench.metalvip.io/nobody")
 		againPr.stop()
-		step("  the API server alone again, after the CCM's run: created in %s (before it: %s)", after.Round(time.Millisecond), alone.Round(time.Millisecond))
+		harness.Step("  the API server alone again, after the CCM's run: created in %s (before it: %s)", after.Round(time.Millisecond), alone.Round(time.Millisecond))
 		deleteServices(m, srv, again, n)
 		baseline = (alone + after) / 2
-		aloneCell = fmt.Sprintf("%s before, %s after (mean %s)", dur(alone), dur(after), dur(baseline))
+		aloneCell = fmt.Sprintf("%s before, %s after (mean %s)", figure.Duration(alone), figure.Duration(after), figure.Duration(baseline))
 		order = fmt.Sprintf(" The run alone after the CCM's took %.2fx the one before it; against the run before alone the ratio is %.2fx, against the run after %.2fx.",
 			after.Seconds()/alone.Seconds(), all.Seconds()/alone.Seconds(), all.Seconds()/after.Seconds())
 	}
-	return []string{fmt.Sprint(n), aloneCell, dur(all), fmt.Sprintf("%.2fx", all.Seconds()/baseline.Seconds()),
-			dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))), dur(time.Duration(slices.Max(lat))),
-			annCell, fmt.Sprintf("%.2f", ccmWrites.total()/float64(n)), fmt.Sprintf("%.1f s", cpu), fmt.Sprintf("%s (heap and stacks %s, binary pages %s)", mib(rss), mib(anon), mib(file))},
+	return []string{fmt.Sprint(n), aloneCell, figure.Duration(all), fmt.Sprintf("%.2fx", all.Seconds()/baseline.Seconds()),
+			figure.Duration(time.Duration(figure.Percentile(lat, 50))), figure.Duration(time.Duration(figure.Percentile(lat, 99))), figure.Duration(time.Duration(slices.Max(lat))),
+			annCell, fmt.Sprintf("%.2f", ccmWrites.Total()/float64(n)), fmt.Sprintf("%.1f s", cpu), fmt.Sprintf("%s (heap and stacks %s, binary pages %s)", figure.MiB(rss), figure.MiB(anon), figure.MiB(file))},
 		gapOf(n, alone, createdIn, aloneCPU, withCPU, ccmWrites, ccmReads, q, status) + agentLine + order
 }
 
@@ -514,7 +483,7 @@ func serverProfile(srv *kubeapi.Server, name string) {
 			err = os.WriteFile(fmt.Sprintf("%s-%s.pprof", *srvOut, name), b, 0o644)
 		}
 		if err != nil {
-			step("  kube-apiserver's CPU profile: %v", err)
+			harness.Step("  kube-apiserver's CPU profile: %v", err)
 		}
 	}()
 }
@@ -522,16 +491,16 @@ func serverProfile(srv *kubeapi.Server, name string) {
 // gapOf says what the time between the API server alone and metalvip is made of: how much
 // longer the creates themselves took, the API server's extra CPU, the CCM's requests, and how
 // long Services waited in the CCM's queues.
-func gapOf(n int, alone, createdIn time.Duration, aloneCPU, withCPU float64, writes, reads writeCounts, q ccmMetrics, status time.Duration) string {
+func gapOf(n int, alone, createdIn time.Duration, aloneCPU, withCPU float64, writes, reads figure.Counts, q ccmMetrics, status time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "- %d Services: the creates took %s alone and %s with the CCM; kube-apiserver and etcd used %.1f s of CPU alone and %.1f s with the CCM (%s more per Service). CCM writes per Service: %s. CCM reads per Service: %s.",
-		n, dur(alone), dur(createdIn), aloneCPU, withCPU, dur(time.Duration((withCPU-aloneCPU)/float64(n)*float64(time.Second))), writes.perService(n), orNone(reads.perService(n)))
+		n, figure.Duration(alone), figure.Duration(createdIn), aloneCPU, withCPU, figure.Duration(time.Duration((withCPU-aloneCPU)/float64(n)*float64(time.Second))), writes.Describe(float64(n), 0.05, 2), orNone(reads.Describe(float64(n), 0.05, 2)))
 	if status > 0 && aloneCPU > 0 {
 		// The API server is the limit of a burst: its time is its CPU. The one write that
 		// carries the address adds its price to each create's.
 		perCreate := aloneCPU / float64(n)
 		fmt.Fprintf(&b, " The floor: alone the API server spent %s of CPU a create; one status write a Service (%s, the price list below) would make it %.2fx, with no watch, Event, condition or CCM CPU at all.",
-			dur(time.Duration(perCreate*float64(time.Second))), dur(status), 1+status.Seconds()/perCreate)
+			figure.Duration(time.Duration(perCreate*float64(time.Second))), figure.Duration(status), 1+status.Seconds()/perCreate)
 	}
 	for _, name := range []string{"metalvip-services", "metalvip-service-events-paced", "metalvip-announcer-status", "metalvip-announcer-status-paced", "service"} {
 		wait, work := q["workqueue_queue_duration_seconds{"+name+"}"], q["workqueue_work_duration_seconds{"+name+"}"]
@@ -539,19 +508,19 @@ func gapOf(n int, alone, createdIn time.Duration, aloneCPU, withCPU float64, wri
 			continue
 		}
 		fmt.Fprintf(&b, " Queue %s: %.0f items waited %s on average (p99 at most %s), their work took %s (p99 at most %s).",
-			name, wait.count, dur(wait.mean()), durOrMore(wait.quantile(0.99)), dur(work.mean()), durOrMore(work.quantile(0.99)))
+			name, wait.count, figure.Duration(wait.mean()), durOrMore(wait.quantile(0.99)), figure.Duration(work.mean()), durOrMore(work.quantile(0.99)))
 	}
 	var client []string
 	for _, verb := range []string{"POST", "PATCH", "PUT", "GET", "LIST"} {
 		if h := q["rest_client_request_duration_seconds{"+verb+"}"]; h.count > 0 {
-			client = append(client, fmt.Sprintf("%s %.0f, %s on average (p99 at most %s)", verb, h.count, dur(h.mean()), durOrMore(h.quantile(0.99))))
+			client = append(client, fmt.Sprintf("%s %.0f, %s on average (p99 at most %s)", verb, h.count, figure.Duration(h.mean()), durOrMore(h.quantile(0.99))))
 		}
 	}
 	if len(client) > 0 {
 		fmt.Fprintf(&b, " The CCM's requests: %s.", strings.Join(client, "; "))
 	}
 	if h := q["rest_client_rate_limiter_duration_seconds{}"]; h.count > 0 {
-		fmt.Fprintf(&b, " Its client's rate limiter held requests %s on average (p99 at most %s).", dur(h.mean()), durOrMore(h.quantile(0.99)))
+		fmt.Fprintf(&b, " Its client's rate limiter held requests %s on average (p99 at most %s).", figure.Duration(h.mean()), durOrMore(h.quantile(0.99)))
 	}
 	return b.String()
 }
@@ -568,7 +537,7 @@ func durOrMore(d time.Duration) string {
 	if d < 0 {
 		return "past the last bucket"
 	}
-	return dur(d)
+	return figure.Duration(d)
 }
 
 // freePort is a loopback TCP port free now.
@@ -583,17 +552,9 @@ func freePort(m *testenv.Main) int {
 
 // deleteServices deletes the n Services of ns and waits until they are gone.
 func deleteServices(m *testenv.Main, srv *kubeapi.Server, ns string, n int) {
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 8 {
-				_ = srv.Client.CoreV1().Services(ns).Delete(context.Background(), fmt.Sprintf("s-%05d", i), metav1.DeleteOptions{})
-			}
-		}()
-	}
-	wg.Wait()
+	harness.Parallel(8, n, func(i int) {
+		_ = srv.Client.CoreV1().Services(ns).Delete(context.Background(), fmt.Sprintf("s-%05d", i), metav1.DeleteOptions{})
+	})
 	deadline := time.Now().Add(10 * time.Minute)
 	for {
 		l, err := srv.Client.CoreV1().Services(ns).List(context.Background(), metav1.ListOptions{Limit: 1})
@@ -608,7 +569,7 @@ func deleteServices(m *testenv.Main, srv *kubeapi.Server, ns string, n int) {
 }
 
 func lab2Answer(m *testenv.Main, r *report, c *cluster.Cluster) {
-	step("Service created to VIP answering at the client, 20 Services")
+	harness.Step("Service created to VIP answering at the client, 20 Services")
 	var lat []float64
 	for i := range 20 {
 		name := fmt.Sprintf("answer-%d", i)
@@ -629,7 +590,7 @@ func lab2Answer(m *testenv.Main, r *report, c *cluster.Cluster) {
 	}
 	r.add("Service created to VIP answering at the client",
 		"In the lab (`test/cluster`): a LoadBalancer Service of an L2 pool is created; the client polls the Service's status every 5 ms and, once it has an address, asks for it by ARP until an agent answers. 20 Services, one after the other. Target: p99 under 1 s.",
-		[][]string{{"p50", "p99", "max", "min"}, {dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))), dur(time.Duration(slices.Max(lat))), dur(time.Duration(slices.Min(lat)))}})
+		[][]string{{"p50", "p99", "max", "min"}, {figure.Duration(time.Duration(figure.Percentile(lat, 50))), figure.Duration(time.Duration(figure.Percentile(lat, 99))), figure.Duration(time.Duration(slices.Max(lat))), figure.Duration(time.Duration(slices.Min(lat)))}})
 }
 
 // answers asks for vip once by ARP from the client and reports whether an answer came within
@@ -646,13 +607,13 @@ func answers(m *testenv.Main, c *cluster.Cluster, vip netip.Addr, timeout time.D
 // how long each client of a dying node waits for a survivor's targeted reply.
 func perClient(m *testenv.Main, r *report, c *cluster.Cluster) {
 	const trials = 5
-	step("per-client L2 spreading: 30 clients, 3 candidates, %d trials", trials)
+	harness.Step("per-client L2 spreading: 30 clients, 3 candidates, %d trials", trials)
 	pool := c.PerClientPool("pc")
 	vip := c.Service("per-client", cluster.InPool(pool))
 	clients := c.NewClients(c.ClientAddrs())
 	owned := func() map[netip.Addr]string {
 		var owners map[netip.Addr]string
-		cluster.Eventually(m, 30*time.Second, "every client answered by exactly one node", func() bool {
+		harness.Eventually(m, 30*time.Second, "every client answered by exactly one node", func() bool {
 			var ok bool
 			owners, ok = clients.Owners(vip, 300*time.Millisecond)
 			return ok
@@ -686,11 +647,11 @@ func perClient(m *testenv.Main, r *report, c *cluster.Cluster) {
 			outages = append(outages, float64(at.Sub(killed)))
 			worst = max(worst, at.Sub(killed))
 		}
-		step("  trial %d: %s died, its %d clients told within %s", i, victim, len(moved), worst.Round(time.Millisecond))
+		harness.Step("  trial %d: %s died, its %d clients told within %s", i, victim, len(moved), worst.Round(time.Millisecond))
 		c.Revive(victim)
 		// Back to the first spread (rendezvous hashing over the same three nodes), which also
 		// has the returned node learn the clients from their requests.
-		cluster.Eventually(m, 30*time.Second, victim+" answers its clients again", func() bool {
+		harness.Eventually(m, 30*time.Second, victim+" answers its clients again", func() bool {
 			now, ok := clients.Owners(vip, 300*time.Millisecond)
 			return ok && maps.Equal(now, owners)
 		})
@@ -702,7 +663,7 @@ func perClient(m *testenv.Main, r *report, c *cluster.Cluster) {
 	r.add("Per-client L2 spreading",
 		fmt.Sprintf("In the lab: one VIP of a pool with `announce.l2.spreading: PerClient`, three candidate nodes, 30 client addresses on the segment asking for it by ARP. Spread: how many clients each node answers. Then, %d times, a node dies hard (link down, agent killed; each node in turn, revived after): for each of its clients, the time from the kill to the first ARP reply a survivor sends it unasked (the client moves at once; nobody else moves, which the e2e test checks). Heartbeats every 50 ms, dead after 3 misses.", trials),
 		[][]string{{"clients per node", "moved clients", "told after p50", "p99", "max"},
-			{strings.Join(spread, ", "), fmt.Sprint(len(outages)), dur(time.Duration(percentile(outages, 50))), dur(time.Duration(percentile(outages, 99))), dur(time.Duration(slices.Max(outages)))}})
+			{strings.Join(spread, ", "), fmt.Sprint(len(outages)), figure.Duration(time.Duration(figure.Percentile(outages, 50))), figure.Duration(time.Duration(figure.Percentile(outages, 99))), figure.Duration(time.Duration(slices.Max(outages)))}})
 }
 
 // perClientFailed reports which clients of a dead node no survivor told, and what each
@@ -720,12 +681,12 @@ func perClientFailed(m *testenv.Main, c *cluster.Cluster, vip netip.Addr, victim
 		}
 		st, err := c.Agents[n.Name].Client.GetState(context.Background(), &agentv1.GetStateRequest{})
 		if err != nil {
-			step("  %s: GetState: %v", n.Name, err)
+			harness.Step("  %s: GetState: %v", n.Name, err)
 			continue
 		}
 		for _, v := range st.GetAnnounced() {
 			if v.GetVip() == vip.String() {
-				step("  %s: active %v, %s, sharing %v, clients %d known, %d answered; targeted replies %d",
+				harness.Step("  %s: active %v, %s, sharing %v, clients %d known, %d answered; targeted replies %d",
 					n.Name, v.GetActive(), v.GetReason(), v.GetSharing(), v.GetClientsKnown(), v.GetClientsAnswered(), st.GetL2().GetTargetedReplies())
 			}
 		}
@@ -734,13 +695,13 @@ func perClientFailed(m *testenv.Main, c *cluster.Cluster, vip netip.Addr, victim
 }
 
 func l2Failover(m *testenv.Main, r *report, c *cluster.Cluster) {
-	step("L2 failover, %d trials", *trials)
+	harness.Step("L2 failover, %d trials", *trials)
 	vip := c.Service("failover")
-	cluster.Eventually(m, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
+	harness.Eventually(m, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
 	outages := failoverTrials(c, vip)
 	r.add("L2 failover",
 		fmt.Sprintf("In the lab: the node answering for an L2 VIP dies hard (its link down and its agent killed) while the client pings the VIP every 10 ms; the outage runs from the first unanswered ping to the first answered one, through the next candidate. Heartbeats every 50 ms, dead after 3 misses. The node is revived between trials. %d trials. Target: p99 under 300 ms; MetalLB measured 5.9 s (median of 5) and kube-vip 21 s on this machine kind.", *trials),
-		[][]string{{"p50", "p99", "max", "min"}, {dur(time.Duration(percentile(outages, 50))), dur(time.Duration(percentile(outages, 99))), dur(time.Duration(slices.Max(outages))), dur(time.Duration(slices.Min(outages)))}})
+		[][]string{{"p50", "p99", "max", "min"}, {figure.Duration(time.Duration(figure.Percentile(outages, 50))), figure.Duration(time.Duration(figure.Percentile(outages, 99))), figure.Duration(time.Duration(slices.Max(outages))), figure.Duration(time.Duration(slices.Min(outages)))}})
 }
 
 // failoverTrials kills the owner of vip *trials times, reviving it after each, and returns
@@ -749,10 +710,10 @@ func failoverTrials(c *cluster.Cluster, vip netip.Addr) []float64 {
 	var outages []float64
 	for i := range *trials {
 		var victim string
-		cluster.Eventually(c.T, 10*time.Second, "one node answers before the kill", func() bool { victim = c.Owner(vip); return victim != "" })
+		harness.Eventually(c.T, 10*time.Second, "one node answers before the kill", func() bool { victim = c.Owner(vip); return victim != "" })
 		d := c.Failover(vip, victim)
 		outages = append(outages, float64(d))
-		step("  trial %d: %s died, outage %s", i, victim, d.Round(time.Millisecond))
+		harness.Step("  trial %d: %s died, outage %s", i, victim, d.Round(time.Millisecond))
 		c.Revive(victim)
 		time.Sleep(3 * time.Second) // the revived agent back in the plan
 	}
@@ -760,10 +721,10 @@ func failoverTrials(c *cluster.Cluster, vip netip.Addr) []float64 {
 }
 
 func bgpFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
-	step("BGP failover: BFD and graceful shutdown")
+	harness.Step("BGP failover: BFD and graceful shutdown")
 	vip := c.Service("bgp-failover", cluster.InPool("bgp-"+c.NS))
 	all := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
-	cluster.Eventually(m, 60*time.Second, "three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
+	harness.Eventually(m, 60*time.Second, "three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
 	measure := func(node string, act func()) float64 {
 		ip := c.Agents[node].Host.IPv4.String()
 		start := time.Now()
@@ -793,17 +754,17 @@ func bgpFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 	var bfd, graceful []float64
 	for i := range 5 {
 		node := c.Lab.Nodes[i%3].Name
-		cluster.Eventually(m, 60*time.Second, node+"'s BGP session and BFD up", func() bool { return bfdUp(node) })
+		harness.Eventually(m, 60*time.Second, node+"'s BGP session and BFD up", func() bool { return bfdUp(node) })
 		bfd = append(bfd, measure(node, func() { c.Kill(node) }))
 		c.Revive(node)
-		cluster.Eventually(m, 60*time.Second, "back to three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
+		harness.Eventually(m, 60*time.Second, "back to three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
 		graceful = append(graceful, measure(node, func() { _ = c.Agents[node].Proc.Cmd.Process.Signal(syscall.SIGTERM) }))
 		<-c.Agents[node].Proc.Done()
 		c.StartAgent(c.Agents[node])
-		cluster.Eventually(m, 60*time.Second, "back to three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
+		harness.Eventually(m, 60*time.Second, "back to three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
 	}
 	row := func(name string, xs []float64) []string {
-		return []string{name, dur(time.Duration(percentile(xs, 50))), dur(time.Duration(slices.Min(xs))), dur(time.Duration(slices.Max(xs)))}
+		return []string{name, figure.Duration(time.Duration(figure.Percentile(xs, 50))), figure.Duration(time.Duration(slices.Min(xs))), figure.Duration(time.Duration(slices.Max(xs)))}
 	}
 	r.add("BGP failover",
 		"In the lab: three agents advertise a BGP VIP to FRR (ECMP, BFD 100 ms x 3). A node dies hard (link down, agent killed): time until its next hop leaves the router's kernel route (BFD). Each kill waits until the node's session and BFD are up. An agent gets SIGTERM: time until its next hop leaves (graceful withdraw). 5 trials each. Targets: under 1 s with BFD, under 100 ms graceful. The speaker turns BFD on 0.5 s after a session comes up (FRR 8.4 replaces its first listen-range BFD session and gobgp would stick to the discarded one).",
@@ -811,9 +772,9 @@ func bgpFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 }
 
 func arpLatency(m *testenv.Main, r *report, c *cluster.Cluster) {
-	step("ARP answer latency")
+	harness.Step("ARP answer latency")
 	vip := c.Service("arp-latency")
-	cluster.Eventually(m, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
+	harness.Eventually(m, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
 	cl, err := c.Lab.Client.DialARP()
 	if err != nil {
 		m.Fatalf("%v", err)
@@ -844,30 +805,22 @@ func arpLatency(m *testenv.Main, r *report, c *cluster.Cluster) {
 	}
 	r.add("ARP answer latency",
 		"In the lab: the client sends 1,000 ARP requests for a VIP, one at a time, and times each reply from the owning agent (both ends in user space on raw sockets, through a Linux bridge). Target: p99 under 1 ms.",
-		[][]string{{"p50", "p99", "max", "answered"}, {dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))), dur(time.Duration(slices.Max(lat))), fmt.Sprintf("%d of 1000", len(lat))}})
+		[][]string{{"p50", "p99", "max", "answered"}, {figure.Duration(time.Duration(figure.Percentile(lat, 50))), figure.Duration(time.Duration(figure.Percentile(lat, 99))), figure.Duration(time.Duration(slices.Max(lat))), fmt.Sprintf("%d of 1000", len(lat))}})
 }
 
 func agentMemory(m *testenv.Main, r *report, c *cluster.Cluster) {
-	step("agent memory at 1,000 VIPs")
+	harness.Step("agent memory at 1,000 VIPs")
 	dyn := c.Dyn
 	createObject(m, dyn, v1alpha1.IPPoolResource, "many-"+c.NS, fmt.Sprintf(`{addresses: ["10.200.0.0/22"], autoAssign: false, serviceAllocation: {namespaces: [%s]}}`, c.NS))
-	idle := rssOf(c.Agents["node1"].Proc.Cmd.Process.Pid)
+	idle, _ := proc.MemoryOf(c.Agents["node1"].Proc.Cmd.Process.Pid)
 	const n = 1000
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 8 {
-				s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: c.NS, Name: fmt.Sprintf("many-%04d", i),
-					Annotations: map[string]string{"metalvip.io/pool": "many-" + c.NS}},
-					Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}, AllocateLoadBalancerNodePorts: ptr(false)}}
-				_, _ = c.Srv.Client.CoreV1().Services(c.NS).Create(context.Background(), s, metav1.CreateOptions{})
-			}
-		}()
-	}
-	wg.Wait()
-	cluster.Eventually(m, 5*time.Minute, "node1's agent takes part in 1,000 VIPs", func() bool {
+	harness.Parallel(8, n, func(i int) {
+		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: c.NS, Name: fmt.Sprintf("many-%04d", i),
+			Annotations: map[string]string{"metalvip.io/pool": "many-" + c.NS}},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}, AllocateLoadBalancerNodePorts: ptr(false)}}
+		_, _ = c.Srv.Client.CoreV1().Services(c.NS).Create(context.Background(), s, metav1.CreateOptions{})
+	})
+	harness.Eventually(m, 5*time.Minute, "node1's agent takes part in 1,000 VIPs", func() bool {
 		st, err := c.Agents["node1"].Client.GetState(context.Background(), &agentv1.GetStateRequest{})
 		if err != nil {
 			return false
@@ -875,10 +828,10 @@ func agentMemory(m *testenv.Main, r *report, c *cluster.Cluster) {
 		return len(st.GetAnnounced()) >= n
 	})
 	time.Sleep(5 * time.Second)
-	busy := rssOf(c.Agents["node1"].Proc.Cmd.Process.Pid)
+	busy, _ := proc.MemoryOf(c.Agents["node1"].Proc.Cmd.Process.Pid)
 	r.add("Agent memory",
 		"Resident memory (VmRSS) of one agent in the lab, before any Service and once it takes part in 1,000 L2 VIPs (candidate for all, answering for a third), with BGP and heartbeats running. Target: under 40 MiB at 1,000 VIPs; MetalLB's and kube-vip's speakers idle at 47 to 70 MB.",
-		[][]string{{"agent", "resident memory"}, {"idle (no VIP)", mib(idle)}, {"1,000 VIPs", mib(busy)}})
+		[][]string{{"agent", "resident memory"}, {"idle (no VIP)", figure.MiB(idle.RSS)}, {"1,000 VIPs", figure.MiB(busy.RSS)}})
 }
 
 func write(m *testenv.Main, r *report) {
@@ -886,8 +839,8 @@ func write(m *testenv.Main, r *report) {
 	b.WriteString("# Benchmarks\n\n")
 	fmt.Fprintf(&b, "Written by `make bench` (`test/bench`) on %s.\n\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&b, "Machine: %s, %d cores, %s memory, Linux %s, %s. kube-apiserver %s on etcd %s (data on tmpfs), FRR %s.\n\n",
-		cpuModel(), runtime.NumCPU(), memTotal(), kernel(), runtime.Version(), "v1.37.2", cmdVersion("etcd", "--version"), cmdVersion("/usr/lib/frr/zebra", "--version"))
-	fmt.Fprintf(&b, "Load average when the run began: %s; when it ended: %s (other work shared the machine when these are well above 2).\n\n", loadAtStart, loadAverage())
+		proc.CPUModel(), runtime.NumCPU(), proc.MemTotal(), proc.Kernel(), runtime.Version(), "v1.37.2", cmdVersion("etcd", "--version"), cmdVersion("/usr/lib/frr/zebra", "--version"))
+	fmt.Fprintf(&b, "Load average when the run began: %s; when it ended: %s (other work shared the machine when these are well above 2).\n\n", loadAtStart, proc.LoadAverage())
 	b.WriteString("Each figure says how it was measured. Times are wall-clock on a shared 2-core machine: compare runs on the same machine.\n\n")
 	b.WriteString("At scale, 1,000 simulated nodes and 20,000 Services against the real CCM and API server (start to converged, a node's death to every agent updated, the CCM's CPU and memory by stage, what breaks first at 5,000 nodes): [benchmarks-scale.md](benchmarks-scale.md), written by `make bench-scale`.\n\n")
 	for _, s := range r.sections {
@@ -918,91 +871,6 @@ func createObject(m *testenv.Main, dyn dynamic.Interface, gvr interface{ String(
 	if _, err := dyn.Resource(v1alpha1.IPPoolResource).Create(context.Background(), obj, metav1.CreateOptions{}); err != nil {
 		m.Fatalf("pool %s: %v", name, err)
 	}
-}
-
-func rssOf(pid int) int64 { return statusField(pid, "VmRSS:") }
-
-// statusField reads a size in kB from /proc/PID/status (VmRSS:, RssAnon:, RssFile:), in bytes.
-func statusField(pid int, field string) int64 {
-	// The process may be `ip netns exec` that exec'd the binary: same pid.
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, field) {
-			f := strings.Fields(l)
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb * 1024
-		}
-	}
-	return 0
-}
-
-func percentile(xs []float64, p float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	i := int(float64(len(s))*p/100+0.5) - 1
-	return s[max(0, min(i, len(s)-1))]
-}
-
-func median(xs []float64) float64 { return percentile(xs, 50) }
-
-func dur(d time.Duration) string {
-	switch {
-	case d >= 10*time.Second:
-		return fmt.Sprintf("%.1f s", d.Seconds())
-	case d >= time.Second:
-		return fmt.Sprintf("%.2f s", d.Seconds())
-	case d >= time.Millisecond:
-		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
-	default:
-		return fmt.Sprintf("%.1f us", float64(d)/float64(time.Microsecond))
-	}
-}
-
-func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
-
-func bytesOf(b float64) string {
-	switch {
-	case b >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", b/(1<<20))
-	case b >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", b/(1<<10))
-	}
-	return fmt.Sprintf("%.0f B", b)
-}
-
-func cpuModel() string {
-	b, _ := os.ReadFile("/proc/cpuinfo")
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "model name") {
-			if _, v, ok := strings.Cut(l, ":"); ok {
-				return strings.TrimSpace(v)
-			}
-		}
-	}
-	return "unknown CPU"
-}
-
-func memTotal() string {
-	b, _ := os.ReadFile("/proc/meminfo")
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "MemTotal:") {
-			f := strings.Fields(l)
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return fmt.Sprintf("%.0f GiB", float64(kb)/(1<<20))
-		}
-	}
-	return "unknown"
-}
-
-func kernel() string {
-	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	return strings.TrimSpace(string(b))
 }
 
 func cmdVersion(name string, args ...string) string {

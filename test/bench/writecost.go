@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -23,6 +22,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -48,7 +49,7 @@ func serverPids(srv *kubeapi.Server) []int {
 func serverCPU(pids []int) float64 {
 	t := 0.0
 	for _, p := range pids {
-		t += cpuSeconds(p)
+		t += proc.CPUSeconds(p)
 	}
 	return t
 }
@@ -93,23 +94,15 @@ func writeCosts(m *testenv.Main, srv *kubeapi.Server, n int) []writeCost {
 		// Settle: what the previous kind left (watch fan-out, compaction) is not counted.
 		time.Sleep(time.Second)
 		cpu0, start := serverCPU(pids), time.Now()
-		var wg sync.WaitGroup
-		for w := range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := w; i < n; i += 8 {
-					if err := write(i); err != nil {
-						m.Fatalf("write cost, %s of %s: %v", kind, name(i), err)
-					}
-				}
-			}()
-		}
-		wg.Wait()
+		harness.Parallel(8, n, func(i int) {
+			if err := write(i); err != nil {
+				m.Fatalf("write cost, %s of %s: %v", kind, name(i), err)
+			}
+		})
 		wall := time.Since(start)
 		time.Sleep(500 * time.Millisecond) // etcd's share of the last writes
 		c := writeCost{kind: kind, cpu: time.Duration((serverCPU(pids) - cpu0) / float64(n) * float64(time.Second)), wall: wall}
-		step("  %s: %s of API server CPU each (%d in %s)", kind, c.cpu.Round(10*time.Microsecond), n, wall.Round(time.Millisecond))
+		harness.Step("  %s: %s of API server CPU each (%d in %s)", kind, c.cpu.Round(10*time.Microsecond), n, wall.Round(time.Millisecond))
 		out = append(out, c)
 	}
 	class := "bench.metalvip.io/nobody"
@@ -177,17 +170,9 @@ func writeCosts(m *testenv.Main, srv *kubeapi.Server, n int) []writeCost {
 		return err
 	})
 	// Gone again (finalizer first), so the allocation runs start with the API server as empty.
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 8 {
-				_, _ = svcs.Patch(ctx, name(i), types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
-			}
-		}()
-	}
-	wg.Wait()
+	harness.Parallel(8, n, func(i int) {
+		_, _ = svcs.Patch(ctx, name(i), types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+	})
 	deleteServices(m, srv, ns, n)
 	_ = srv.Client.CoreV1().Events(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 	return out

@@ -9,7 +9,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -40,6 +39,8 @@ import (
 	"github.com/metalvip/metalvip/internal/identity"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/nodetoken"
@@ -138,7 +139,7 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 	}
 	c.opts = opts
 	for _, n := range l.Nodes {
-		c.MACs[MACOf(t, n)] = n.Name
+		c.MACs[n.MAC(t)] = n.Name
 	}
 	// The CCM runs in the lab's control namespace and reaches the API server through a relay.
 	u := strings.TrimPrefix(srv.URL, "https://")
@@ -181,7 +182,7 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 		start := time.Now()
 		for _, n := range l.Nodes[:opts.Joined] {
 			a := c.Agents[n.Name]
-			Eventually(t, 30*time.Second, n.Name+"'s agent is enrolled", func() bool {
+			harness.Eventually(t, 30*time.Second, n.Name+"'s agent is enrolled", func() bool {
 				ctx, cancel := context.WithTimeout(c.ctx, time.Second)
 				defer cancel()
 				_, err := a.Client.GetState(ctx, &agentv1.GetStateRequest{})
@@ -278,47 +279,27 @@ func (c *Cluster) agentToken(node, file string) {
 // gives the test a CCM identity of it (ccm.crt, ccm.key) to call agents and metalvipctl with.
 func (c *Cluster) readCA() {
 	var cm *corev1.ConfigMap
-	Eventually(c.T, 30*time.Second, "the CCM publishes the agents' CA", func() bool {
+	harness.Eventually(c.T, 30*time.Second, "the CCM publishes the agents' CA", func() bool {
 		var err error
 		cm, err = c.Srv.Client.CoreV1().ConfigMaps(c.NS).Get(c.ctx, identity.CAName, metav1.GetOptions{})
 		return err == nil && cm.Data[identity.CAKey] != ""
 	})
-	if err := os.WriteFile(filepath.Join(c.PKI, "ca.crt"), []byte(cm.Data[identity.CAKey]), 0o600); err != nil {
+	if err := pki.WritePair(c.PKI, "ca", certs.Pair{Cert: []byte(cm.Data[identity.CAKey])}); err != nil {
 		c.T.Fatalf("%v", err)
 	}
 	sec, err := c.Srv.Client.CoreV1().Secrets(c.NS).Get(c.ctx, identity.CAName, metav1.GetOptions{})
 	if err != nil {
 		c.T.Fatalf("the CA Secret: %v", err)
 	}
-	ccm, err := certs.Issue(certs.Pair{Cert: sec.Data[corev1.TLSCertKey], Key: sec.Data[corev1.TLSPrivateKeyKey]}, certs.CCMName, certs.Client, time.Hour)
-	if err != nil {
+	ca := certs.Pair{Cert: sec.Data[corev1.TLSCertKey], Key: sec.Data[corev1.TLSPrivateKeyKey]}
+	if err := pki.Issue(c.PKI, "ccm", ca, certs.CCMName, certs.Client, time.Hour); err != nil {
 		c.T.Fatalf("%v", err)
-	}
-	for name, data := range map[string][]byte{"ccm.crt": ccm.Cert, "ccm.key": ccm.Key} {
-		if err := os.WriteFile(filepath.Join(c.PKI, name), data, 0o600); err != nil {
-			c.T.Fatalf("%v", err)
-		}
 	}
 }
 
 func (c *Cluster) writePKI() {
-	ca, err := certs.NewCA("metalvip-ca", time.Hour)
-	if err != nil {
-		c.T.Fatalf("%v", err)
-	}
-	write := func(name string, p certs.Pair) {
-		for ext, data := range map[string][]byte{".crt": p.Cert, ".key": p.Key} {
-			if err := os.WriteFile(filepath.Join(c.PKI, name+ext), data, 0o600); err != nil {
-				c.T.Fatalf("%v", err)
-			}
-		}
-	}
-	write("ca", ca)
-	ccm, _ := certs.Issue(ca, certs.CCMName, certs.Client, time.Hour)
-	write("ccm", ccm)
-	for _, n := range c.Lab.Nodes {
-		p, _ := certs.Issue(ca, n.Name, certs.Server, time.Hour)
-		write(n.Name, p)
+	if _, err := pki.Agents(c.PKI, "", time.Hour, lab.Names(c.Lab.Nodes)...); err != nil {
+		c.T.Fatalf("the agents' PKI: %v", err)
 	}
 }
 
@@ -351,22 +332,12 @@ func (c *Cluster) StartAgent(a *Agent) {
 	}
 	a.Proc = h.Start(c.Root, "agent", c.opts.AgentBinary, args...)
 	if a.Client == nil {
-		cfg, err := certs.ClientConfig(certs.Files{CA: filepath.Join(c.PKI, "ca.crt"), Cert: filepath.Join(c.PKI, "ccm.crt"), Key: filepath.Join(c.PKI, "ccm.key")}, h.Name)
+		cfg, err := certs.ClientConfig(pki.Files(c.PKI, "ccm"), h.Name)
 		if err != nil {
 			c.T.Fatalf("%v", err)
 		}
-		dial := func(ctx context.Context, addr string) (net.Conn, error) {
-			var conn net.Conn
-			err := h.Do(func() error {
-				var d net.Dialer
-				var err error
-				conn, err = d.DialContext(ctx, "tcp", addr)
-				return err
-			})
-			return conn, err
-		}
 		conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(h.IPv4, 7472).String(),
-			grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dial))
+			grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(h.DialTCP))
 		if err != nil {
 			c.T.Fatalf("%v", err)
 		}
@@ -443,7 +414,7 @@ func (c *Cluster) Service(name string, opts ...SvcOpt) netip.Addr {
 	c.T.Helper()
 	c.createService(name, opts...)
 	var ip netip.Addr
-	Eventually(c.T, 30*time.Second, name+" gets an address", func() bool {
+	harness.Eventually(c.T, 30*time.Second, name+" gets an address", func() bool {
 		got, err := c.Srv.Client.CoreV1().Services(c.NS).Get(c.ctx, name, metav1.GetOptions{})
 		if err != nil || len(got.Status.LoadBalancer.Ingress) == 0 {
 			return false
@@ -459,7 +430,7 @@ func (c *Cluster) ServiceIPs(name string, n int, opts ...SvcOpt) []netip.Addr {
 	c.T.Helper()
 	c.createService(name, opts...)
 	var ips []netip.Addr
-	Eventually(c.T, 30*time.Second, fmt.Sprintf("%s gets %d addresses", name, n), func() bool {
+	harness.Eventually(c.T, 30*time.Second, fmt.Sprintf("%s gets %d addresses", name, n), func() bool {
 		got, err := c.Srv.Client.CoreV1().Services(c.NS).Get(c.ctx, name, metav1.GetOptions{})
 		if err != nil || len(got.Status.LoadBalancer.Ingress) != n {
 			return false
@@ -556,35 +527,7 @@ func (c *Cluster) Owner(vip netip.Addr) string {
 
 func (c *Cluster) WaitOwner(vip netip.Addr, want string, timeout time.Duration) {
 	c.T.Helper()
-	Eventually(c.T, timeout, fmt.Sprintf("%s answered by %s", vip, want), func() bool { return c.Owner(vip) == want })
-}
-
-// eventually polls cond every 20 ms for up to timeout and returns how long it took.
-func Eventually(t testenv.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
-func MACOf(t testenv.TB, h *lab.Host) string {
-	t.Helper()
-	var mac string
-	if err := h.Do(func() error {
-		ifi, err := net.InterfaceByName("eth0")
-		if err == nil {
-			mac = ifi.HardwareAddr.String()
-		}
-		return err
-	}); err != nil {
-		t.Fatalf("%v", err)
-	}
-	return mac
+	harness.Eventually(c.T, timeout, fmt.Sprintf("%s answered by %s", vip, want), func() bool { return c.Owner(vip) == want })
 }
 
 // Answerers asks for vip once by ARP from the client and returns every node that answered
@@ -604,18 +547,7 @@ func (c *Cluster) Answerers(vip netip.Addr) []string {
 
 // NextHops returns the next hops of the router's kernel route to vip, sorted.
 func (c *Cluster) NextHops(vip netip.Addr) []string {
-	out, err := c.Lab.Router.Run(context.Background(), "ip", "route", "show", vip.String())
-	if err != nil {
-		c.T.Fatalf("%v", err)
-	}
-	var hops []string
-	for _, f := range strings.Fields(string(out)) {
-		if a, err := netip.ParseAddr(f); err == nil && a != vip {
-			hops = append(hops, a.String())
-		}
-	}
-	slices.Sort(hops)
-	return slices.Compact(hops)
+	return c.Lab.NextHops(c.T, vip.String())
 }
 
 // kill takes a node off the segment (link down) and kills its agent: a node dying hard.
@@ -647,10 +579,10 @@ func (c *Cluster) Failover(vip netip.Addr, victim string) time.Duration {
 	if err != nil {
 		c.T.Fatalf("%v", err)
 	}
-	Eventually(c.T, 5*time.Second, "the probe is answered before the kill", probe.Answered)
+	harness.Eventually(c.T, 5*time.Second, "the probe is answered before the kill", probe.Answered)
 	killed := time.Now()
 	c.Kill(victim)
-	Eventually(c.T, 5*time.Second, "the client is answered again", func() bool {
+	harness.Eventually(c.T, 5*time.Second, "the client is answered again", func() bool {
 		return time.Since(killed) > 200*time.Millisecond && probe.Answered()
 	})
 	probe.Stop()

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -67,7 +68,7 @@ func (c *Cluster) MeasureBGPDrain(vip netip.Addr, victim string, long int, delay
 		}
 	}
 	slices.Sort(every)
-	Eventually(c.T, 60*time.Second, "every node in the next hops", func() bool { return slices.Equal(c.NextHops(vip), every) })
+	harness.Eventually(c.T, 60*time.Second, "every node in the next hops", func() bool { return slices.Equal(c.NextHops(vip), every) })
 	tr := lab.StartTraffic(c.T, c.Lab.Remote, netip.AddrPortFrom(vip, 80), long)
 	time.Sleep(2 * time.Second)
 	d := BGPDrain{Victim: victim, Settle: settle}
@@ -149,7 +150,7 @@ func (c *Cluster) MeasureBGPDrain(vip netip.Addr, victim string, long int, delay
 	}
 	sort.Strings(d.Resets)
 	c.Cordon(victim, false)
-	Eventually(c.T, 60*time.Second, victim+" advertises again once uncordoned", func() bool { return slices.Equal(c.NextHops(vip), every) })
+	harness.Eventually(c.T, 60*time.Second, victim+" advertises again once uncordoned", func() bool { return slices.Equal(c.NextHops(vip), every) })
 	return d
 }
 

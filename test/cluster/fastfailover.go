@@ -2,14 +2,13 @@ package cluster
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
-	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/probe"
+	"github.com/metalvip/metalvip/test/harness/proc"
 )
 
 // ServeHTTP starts an HTTP server on port on every node (it answers on the VIPs too, with the
@@ -31,29 +30,30 @@ func (c *Cluster) FailoverHTTP(vip netip.Addr, port uint16, interval time.Durati
 	// An attempt not answered within 300 ms is lost: far above an answer's time on the lab's
 	// bridge, far below TCP's first SYN retransmission (1 s), which a connect sent to the dead
 	// node's MAC would wait for.
-	probe, err := c.Lab.Client.HTTPProbe(netip.AddrPortFrom(vip, port), interval, 300*time.Millisecond, int(20*time.Second/interval))
+	prober, err := probe.StartHTTP(c.Lab.Client, netip.AddrPortFrom(vip, port), interval, 300*time.Millisecond, int(20*time.Second/interval))
 	if err != nil {
 		c.T.Fatalf("%v", err)
 	}
 	// The VIP's first candidate answers, steadily: a node revived just before takes its VIP
 	// back from the next one when its peers hear it, which must not happen during the trial.
-	Eventually(c.T, 30*time.Second, "the first candidate answers the HTTP client steadily", func() bool {
-		victim = probe.Steady(time.Second)
-		return victim != "" && victim == c.firstCandidate(vip) && c.Owner(vip) == victim && probe.Steady(time.Second) == victim
+	harness.Eventually(c.T, 30*time.Second, "the first candidate answers the HTTP client steadily", func() bool {
+		victim = prober.Steady(time.Second)
+		return victim != "" && victim == c.firstCandidate(vip) && c.Owner(vip) == victim && prober.Steady(time.Second) == victim
 	})
 	killed := time.Now()
 	c.Kill(victim)
 	// Killing takes a moment (the link is set down by a command): the victim answers until
 	// then. Another node must answer an attempt made after.
 	down := time.Now()
-	Eventually(c.T, 5*time.Second, "another node answers the HTTP client", func() bool {
-		_, _, by := probe.Outage(down)
-		return len(by) > 0 && by[len(by)-1] != victim && probe.Answered()
+	harness.Eventually(c.T, 5*time.Second, "another node answers the HTTP client", func() bool {
+		by := prober.Outage(down).By
+		return len(by) > 0 && by[len(by)-1] != victim && prober.Answered()
 	})
-	if err := probe.Stop(); err != nil {
+	if err := prober.Stop(); err != nil {
 		c.T.Fatalf("%v", err)
 	}
-	outage, _, by = probe.Outage(killed.Add(-2 * interval))
+	o := prober.Outage(killed.Add(-2 * interval))
+	outage, by = o.Longest, o.By
 	if outage > 5*time.Second {
 		c.T.Errorf("outage %s over the 5s bound", outage)
 	}
@@ -93,7 +93,7 @@ func (c *Cluster) FailoverTrials(vip netip.Addr, port uint16, interval time.Dura
 		}
 		c.Revive(victim)
 		a := c.Agents[victim]
-		Eventually(c.T, 30*time.Second, victim+" back and in touch with the CCM", func() bool {
+		harness.Eventually(c.T, 30*time.Second, victim+" back and in touch with the CCM", func() bool {
 			st, err := a.Client.GetState(context.Background(), &agentv1.GetStateRequest{})
 			return err == nil && !st.GetRestored()
 		})
@@ -137,27 +137,20 @@ func (c *Cluster) MeasureAgent(node string, window time.Duration) AgentCost {
 		return st
 	}
 	pid := a.Proc.Cmd.Process.Pid
-	st0, cpu0, t0 := state(), processCPU(c, pid), time.Now()
+	st0, cpu0, t0 := state(), c.processCPU(pid), time.Now()
 	time.Sleep(window)
-	st1, cpu1, t1 := state(), processCPU(c, pid), time.Now()
+	st1, cpu1, t1 := state(), c.processCPU(pid), time.Now()
 	return AgentCost{Window: t1.Sub(t0), CPU: cpu1 - cpu0, Sent: st1.GetHeartbeats().GetSent() - st0.GetHeartbeats().GetSent(),
 		Peers: len(st1.GetState().GetHeartbeatPeers()), VIPs: len(st1.GetState().GetAnnouncements())}
 }
 
 // processCPU is a process's user and system CPU so far.
-func processCPU(c *Cluster, pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+func (c *Cluster) processCPU(pid int) time.Duration {
+	d, err := proc.CPU(pid)
 	if err != nil {
 		c.T.Fatalf("%v", err)
 	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	if len(f) < 13 {
-		c.T.Fatalf("/proc/%d/stat: %d fields", pid, len(f))
-	}
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	sy, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(u+sy) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+	return d
 }
 
 // firstCandidate is the first of vip's ranked candidates, as the agents hold them; empty when

@@ -2,7 +2,6 @@ package controlplane
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -12,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/metalvip/metalvip/test/harness"
 )
 
 // TrialsEnv sets how many times each fault is repeated: 2 by default (make test), 10 or more
@@ -55,11 +56,11 @@ func TestTheControlPlaneVIP(t *testing.T) {
 	t.Run("the first node brings the VIP up with no API server running at all", func(t *testing.T) {
 		start := time.Now()
 		e.startAgent("node1")
-		took := eventually(t, 10*time.Second, "node1 answers ARP for the VIP", func() bool { return w.owner() == "node1" })
+		took := harness.Eventually(t, 10*time.Second, "node1 answers ARP for the VIP", func() bool { return w.owner() == "node1" })
 		var refused bool
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		if _, err := dialIn(e.lab.Client)(ctx, netip.AddrPortFrom(vip, apiPort).String()); err != nil {
+		if _, err := e.lab.Client.DialTCP(ctx, netip.AddrPortFrom(vip, apiPort).String()); err != nil {
 			refused = strings.Contains(err.Error(), "refused")
 		}
 		if !refused {
@@ -83,7 +84,7 @@ func TestTheControlPlaneVIP(t *testing.T) {
 		}
 		e.waitAPIServers(3 * time.Minute)
 		t.Logf("three kube-apiservers ready in %s", time.Since(start).Round(time.Second))
-		eventually(t, 30*time.Second, "node1 holds the VIP, its bootstrap over, and the client is served", func() bool {
+		harness.Eventually(t, 30*time.Second, "node1 holds the VIP, its bootstrap over, and the client is served", func() bool {
 			cp := e.controlPlane("node1")
 			return w.owner() == "node1" && cp.GetApiServerReady() && !cp.GetBootstrap() && len(cp.GetSeen()) == 2 && l.steady(2*time.Second)
 		})
@@ -135,22 +136,22 @@ func TestTheControlPlaneVIP(t *testing.T) {
 			e.startAgent(n.Name)
 		}
 		all := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
-		took := eventually(t, 60*time.Second, "three next hops at the router", func() bool { return slices.Equal(e.nextHops(t), all) })
+		took := harness.Eventually(t, 60*time.Second, "three next hops at the router", func() bool { return slices.Equal(e.lab.NextHops(t, vip.String()), all) })
 		t.Logf("BGP: three next hops %s after the agents started", took.Round(time.Millisecond))
 		var leaves []time.Duration
 		for i := range n {
 			victim := e.lab.Nodes[1+i%2]
-			eventually(t, 60*time.Second, "three next hops", func() bool { return slices.Equal(e.nextHops(t), all) })
+			harness.Eventually(t, 60*time.Second, "three next hops", func() bool { return slices.Equal(e.lab.NextHops(t, vip.String()), all) })
 			e.apiservers[victim.Name].Kill()
-			gone := eventually(t, 10*time.Second, victim.Name+"'s next hop leaves", func() bool {
-				return !slices.Contains(e.nextHops(t), victim.IPv4.String())
+			gone := harness.Eventually(t, 10*time.Second, victim.Name+"'s next hop leaves", func() bool {
+				return !slices.Contains(e.lab.NextHops(t, vip.String()), victim.IPv4.String())
 			})
 			leaves = append(leaves, gone)
-			t.Logf("trial %d: %s's kube-apiserver killed; its next hop left the router's table %s later; hops now %v", i+1, victim.Name, ms(gone), e.nextHops(t))
+			t.Logf("trial %d: %s's kube-apiserver killed; its next hop left the router's table %s later; hops now %v", i+1, victim.Name, ms(gone), e.lab.NextHops(t, vip.String()))
 			if gone > moveBound {
 				t.Errorf("trial %d: the next hop left %s after the kill, over the %s bound", i+1, ms(gone), moveBound)
 			}
-			if got := e.nextHops(t); len(got) != 2 {
+			if got := e.lab.NextHops(t, vip.String()); len(got) != 2 {
 				t.Errorf("trial %d: next hops %v; want the two others", i+1, got)
 			}
 			e.startAPIServer(victim.Name)
@@ -169,7 +170,7 @@ func ms(d time.Duration) string { return d.Round(time.Millisecond).String() }
 // until it holds the VIP again. It returns when the VIP moved and the client's outage.
 func (e *env) fault(t *testing.T, w *arpWatch, l *lister, kind string) (move, outage time.Duration) {
 	const victim = "node1"
-	eventually(t, 2*time.Minute, "node1 holds the VIP and the client is served", func() bool {
+	harness.Eventually(t, 2*time.Minute, "node1 holds the VIP and the client is served", func() bool {
 		return w.owner() == victim && l.steady(2*time.Second)
 	})
 	h := e.node(victim)
@@ -234,7 +235,7 @@ func (e *env) fault(t *testing.T, w *arpWatch, l *lister, kind string) (move, ou
 // failover bound on exactly one other node answers and node1 does not, then heals it.
 func (e *env) partition(t *testing.T, w *arpWatch, l *lister) {
 	const victim = "node1"
-	eventually(t, 2*time.Minute, "node1 holds the VIP and the client is served", func() bool {
+	harness.Eventually(t, 2*time.Minute, "node1 holds the VIP and the client is served", func() bool {
 		return w.owner() == victim && l.steady(2*time.Second)
 	})
 	h := e.node(victim)
@@ -275,44 +276,15 @@ func (e *env) partition(t *testing.T, w *arpWatch, l *lister) {
 		t.Fatalf("nft: %v: %s", err, out)
 	}
 	healed := time.Now()
-	eventually(t, 30*time.Second, "node1 holds the VIP again once the partition heals", func() bool { return w.owner() == victim })
+	harness.Eventually(t, 30*time.Second, "node1 holds the VIP again once the partition heals", func() bool { return w.owner() == victim })
 	t.Logf("partition healed: node1 holds the VIP again %s later", ms(time.Since(healed)))
-}
-
-// nextHops returns the next hops of the router's kernel route to the VIP.
-func (e *env) nextHops(t *testing.T) []string {
-	t.Helper()
-	out, err := e.lab.Router.Run(context.Background(), "ip", "-j", "route", "show", vip.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var routes []struct {
-		Gateway  string `json:"gateway"`
-		Nexthops []struct {
-			Gateway string `json:"gateway"`
-		} `json:"nexthops"`
-	}
-	if err := json.Unmarshal(out, &routes); err != nil {
-		t.Fatalf("ip -j route: %v: %s", err, out)
-	}
-	var hops []string
-	for _, r := range routes {
-		if r.Gateway != "" {
-			hops = append(hops, r.Gateway)
-		}
-		for _, n := range r.Nexthops {
-			hops = append(hops, n.Gateway)
-		}
-	}
-	slices.Sort(hops)
-	return hops
 }
 
 // standby sets standby in node1's file with metalvipctl, as an operator does before upgrading
 // it, and measures what the client sees; then turns it off again.
 func (e *env) standby(t *testing.T, w *arpWatch, l *lister) {
 	const victim = "node1"
-	eventually(t, 2*time.Minute, "node1 holds the VIP and the client is served", func() bool {
+	harness.Eventually(t, 2*time.Minute, "node1 holds the VIP and the client is served", func() bool {
 		return w.owner() == victim && l.steady(2*time.Second)
 	})
 	file := e.files + "/" + victim + "/controlplane.yaml"
@@ -323,7 +295,7 @@ func (e *env) standby(t *testing.T, w *arpWatch, l *lister) {
 	}
 	t0 := time.Now()
 	set("on")
-	took := eventually(t, 10*time.Second, "another node holds the VIP", func() bool { o := w.owner(); return o != "" && o != victim })
+	took := harness.Eventually(t, 10*time.Second, "another node holds the VIP", func() bool { o := w.owner(); return o != "" && o != victim })
 	time.Sleep(observe)
 	t1 := time.Now()
 	gap, failed, firstErr := l.outage(t0, t1)
@@ -339,7 +311,7 @@ func (e *env) standby(t *testing.T, w *arpWatch, l *lister) {
 		t.Errorf("node1 says %v", cp)
 	}
 	set("off")
-	eventually(t, 30*time.Second, "node1 holds the VIP again after standby off", func() bool { return w.owner() == victim })
+	harness.Eventually(t, 30*time.Second, "node1 holds the VIP again after standby off", func() bool { return w.owner() == victim })
 }
 
 // logMarks returns how long each agent's log is now.

@@ -8,18 +8,9 @@ package controlplane
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/hex"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -41,6 +32,7 @@ import (
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/nodeagent/controlplane"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/testenv"
@@ -52,20 +44,10 @@ import (
 var agentBinary, ctlBinary string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "metalvip-cp-e2e-")
-	if err != nil {
-		panic(err)
-	}
-	agentBinary, err = testenv.GoBuild(dir, "./cmd/metalvip-agent")
-	if err == nil {
-		ctlBinary, err = testenv.GoBuild(dir, "./cmd/metalvipctl")
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+	bins, cleanup := testenv.BuildMain("metalvip-cp-e2e", "./cmd/metalvip-agent", "./cmd/metalvipctl")
+	agentBinary, ctlBinary = bins[0], bins[1]
 	code := m.Run()
-	os.RemoveAll(dir)
+	cleanup()
 	os.Exit(code)
 }
 
@@ -105,17 +87,7 @@ func newEnv(t *testing.T) *env {
 	e.pki = filepath.Join(e.dir, "pki")
 	e.writePKI()
 	for _, n := range l.Nodes {
-		var mac string
-		if err := n.Do(func() error {
-			ifi, err := net.InterfaceByName("eth0")
-			if err == nil {
-				mac = ifi.HardwareAddr.String()
-			}
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		e.macs[mac] = n.Name
+		e.macs[n.MAC(t)] = n.Name
 	}
 	// etcd on the segment, in the control namespace: every API server reaches it, and a
 	// node's link going down cuts that node's API server from it, as in a real cluster.
@@ -145,70 +117,22 @@ func (e *env) writePKI() {
 	if err := os.MkdirAll(e.pki, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "lab-kubernetes-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	srvKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ips := []net.IP{vip.AsSlice(), net.IPv4(127, 0, 0, 1)}
+	addrs := []netip.Addr{vip, netip.AddrFrom4([4]byte{127, 0, 0, 1})}
 	for _, n := range e.lab.Nodes {
-		ips = append(ips, n.IPv4.AsSlice())
+		addrs = append(addrs, n.IPv4)
 	}
-	srvDER, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-apiserver"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), IPAddresses: ips, DNSNames: []string{"kubernetes"},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}, caCert, &srvKey.PublicKey, caKey)
-	if err != nil {
+	if err := pki.APIServer(e.pki, 24*time.Hour, addrs...); err != nil {
 		t.Fatal(err)
 	}
-	srvKeyDER, _ := x509.MarshalECPrivateKey(srvKey)
-	sa, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
+	if _, err := pki.ServiceAccount(e.pki); err != nil {
 		t.Fatal(err)
 	}
-	saPub, _ := x509.MarshalPKIXPublicKey(&sa.PublicKey)
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	e.token = hex.EncodeToString(b)
-	files := map[string][]byte{
-		"ca.crt":        pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		"apiserver.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srvDER}),
-		"apiserver.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: srvKeyDER}),
-		"sa.key":        pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(sa)}),
-		"sa.pub":        pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPub}),
-		"tokens.csv":    fmt.Appendf(nil, "%s,lab-admin,lab-admin,system:masters\n", e.token),
-	}
-	agentCA, err := certs.NewCA("metalvip-ca", time.Hour*24)
-	if err != nil {
+	var err error
+	if e.token, err = pki.AdminToken(e.pki, "lab-admin"); err != nil {
 		t.Fatal(err)
 	}
-	files["agent-ca.crt"], files["agent-ca.key"] = agentCA.Cert, agentCA.Key
-	viewer, err := certs.Issue(agentCA, certs.ViewerName, certs.Client, 24*time.Hour)
-	if err != nil {
+	if _, err := pki.Agents(e.pki, "agent-", 24*time.Hour, lab.Names(e.lab.Nodes)...); err != nil {
 		t.Fatal(err)
-	}
-	files["agent-viewer.crt"], files["agent-viewer.key"] = viewer.Cert, viewer.Key
-	for _, n := range e.lab.Nodes {
-		p, err := certs.Issue(agentCA, n.Name, certs.Server, 24*time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files["agent-"+n.Name+".crt"], files["agent-"+n.Name+".key"] = p.Cert, p.Key
-	}
-	for name, data := range files {
-		if err := os.WriteFile(e.path(name), data, 0o600); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 
@@ -287,7 +211,7 @@ func (e *env) startAgent(node string) {
 			e.t.Fatal(err)
 		}
 		conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(h.IPv4, 7472).String(),
-			grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dialIn(e.lab.Control)))
+			grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(e.lab.Control.DialTCP))
 		if err != nil {
 			e.t.Fatal(err)
 		}
@@ -372,25 +296,10 @@ func (e *env) httpClient(from *lab.Host) *http.Client {
 	pool := x509.NewCertPool()
 	ca, _ := os.ReadFile(e.path("ca.crt"))
 	pool.AppendCertsFromPEM(ca)
-	dial := dialIn(from)
 	return &http.Client{Timeout: time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: pool},
-		DialContext:     func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) },
+		DialContext:     from.DialContext,
 	}}
-}
-
-// dialIn dials from inside a host's namespace.
-func dialIn(h *lab.Host) func(ctx context.Context, addr string) (net.Conn, error) {
-	return func(ctx context.Context, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := h.Do(func() error {
-			var d net.Dialer
-			var err error
-			c, err = d.DialContext(ctx, "tcp", addr)
-			return err
-		})
-		return c, err
-	}
 }
 
 // request is one List through the VIP.
@@ -422,8 +331,7 @@ func (e *env) startLister() *lister {
 		TLSClientConfig: rest.TLSClientConfig{CAFile: e.path("ca.crt")},
 		Timeout:         listTimeout, QPS: 1000, Burst: 1000,
 	}
-	dial := dialIn(e.lab.Client)
-	cfg.Dial = func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) }
+	cfg.Dial = e.lab.Client.DialContext
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		e.t.Fatal(err)
@@ -650,19 +558,6 @@ func (w *arpWatch) owner() string {
 		}
 	}
 	return ""
-}
-
-// eventually polls cond every 20 ms for up to timeout and returns how long it took.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(start)
 }
 
 // percentiles returns p50, p99 and max of ds.

@@ -9,55 +9,30 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
-	"os/signal"
 	"slices"
 	"sort"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/metalvip/metalvip/internal/annotation"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/probe"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
-var begin = time.Now()
-
-func step(format string, args ...any) {
-	fmt.Printf("[%5.1fs] %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
-}
-
 func main() {
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "make demo builds network namespaces: run it as root (sudo make demo)")
-		os.Exit(2)
-	}
-	m := testenv.NewMain("metalvip-demo")
-	defer m.Close()
 	// Ctrl-C tears the lab down too.
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sig
-		fmt.Println("\ninterrupted: tearing down (Ctrl-C again to leave at once; the lab's reaper removes its namespaces)")
-		go func() {
-			<-sig
-			os.Exit(130)
-		}()
-		m.Close()
-		os.Exit(130)
-	}()
+	m := harness.Program("metalvip-demo", "make demo builds network namespaces: run it as root (sudo make demo)")
+	defer m.Close()
 
-	step("building the CCM, the agent and metalvipctl")
+	harness.Step("building the CCM, the agent and metalvipctl")
 	ccm, agent, err := cluster.Build(m.TempDir())
 	if err != nil {
 		m.Fatalf("%v", err)
@@ -66,19 +41,15 @@ func main() {
 	if err != nil {
 		m.Fatalf("%v", err)
 	}
-	step("starting etcd and kube-apiserver")
-	srv, err := kubeapi.Start()
-	if err != nil {
-		m.Fatalf("%v", err)
-	}
-	m.Cleanup(srv.Stop)
-	step("building the lab: 3 nodes, FRR router, client (30 addresses), remote client; agents and the CCM")
+	harness.Step("starting etcd and kube-apiserver")
+	srv := kubeapi.Own(m)
+	harness.Step("building the lab: 3 nodes, FRR router, client (30 addresses), remote client; agents and the CCM")
 	c := cluster.New(m, srv, cluster.Options{CCMBinary: ccm, AgentBinary: agent, ClientAddrs: 29})
 	for _, n := range c.Lab.Nodes {
-		echo(m, n)
+		n.ServeHTTP(m, 80)
 	}
 
-	step("creating Services in namespace %s", c.NS)
+	harness.Step("creating Services in namespace %s", c.NS)
 	type row struct {
 		name, mode, policy string
 		vip                netip.Addr
@@ -99,22 +70,22 @@ func main() {
 	rows = append(rows, row{"web-per-client", "L2 per client", "Cluster", c.Service("web-per-client", cluster.InPool(pool))})
 	clients := c.NewClients(c.ClientAddrs())
 
-	step("waiting until every address is announced")
+	harness.Step("waiting until every address is announced")
 	for _, r := range rows {
 		switch {
 		case r.mode == "L2 per client":
-			cluster.Eventually(m, 30*time.Second, r.name+" answered, each client by one node", func() bool {
+			harness.Eventually(m, 30*time.Second, r.name+" answered, each client by one node", func() bool {
 				_, ok := clients.Owners(r.vip, 300*time.Millisecond)
 				return ok
 			})
 		case strings.HasPrefix(r.mode, "L2"):
-			cluster.Eventually(m, 30*time.Second, r.name+" answered", func() bool { return c.Owner(r.vip) != "" })
+			harness.Eventually(m, 30*time.Second, r.name+" answered", func() bool { return c.Owner(r.vip) != "" })
 		default:
 			want := 3
 			if r.policy == "Local" {
 				want = 1
 			}
-			cluster.Eventually(m, 60*time.Second, r.name+" advertised", func() bool { return len(c.NextHops(r.vip)) == want })
+			harness.Eventually(m, 60*time.Second, r.name+" advertised", func() bool { return len(c.NextHops(r.vip)) == want })
 		}
 	}
 
@@ -132,13 +103,13 @@ func main() {
 				parts = append(parts, fmt.Sprintf("%s %d", n.Name, shares[n.Name]))
 			}
 			announced = "ARP, clients per node: " + strings.Join(parts, ", ") + " of 30"
-			answered = "client on the segment: " + strings.Join(askNodes(m, c.Lab.Client, r.vip, 3), ", ")
+			answered = "client on the segment: " + strings.Join(askNodes(c.Lab.Client, r.vip, 3), ", ")
 		case strings.HasPrefix(r.mode, "L2"):
 			announced = c.Owner(r.vip) + " (ARP)"
-			answered = "client on the segment: " + strings.Join(askNodes(m, c.Lab.Client, r.vip, 3), ", ")
+			answered = "client on the segment: " + strings.Join(askNodes(c.Lab.Client, r.vip, 3), ", ")
 		default:
 			announced = "next hops at the router: " + strings.Join(c.NextHops(r.vip), ", ")
-			answered = "remote client: " + strings.Join(askNodes(m, c.Lab.Remote, r.vip, 12), ", ")
+			answered = "remote client: " + strings.Join(askNodes(c.Lab.Remote, r.vip, 12), ", ")
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.name, r.vip, r.mode, r.policy, announced, answered)
 	}
@@ -147,71 +118,37 @@ func main() {
 
 	vip := rows[0].vip
 	victim := c.Owner(vip)
-	step("killing %s, which answers for %s (link down, agent killed), while the client probes every 10 ms", victim, vip)
+	harness.Step("killing %s, which answers for %s (link down, agent killed), while the client probes every 10 ms", victim, vip)
 	c.T = m
 	outage := c.Failover(vip, victim)
 	now := c.Owner(vip)
 	fmt.Printf("\n  %s failed over from %s to %s: the client saw %d ms without answers\n", vip, victim, now, outage.Milliseconds())
-	fmt.Printf("  HTTP from the client now: %s\n\n", strings.Join(askNodes(m, c.Lab.Client, vip, 1), ", "))
-	step("bringing %s back", victim)
+	fmt.Printf("  HTTP from the client now: %s\n\n", strings.Join(askNodes(c.Lab.Client, vip, 1), ", "))
+	harness.Step("bringing %s back", victim)
 	c.Revive(victim)
-	cluster.Eventually(m, 60*time.Second, victim+" back", func() bool {
+	harness.Eventually(m, 60*time.Second, victim+" back", func() bool {
 		st, err := c.Agents[victim].Client.GetState(context.Background(), &agentv1.GetStateRequest{})
 		return err == nil && !st.GetRestored()
 	})
-	step("%s is back; %s is answered by %s", victim, vip, c.Owner(vip))
+	harness.Step("%s is back; %s is answered by %s", victim, vip, c.Owner(vip))
 
 	if os.Getenv("KEEP") == "1" {
 		keep(c, srv, m, ctl, rows[0].vip, rows[3].vip)
 		return
 	}
-	step("tearing down")
-}
-
-// echo serves HTTP on port 80 of a node, answering with the node's name.
-func echo(m *testenv.Main, n *lab.Host) {
-	var lis net.Listener
-	if err := n.Do(func() error {
-		var err error
-		lis, err = net.Listen("tcp", ":80")
-		return err
-	}); err != nil {
-		m.Fatalf("echo server on %s: %v", n.Name, err)
-	}
-	m.Cleanup(func() { lis.Close() })
-	name := n.Name
-	go func() {
-		_ = http.Serve(lis, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, name) }))
-	}()
+	harness.Step("tearing down")
 }
 
 // askNodes sends n HTTP requests (each on a new connection) to vip from h and returns the
 // distinct node names that answered, sorted.
-func askNodes(m *testenv.Main, h *lab.Host, vip netip.Addr, n int) []string {
-	tr := &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var conn net.Conn
-			err := h.Do(func() error {
-				var d net.Dialer
-				var err error
-				conn, err = d.DialContext(ctx, network, addr)
-				return err
-			})
-			return conn, err
-		},
-	}
-	client := &http.Client{Transport: tr, Timeout: 2 * time.Second}
+func askNodes(h *lab.Host, vip netip.Addr, n int) []string {
 	seen := map[string]bool{}
 	for range n {
-		resp, err := client.Get("http://" + vip.String() + "/")
+		body, err := probe.Get(h, netip.AddrPortFrom(vip, 80), 2*time.Second)
 		if err != nil {
-			seen["("+err.Error()+")"] = true
-			continue
+			body = "(" + err.Error() + ")"
 		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		seen[strings.TrimSpace(string(b))] = true
+		seen[body] = true
 	}
 	out := make([]string, 0, len(seen))
 	for k := range seen {

@@ -10,71 +10,50 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
-	"os/signal"
 	"sort"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/probe"
 	"github.com/metalvip/metalvip/test/kubecluster"
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
-var begin = time.Now()
-
-func step(format string, args ...any) {
-	fmt.Printf("[%5.1fs] %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
-}
-
 func main() {
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "make demo-cluster builds network namespaces and runs kubelets: run it as root")
-		os.Exit(2)
-	}
-	m := testenv.NewMain("metalvip-democluster")
+	m := harness.Program("metalvip-democluster", "make demo-cluster builds network namespaces and runs kubelets: run it as root")
 	defer m.Close()
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sig
-		fmt.Println("\ninterrupted: tearing down (the reapers remove what is left if you press Ctrl-C again)")
-		go func() {
-			<-sig
-			os.Exit(130)
-		}()
-		m.Close()
-		os.Exit(130)
-	}()
 	ctx := context.Background()
 
 	images, err := kubecluster.Images()
 	if err != nil {
 		m.Fatalf("%v", err)
 	}
-	step("bringing up the cluster: control plane, 3 nodes (containerd, kubelet --cloud-provider=external, kube-proxy), FRR router, clients")
+	harness.Step("bringing up the cluster: control plane, 3 nodes (containerd, kubelet --cloud-provider=external, kube-proxy), FRR router, clients")
 	c := kubecluster.New(m, kubecluster.Options{Images: images})
-	step("cluster up: control plane ready after %s, nodes Ready after %s", c.ControlPlaneReady.Round(time.Millisecond), c.NodesReady.Round(time.Millisecond))
+	harness.Step("cluster up: control plane ready after %s, nodes Ready after %s", c.ControlPlaneReady.Round(time.Millisecond), c.NodesReady.Round(time.Millisecond))
 	empty := ""
 	if err := c.Label(ctx, "node1", kubecluster.ControlPlaneLabel, &empty); err != nil {
 		m.Fatalf("%v", err)
 	}
-	step("installing metalvip: metalvipctl certs | kubectl apply; kubectl apply --server-side -f manifests/install.yaml")
+	harness.Step("installing metalvip: metalvipctl certs | kubectl apply; kubectl apply --server-side -f manifests/install.yaml")
 	if err := kubecluster.Manifests.Install(ctx, c); err != nil {
 		m.Fatalf("%v", err)
 	}
 	if d, err := c.WaitInitialised(ctx, 2*time.Minute); err != nil {
 		m.Fatalf("%v\n%s", err, c.Describe(ctx))
 	} else {
-		step("the CCM pod initialised every node in %s", d.Round(time.Millisecond))
+		harness.Step("the CCM pod initialised every node in %s", d.Round(time.Millisecond))
 	}
 	if d, err := c.WaitAgents(ctx, 2*time.Minute); err != nil {
 		m.Fatalf("%v\n%s", err, c.Describe(ctx))
 	} else {
-		step("agents Ready on every node %s later", d.Round(time.Millisecond))
+		harness.Step("agents Ready on every node %s later", d.Round(time.Millisecond))
 	}
 	nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -87,7 +66,7 @@ func main() {
 	}
 	tw.Flush()
 
-	step("the workload: an HTTP server on node2 and node3; Services in an L2 and a BGP pool, externalTrafficPolicy Cluster and Local")
+	harness.Step("the workload: an HTTP server on node2 and node3; Services in an L2 and a BGP pool, externalTrafficPolicy Cluster and Local")
 	w, err := c.DeployWorkload(ctx, "node2", "node3")
 	if err != nil {
 		m.Fatalf("%v\n%s", err, c.Describe(ctx))
@@ -96,12 +75,12 @@ func main() {
 	show(m, c, w)
 
 	vip := w.VIPs[kubecluster.ServiceL2Local]
-	step("killing the node that answers for %s (link down, kubelet, containerd and its pods gone) while the client asks it over HTTP every 20 ms", vip)
+	harness.Step("killing the node that answers for %s (link down, kubelet, containerd and its pods gone) while the client asks it over HTTP every 20 ms", vip)
 	f, err := c.KillOwner(ctx, vip)
 	if err != nil {
 		m.Fatalf("%v", err)
 	}
-	step("%s", f)
+	harness.Step("%s", f)
 	show(m, c, w)
 
 	if os.Getenv("KEEP") != "" {
@@ -110,7 +89,7 @@ func main() {
 		fmt.Printf("the client: ip netns exec %s curl http://%s/\n", c.Lab.Client.NS, vip)
 		select {}
 	}
-	step("tearing down")
+	harness.Step("tearing down")
 }
 
 // show prints each Service's address, who answers it and what a client gets.
@@ -137,7 +116,7 @@ func show(m *testenv.Main, c *kubecluster.Cluster, w *kubecluster.Workload) {
 			owner, _ := c.Owner(vip)
 			who = "ARP " + owner
 		}
-		body, err := kubecluster.Get(client, vip, 2*time.Second)
+		body, err := probe.Get(client, netip.AddrPortFrom(vip, 80), 2*time.Second)
 		if err != nil {
 			body = err.Error()
 		}

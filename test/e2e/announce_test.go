@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
-	"os"
 	"os/exec"
 	"slices"
 	"sort"
@@ -20,6 +19,7 @@ import (
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -36,20 +36,9 @@ func lineWith(text, sub string) string {
 var ccmBinary, agentBinary, ctlBinary string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "metalvip-e2e-")
-	if err != nil {
-		panic(err)
-	}
-	ccmBinary, agentBinary, err = cluster.Build(dir)
-	if err == nil {
-		ctlBinary, err = testenv.GoBuild(dir, "./cmd/metalvipctl")
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	defer os.RemoveAll(dir)
-	kubeapi.Main(m)
+	bins, cleanup := testenv.BuildMain("metalvip-e2e", "./cmd/metalvip-cloud-controller-manager", "./cmd/metalvip-agent", "./cmd/metalvipctl")
+	ccmBinary, agentBinary, ctlBinary = bins[0], bins[1], bins[2]
+	kubeapi.Main(m, cleanup)
 }
 
 // TestAnnouncing runs the planner and failover acceptance on one cluster, step by step.
@@ -64,7 +53,7 @@ func TestAnnouncing(t *testing.T) {
 			vips = append(vips, c.Service(fmt.Sprintf("web-%d", i)))
 		}
 		perNode := map[string]int{}
-		cluster.Eventually(t, 30*time.Second, "every VIP answered, two per node", func() bool {
+		harness.Eventually(t, 30*time.Second, "every VIP answered, two per node", func() bool {
 			clear(perNode)
 			for _, v := range vips {
 				perNode[c.Owner(v)]++
@@ -74,7 +63,7 @@ func TestAnnouncing(t *testing.T) {
 		// The answering node is the one the plan named, as the Service's condition says.
 		for i, v := range vips {
 			want := c.Owner(v)
-			cluster.Eventually(t, 10*time.Second, "the Service's Announced condition names the answering node", func() bool {
+			harness.Eventually(t, 10*time.Second, "the Service's Announced condition names the answering node", func() bool {
 				return strings.Contains(c.Announced(fmt.Sprintf("web-%d", i)), v.String()+" (L2): "+want)
 			})
 		}
@@ -90,7 +79,7 @@ func TestAnnouncing(t *testing.T) {
 		c.T = t
 		kc := c.Srv.Kubeconfig(t, nil)
 		var table []byte
-		cluster.Eventually(t, 30*time.Second, "status names the pool and announcing node of every web Service", func() bool {
+		harness.Eventually(t, 30*time.Second, "status names the pool and announcing node of every web Service", func() bool {
 			out, err := exec.Command(ctlBinary, "status", "--kubeconfig", kc).CombinedOutput()
 			if err != nil {
 				t.Fatalf("metalvipctl status: %v\n%s", err, out)
@@ -170,15 +159,15 @@ func TestAnnouncing(t *testing.T) {
 
 		bgp := c.Service("local-bgp", cluster.Local, cluster.InPool("bgp-"+c.NS))
 		c.Endpoints("local-bgp", "node1", "node3")
-		cluster.Eventually(t, 60*time.Second, "BGP next hops are the endpoint nodes", func() bool {
+		harness.Eventually(t, 60*time.Second, "BGP next hops are the endpoint nodes", func() bool {
 			return slices.Equal(c.NextHops(bgp), []string{"198.51.100.11", "198.51.100.13"})
 		})
 		c.Endpoints("local-bgp", "node2")
-		cluster.Eventually(t, 60*time.Second, "BGP next hops follow the endpoints", func() bool {
+		harness.Eventually(t, 60*time.Second, "BGP next hops follow the endpoints", func() bool {
 			return slices.Equal(c.NextHops(bgp), []string{"198.51.100.12"})
 		})
 		everywhere := c.Service("cluster-bgp", cluster.InPool("bgp-"+c.NS))
-		cluster.Eventually(t, 60*time.Second, "a Cluster-policy BGP VIP is advertised by every node", func() bool {
+		harness.Eventually(t, 60*time.Second, "a Cluster-policy BGP VIP is advertised by every node", func() bool {
 			return slices.Equal(c.NextHops(everywhere), []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"})
 		})
 	})
@@ -191,7 +180,7 @@ func TestAnnouncing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cluster.Eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
+		harness.Eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
 		st, err := c.Agents["node1"].Client.GetState(ctx, &agentv1.GetStateRequest{})
 		if err != nil || st.GetTerm() == 0 {
 			t.Fatalf("node1's agent holds no term: %v %v", st, err)
@@ -202,7 +191,7 @@ func TestAnnouncing(t *testing.T) {
 		c.StartCCM()
 		// Wait until the new CCM has pushed its (higher) term to every agent: the term comes
 		// from the Lease, which the new CCM's start counts.
-		cluster.Eventually(t, 30*time.Second, "every agent took the new CCM's term", func() bool {
+		harness.Eventually(t, 30*time.Second, "every agent took the new CCM's term", func() bool {
 			for _, a := range c.Agents {
 				st, err := a.Client.GetState(ctx, &agentv1.GetStateRequest{})
 				if err != nil || st.GetTerm() <= oldTerm {
@@ -248,7 +237,7 @@ func TestAnnouncing(t *testing.T) {
 			}
 			c.Revive(victim)
 			// Settle: the revived node's agent is reachable again before the next trial.
-			cluster.Eventually(t, 60*time.Second, "the revived agent is back in the plan", func() bool {
+			harness.Eventually(t, 60*time.Second, "the revived agent is back in the plan", func() bool {
 				st, err := c.Agents[victim].Client.GetState(ctx, &agentv1.GetStateRequest{})
 				return err == nil && !st.GetRestored() && len(c.Owners(vips)) == len(vips) && !slices.Contains(cluster.ValuesOf(c.Owners(vips)), "")
 			})

@@ -3,9 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +14,8 @@ import (
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/proc"
 )
 
 // TestBadObjectsDisturbNothing creates, while a client probes an L2 VIP every 20 ms, every
@@ -28,13 +28,13 @@ func TestBadObjectsDisturbNothing(t *testing.T) {
 	c := newCluster(t)
 	ctx := context.Background()
 	steady := c.Service("steady")
-	cluster.Eventually(t, 30*time.Second, "the steady VIP is answered", func() bool { return c.Owner(steady) != "" })
+	harness.Eventually(t, 30*time.Second, "the steady VIP is answered", func() bool { return c.Owner(steady) != "" })
 	probe, err := c.Lab.Client.Probe(steady, 20*time.Millisecond, 6000)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer probe.Stop()
-	cluster.Eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
+	harness.Eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
 	start := time.Now()
 
 	type object struct {
@@ -79,7 +79,7 @@ func TestBadObjectsDisturbNothing(t *testing.T) {
 			continue
 		}
 		var msg string
-		cluster.Eventually(t, 30*time.Second, fmt.Sprintf("%s %s is isolated with %s=False (%s)", o.kind, o.name, o.condType, o.condReason), func() bool {
+		harness.Eventually(t, 30*time.Second, fmt.Sprintf("%s %s is isolated with %s=False (%s)", o.kind, o.name, o.condType, o.condReason), func() bool {
 			u, err := c.Dyn.Resource(gvr).Get(ctx, o.name, metav1.GetOptions{})
 			if err != nil {
 				return false
@@ -100,9 +100,9 @@ func TestBadObjectsDisturbNothing(t *testing.T) {
 	// The data plane follows later changes: an L2 Service is answered, a BGP one routed from
 	// every node.
 	after := c.Service("after")
-	cluster.Eventually(t, 30*time.Second, "a Service created afterwards is answered", func() bool { return c.Owner(after) != "" })
+	harness.Eventually(t, 30*time.Second, "a Service created afterwards is answered", func() bool { return c.Owner(after) != "" })
 	bgp := c.Service("after-bgp", cluster.InPool("bgp-"+ns))
-	cluster.Eventually(t, 60*time.Second, "a BGP Service created afterwards is routed from every node", func() bool {
+	harness.Eventually(t, 60*time.Second, "a BGP Service created afterwards is routed from every node", func() bool {
 		return slices.Equal(c.NextHops(bgp), []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"})
 	})
 	probe.Stop()
@@ -119,16 +119,11 @@ func TestBadObjectsDisturbNothing(t *testing.T) {
 	}
 }
 
+// rssKiB is a process's peak resident memory (VmHWM), in KiB.
 func rssKiB(t *testing.T, pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	m, err := proc.MemoryOf(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for l := range strings.SplitSeq(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmHWM:" {
-			n, _ := strconv.ParseInt(f[1], 10, 64)
-			return n
-		}
-	}
-	return 0
+	return m.HWM >> 10
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/lab"
 )
@@ -105,12 +106,12 @@ func TestDrain(t *testing.T) {
 		c.T = t
 		vip := c.Service("drain-l2")
 		var owner string
-		cluster.Eventually(t, 30*time.Second, "an owner", func() bool { owner = c.Owner(vip); return owner != "" })
+		harness.Eventually(t, 30*time.Second, "an owner", func() bool { owner = c.Owner(vip); return owner != "" })
 		probe, err := c.Lab.Client.Probe(vip, 20*time.Millisecond, 2000)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cluster.Eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
+		harness.Eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
 		t0 := time.Now()
 		c.Cordon(owner, true)
 		// Who answers ARP, sampled (each ask waits 100 ms for answers) until the delay is over.

@@ -16,6 +16,7 @@ import (
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/internal/annotation"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -45,7 +46,7 @@ func TestExternalIPsAndClusterIPRange(t *testing.T) {
 		c.T = t
 		c.ServiceNoWait("ext", clusterIPWithExternal("203.0.113.161"))
 		ip := netip.MustParseAddr("203.0.113.161")
-		took := cluster.Eventually(t, 60*time.Second, "FRR has the externalIP from every node", func() bool {
+		took := harness.Eventually(t, 60*time.Second, "FRR has the externalIP from every node", func() bool {
 			return slices.Equal(c.NextHops(ip), every)
 		})
 		conn, err := c.Lab.Remote.DialName(netip.AddrPortFrom(ip, 80), 5*time.Second)
@@ -63,7 +64,7 @@ func TestExternalIPsAndClusterIPRange(t *testing.T) {
 			t.Fatal(err)
 		}
 		var route string
-		took := cluster.Eventually(t, 60*time.Second, "FRR has 203.0.113.192/27 from every node", func() bool {
+		took := harness.Eventually(t, 60*time.Second, "FRR has 203.0.113.192/27 from every node", func() bool {
 			out, _ := c.Lab.Router.Run(ctx, "ip", "route", "show", "203.0.113.192/27")
 			route = string(out)
 			return strings.Count(route, "via 198.51.100.1") == 3
@@ -81,13 +82,13 @@ func TestExternalIPsAndClusterIPRange(t *testing.T) {
 		c.T = t
 		// 203.0.113.5 lies in the L2 pool, which does not allow externalIPs; .240 in no pool.
 		c.ServiceNoWait("hijack", clusterIPWithExternal("203.0.113.5", "203.0.113.240"))
-		cluster.Eventually(t, 30*time.Second, "an ExternalIPRefused Event for each address", func() bool {
+		harness.Eventually(t, 30*time.Second, "an ExternalIPRefused Event for each address", func() bool {
 			ev := c.Events("hijack", "ExternalIPRefused")
 			return strings.Contains(ev, "203.0.113.5") && strings.Contains(ev, "203.0.113.240")
 		})
 		t.Logf("Events:\n%s", c.Events("hijack", "ExternalIPRefused"))
 		var cond string
-		cluster.Eventually(t, 30*time.Second, "the Service's ExternalIPsAnnounced condition is False", func() bool {
+		harness.Eventually(t, 30*time.Second, "the Service's ExternalIPsAnnounced condition is False", func() bool {
 			svc, err := c.Srv.Client.CoreV1().Services(c.NS).Get(ctx, "hijack", metav1.GetOptions{})
 			if err != nil {
 				return false

@@ -12,6 +12,7 @@ import (
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -61,11 +62,11 @@ func TestBGPPeerStatus(t *testing.T) {
 
 	t.Run("every node's session is Established and the table says 3/3", func(t *testing.T) {
 		c.T = t
-		took := cluster.Eventually(t, 60*time.Second, "the peer's status shows 3 established sessions", func() bool {
+		took := harness.Eventually(t, 60*time.Second, "the peer's status shows 3 established sessions", func() bool {
 			return peerStatus(t, c, peer).Sessions == "Established 3/3"
 		})
 		// BFD starts once a session is up; the agents report it at their next probe.
-		cluster.Eventually(t, 60*time.Second, "every node's BFD is Up", func() bool {
+		harness.Eventually(t, 60*time.Second, "every node's BFD is Up", func() bool {
 			for _, n := range peerStatus(t, c, peer).Nodes {
 				if n.BFDState != "Up" {
 					return false
@@ -88,7 +89,7 @@ func TestBGPPeerStatus(t *testing.T) {
 	t.Run("a BGP VIP shows as a route advertised by every node", func(t *testing.T) {
 		c.T = t
 		c.Service("everywhere", cluster.InPool("bgp-"+c.NS))
-		cluster.Eventually(t, 60*time.Second, "each node advertises one route", func() bool {
+		harness.Eventually(t, 60*time.Second, "each node advertises one route", func() bool {
 			st := peerStatus(t, c, peer)
 			n := 0
 			for _, s := range st.Nodes {
@@ -103,7 +104,7 @@ func TestBGPPeerStatus(t *testing.T) {
 	t.Run("a node whose agent dies is no longer counted", func(t *testing.T) {
 		c.T = t
 		c.Kill("node3")
-		took := cluster.Eventually(t, 60*time.Second, "the table says 2/3 and node3 is not Established", func() bool {
+		took := harness.Eventually(t, 60*time.Second, "the table says 2/3 and node3 is not Established", func() bool {
 			st := peerStatus(t, c, peer)
 			for _, n := range st.Nodes {
 				if n.Node == "node3" && n.State == "Established" {
@@ -121,7 +122,7 @@ func TestBGPPeerStatus(t *testing.T) {
 		}
 		t.Logf("node3 killed: %s after %s (node3: %s)", st.Sessions, took.Round(time.Millisecond), node3)
 		c.Revive("node3")
-		cluster.Eventually(t, 90*time.Second, "node3 is Established again", func() bool {
+		harness.Eventually(t, 90*time.Second, "node3 is Established again", func() bool {
 			return strings.HasPrefix(peerStatus(t, c, peer).Sessions, "Established 3/3")
 		})
 	})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -69,7 +70,7 @@ func TestWeightedECMPByEndpoints(t *testing.T) {
 	var weights map[string]int
 	t.Run("the router's kernel route weighs the nodes 1:2:3", func(t *testing.T) {
 		var route string
-		took := cluster.Eventually(t, 60*time.Second, "three weighted next hops", func() bool {
+		took := harness.Eventually(t, 60*time.Second, "three weighted next hops", func() bool {
 			weights, route = kernelWeights(t, c, vip)
 			return len(weights) == 3 && weights["node1"] > 1 && weights["node1"] < weights["node2"] && weights["node2"] < weights["node3"]
 		})
@@ -132,7 +133,7 @@ func TestWeightedECMPByEndpoints(t *testing.T) {
 
 	t.Run("the weights follow the endpoints", func(t *testing.T) {
 		c.Endpoints("weighted", "node1", "node1", "node1", "node3")
-		cluster.Eventually(t, 60*time.Second, "node1 weighs three times node3, node2 gone", func() bool {
+		harness.Eventually(t, 60*time.Second, "node1 weighs three times node3, node2 gone", func() bool {
 			w, _ := kernelWeights(t, c, vip)
 			return len(w) == 2 && w["node1"] > 2*w["node3"] && w["node3"] > 1
 		})
@@ -140,7 +141,7 @@ func TestWeightedECMPByEndpoints(t *testing.T) {
 
 	t.Run("a Cluster-policy Service in the pool is not weighted", func(t *testing.T) {
 		other := c.Service("unweighted", cluster.InPool(pool))
-		cluster.Eventually(t, 60*time.Second, "three equal next hops", func() bool {
+		harness.Eventually(t, 60*time.Second, "three equal next hops", func() bool {
 			w, _ := kernelWeights(t, c, other)
 			return len(w) == 3 && w["node1"] == w["node2"] && w["node2"] == w["node3"]
 		})

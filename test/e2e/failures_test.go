@@ -15,6 +15,7 @@ import (
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/lab"
 )
@@ -29,7 +30,7 @@ func spreadVIPs(t *testing.T, c *cluster.Cluster, n int) []netip.Addr {
 	for i := range n {
 		vips = append(vips, c.Service(fmt.Sprintf("svc-%d", i)))
 	}
-	cluster.Eventually(t, 30*time.Second, "every VIP answered", func() bool {
+	harness.Eventually(t, 30*time.Second, "every VIP answered", func() bool {
 		return !slices.Contains(cluster.ValuesOf(c.Owners(vips)), "")
 	})
 	return vips
@@ -51,17 +52,17 @@ func TestAgentCrashDisturbsNoOtherNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cluster.Eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
+	harness.Eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
 	start := time.Now()
 	a := c.Agents["node3"]
 	a.Proc.Kill()
 	time.Sleep(500 * time.Millisecond)
 	c.StartAgent(a)
-	cluster.Eventually(t, 30*time.Second, "node3's agent is back and in touch with the CCM", func() bool {
+	harness.Eventually(t, 30*time.Second, "node3's agent is back and in touch with the CCM", func() bool {
 		st, err := a.Client.GetState(context.Background(), &agentv1.GetStateRequest{})
 		return err == nil && !st.GetRestored()
 	})
-	cluster.Eventually(t, 30*time.Second, "every VIP answered again", func() bool {
+	harness.Eventually(t, 30*time.Second, "every VIP answered again", func() bool {
 		return !slices.Contains(cluster.ValuesOf(c.Owners(vips)), "")
 	})
 	probe.Stop()
@@ -88,7 +89,7 @@ func TestLeaderChangeMovesNothing(t *testing.T) {
 		}
 		return st.GetTerm()
 	}
-	cluster.Eventually(t, 30*time.Second, "the agents have the leader's term", func() bool { return term() != 0 })
+	harness.Eventually(t, 30*time.Second, "the agents have the leader's term", func() bool { return term() != 0 })
 	oldTerm := term()
 	leader, standby := first, second
 	if !strings.Contains(first.Output(), "Announcing through the agents") {
@@ -98,15 +99,15 @@ func TestLeaderChangeMovesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cluster.Eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
+	harness.Eventually(t, 5*time.Second, "the probe is answered", probe.Answered)
 	start := time.Now()
 	leader.Stop(10 * time.Second)
-	cluster.Eventually(t, 60*time.Second, "the standby leads and the agents take its term", func() bool {
+	harness.Eventually(t, 60*time.Second, "the standby leads and the agents take its term", func() bool {
 		return strings.Contains(standby.Output(), "Announcing through the agents") && term() > oldTerm
 	})
 	// A Service created now is served by the new leader.
 	newVIP := c.Service("after-change")
-	cluster.Eventually(t, 30*time.Second, "the new leader's VIP is answered", func() bool { return c.Owner(newVIP) != "" })
+	harness.Eventually(t, 30*time.Second, "the new leader's VIP is answered", func() bool { return c.Owner(newVIP) != "" })
 	probe.Stop()
 	if _, lost := probe.Outage(start); lost != 0 {
 		t.Errorf("%d probes lost across the leader change", lost)
@@ -126,7 +127,7 @@ func TestLeaderChangeMovesNothing(t *testing.T) {
 func TestPartitionConvergesWhenHealed(t *testing.T) {
 	c := newCluster(t)
 	vip := c.Service("web")
-	cluster.Eventually(t, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
+	harness.Eventually(t, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
 	owner := c.Owner(vip)
 	// Cut the owner off from every other node (heartbeats), not from the client.
 	ctx := context.Background()
@@ -146,7 +147,7 @@ func TestPartitionConvergesWhenHealed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cluster.Eventually(t, 10*time.Second, "another node takes over on its side of the partition", func() bool {
+	harness.Eventually(t, 10*time.Second, "another node takes over on its side of the partition", func() bool {
 		return len(c.Answerers(vip)) >= 2 || c.Owner(vip) != owner
 	})
 	t.Logf("during the partition %v answer", c.Answerers(vip))
@@ -155,7 +156,7 @@ func TestPartitionConvergesWhenHealed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	took := cluster.Eventually(t, 10*time.Second, "one node answers after healing", func() bool {
+	took := harness.Eventually(t, 10*time.Second, "one node answers after healing", func() bool {
 		for range 5 {
 			if len(c.Answerers(vip)) != 1 {
 				return false
@@ -171,11 +172,11 @@ func TestRouterRestart(t *testing.T) {
 	c := newCluster(t)
 	vip := c.Service("bgp", cluster.InPool("bgp-"+c.NS))
 	all := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
-	cluster.Eventually(t, 60*time.Second, "three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
+	harness.Eventually(t, 60*time.Second, "three next hops", func() bool { return slices.Equal(c.NextHops(vip), all) })
 	if err := c.Lab.RestartRouter(); err != nil {
 		t.Fatal(err)
 	}
-	took := cluster.Eventually(t, 60*time.Second, "three next hops after the router restart", func() bool {
+	took := harness.Eventually(t, 60*time.Second, "three next hops after the router restart", func() bool {
 		return slices.Equal(c.NextHops(vip), all)
 	})
 	t.Logf("routes back %s after the router restarted (redial every 5s)", took.Round(time.Millisecond))
@@ -185,7 +186,7 @@ func TestRouterRestart(t *testing.T) {
 func TestInvalidOverlappingAndExhaustedPools(t *testing.T) {
 	c := newCluster(t)
 	vip := c.Service("before")
-	cluster.Eventually(t, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
+	harness.Eventually(t, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
 
 	// Invalid: refused by the API server.
 	bad := &unstructured.Unstructured{Object: map[string]any{
@@ -198,7 +199,7 @@ func TestInvalidOverlappingAndExhaustedPools(t *testing.T) {
 	}
 	// Overlapping the cluster's L2 pool: reported on the younger pool; nothing moves.
 	c.Object(v1alpha1.IPPoolResource, "overlap-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.0/28"], serviceAllocation: {namespaces: [%s]}}`, c.NS))
-	cluster.Eventually(t, 30*time.Second, "the overlap reported", func() bool {
+	harness.Eventually(t, 30*time.Second, "the overlap reported", func() bool {
 		u, err := c.Dyn.Resource(v1alpha1.IPPoolResource).Get(context.Background(), "overlap-"+c.NS, metav1.GetOptions{})
 		if err != nil {
 			return false
@@ -222,13 +223,13 @@ func TestInvalidOverlappingAndExhaustedPools(t *testing.T) {
 		t.Errorf("first Service of the one-address pool got %s", first)
 	}
 	c.ServiceNoWait("second-of-one", cluster.InPool("one-"+c.NS))
-	cluster.Eventually(t, 30*time.Second, "the pending Service is told", func() bool {
+	harness.Eventually(t, 30*time.Second, "the pending Service is told", func() bool {
 		return strings.Contains(c.Events("second-of-one", "PoolExhausted"), "one-"+c.NS)
 	})
 	if err := c.Srv.Client.CoreV1().Services(c.NS).Delete(context.Background(), "first-of-one", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	cluster.Eventually(t, 30*time.Second, "the waiting Service gets the freed address and it answers", func() bool {
+	harness.Eventually(t, 30*time.Second, "the waiting Service gets the freed address and it answers", func() bool {
 		s, err := c.Srv.Client.CoreV1().Services(c.NS).Get(context.Background(), "second-of-one", metav1.GetOptions{})
 		return err == nil && len(s.Status.LoadBalancer.Ingress) == 1 && c.Owner(first) != ""
 	})

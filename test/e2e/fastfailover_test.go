@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -21,7 +22,7 @@ func TestFastFailoverProfile(t *testing.T) {
 	const port = 8080
 	c.ServeHTTP(port)
 	vip := c.Service("fast")
-	cluster.Eventually(t, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
+	harness.Eventually(t, 30*time.Second, "answered", func() bool { return c.Owner(vip) != "" })
 
 	t.Run("each node sends each peer a heartbeat every 10 ms", func(t *testing.T) {
 		cost := c.MeasureAgent("node1", 3*time.Second)

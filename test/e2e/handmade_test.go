@@ -10,6 +10,7 @@ import (
 
 	"github.com/metalvip/metalvip/internal/identity"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -19,7 +20,7 @@ import (
 func TestHandMadeCertificatesStillWork(t *testing.T) {
 	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary, Files: true})
 	vip := c.Service("handmade")
-	cluster.Eventually(t, 30*time.Second, "the VIP is answered", func() bool { return c.Owner(vip) != "" })
+	harness.Eventually(t, 30*time.Second, "the VIP is answered", func() bool { return c.Owner(vip) != "" })
 	owner := c.Owner(vip)
 	if cert := servedCertificate(t, c, owner); cert.Subject.CommonName != owner {
 		t.Errorf("%s's agent serves a certificate for %q", owner, cert.Subject.CommonName)

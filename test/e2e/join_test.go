@@ -7,7 +7,6 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"net/netip"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -18,6 +17,8 @@ import (
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/internal/identity"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -29,14 +30,14 @@ func TestAFourthNodeJoinsWithNoManualStep(t *testing.T) {
 	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary, Nodes: 4, Joined: 3})
 	bgp := c.Service("everywhere", cluster.InPool("bgp-"+c.NS))
 	three := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
-	cluster.Eventually(t, 60*time.Second, "the BGP VIP is advertised by the three nodes", func() bool {
+	harness.Eventually(t, 60*time.Second, "the BGP VIP is advertised by the three nodes", func() bool {
 		return slices.Equal(c.NextHops(bgp), three)
 	})
 	var l2 []netip.Addr
 	for _, name := range []string{"web-1", "web-2", "web-3"} {
 		l2 = append(l2, c.Service(name))
 	}
-	cluster.Eventually(t, 30*time.Second, "the three L2 VIPs are answered, one per node", func() bool {
+	harness.Eventually(t, 30*time.Second, "the three L2 VIPs are answered, one per node", func() bool {
 		owners := cluster.ValuesOf(c.Owners(l2))
 		slices.Sort(owners)
 		return slices.Equal(owners, []string{"node1", "node2", "node3"})
@@ -44,7 +45,7 @@ func TestAFourthNodeJoinsWithNoManualStep(t *testing.T) {
 
 	joined := time.Now()
 	c.Join("node4")
-	took := cluster.Eventually(t, 60*time.Second, "the joined node advertises the BGP VIP", func() bool {
+	took := harness.Eventually(t, 60*time.Second, "the joined node advertises the BGP VIP", func() bool {
 		return slices.Equal(c.NextHops(bgp), append(slices.Clone(three), "198.51.100.14"))
 	})
 	t.Logf("node4 advertises the BGP VIP %s after joining", took.Round(time.Millisecond))
@@ -106,7 +107,7 @@ func TestAFourthNodeJoinsWithNoManualStep(t *testing.T) {
 func servedCertificate(t *testing.T, c *cluster.Cluster, node string) *x509.Certificate {
 	t.Helper()
 	a := c.Agents[node]
-	src, err := certs.FileSource(certs.Files{CA: filepath.Join(c.PKI, "ca.crt"), Cert: filepath.Join(c.PKI, "ccm.crt"), Key: filepath.Join(c.PKI, "ccm.key")})
+	src, err := certs.FileSource(pki.Files(c.PKI, "ccm"))
 	if err != nil {
 		t.Fatal(err)
 	}

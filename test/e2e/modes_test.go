@@ -10,6 +10,7 @@ import (
 	cloudproviderapi "k8s.io/cloud-provider/api"
 
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -21,7 +22,7 @@ func TestLoadBalancerOnlyMode(t *testing.T) {
 		CloudConfig: "nodes:\n  initialize: false\n", Controllers: "*"})
 	ctx := context.Background()
 	vip := c.Service("lb-only")
-	cluster.Eventually(t, 30*time.Second, "the address is answered by a node", func() bool { return c.Owner(vip) != "" })
+	harness.Eventually(t, 30*time.Second, "the address is answered by a node", func() bool { return c.Owner(vip) != "" })
 	if err := c.Lab.Client.Ping(ctx, vip, 1); err != nil {
 		t.Errorf("the client cannot reach %s: %v", vip, err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/metalvip/metalvip/internal/annotation"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -26,10 +27,10 @@ func TestSeveralVIPsOnDistinctNodes(t *testing.T) {
 		slices.Sort(owners)
 		return owners[0] != "" && len(slices.Compact(owners)) == 3
 	}
-	cluster.Eventually(t, 30*time.Second, "three nodes answer the three addresses", distinct)
+	harness.Eventually(t, 30*time.Second, "three nodes answer the three addresses", distinct)
 	t.Logf("owners %v", c.Owners(vips))
 	kc := c.Srv.Kubeconfig(t, nil)
-	cluster.Eventually(t, 30*time.Second, "metalvipctl status names each address's node", func() bool {
+	harness.Eventually(t, 30*time.Second, "metalvipctl status names each address's node", func() bool {
 		out, err := exec.Command(ctlBinary, "status", "--kubeconfig", kc).CombinedOutput()
 		if err != nil {
 			t.Fatalf("metalvipctl status: %v\n%s", err, out)
@@ -48,11 +49,11 @@ func TestSeveralVIPsOnDistinctNodes(t *testing.T) {
 		t.Logf("%s: %s died, outage %s, %s answers now", vip, victim, d.Round(time.Millisecond), c.Owner(vip))
 		c.Revive(victim)
 		// The returning node takes one address back: they are on three nodes again.
-		cluster.Eventually(t, 60*time.Second, "the addresses spread over three nodes again", distinct)
+		harness.Eventually(t, 60*time.Second, "the addresses spread over three nodes again", distinct)
 	}
 
 	four := c.ServiceIPs("four", 4, cluster.Annotate(annotation.VIPCount, "4"))
-	cluster.Eventually(t, 30*time.Second, "an Event says two addresses share a node", func() bool {
+	harness.Eventually(t, 30*time.Second, "an Event says two addresses share a node", func() bool {
 		return strings.Contains(c.Events("four", "VIPsShareNodes"), "4 addresses on 3 nodes")
 	})
 	owners := cluster.ValuesOf(c.Owners(four))
@@ -74,7 +75,7 @@ func TestPerClientSpreading(t *testing.T) {
 
 	// Every client answered by exactly one node; shares of 5 to 15.
 	var owners map[netip.Addr]string
-	cluster.Eventually(t, 30*time.Second, "every client answered by exactly one node", func() bool {
+	harness.Eventually(t, 30*time.Second, "every client answered by exactly one node", func() bool {
 		var ok bool
 		owners, ok = clients.Owners(vip, 300*time.Millisecond)
 		return ok
@@ -103,7 +104,7 @@ func TestPerClientSpreading(t *testing.T) {
 		}
 	}
 	kc := c.Srv.Kubeconfig(t, nil)
-	cluster.Eventually(t, 30*time.Second, "metalvipctl status names the three nodes, per client", func() bool {
+	harness.Eventually(t, 30*time.Second, "metalvipctl status names the three nodes, per client", func() bool {
 		out, err := exec.Command(ctlBinary, "status", "--kubeconfig", kc).CombinedOutput()
 		if err != nil {
 			t.Fatalf("metalvipctl status: %v\n%s", err, out)
@@ -143,7 +144,7 @@ func killAndRevive(t *testing.T, c *cluster.Cluster, clients *cluster.Clients, v
 	c.Kill(victim)
 	// The survivors tell each of the victim's clients, unasked.
 	var told map[netip.Addr]time.Time
-	cluster.Eventually(t, 5*time.Second, "every client of the dead "+victim+" told by a survivor", func() bool {
+	harness.Eventually(t, 5*time.Second, "every client of the dead "+victim+" told by a survivor", func() bool {
 		told = clients.Told(vip, killed, victim, moved)
 		return len(told) == len(moved)
 	})
@@ -169,7 +170,7 @@ func killAndRevive(t *testing.T, c *cluster.Cluster, clients *cluster.Clients, v
 
 	// It returns: its clients, and only those, move back.
 	c.Revive(victim)
-	cluster.Eventually(t, 30*time.Second, victim+" answers its clients again, and nobody else moved", func() bool {
+	harness.Eventually(t, 30*time.Second, victim+" answers its clients again, and nobody else moved", func() bool {
 		back := clients.Answerers(vip, 300*time.Millisecond)
 		for a, n := range owners {
 			if len(back[a]) != 1 || back[a][0] != n {

@@ -23,6 +23,8 @@ import (
 	"github.com/metalvip/metalvip/loadbalancer/pools"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/probe"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -46,7 +48,7 @@ func TestAVirtualMACCarriesAClientThatIgnoresGratuitousARP(t *testing.T) {
 	vmac := pools.VirtualMAC(v1alpha1.VirtualMACLocal, vip)
 	c.ServeHTTP(vmacHTTPPort)
 	var owner string
-	cluster.Eventually(t, 30*time.Second, "the VIP answered", func() bool { owner = c.Owner(vip); return owner != "" })
+	harness.Eventually(t, 30*time.Second, "the VIP answered", func() bool { owner = c.Owner(vip); return owner != "" })
 
 	permanent := func(mac string) {
 		t.Helper()
@@ -65,7 +67,7 @@ func TestAVirtualMACCarriesAClientThatIgnoresGratuitousARP(t *testing.T) {
 		killed := time.Now()
 		c.Kill(owner)
 		var next string
-		cluster.Eventually(t, 10*time.Second, "another node answers the VIP (to clients that heed ARP)", func() bool {
+		harness.Eventually(t, 10*time.Second, "another node answers the VIP (to clients that heed ARP)", func() bool {
 			next = c.Owner(vip)
 			return next != "" && next != owner
 		})
@@ -87,7 +89,7 @@ func TestAVirtualMACCarriesAClientThatIgnoresGratuitousARP(t *testing.T) {
 		if _, err := c.Dyn.Resource(v1alpha1.IPPoolResource).Patch(ctx, poolName, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		cluster.Eventually(t, 30*time.Second, "the VIP answered with its virtual MAC "+vmac.String(), func() bool {
+		harness.Eventually(t, 30*time.Second, "the VIP answered with its virtual MAC "+vmac.String(), func() bool {
 			macs, err := c.Lab.Client.AskARP(vip, 300*time.Millisecond, true)
 			return err == nil && len(macs) == 1 && macs[0] == vmac.String()
 		})
@@ -115,11 +117,11 @@ func TestAVirtualMACCarriesAClientThatIgnoresGratuitousARP(t *testing.T) {
 			c.Kill(owner)
 			mark("trial %d: %s killed", trial, owner)
 			var port string
-			moved := cluster.Eventually(t, 10*time.Second, "the FDB has the virtual MAC on another port", func() bool {
+			moved := harness.Eventually(t, 10*time.Second, "the FDB has the virtual MAC on another port", func() bool {
 				port = fdbPort(t, c.Lab, vmac)
 				return port != "" && port != "p-"+owner
 			})
-			cluster.Eventually(t, 10*time.Second, "the client is answered again", func() bool {
+			harness.Eventually(t, 10*time.Second, "the client is answered again", func() bool {
 				return time.Since(killed) > 300*time.Millisecond && probe.Answered()
 			})
 			probe.Stop()
@@ -136,7 +138,7 @@ func TestAVirtualMACCarriesAClientThatIgnoresGratuitousARP(t *testing.T) {
 			}
 			// As a node that reboots, or an agent that restarts after kubelet's back-off: the
 			// CCM has moved the VIP's plan off the dead node before it returns.
-			cluster.Eventually(t, 30*time.Second, "the CCM plans without "+owner, func() bool { return !candidateOf(t, c, next, vip, owner) })
+			harness.Eventually(t, 30*time.Second, "the CCM plans without "+owner, func() bool { return !candidateOf(t, c, next, vip, owner) })
 			mark("trial %d: %s revived", trial, owner)
 			revive(t, c, owner)
 			mark("trial %d: %s in touch", trial, owner)
@@ -197,7 +199,7 @@ func revive(t *testing.T, c *cluster.Cluster, node string) {
 	t.Helper()
 	c.Revive(node)
 	a := c.Agents[node]
-	cluster.Eventually(t, 30*time.Second, node+"'s agent back and in touch with the CCM", func() bool {
+	harness.Eventually(t, 30*time.Second, node+"'s agent back and in touch with the CCM", func() bool {
 		st, err := a.Client.GetState(context.Background(), &agentv1.GetStateRequest{})
 		return err == nil && !st.GetRestored()
 	})
@@ -208,7 +210,7 @@ func revive(t *testing.T, c *cluster.Cluster, node string) {
 func activeOwner(t *testing.T, c *cluster.Cluster, vip netip.Addr) string {
 	t.Helper()
 	var owners []string
-	cluster.Eventually(t, 10*time.Second, "one node answers "+vip.String(), func() bool {
+	harness.Eventually(t, 10*time.Second, "one node answers "+vip.String(), func() bool {
 		owners = owners[:0]
 		for name, a := range c.Agents {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -261,7 +263,7 @@ const vmacHTTPPort = 8081
 // httpProbe is the client opening an HTTP connection to the VIP every 20 ms.
 type httpProbe struct {
 	t *testing.T
-	p *lab.HTTPProber
+	p *probe.HTTP
 }
 
 func (h httpProbe) Answered() bool { return h.p.Answered() }
@@ -274,18 +276,18 @@ func (h httpProbe) Stop() {
 
 // Outage is the longest time without an answered attempt since since, and the attempts lost.
 func (h httpProbe) Outage(since time.Time) (time.Duration, int) {
-	d, lost, _ := h.p.Outage(since)
-	return d, lost
+	o := h.p.Outage(since)
+	return o.Longest, o.Lost
 }
 
 func startProbe(t *testing.T, c *cluster.Cluster, vip netip.Addr) httpProbe {
 	t.Helper()
-	p, err := c.Lab.Client.HTTPProbe(netip.AddrPortFrom(vip, vmacHTTPPort), 20*time.Millisecond, 200*time.Millisecond, 3000)
+	p, err := probe.StartHTTP(c.Lab.Client, netip.AddrPortFrom(vip, vmacHTTPPort), 20*time.Millisecond, 200*time.Millisecond, 3000)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := httpProbe{t: t, p: p}
-	cluster.Eventually(t, 5*time.Second, "the HTTP probe is answered", p.Answered)
+	harness.Eventually(t, 5*time.Second, "the HTTP probe is answered", p.Answered)
 	return h
 }
 

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/metalvip/metalvip/loadbalancer"
+	"github.com/metalvip/metalvip/test/harness/probe"
 	"github.com/metalvip/metalvip/test/kubecluster"
 )
 
@@ -130,7 +131,7 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 			var body string
 			if _, err := kubecluster.WaitFor(30*time.Second, func() (bool, string) {
 				var err error
-				body, err = kubecluster.Get(c.Lab.Client, vip, time.Second)
+				body, err = probe.Get(c.Lab.Client, netip.AddrPortFrom(vip, 80), time.Second)
 				return err == nil, fmt.Sprint(err)
 			}); err != nil {
 				t.Fatalf("%s: %v", vip, err)
@@ -159,7 +160,7 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 			var body string
 			if d, err := kubecluster.WaitFor(30*time.Second, func() (bool, string) {
 				var err error
-				body, err = kubecluster.Get(c.Lab.Remote, vip, 2*time.Second)
+				body, err = probe.Get(c.Lab.Remote, netip.AddrPortFrom(vip, 80), 2*time.Second)
 				return err == nil && servedByWorkload(body), fmt.Sprintf("%q, %v", body, err)
 			}); err != nil {
 				t.Fatalf("remote client to %s: %v", vip, err)
@@ -183,11 +184,11 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 			before := leaseHolder(c)
 			old, _ := c.PodsOn(ctx, kubecluster.MetalvipNamespace, kubecluster.CCMSelector, false)
 			// 2 s per probe: a shared 2-core machine can stall an answer for a second.
-			probe := kubecluster.ProbeHTTP(c.Lab.Client, l2, kubecluster.ProbeInterval, 2*time.Second, 10000)
+			prober := startProbe(t, c, l2, 2*time.Second, 10000)
 			at := time.Now()
 			// The new CCM's logs say why if it moves a VIP; its predecessor's go with its pod.
 			if _, err := c.Kubectl(ctx, "-n", kubecluster.MetalvipNamespace, "delete", "pod", "-l", kubecluster.CCMSelector, "--wait=false"); err != nil {
-				probe.Stop()
+				stopProbe(t, prober)
 				t.Fatal(err)
 			}
 			d, err := kubecluster.WaitFor(2*time.Minute, func() (bool, string) {
@@ -197,14 +198,14 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 				return fresh && h != "" && h != before, fmt.Sprintf("lease held by %q (before %q), CCM pods %v", h, before, podNames(pods))
 			})
 			time.Sleep(3 * time.Second) // the new leader has pushed to every agent
-			probe.Stop()
+			stopProbe(t, prober)
 			if err != nil {
 				t.Fatalf("trial %d: %v", i, err)
 			}
-			outage, lost, sent := probe.Outage(at)
-			t.Logf("trial %d: new CCM leader %s after the delete; %d of %d probes lost (longest outage %s)", i, d.Round(time.Millisecond), lost, sent, outage)
-			if lost != 0 {
-				t.Errorf("trial %d: %d of %d probes failed while the CCM was replaced (last error %s)", i, lost, sent, probe.LastError())
+			o := prober.Outage(at)
+			t.Logf("trial %d: new CCM leader %s after the delete; %d of %d probes lost (longest outage %s)", i, d.Round(time.Millisecond), o.Lost, o.Sent, o.Longest)
+			if o.Lost != 0 {
+				t.Errorf("trial %d: %d of %d probes failed while the CCM was replaced (last error %s)", i, o.Lost, o.Sent, prober.LastError())
 			}
 			for vip, want := range owners {
 				if got, err := c.Owner(vip); got != want {
@@ -236,10 +237,10 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 			t.Fatalf("agent pods on %s: %v", owner, podNames(agents))
 		}
 		oldPod := agents[owner][0].Name
-		probe := kubecluster.ProbeHTTP(c.Lab.Client, l2Local, kubecluster.ProbeInterval, 250*time.Millisecond, 5000)
+		prober := startProbe(t, c, l2Local, 250*time.Millisecond, 5000)
 		at := time.Now()
 		if err := c.Client.CoreV1().Pods(kubecluster.MetalvipNamespace).Delete(ctx, oldPod, metav1.DeleteOptions{}); err != nil {
-			probe.Stop()
+			stopProbe(t, prober)
 			t.Fatal(err)
 		}
 		d, err := kubecluster.WaitFor(time.Minute, func() (bool, string) {
@@ -247,18 +248,19 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 			return len(pods[owner]) == 1 && pods[owner][0].Name != oldPod, fmt.Sprintf("ready agent pods %v", podNames(pods))
 		})
 		time.Sleep(3 * time.Second) // the new agent back among the candidates, traffic steady
-		probe.Stop()
+		stopProbe(t, prober)
 		if err != nil {
 			t.Fatal(err)
 		}
-		outage, lost, sent := probe.Outage(at)
+		o := prober.Outage(at)
+		outage, lost, sent := o.Longest, o.Lost, o.Sent
 		after, _ := c.Owner(l2Local)
 		t.Logf("agent on %s replaced in %s; longest outage %s, %d of %d probes lost; %s answers now", owner, d.Round(time.Millisecond), outage, lost, sent, after)
 		if outage > time.Second {
 			t.Errorf("outage %s over 1 s (target 300 ms)", outage)
 		}
-		if !probe.Answered() {
-			t.Errorf("%s not answered at the end (%s)", l2Local, probe.LastError())
+		if !prober.Answered() {
+			t.Errorf("%s not answered at the end (%s)", l2Local, prober.LastError())
 		}
 	})
 
@@ -367,4 +369,21 @@ func leaseHolder(c *kubecluster.Cluster) string {
 		return ""
 	}
 	return *l.Spec.HolderIdentity
+}
+
+// startProbe starts the client's HTTP probe of vip, every kubecluster.ProbeInterval.
+func startProbe(t *testing.T, c *kubecluster.Cluster, vip netip.Addr, timeout time.Duration, limit int) *probe.HTTP {
+	t.Helper()
+	p, err := probe.StartHTTP(c.Lab.Client, netip.AddrPortFrom(vip, 80), kubecluster.ProbeInterval, timeout, limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func stopProbe(t *testing.T, p *probe.HTTP) {
+	t.Helper()
+	if err := p.Stop(); err != nil {
+		t.Errorf("HTTP probe: %v", err)
+	}
 }

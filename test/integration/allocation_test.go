@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/internal/annotation"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -231,29 +231,21 @@ func TestAllocationAgainstTheRealAPIServer(t *testing.T) {
 	// 300 Services, created by 8 clients at once.
 	const n = 300
 	start := time.Now()
-	var wg sync.WaitGroup
 	errs := make(chan error, n)
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 8 {
-				ns := nsA
-				if i%2 == 1 {
-					ns = nsB
-				}
-				s := &corev1.Service{
-					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("svc-%03d", i)},
-					Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer,
-						Ports: []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP}}},
-				}
-				if _, err := e.srv.Client.CoreV1().Services(ns).Create(e.ctx, s, metav1.CreateOptions{}); err != nil {
-					errs <- err
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	harness.Parallel(8, n, func(i int) {
+		ns := nsA
+		if i%2 == 1 {
+			ns = nsB
+		}
+		s := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("svc-%03d", i)},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer,
+				Ports: []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP}}},
+		}
+		if _, err := e.srv.Client.CoreV1().Services(ns).Create(e.ctx, s, metav1.CreateOptions{}); err != nil {
+			errs <- err
+		}
+	})
 	close(errs)
 	for err := range errs {
 		t.Fatalf("create: %v", err)

@@ -4,7 +4,6 @@ package integration
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,20 +23,9 @@ import (
 var ccmBinary, ctlBinary string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "metalvip-integration-")
-	if err != nil {
-		panic(err)
-	}
-	ccmBinary, err = testenv.GoBuild(dir, "./cmd/metalvip-cloud-controller-manager")
-	if err == nil {
-		ctlBinary, err = testenv.GoBuild(dir, "./cmd/metalvipctl")
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	defer os.RemoveAll(dir)
-	kubeapi.Main(m)
+	bins, cleanup := testenv.BuildMain("metalvip-integration", "./cmd/metalvip-cloud-controller-manager", "./cmd/metalvipctl")
+	ccmBinary, ctlBinary = bins[0], bins[1]
+	kubeapi.Main(m, cleanup)
 }
 
 // startCCM runs the CCM against srv with the given cloud-config and returns the process.

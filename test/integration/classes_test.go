@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 
 	"github.com/metalvip/metalvip/loadbalancer"
+	"github.com/metalvip/metalvip/test/harness"
 )
 
 func classedService(t *testing.T, e *env, ns, name string, class *string) {
@@ -78,7 +79,7 @@ func TestTwoImplementationsSideBySide(t *testing.T) {
 			classedService(t, e, ns, "other", &other)
 			classedService(t, e, ns, "classless", nil)
 
-			eventually(t, 30*time.Second, "the Service of metalvip's class gets an address", func() bool {
+			harness.Eventually(t, 30*time.Second, "the Service of metalvip's class gets an address", func() bool {
 				return len(serviceOf(t, e, ns, "ours").Status.LoadBalancer.Ingress) == 1
 			})
 			s := serviceOf(t, e, ns, "ours")
@@ -86,7 +87,7 @@ func TestTwoImplementationsSideBySide(t *testing.T) {
 				t.Errorf("the classed Service has finalizers %v, want %s", s.Finalizers, loadbalancer.ClassFinalizer)
 			}
 			if classless {
-				eventually(t, 30*time.Second, "the class-less Service gets an address", func() bool {
+				harness.Eventually(t, 30*time.Second, "the class-less Service gets an address", func() bool {
 					return len(serviceOf(t, e, ns, "classless").Status.LoadBalancer.Ingress) == 1
 				})
 			} else {
@@ -109,7 +110,7 @@ func TestTwoImplementationsSideBySide(t *testing.T) {
 			if err := e.srv.Client.CoreV1().Services(ns).Delete(ctx, "ours", metav1.DeleteOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, 30*time.Second, "the classed Service is gone", func() bool {
+			harness.Eventually(t, 30*time.Second, "the classed Service is gone", func() bool {
 				_, err := e.srv.Client.CoreV1().Services(ns).Get(ctx, "ours", metav1.GetOptions{})
 				return err != nil
 			})

@@ -17,6 +17,7 @@ import (
 
 	"github.com/metalvip/metalvip/internal/certs"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -32,9 +33,9 @@ func (a stateAgent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv
 	return &agentv1.GetStateResponse{Node: a.node, Term: 7, Generation: 42}, nil
 }
 
-func serveAgent(t *testing.T, pki, node string) int {
+func serveAgent(t *testing.T, certDir, node string) int {
 	t.Helper()
-	cfg, err := certs.ServerConfig(certs.Files{CA: filepath.Join(pki, "ca.crt"), Cert: filepath.Join(pki, node+".crt"), Key: filepath.Join(pki, node+".key")}, certs.CCMName, certs.ViewerName) // as the agent does
+	cfg, err := certs.ServerConfig(pki.Files(certDir, node), certs.CCMName, certs.ViewerName) // as the agent does
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,14 +58,14 @@ func serveAgent(t *testing.T, pki, node string) int {
 func TestMetalvipctlAgentTakesTheViewersIdentityFromItsSecret(t *testing.T) {
 	srv := kubeapi.Get(t)
 	ns := srv.Namespace(t)
-	pki := t.TempDir()
+	certDir := t.TempDir()
 	// Where the install docs put them: kube-system, the default of both commands.
-	manifests, err := exec.Command(ctlBinary, "certs", "--nodes", "ctl-node", "--out", pki, "--manifests").Output()
+	manifests, err := exec.Command(ctlBinary, "certs", "--nodes", "ctl-node", "--out", certDir, "--manifests").Output()
 	if err != nil {
 		t.Fatalf("metalvipctl certs: %v", err)
 	}
 	applyDocs(t, srv, parseDocs(t, "metalvipctl certs", manifests))
-	port := serveAgent(t, pki, "ctl-node")
+	port := serveAgent(t, certDir, "ctl-node")
 	createNode(t, srv, &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "ctl-node"},
 		Status:     corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}}},
@@ -86,7 +87,7 @@ func TestMetalvipctlAgentTakesTheViewersIdentityFromItsSecret(t *testing.T) {
 	}{
 		{"with no TLS flag it reads the Secret and finds the node's address", nil, "Agent ctl-node: term 7, generation 42", true},
 		{"the CCM's Secret works too", []string{"--tls-secret", "kube-system/metalvip-ccm-tls"}, "Agent ctl-node: term 7", true},
-		{"the files still work instead of the Secret", []string{"--address", "127.0.0.1", "--tls-ca", filepath.Join(pki, "ca.crt"), "--tls-cert", filepath.Join(pki, "viewer.crt"), "--tls-key", filepath.Join(pki, "viewer.key")}, "Agent ctl-node: term 7", true},
+		{"the files still work instead of the Secret", []string{"--address", "127.0.0.1", "--tls-ca", filepath.Join(certDir, "ca.crt"), "--tls-cert", filepath.Join(certDir, "viewer.crt"), "--tls-key", filepath.Join(certDir, "viewer.key")}, "Agent ctl-node: term 7", true},
 		{"a missing Secret says what to give instead", []string{"--tls-secret", ns + "/nope"}, "give --tls-ca, --tls-cert and --tls-key", false},
 		{"a Secret name without namespace is refused", []string{"--tls-secret", "metalvip-ccm-tls"}, "give NAMESPACE/NAME", false},
 		{"the agents' Secret is no client identity", []string{"--tls-secret", "kube-system/metalvip-agent-tls"}, "has no tls.crt and tls.key", false},

@@ -127,11 +127,7 @@ type docRun struct {
 func newDocRun(t *testing.T, tools ...string) *docRun {
 	t.Helper()
 	kubeapi.Get(t) // the skip rule, and a check that the binaries are there
-	srv, err := kubeapi.Start()
-	if err != nil {
-		t.Fatalf("a fresh API server: %v", err)
-	}
-	t.Cleanup(srv.Stop)
+	srv := kubeapi.Own(t)
 	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)

@@ -36,6 +36,7 @@ import (
 	"github.com/metalvip/metalvip/internal/identity"
 	"github.com/metalvip/metalvip/loadbalancer"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/nodetoken"
 	"github.com/metalvip/metalvip/test/testenv"
@@ -118,7 +119,7 @@ func (e *enrollEnv) authority(validity time.Duration) *identity.Authority {
 		e.t.Fatalf("the CA ConfigMap: %v", err)
 	}
 	e.ca = filepath.Join(e.dir, "ca.crt")
-	if err := os.WriteFile(e.ca, []byte(cm.Data[identity.CAKey]), 0o600); err != nil {
+	if err := pki.WritePair(e.dir, "ca", certs.Pair{Cert: []byte(cm.Data[identity.CAKey])}); err != nil {
 		e.t.Fatal(err)
 	}
 	return a

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -20,40 +19,10 @@ import (
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/nodeagent"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
-
-// pki writes a CA, the CCM's client pair and a server pair per node into a folder.
-func pki(t *testing.T, nodes ...string) string {
-	t.Helper()
-	dir := t.TempDir()
-	ca, err := certs.NewCA("metalvip test CA", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write := func(name string, p certs.Pair) {
-		if err := os.WriteFile(filepath.Join(dir, name+".crt"), p.Cert, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, name+".key"), p.Key, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("ca", ca)
-	ccm, err := certs.Issue(ca, certs.CCMName, certs.Client, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write("ccm", ccm)
-	for _, n := range nodes {
-		p, err := certs.Issue(ca, n, certs.Server, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		write(n, p)
-	}
-	return dir
-}
 
 // inProcessAgent is the real agent logic (validation, fencing, generations, persistence)
 // without speakers, served over mutual TLS on loopback addresses.
@@ -71,7 +40,7 @@ func startAgent(t *testing.T, dir, node string, addrs ...netip.Addr) *inProcessA
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.Close(context.Background()) })
-	tc, err := certs.ServerConfig(certs.Files{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, node+".crt"), Key: filepath.Join(dir, node+".key")}, certs.CCMName)
+	tc, err := certs.ServerConfig(pki.Files(dir, node), certs.CCMName)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +121,7 @@ func lbService(t *testing.T, srv *kubeapi.Server, ns, name, pool string) string 
 		t.Fatal(err)
 	}
 	var ip string
-	eventually(t, 30*time.Second, name+" gets an address", func() bool {
+	harness.Eventually(t, 30*time.Second, name+" gets an address", func() bool {
 		s, err := srv.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
 		if err == nil && len(s.Status.LoadBalancer.Ingress) > 0 {
 			ip = s.Status.LoadBalancer.Ingress[0].IP
@@ -162,17 +131,6 @@ func lbService(t *testing.T, srv *kubeapi.Server, ns, name, pool string) string 
 	return ip
 }
 
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // TestAFutureTermDoesNotLockOutTheNextLeader: someone holding the CCM's key (or an older
 // version's clock-based term) left a term far ahead in an agent; the next elected leader's term
 // comes from its Lease, which it raises above the agent's, and the agent takes its states.
@@ -180,7 +138,7 @@ func TestAFutureTermDoesNotLockOutTheNextLeader(t *testing.T) {
 	srv := kubeapi.Get(t)
 	ctx := context.Background()
 	node := "fence-" + rand.String(5)
-	dir := pki(t, node)
+	dir := pki.AgentsDir(t, node)
 	addr := netip.MustParseAddr("127.0.0.21")
 	agent := startAgent(t, dir, node, addr)
 	createNode(t, srv, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node},
@@ -196,7 +154,7 @@ func TestAFutureTermDoesNotLockOutTheNextLeader(t *testing.T) {
 	startCCM(t, srv, announcingConfig(dir, agent.port), "--leader-elect=true", "--leader-elect-resource-name="+lease,
 		"--controllers=service-lb-controller")
 	vip := lbService(t, srv, ns, "web", "fence-"+ns)
-	eventually(t, 60*time.Second, "the agent announces the new leader's VIP", func() bool { return agent.announces(t, vip) })
+	harness.Eventually(t, 60*time.Second, "the agent announces the new leader's VIP", func() bool { return agent.announces(t, vip) })
 	st := agent.state(t)
 	if st.GetTerm() <= future {
 		t.Errorf("the agent holds term %d, not above the rogue %d", st.GetTerm(), future)
@@ -218,7 +176,7 @@ func TestARecreatedNodeConvergesOnItsAgent(t *testing.T) {
 	srv := kubeapi.Get(t)
 	ctx := context.Background()
 	node := "moved-" + rand.String(5)
-	dir := pki(t, node)
+	dir := pki.AgentsDir(t, node)
 	first, second := netip.MustParseAddr("127.0.0.22"), netip.MustParseAddr("127.0.0.23")
 	agent := startAgent(t, dir, node, first, second)
 	mk := func(a netip.Addr) {
@@ -230,12 +188,12 @@ func TestARecreatedNodeConvergesOnItsAgent(t *testing.T) {
 	createPool(t, srv, "moved-"+ns, fmt.Sprintf(`{"addresses": ["198.18.8.0/27"], "serviceAllocation": {"namespaces": [%q]}}`, ns))
 	startCCM(t, srv, announcingConfig(dir, agent.port), "--controllers=service-lb-controller")
 	a := lbService(t, srv, ns, "a", "moved-"+ns)
-	eventually(t, 30*time.Second, "the agent announces a", func() bool { return agent.announces(t, a) })
+	harness.Eventually(t, 30*time.Second, "the agent announces a", func() bool { return agent.announces(t, a) })
 	// A few more changes, so that the agent holds a generation well above 1: a connection that
 	// started again from 1 would look applied already.
 	for i := range 5 {
 		vip := lbService(t, srv, ns, fmt.Sprintf("c%d", i), "moved-"+ns)
-		eventually(t, 30*time.Second, "the agent announces "+vip, func() bool { return agent.announces(t, vip) })
+		harness.Eventually(t, 30*time.Second, "the agent announces "+vip, func() bool { return agent.announces(t, vip) })
 	}
 	gen := agent.state(t).GetGeneration()
 	t.Logf("the agent holds generation %d before the Node is re-created", gen)
@@ -243,13 +201,13 @@ func TestARecreatedNodeConvergesOnItsAgent(t *testing.T) {
 	if err := srv.Client.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the Node is gone", func() bool {
+	harness.Eventually(t, 30*time.Second, "the Node is gone", func() bool {
 		_, err := srv.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		return err != nil
 	})
 	mk(second)
 	b := lbService(t, srv, ns, "b", "moved-"+ns)
-	eventually(t, 30*time.Second, "the agent announces b too, reached at its new address", func() bool {
+	harness.Eventually(t, 30*time.Second, "the agent announces b too, reached at its new address", func() bool {
 		return agent.announces(t, a) && agent.announces(t, b)
 	})
 	st := agent.state(t)

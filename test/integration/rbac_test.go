@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/metalvip/metalvip/loadbalancer/desired"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -121,7 +122,7 @@ func TestAnnouncingCCMRunsWithTheManifestsRBAC(t *testing.T) {
 	e.service(ns, "web")
 	e.waitIPs(ns, "web", 1, 60*time.Second)
 	ctx := context.Background()
-	eventually(t, 60*time.Second, "the Service's Announced condition is written", func() bool {
+	harness.Eventually(t, 60*time.Second, "the Service's Announced condition is written", func() bool {
 		s, err := srv.Client.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
 		if err != nil {
 			return false
@@ -133,7 +134,7 @@ func TestAnnouncingCCMRunsWithTheManifestsRBAC(t *testing.T) {
 		}
 		return false
 	})
-	eventually(t, 30*time.Second, "the Node's AgentReachable condition is written", func() bool {
+	harness.Eventually(t, 30*time.Second, "the Node's AgentReachable condition is written", func() bool {
 		n, err := srv.Client.CoreV1().Nodes().Get(ctx, "rbac-announce-node", metav1.GetOptions{})
 		if err != nil {
 			return false

@@ -18,6 +18,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/metalvip/metalvip/internal/annotation"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -114,7 +116,7 @@ func ipAllocatedEvents(t *testing.T, srv *kubeapi.Server, ns, name string) []cor
 func TestANewServiceIsWrittenOnceForItsAddressAndOnceForItsCondition(t *testing.T) {
 	srv := kubeapi.Get(t)
 	node := "writes-" + rand.String(5)
-	dir := pki(t, node)
+	dir := pki.AgentsDir(t, node)
 	agent := startAgent(t, dir, node, netip.MustParseAddr("127.0.0.51"))
 	createNode(t, srv, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node},
 		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.51"}}}})
@@ -133,8 +135,8 @@ func TestANewServiceIsWrittenOnceForItsAddressAndOnceForItsCondition(t *testing.
 			}
 		})
 		ip := lbService(t, srv, ns, "alone", pool)
-		eventually(t, 30*time.Second, "the agent announces "+ip, func() bool { return agent.announces(t, ip) })
-		eventually(t, 30*time.Second, "alone carries its Announced condition", func() bool {
+		harness.Eventually(t, 30*time.Second, "the agent announces "+ip, func() bool { return agent.announces(t, ip) })
+		harness.Eventually(t, 30*time.Second, "alone carries its Announced condition", func() bool {
 			r := revs.of("alone")
 			return len(r) > 0 && announced(r[len(r)-1])
 		})
@@ -142,7 +144,7 @@ func TestANewServiceIsWrittenOnceForItsAddressAndOnceForItsCondition(t *testing.
 		if msg := checkWrittenOnce(revs.of("alone"), pool, prefix); msg != "" {
 			t.Error(msg)
 		}
-		eventually(t, 10*time.Second, "alone has its IPAllocated Event", func() bool { return len(ipAllocatedEvents(t, srv, ns, "alone")) > 0 })
+		harness.Eventually(t, 10*time.Second, "alone has its IPAllocated Event", func() bool { return len(ipAllocatedEvents(t, srv, ns, "alone")) > 0 })
 		if evs := ipAllocatedEvents(t, srv, ns, "alone"); len(evs) != 1 || evs[0].Count > 1 {
 			t.Errorf("IPAllocated Events on alone: %+v, want one, once", evs)
 		}
@@ -151,25 +153,17 @@ func TestANewServiceIsWrittenOnceForItsAddressAndOnceForItsCondition(t *testing.
 	t.Run("in a burst every Service gets the same writes, and every condition lands", func(t *testing.T) {
 		const n = 40
 		start := time.Now()
-		var wg sync.WaitGroup
-		for w := range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := w; i < n; i += 8 {
-					_, err := srv.Client.CoreV1().Services(ns).Create(context.Background(), &corev1.Service{
-						ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("burst-%02d", i), Annotations: map[string]string{"metalvip.io/pool": pool}},
-						Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}},
-					}, metav1.CreateOptions{})
-					if err != nil {
-						t.Error(err)
-					}
-				}
-			}()
-		}
-		wg.Wait()
+		harness.Parallel(8, n, func(i int) {
+			_, err := srv.Client.CoreV1().Services(ns).Create(context.Background(), &corev1.Service{
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("burst-%02d", i), Annotations: map[string]string{"metalvip.io/pool": pool}},
+				Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}},
+			}, metav1.CreateOptions{})
+			if err != nil {
+				t.Error(err)
+			}
+		})
 		var lastIP, lastCond time.Time
-		eventually(t, 60*time.Second, "every Service of the burst carries its Announced condition", func() bool {
+		harness.Eventually(t, 60*time.Second, "every Service of the burst carries its Announced condition", func() bool {
 			withIP, withCond := 0, 0
 			for i := range n {
 				r := revs.of(fmt.Sprintf("burst-%02d", i))

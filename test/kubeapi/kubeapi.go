@@ -15,9 +15,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
-	"crypto/x509"
 	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -39,6 +37,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
@@ -83,14 +82,18 @@ var (
 	initErr error
 )
 
-// Main runs the package's tests and stops the shared server afterwards, if one was started.
-func Main(m *testing.M) {
+// Main runs the package's tests, stops the shared server afterwards if one was started, runs
+// cleanups and exits.
+func Main(m *testing.M, cleanups ...func()) {
 	code := m.Run()
 	mu.Lock()
 	if shared != nil {
 		shared.Stop()
 	}
 	mu.Unlock()
+	for _, c := range cleanups {
+		c()
+	}
 	os.Exit(code)
 }
 
@@ -135,6 +138,18 @@ func Binaries() (apiserver, etcd string, err error) {
 		return "", "", fmt.Errorf("%w: etcd not found; run hack/install-deps.sh (make test does)", errMissingBinary)
 	}
 	return apiserver, etcd, nil
+}
+
+// Own starts a new etcd and kube-apiserver for t alone (Get's is shared), stopped when t
+// ends; it fails t when they do not start.
+func Own(t testenv.TB) *Server {
+	t.Helper()
+	s, err := Start()
+	if err != nil {
+		t.Fatalf("start kube-apiserver: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
 }
 
 // Start starts a new etcd and kube-apiserver and waits until the API server is ready.
@@ -182,26 +197,12 @@ func (s *Server) start(apiserverBin, etcdBin string) error {
 		return err
 	}
 
-	s.saKey, err = rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
+	if s.saKey, err = pki.ServiceAccount(s.Dir); err != nil {
 		return err
 	}
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(s.saKey)})
-	pubDER, err := x509.MarshalPKIXPublicKey(&s.saKey.PublicKey)
+	token, err := pki.AdminToken(s.Dir, "metalvip-test-admin")
 	if err != nil {
 		return err
-	}
-	pubPEM := pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER})
-	token := randomHex(16)
-	files := map[string][]byte{
-		"sa.key":     keyPEM,
-		"sa.pub":     pubPEM,
-		"tokens.csv": fmt.Appendf(nil, "%s,metalvip-test-admin,metalvip-test-admin,system:masters\n", token),
-	}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(s.Dir, name), data, 0o600); err != nil {
-			return err
-		}
 	}
 	certDir := filepath.Join(s.Dir, "certs")
 	s.apiserver, err = s.startProcess("kube-apiserver", apiserverBin,

@@ -18,21 +18,13 @@ package kubecluster
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/rsa"
-	"crypto/x509"
-	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -40,7 +32,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/metalvip/metalvip/internal/certs"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -152,8 +144,7 @@ type Cluster struct {
 	bins   Binaries
 	apiCA  string
 	token  string
-	reaper *exec.Cmd
-	pipe   io.WriteCloser
+	reaper *testenv.Reaper
 	// sysctls are the kubelet's machine-wide sysctls as found (key=value), restored at teardown.
 	sysctls []string
 }
@@ -262,8 +253,7 @@ func (c *Cluster) startReaper() error {
 			mountpoints = append(mountpoints, p) // ours: created below, removed when empty
 		}
 	}
-	script := `read -r _ || true
-kill_ours() {
+	script := `kill_ours() {
   for p in /proc/[0-9]*; do
     case "$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)" in *"$KC_DIR"*) kill -9 "${p#/proc/}" 2>/dev/null;; esac
   done
@@ -281,20 +271,10 @@ sysctl -q -w $KC_SYSCTLS
 rm -rf "$KC_DIR"
 for m in $KC_MOUNTPOINTS; do rmdir "$m" 2>/dev/null; done
 echo reaped`
-	cmd := exec.Command("/bin/sh", "-c", script, "kubecluster-reaper")
-	cmd.Env = append(os.Environ(), "KC_DIR="+c.Dir, "KC_CGROUPS="+strings.Join(cgroups, " "),
-		"KC_SYSCTLS="+strings.Join(sysctls, " "), "KC_MOUNTPOINTS="+strings.Join(mountpoints, " "))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	var err error
-	if c.pipe, err = cmd.StdinPipe(); err != nil {
-		return err
-	}
-	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start reaper: %w", err)
-	}
-	c.reaper = cmd
-	return nil
+	c.reaper, err = testenv.StartReaper("kubecluster-reaper", script, []string{"KC_DIR=" + c.Dir, "KC_CGROUPS=" + strings.Join(cgroups, " "),
+		"KC_SYSCTLS=" + strings.Join(sysctls, " "), "KC_MOUNTPOINTS=" + strings.Join(mountpoints, " ")})
+	return err
 }
 
 // close stops the nodes, then lets the reaper remove what is left. test/lab's cleanup, which
@@ -303,12 +283,7 @@ func (c *Cluster) close() {
 	for _, n := range c.Nodes {
 		n.stopDaemons(false)
 	}
-	c.pipe.Close()
-	done := make(chan error, 1)
-	go func() { done <- c.reaper.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(60 * time.Second):
+	if !c.reaper.Reap(60 * time.Second) {
 		c.t.Errorf("kubecluster %s: reaper did not finish within 60s", c.Lab.ID)
 		return
 	}
@@ -344,34 +319,19 @@ func (c *Cluster) startControlPlane() error {
 		"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
 		"--initial-cluster", "default=http://127.0.0.1:2380", "--log-level", "warn")
 
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if _, err := pki.ServiceAccount(cp); err != nil {
+		return err
+	}
+	token, err := pki.AdminToken(cp, "kubecluster-admin")
 	if err != nil {
 		return err
 	}
-	pubDER, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	if err != nil {
-		return err
-	}
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	c.token = hex.EncodeToString(b)
+	c.token = token
 	// A client CA, as every kubeadm cluster has: the API server then publishes it in
 	// kube-system/extension-apiserver-authentication, which the CCM's secure port reads
 	// (without it the CCM logs the ConfigMap's absence many times a minute).
-	clientCA, err := certs.NewCA("kubecluster-client-ca", 24*time.Hour)
-	if err != nil {
+	if err := pki.ClientCA(cp, 24*time.Hour); err != nil {
 		return err
-	}
-	files := map[string][]byte{
-		"client-ca.crt": clientCA.Cert,
-		"sa.key":        pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
-		"sa.pub":        pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}),
-		"tokens.csv":    fmt.Appendf(nil, "%s,kubecluster-admin,kubecluster-admin,system:masters\n", c.token),
-	}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(cp, name), data, 0o600); err != nil {
-			return err
-		}
 	}
 	certDir := filepath.Join(cp, "certs")
 	c.apiCA = filepath.Join(certDir, "apiserver.crt")
@@ -388,16 +348,6 @@ func (c *Cluster) startControlPlane() error {
 		"--kubelet-preferred-address-types", "InternalIP",
 		"--service-cluster-ip-range", ServiceCIDR.String(), "--allow-privileged", "--v", "1")
 
-	dial := func(ctx context.Context, network, address string) (net.Conn, error) {
-		var conn net.Conn
-		err := ctl.Do(func() error {
-			var d net.Dialer
-			var err error
-			conn, err = d.DialContext(ctx, network, address)
-			return err
-		})
-		return conn, err
-	}
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		if _, err := os.Stat(c.apiCA); err == nil {
@@ -409,7 +359,7 @@ func (c *Cluster) startControlPlane() error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	c.Config = &rest.Config{Host: fmt.Sprintf("https://%s:%d", addr, APIPort), BearerToken: c.token,
-		TLSClientConfig: rest.TLSClientConfig{CAFile: c.apiCA}, Dial: dial, QPS: 200, Burst: 400}
+		TLSClientConfig: rest.TLSClientConfig{CAFile: c.apiCA}, Dial: ctl.DialContext, QPS: 200, Burst: 400}
 	if c.Client, err = kubernetes.NewForConfig(c.Config); err != nil {
 		return err
 	}

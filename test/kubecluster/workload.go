@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/metalvip/metalvip/loadbalancer/desired"
+	"github.com/metalvip/metalvip/test/harness/probe"
 )
 
 // WorkloadLabel marks the nodes the workload's pods may run on.
@@ -254,9 +255,12 @@ func (c *Cluster) KillOwner(ctx context.Context, vip netip.Addr) (Failover, erro
 	if err != nil {
 		return Failover{}, err
 	}
-	probe := ProbeHTTP(c.Lab.Client, vip, ProbeInterval, 250*time.Millisecond, 20000)
-	defer probe.Stop()
-	if _, err := WaitFor(5*time.Second, func() (bool, string) { return probe.Answered(), probe.LastError() }); err != nil {
+	prober, err := probe.StartHTTP(c.Lab.Client, netip.AddrPortFrom(vip, 80), ProbeInterval, 250*time.Millisecond, 20000)
+	if err != nil {
+		return Failover{}, err
+	}
+	defer func() { _ = prober.Stop() }()
+	if _, err := WaitFor(5*time.Second, func() (bool, string) { return prober.Answered(), prober.LastError() }); err != nil {
 		return Failover{}, fmt.Errorf("%s not answering before the kill: %w", vip, err)
 	}
 	f := Failover{Victim: owner}
@@ -276,11 +280,12 @@ func (c *Cluster) KillOwner(ctx context.Context, vip netip.Addr) (Failover, erro
 		return f, err
 	}
 	if _, err := WaitFor(10*time.Second, func() (bool, string) {
-		return time.Since(at) > time.Second && probe.Answered(), probe.LastError()
+		return time.Since(at) > time.Second && prober.Answered(), prober.LastError()
 	}); err != nil {
 		return f, fmt.Errorf("%s not answered again after %s died: %w", vip, owner, err)
 	}
-	f.Outage, f.Lost, f.Sent = probe.OutageBetween(at.Add(-ProbeInterval), time.Now())
+	o := prober.OutageBetween(at.Add(-ProbeInterval), time.Now())
+	f.Outage, f.Lost, f.Sent = o.Longest, o.Lost, o.Sent
 	f.After, _ = c.Owner(vip)
 	f.Agent = c.agentLog(ctx, f.After, at, vip.String())
 	back := time.Now()
@@ -288,7 +293,8 @@ func (c *Cluster) KillOwner(ctx context.Context, vip netip.Addr) (Failover, erro
 		return f, fmt.Errorf("revive %s: %w", owner, err)
 	}
 	time.Sleep(5 * time.Second) // heartbeats heard both ways, the plan pushed again
-	f.Return, f.ReturnLost, _ = probe.OutageBetween(back, time.Now().Add(-time.Second))
+	o = prober.OutageBetween(back, time.Now().Add(-time.Second))
+	f.Return, f.ReturnLost = o.Longest, o.Lost
 	return f, nil
 }
 
@@ -341,7 +347,7 @@ func (c *Cluster) ProxiesReady(ctx context.Context, vip netip.Addr) (bool, strin
 		if n == nil {
 			return false, "no node " + name
 		}
-		body, err := GetFrom(c.Lab.Client, netip.AddrPortFrom(n.Host.IPv4, uint16(port)), time.Second)
+		body, err := probe.Get(c.Lab.Client, netip.AddrPortFrom(n.Host.IPv4, uint16(port)), time.Second)
 		if err != nil {
 			return false, fmt.Sprintf("kube-proxy on %s: %v", name, err)
 		}

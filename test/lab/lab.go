@@ -19,6 +19,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -29,10 +30,10 @@ import (
 	"os/user"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -80,8 +81,7 @@ type Lab struct {
 
 	opts       Options
 	t          testenv.TB
-	reaper     *exec.Cmd
-	pipe       io.WriteCloser
+	reaper     *testenv.Reaper
 	procs      []*testenv.Proc
 	mu         sync.Mutex
 	nexthopIDs uint32 // the last nexthop object id made (resilient.go); 0: none yet
@@ -168,6 +168,78 @@ func (l *Lab) Hosts() []*Host {
 	return append(hs, l.Nodes...)
 }
 
+// DialContext dials address from inside h's namespace; the connection stays in it (an
+// http.Transport's DialContext).
+func (h *Host) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	var conn net.Conn
+	err := h.Do(func() error {
+		var d net.Dialer
+		var err error
+		conn, err = d.DialContext(ctx, network, address)
+		return err
+	})
+	return conn, err
+}
+
+// DialTCP dials address by TCP from inside h's namespace (grpc.WithContextDialer).
+func (h *Host) DialTCP(ctx context.Context, address string) (net.Conn, error) {
+	return h.DialContext(ctx, "tcp", address)
+}
+
+// MAC is the hardware address of h's eth0, or fails t.
+func (h *Host) MAC(t testenv.TB) string {
+	t.Helper()
+	var mac string
+	if err := h.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err == nil {
+			mac = ifi.HardwareAddr.String()
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("MAC of %s: %v", h.Name, err)
+	}
+	return mac
+}
+
+// NextHops returns the next hops of the router's kernel route to vip, sorted.
+func (l *Lab) NextHops(t testenv.TB, vip string) []string {
+	t.Helper()
+	out, err := l.Router.Run(context.Background(), "ip", "-j", "route", "show", vip)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	var routes []struct {
+		Gateway  string `json:"gateway"`
+		Nexthops []struct {
+			Gateway string `json:"gateway"`
+		} `json:"nexthops"`
+	}
+	if err := json.Unmarshal(out, &routes); err != nil {
+		t.Fatalf("ip -j route: %v: %s", err, out)
+	}
+	var hops []string
+	for _, r := range routes {
+		if r.Gateway != "" {
+			hops = append(hops, r.Gateway)
+		}
+		for _, n := range r.Nexthops {
+			hops = append(hops, n.Gateway)
+		}
+	}
+	slices.Sort(hops)
+	return slices.Compact(hops)
+}
+
+// Names returns the hosts' names, in order.
+func Names(hosts []*Host) []string {
+	out := make([]string, 0, len(hosts))
+	for _, h := range hosts {
+		out = append(out, h.Name)
+	}
+	return out
+}
+
 // Namespaces returns the names of every namespace of the lab.
 func (l *Lab) Namespaces() []string {
 	var out []string
@@ -182,27 +254,15 @@ func (l *Lab) Namespaces() []string {
 // namespaces and deletes them and the lab's folder. The test binary holds the other end of
 // stdin: when it exits, however it exits, the kernel closes it.
 func (l *Lab) startReaper() error {
-	script := `read -r _ || true
-for ns in "$@"; do
+	script := `for ns in "$@"; do
   for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
 done
 for ns in "$@"; do ip netns delete "$ns" 2>/dev/null; done
 rm -rf "$LAB_DIR" "/var/run/frr/$LAB_FRR"
 echo reaped`
-	args := append([]string{"-c", script, "reaper"}, l.Namespaces()...)
-	cmd := exec.Command("/bin/sh", args...)
-	cmd.Env = append(os.Environ(), "LAB_DIR="+l.Dir, "LAB_FRR="+l.frrName())
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	var err error
-	if l.pipe, err = cmd.StdinPipe(); err != nil {
-		return err
-	}
-	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start reaper: %w", err)
-	}
-	l.reaper = cmd
-	return nil
+	l.reaper, err = testenv.StartReaper("reaper", script, []string{"LAB_DIR=" + l.Dir, "LAB_FRR=" + l.frrName()}, l.Namespaces()...)
+	return err
 }
 
 func (l *Lab) frrName() string { return "mvlab-" + l.ID }
@@ -219,12 +279,7 @@ func (l *Lab) close() {
 			}
 		}
 	}
-	l.pipe.Close()
-	done := make(chan error, 1)
-	go func() { done <- l.reaper.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
+	if !l.reaper.Reap(30 * time.Second) {
 		l.t.Errorf("lab %s: reaper did not finish within 30s", l.ID)
 	}
 }

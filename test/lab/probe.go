@@ -12,6 +12,8 @@ import (
 
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+
+	"github.com/metalvip/metalvip/test/harness/probe"
 )
 
 // Prober sends an ICMP echo request to a target every interval from a host and records which
@@ -125,26 +127,16 @@ func (p *Prober) Answered() bool {
 }
 
 // Outage returns the longest run of unanswered probes after since, as time from the first
-// unanswered probe to the first answered one after it, and how many probes were lost in all.
+// unanswered probe to the first answered one after it (a run still open counts to its last
+// probe, plus an interval), and how many probes were lost in all. A probe sent less than 100
+// ms ago and not answered yet counts neither way.
 func (p *Prober) Outage(since time.Time) (longest time.Duration, lost int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var start time.Time
+	attempts := make([]probe.Attempt, len(p.sent))
 	for i, at := range p.sent {
-		if at.Before(since) {
-			continue
-		}
-		if !p.replied[i] {
-			lost++
-			if start.IsZero() {
-				start = at
-			}
-			continue
-		}
-		if !start.IsZero() {
-			longest = max(longest, at.Sub(start))
-			start = time.Time{}
-		}
+		attempts[i] = probe.Attempt{Sent: at, OK: p.replied[i], Done: p.replied[i] || time.Since(at) >= 100*time.Millisecond}
 	}
-	return longest, lost
+	o := probe.OutageOf(attempts, since, time.Now(), p.interval)
+	return o.Longest, o.Lost
 }

@@ -22,14 +22,7 @@ import (
 // closing every connection, when the test ends.
 func (h *Host) ServeName(t testenv.TB, port uint16) {
 	t.Helper()
-	var ln net.Listener
-	if err := h.Do(func() error {
-		var err error
-		ln, err = net.Listen("tcp", fmt.Sprintf(":%d", port))
-		return err
-	}); err != nil {
-		t.Fatalf("lab: listen on %s port %d: %v", h.Name, port, err)
-	}
+	ln := h.listen(t, port)
 	var mu sync.Mutex
 	conns := map[net.Conn]bool{}
 	var wg sync.WaitGroup

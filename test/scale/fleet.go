@@ -22,6 +22,7 @@ import (
 	"github.com/metalvip/metalvip/nodeagent"
 	"github.com/metalvip/metalvip/nodeagent/failover"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness/pki"
 )
 
 // fleet is the simulated agents: each the real agent logic (nodeagent.New with no speakers)
@@ -66,46 +67,25 @@ func simName(i int) string { return fmt.Sprintf("sim-%04d", i) }
 
 // newFleet issues a certificate for each of n nodes (the CCM's too) under dir.
 func newFleet(dir string, n, port int, tr *tracker) (*fleet, error) {
-	ca, err := certs.NewCA("metalvip-scale-ca", 24*time.Hour)
+	names := make([]string, n)
+	for i := range n {
+		names[i] = simName(i)
+	}
+	ca, err := pki.Agents(dir, "", 24*time.Hour, names...)
 	if err != nil {
 		return nil, err
 	}
 	f := &fleet{dir: dir, port: port, ca: ca, tr: tr, live: newLiveTable(), byName: map[string]*simAgent{}}
-	if err := writePair(filepath.Join(dir, "ca"), ca); err != nil {
-		return nil, err
-	}
-	ccm, err := certs.Issue(ca, certs.CCMName, certs.Client, 24*time.Hour)
-	if err != nil {
-		return nil, err
-	}
-	if err := writePair(filepath.Join(dir, "ccm"), ccm); err != nil {
-		return nil, err
-	}
 	for i := range n {
-		a := &simAgent{name: simName(i), addr: simAddr(i), dir: filepath.Join(dir, simName(i))}
+		a := &simAgent{name: simName(i), addr: simAddr(i), dir: filepath.Join(dir, simName(i)), files: pki.Files(dir, simName(i))}
 		if err := os.MkdirAll(a.dir, 0o700); err != nil {
 			return nil, err
 		}
-		p, err := certs.Issue(ca, a.name, certs.Server, 24*time.Hour)
-		if err != nil {
-			return nil, err
-		}
-		if err := writePair(filepath.Join(a.dir, "tls"), p); err != nil {
-			return nil, err
-		}
-		a.files = certs.Files{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(a.dir, "tls.crt"), Key: filepath.Join(a.dir, "tls.key")}
 		f.agents = append(f.agents, a)
 		f.byName[a.name] = a
 		tr.addAgent(a.name)
 	}
 	return f, nil
-}
-
-func writePair(base string, p certs.Pair) error {
-	if err := os.WriteFile(base+".crt", p.Cert, 0o600); err != nil {
-		return err
-	}
-	return os.WriteFile(base+".key", p.Key, 0o600)
 }
 
 // start starts an agent on its saved state, as a restarted metalvip-agent does.

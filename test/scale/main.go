@@ -16,13 +16,11 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -34,6 +32,9 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/figure"
+	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -53,12 +54,6 @@ var (
 	reread     = flag.Bool("rewrite-reading", false, "measure nothing: give the report (-out) this build's reading of the figures (its last section), for a reading written after the run")
 	simProfile = flag.String("sim-cpuprofile", "", "write this process's CPU profile (the simulated agents) over the node deaths to this file")
 )
-
-var begin = time.Now()
-
-func step(format string, args ...any) {
-	fmt.Printf("[%6.1fs] %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
-}
 
 const namespace = "scale"
 
@@ -86,22 +81,10 @@ func main() {
 		}
 		return
 	}
-	m := testenv.NewMain("metalvip-scale")
-	defer m.Close()
 	// Ctrl-C stops the CCM, the API server and the agents, and removes their state.
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sig
-		fmt.Println("\ninterrupted: stopping (Ctrl-C again to leave at once)")
-		go func() {
-			<-sig
-			os.Exit(130)
-		}()
-		m.Close()
-		os.Exit(130)
-	}()
-	r := &run{m: m, rep: &report{loadStart: loadAverage(), nodes: *nodes, services: *services}}
+	m := harness.Program("metalvip-scale", "")
+	defer m.Close()
+	r := &run{m: m, rep: &report{loadStart: proc.LoadAverage(), nodes: *nodes, services: *services}}
 	var err error
 	if r.dir, err = filepath.Abs(*outputDir); err != nil {
 		m.Fatalf("%v", err)
@@ -116,18 +99,15 @@ func main() {
 	}
 	quietKlog(m, filepath.Join(r.dir, "agents.log"))
 
-	step("building the CCM")
+	harness.Step("building the CCM")
 	r.bin = *ccmBin
 	if r.bin == "" {
 		if r.bin, err = testenv.GoBuild(m.TempDir(), "./cmd/metalvip-cloud-controller-manager"); err != nil {
 			m.Fatalf("%v", err)
 		}
 	}
-	step("starting etcd and kube-apiserver")
-	if r.srv, err = kubeapi.Start(); err != nil {
-		m.Fatalf("%v", err)
-	}
-	m.Cleanup(r.srv.Stop)
+	harness.Step("starting etcd and kube-apiserver")
+	r.srv = kubeapi.Own(m)
 	r.srv.InstallCRDs(m)
 
 	r.tr = newTracker(*candidates)
@@ -151,15 +131,15 @@ func main() {
 		r.rep.deathProfile = pprofTop(append([]string{"-top", "-nodecount=25"}, files...)...)
 	}
 	r.restart()
-	r.rep.loadEnd = loadAverage()
-	r.rep.simCPU = cpuSeconds(os.Getpid())
+	r.rep.loadEnd = proc.LoadAverage()
+	r.rep.simCPU = proc.CPUSeconds(os.Getpid())
 	r.ccm.proc.Stop(30 * time.Second)
 	r.fl.stopAll()
 	if *out != "" {
 		if err := os.WriteFile(*out, []byte(r.rep.markdown()), 0o644); err != nil {
 			m.Fatalf("%v", err)
 		}
-		step("wrote %s", *out)
+		harness.Step("wrote %s", *out)
 	}
 }
 
@@ -180,7 +160,7 @@ func quietKlog(m *testenv.Main, file string) {
 
 // agents starts the simulated agents.
 func (r *run) agents() {
-	step("issuing certificates and starting %d simulated agents", *nodes)
+	harness.Step("issuing certificates and starting %d simulated agents", *nodes)
 	start := time.Now()
 	var err error
 	// Their state directories on tmpfs: 1,000 agents' fsyncs on one shared disk would queue
@@ -194,26 +174,27 @@ func (r *run) agents() {
 	if r.fl, err = newFleet(dir, *nodes, *agentPort, r.tr); err != nil {
 		r.m.Fatalf("%v", err)
 	}
-	parallel(8, len(r.fl.agents), func(i int) {
+	harness.Parallel(8, len(r.fl.agents), func(i int) {
 		if err := r.fl.start(r.fl.agents[i]); err != nil {
 			r.m.Fatalf("%v", err)
 		}
 	})
 	r.m.Cleanup(r.fl.stopAll)
-	rss, _ := memOf(os.Getpid())
+	mem, _ := proc.MemoryOf(os.Getpid())
+	rss := mem.RSS
 	r.rep.simStart = time.Since(start)
 	r.rep.simRSS = rss
-	step("  %d agents up in %s; this process holds %s", *nodes, r.rep.simStart.Round(time.Millisecond), mib(rss))
+	harness.Step("  %d agents up in %s; this process holds %s", *nodes, r.rep.simStart.Round(time.Millisecond), figure.MiB(rss))
 }
 
 // objects creates the Nodes, the pool and the Services, with no CCM running.
 func (r *run) objects() {
 	ctx := context.Background()
 	cs := r.srv.Client
-	step("creating %d Nodes", *nodes)
+	harness.Step("creating %d Nodes", *nodes)
 	c0 := apiCallsOf(r.m, r.srv)
 	start := time.Now()
-	parallel(8, *nodes, func(i int) {
+	harness.Parallel(8, *nodes, func(i int) {
 		n, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: simName(i)}}, metav1.CreateOptions{})
 		if err != nil {
 			r.m.Fatalf("node %d: %v", i, err)
@@ -225,7 +206,7 @@ func (r *run) objects() {
 		}
 	})
 	r.rep.nodesIn = time.Since(start)
-	step("  in %s", r.rep.nodesIn.Round(time.Millisecond))
+	harness.Step("  in %s", r.rep.nodesIn.Round(time.Millisecond))
 
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
 		r.m.Fatalf("%v", err)
@@ -243,7 +224,7 @@ func (r *run) objects() {
 		r.m.Fatalf("pool: %v", err)
 	}
 
-	step("creating %d Services (the API server alone)", *services)
+	harness.Step("creating %d Services (the API server alone)", *services)
 	start = time.Now()
 	var done sync.Map
 	go func() {
@@ -253,10 +234,10 @@ func (r *run) objects() {
 			if n >= *services {
 				return
 			}
-			step("  %d created", n)
+			harness.Step("  %d created", n)
 		}
 	}()
-	parallel(8, *services, func(i int) {
+	harness.Parallel(8, *services, func(i int) {
 		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: fmt.Sprintf("s-%05d", i)},
 			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}},
 				AllocateLoadBalancerNodePorts: ptr(false)}}
@@ -273,8 +254,8 @@ func (r *run) objects() {
 		done.Store(i, true)
 	})
 	r.rep.servicesIn = time.Since(start)
-	r.rep.createCalls = apiCallsOf(r.m, r.srv).minus(c0)
-	step("  in %s", r.rep.servicesIn.Round(time.Millisecond))
+	r.rep.createCalls = apiCallsOf(r.m, r.srv).Minus(c0)
+	harness.Step("  in %s", r.rep.servicesIn.Round(time.Millisecond))
 	r.svcs = watchServices(r.m, r.srv, *services)
 }
 
@@ -328,7 +309,7 @@ type stage struct {
 	wall        time.Duration // to converged
 	cpu         float64
 	rss, hwm    int64
-	calls       apiCalls
+	calls       figure.Counts
 	fleet       counts
 	profile     string
 	heap        string
@@ -340,7 +321,7 @@ type stage struct {
 type mark struct {
 	at    time.Time
 	ccm   sample
-	calls apiCalls
+	calls figure.Counts
 	fleet counts
 }
 
@@ -355,7 +336,7 @@ func (r *run) mark() mark {
 func (r *run) finish(name string, from mark, converged time.Time) stage {
 	now := r.mark()
 	st := stage{name: name, wall: converged.Sub(from.at), cpu: now.ccm.cpu - from.ccm.cpu, rss: now.ccm.rss, hwm: now.ccm.hwm,
-		calls: now.calls.minus(from.calls), fleet: now.fleet.minus(from.fleet)}
+		calls: now.calls.Minus(from.calls), fleet: now.fleet.minus(from.fleet)}
 	if last := r.tr.lastLanding(); last.After(from.at) {
 		st.lastLanding = last.Sub(from.at)
 	}
@@ -377,7 +358,7 @@ func (r *run) waitConverged(what string, from time.Time, quiet time.Duration) ti
 		}
 		if time.Since(report) > 30*time.Second {
 			notOK, stale := r.tr.status()
-			step("  %s: after %s, %d VIPs not as planned yet, %d agents without a state of this term", what, time.Since(from).Round(time.Second), notOK, stale)
+			harness.Step("  %s: after %s, %d VIPs not as planned yet, %d agents without a state of this term", what, time.Since(from).Round(time.Second), notOK, stale)
 			report = time.Now()
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -387,12 +368,12 @@ func (r *run) waitConverged(what string, from time.Time, quiet time.Duration) ti
 // coldStart is the CCM's first start: it allocates every Service, plans, and pushes every
 // agent its state.
 func (r *run) coldStart() {
-	step("cold start: the CCM allocates %d Services and pushes %d agents their state", *services, *nodes)
+	harness.Step("cold start: the CCM allocates %d Services and pushes %d agents their state", *services, *nodes)
 	from := r.mark()
 	r.startCCM("ccm-cold")
 	prof := r.ccm.profile(r.dir, "cold", 5*time.Second)
 	allocated := r.svcs.waitAllocated(r.m, *timeout)
-	step("  all allocated after %s", allocated.Sub(from.at).Round(time.Millisecond))
+	harness.Step("  all allocated after %s", allocated.Sub(from.at).Round(time.Millisecond))
 	r.tr.expect(r.svcs.vips())
 	conv := r.waitConverged("cold start", from.at, 5*time.Second)
 	announced := r.svcs.waitAnnounced(r.m, *timeout)
@@ -400,8 +381,8 @@ func (r *run) coldStart() {
 	st.allocated, st.announced = allocated.Sub(from.at), announced.Sub(from.at)
 	st.profile = prof.stop()
 	st.heap = r.ccm.heap(r.dir, "cold")
-	step("  converged after %s (last push landed %s after the start, all Announced after %s); CCM CPU %.1f s, RSS %s (peak %s)",
-		st.wall.Round(time.Millisecond), st.lastLanding.Round(time.Millisecond), st.announced.Round(time.Millisecond), st.cpu, mib(st.rss), mib(st.hwm))
+	harness.Step("  converged after %s (last push landed %s after the start, all Announced after %s); CCM CPU %.1f s, RSS %s (peak %s)",
+		st.wall.Round(time.Millisecond), st.lastLanding.Round(time.Millisecond), st.announced.Round(time.Millisecond), st.cpu, figure.MiB(st.rss), figure.MiB(st.hwm))
 	r.rep.stages = append(r.rep.stages, st)
 	r.rep.balance = balance(r.tr.primaries(), *nodes)
 	r.rep.peers = r.tr.peers()
@@ -413,7 +394,7 @@ func (r *run) death(i int) {
 	rng := rand.New(rand.NewPCG(uint64(i), 19))
 	victim := r.fl.agents[rng.IntN(len(r.fl.agents))]
 	holders := r.tr.holders(victim.name)
-	step("node death %d: %s (a candidate with %d other agents)", i+1, victim.name, len(holders))
+	harness.Step("node death %d: %s (a candidate with %d other agents)", i+1, victim.name, len(holders))
 	from := r.mark()
 	prof := r.ccm.profile(r.dir, fmt.Sprintf("death%d", i+1), time.Second)
 	died := time.Now()
@@ -453,9 +434,9 @@ func (r *run) death(i int) {
 		drop = append(drop, float64(at.Sub(died)))
 	}
 	d := deathResult{victim: victim.name, holders: len(holders), pushed: len(last), missed: missed, converged: conv.Sub(died), lat: lat, drop: drop, st: st}
-	step("  died at %s; %d agents updated, the last %s after the death (p50 %s, p99 %s); holders without the node p50 %s, p99 %s; holders not updated: %d",
-		died.Format("15:04:05.000000"), len(last), d.converged.Round(time.Millisecond), dur(time.Duration(percentile(lat, 50))), dur(time.Duration(percentile(lat, 99))),
-		dur(time.Duration(percentile(drop, 50))), dur(time.Duration(percentile(drop, 99))), missed)
+	harness.Step("  died at %s; %d agents updated, the last %s after the death (p50 %s, p99 %s); holders without the node p50 %s, p99 %s; holders not updated: %d",
+		died.Format("15:04:05.000000"), len(last), d.converged.Round(time.Millisecond), figure.Duration(time.Duration(figure.Percentile(lat, 50))), figure.Duration(time.Duration(figure.Percentile(lat, 99))),
+		figure.Duration(time.Duration(figure.Percentile(drop, 50))), figure.Duration(time.Duration(figure.Percentile(drop, 99))), missed)
 	for _, h := range missedNames[:min(len(missedNames), 5)] {
 		var ls []string
 		for _, l := range r.tr.since(died) {
@@ -463,7 +444,7 @@ func (r *run) death(i int) {
 				ls = append(ls, fmt.Sprintf("%s held=%v dropped=%v", l.at.Sub(died).Round(time.Millisecond), l.held, l.dropped))
 			}
 		}
-		step("    not updated: %s (conv +%s): landings %v; holds it now: %v", h, conv.Sub(died).Round(time.Millisecond), ls, r.tr.holdsNow(h, victim.name))
+		harness.Step("    not updated: %s (conv +%s): landings %v; holds it now: %v", h, conv.Sub(died).Round(time.Millisecond), ls, r.tr.holdsNow(h, victim.name))
 	}
 
 	// Back: the agent restarts on its saved state, as a rebooted node's does.
@@ -476,14 +457,14 @@ func (r *run) death(i int) {
 	}
 	conv = r.waitConverged("node back", back, 3*time.Second)
 	d.back = r.finish(fmt.Sprintf("node back %d", i+1), from, conv)
-	step("  back in the plan after %s", d.back.wall.Round(time.Millisecond))
+	harness.Step("  back in the plan after %s", d.back.wall.Round(time.Millisecond))
 	r.rep.deaths = append(r.rep.deaths, d)
 }
 
 // restart stops the CCM and starts it again: every Service is allocated, every agent holds
 // its state; the new CCM learns what they hold and pushes every agent again under its term.
 func (r *run) restart() {
-	step("CCM restart")
+	harness.Step("CCM restart")
 	r.ccm.proc.Stop(30 * time.Second)
 	r.tr.requireTerm(r.tr.maxTerm() + 1)
 	from := r.mark()
@@ -493,7 +474,7 @@ func (r *run) restart() {
 	st := r.finish("CCM restart", from, conv)
 	st.profile = prof.stop()
 	st.heap = r.ccm.heap(r.dir, "restart")
-	step("  converged after %s; CCM CPU %.1f s, RSS %s (peak %s)", st.wall.Round(time.Millisecond), st.cpu, mib(st.rss), mib(st.hwm))
+	harness.Step("  converged after %s; CCM CPU %.1f s, RSS %s (peak %s)", st.wall.Round(time.Millisecond), st.cpu, figure.MiB(st.rss), figure.MiB(st.hwm))
 	r.rep.stages = append(r.rep.stages, st)
 }
 
@@ -579,21 +560,6 @@ func (w *svcWatch) vips() []netip.Addr {
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out)
-}
-
-// parallel runs f(0..n-1) on w workers.
-func parallel(w, n int, f func(int)) {
-	var wg sync.WaitGroup
-	for k := range w {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := k; i < n; i += w {
-				f(i)
-			}
-		}()
-	}
-	wg.Wait()
 }
 
 func ptr[T any](v T) *T { return &v }

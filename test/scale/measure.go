@@ -10,12 +10,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/metalvip/metalvip/test/harness/figure"
+	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -37,96 +37,26 @@ type sample struct {
 }
 
 func sampleOf(pid int) sample {
-	s := sample{at: time.Now(), cpu: cpuSeconds(pid)}
-	s.rss, s.hwm = memOf(pid)
-	return s
+	mem, _ := proc.MemoryOf(pid)
+	return sample{at: time.Now(), cpu: proc.CPUSeconds(pid), rss: mem.RSS, hwm: mem.HWM}
 }
 
-// cpuSeconds is a process's user and system CPU so far.
-func cpuSeconds(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseFloat(f[11], 64)
-	s, _ := strconv.ParseFloat(f[12], 64)
-	return (u + s) / 100 // clock ticks (USER_HZ is 100 on Linux)
-}
-
-// memOf returns a process's resident memory (VmRSS) and its peak (VmHWM).
-func memOf(pid int) (rss, hwm int64) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0
-	}
-	for l := range strings.SplitSeq(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 2 {
-			continue
-		}
-		kb, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmRSS:":
-			rss = kb << 10
-		case "VmHWM:":
-			hwm = kb << 10
-		}
-	}
-	return rss, hwm
-}
-
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
-}
-
-// apiCalls are the API server's requests so far, by "VERB resource[/subresource]" (its own
+// apiCallsOf are the API server's requests so far, by "VERB resource[/subresource]" (its own
 // apiserver_request_total).
-type apiCalls map[string]float64
-
-func apiCallsOf(m *testenv.Main, srv *kubeapi.Server) apiCalls {
+func apiCallsOf(m *testenv.Main, srv *kubeapi.Server) figure.Counts {
 	reqs, err := srv.Requests(context.Background())
 	if err != nil {
 		m.Fatalf("the API server's metrics: %v", err)
 	}
-	out := apiCalls{}
+	out := figure.Counts{}
 	for _, r := range reqs {
 		out[r.Verb+" "+r.Resource] += r.Count
 	}
 	return out
 }
 
-func (a apiCalls) minus(o apiCalls) apiCalls {
-	out := apiCalls{}
-	for k, v := range a {
-		if d := v - o[k]; d > 0 {
-			out[k] = d
-		}
-	}
-	return out
-}
-
-func (a apiCalls) total() float64 {
-	t := 0.0
-	for _, v := range a {
-		t += v
-	}
-	return t
-}
-
-// writes counts the mutating calls.
-func (a apiCalls) writes() float64 {
+// writesOf counts the mutating calls.
+func writesOf(a figure.Counts) float64 {
 	t := 0.0
 	for k, v := range a {
 		switch verb, _, _ := strings.Cut(k, " "); verb {
@@ -135,27 +65,6 @@ func (a apiCalls) writes() float64 {
 		}
 	}
 	return t
-}
-
-// String lists the calls, most first; those under min are left out.
-func (a apiCalls) describe(min float64) string {
-	keys := make([]string, 0, len(a))
-	for k := range a {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(x, y string) int {
-		if a[x] != a[y] {
-			return int(a[y] - a[x])
-		}
-		return strings.Compare(x, y)
-	})
-	var parts []string
-	for _, k := range keys {
-		if a[k] >= min {
-			parts = append(parts, fmt.Sprintf("%s %.0f", k, a[k]))
-		}
-	}
-	return strings.Join(parts, ", ")
 }
 
 // debug fetches a path of the CCM's debug endpoint.

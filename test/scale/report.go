@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/metalvip/metalvip/test/harness/figure"
+	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
@@ -22,7 +24,7 @@ type report struct {
 	simCPU             float64
 	nodesIn            time.Duration
 	servicesIn         time.Duration
-	createCalls        apiCalls
+	createCalls        figure.Counts
 	stages             []stage
 	deaths             []deathResult
 	balance            string
@@ -47,30 +49,30 @@ func (r *report) markdown() string {
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	w("# Benchmarks at scale\n\n")
 	w("Written by `make bench-scale` (`test/scale`) on %s. Machine: %s, %d cores, Linux %s, %s; kube-apiserver v1.37.2 on etcd (data on tmpfs). The machine was shared with other work: load average %s (1, 5, 15 min) at the start, %s at the end. Compare runs on the same machine; the CCM's CPU seconds vary less than its wall-clock times.\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 UTC"), cpuModel(), runtime.NumCPU(), kernel(), runtime.Version(), r.loadStart, r.loadEnd)
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), proc.CPUModel(), runtime.NumCPU(), proc.Kernel(), runtime.Version(), r.loadStart, r.loadEnd)
 	w("## What runs\n\n")
 	w("The real CCM binary (`--controllers=service-lb-controller`, default flags, no leader election) against a real kube-apiserver with %s Node objects and %s LoadBalancer Services of one L2 pool (one VIP each; `failover.maxCandidates` %d, the default). %s simulated agents in the measuring process: each is the real agent logic (`nodeagent.New` without speakers: it checks, persists and applies every state, decides which VIPs it answers, keeps its heartbeat keys) behind a gRPC server of its own with mutual TLS, the agent's limits and connection bounds, on a loopback address of its own (127.77.x.y, the Node's InternalIP). Left out is only what goes on a wire: no ARP or BGP, and instead of UDP heartbeats a shared table of dead nodes (a killed node's peers learn it at once and take over, then tell the CCM over Watch as real agents do; the heartbeats' own cost is measured in the lab, docs/benchmarks.md). The simulated agents started in %s and hold %s in this process.\n\n",
-		thousands(r.nodes), thousands(r.services), *candidates, thousands(r.nodes), dur(r.simStart), mib(r.simRSS))
+		figure.Thousands(r.nodes), figure.Thousands(r.services), *candidates, figure.Thousands(r.nodes), figure.Duration(r.simStart), figure.MiB(r.simRSS))
 	w("Converged means: every Service's VIP is held by exactly its %d candidates, all holding the same ranked list, no dead node among them, no other VIP held anywhere, and every live agent holds a state of the CCM's current term; the time is that of the state landing that made it so (the agents record when each Apply lands), measured from the stage's start, and the stage ends once no state has landed for a few seconds.\n\n", *candidates)
 
 	w("## Stages\n\n")
 	w("CCM CPU is user+system seconds of the CCM process over the stage; memory its resident set at the end (VmRSS) and peak (VmHWM). API calls are the API server's own count (apiserver_request_total) over the stage, all made by the CCM but the measuring process's one Service watch. Pushed: bytes the agents read and wrote on their TLS connections (the CCM's Applies and GetStates, their answers, Watch events), and the Apply messages alone.\n\n")
 	rows := [][]string{{"stage", "to converged", "last state landed", "CCM CPU", "CCM memory (peak)", "API calls (writes)", "pushed on the wire", "Apply messages", "Applies taken", "GetStates"}}
-	rows = append(rows, []string{fmt.Sprintf("create %s Nodes (API server alone)", thousands(r.nodes)), dur(r.nodesIn), "", "", "", "", "", "", "", ""})
-	rows = append(rows, []string{fmt.Sprintf("create %s Services (API server alone)", thousands(r.services)), dur(r.servicesIn), "", "", "", fmt.Sprintf("%.0f (%.0f)", r.createCalls.total(), r.createCalls.writes()), "", "", "", ""})
+	rows = append(rows, []string{fmt.Sprintf("create %s Nodes (API server alone)", figure.Thousands(r.nodes)), figure.Duration(r.nodesIn), "", "", "", "", "", "", "", ""})
+	rows = append(rows, []string{fmt.Sprintf("create %s Services (API server alone)", figure.Thousands(r.services)), figure.Duration(r.servicesIn), "", "", "", fmt.Sprintf("%.0f (%.0f)", r.createCalls.Total(), writesOf(r.createCalls)), "", "", "", ""})
 	for _, s := range r.stages {
 		rows = append(rows, s.row())
 	}
 	table(&b, rows)
 	for _, s := range r.stages {
 		if s.allocated > 0 {
-			w("\n%s: every Service had its address after %s, its Announced condition after %s. Primaries per node after it: %s.\n", s.name, dur(s.allocated), dur(s.announced), r.balance)
+			w("\n%s: every Service had its address after %s, its Announced condition after %s. Primaries per node after it: %s.\n", s.name, figure.Duration(s.allocated), figure.Duration(s.announced), r.balance)
 		}
 	}
 	if n := len(r.peers); n > 0 {
 		med := r.peers[n/2]
 		w("\nHeartbeat peers per node (the other candidates of its VIPs, from the states pushed): %d to %d, median %d. Each node sends each peer one heartbeat per interval and receives one: at the median, %s heartbeats a second sent at the default 50 ms and %s at 10 ms (and as many received and verified), %.0f KiB/s each way at 10 ms.\n",
-			r.peers[0], r.peers[n-1], med, thousands(med*20), thousands(med*100), float64(med*100*116)/1024)
+			r.peers[0], r.peers[n-1], med, figure.Thousands(med*20), figure.Thousands(med*100), float64(med*100*116)/1024)
 	}
 
 	w("\n## A node dies\n\n")
@@ -81,25 +83,25 @@ func (r *report) markdown() string {
 		all = append(all, d.lat...)
 		allDrop = append(allDrop, d.drop...)
 		rows = append(rows, []string{fmt.Sprint(i + 1), d.victim, fmt.Sprint(d.holders),
-			dur(time.Duration(percentile(d.drop, 50))), dur(time.Duration(percentile(d.drop, 99))), fmt.Sprint(d.pushed), fmt.Sprint(d.missed),
-			dur(time.Duration(percentile(d.lat, 50))), dur(time.Duration(percentile(d.lat, 99))), dur(d.converged),
-			fmt.Sprintf("%.2f s", d.st.cpu), fmt.Sprintf("%.0f (%.0f)", d.st.calls.total(), d.st.calls.writes()), bytesOf(float64(d.st.fleet.wireIn + d.st.fleet.wireOut)),
-			dur(d.back.wall), fmt.Sprintf("%.2f s", d.back.cpu)})
+			figure.Duration(time.Duration(figure.Percentile(d.drop, 50))), figure.Duration(time.Duration(figure.Percentile(d.drop, 99))), fmt.Sprint(d.pushed), fmt.Sprint(d.missed),
+			figure.Duration(time.Duration(figure.Percentile(d.lat, 50))), figure.Duration(time.Duration(figure.Percentile(d.lat, 99))), figure.Duration(d.converged),
+			fmt.Sprintf("%.2f s", d.st.cpu), fmt.Sprintf("%.0f (%.0f)", d.st.calls.Total(), writesOf(d.st.calls)), figure.Bytes(float64(d.st.fleet.wireIn + d.st.fleet.wireOut)),
+			figure.Duration(d.back.wall), fmt.Sprintf("%.2f s", d.back.cpu)})
 	}
 	table(&b, rows)
 	if len(all) > 0 {
 		w("\nAll %d trials: %d holders' first state without the dead node p50 %s, p99 %s; %d agents' last update p50 %s, p99 %s, max %s.\n", len(r.deaths),
-			len(allDrop), dur(time.Duration(percentile(allDrop, 50))), dur(time.Duration(percentile(allDrop, 99))),
-			len(all), dur(time.Duration(percentile(all, 50))), dur(time.Duration(percentile(all, 99))), dur(time.Duration(slices.Max(all))))
+			len(allDrop), figure.Duration(time.Duration(figure.Percentile(allDrop, 50))), figure.Duration(time.Duration(figure.Percentile(allDrop, 99))),
+			len(all), figure.Duration(time.Duration(figure.Percentile(all, 50))), figure.Duration(time.Duration(figure.Percentile(all, 99))), figure.Duration(time.Duration(slices.Max(all))))
 	}
 
 	w("\n## API calls by stage\n\n")
-	w("- create: %s\n", r.createCalls.describe(1))
+	w("- create: %s\n", r.createCalls.Describe(1, 1, 0))
 	for _, s := range r.stages {
-		w("- %s: %s\n", s.name, s.calls.describe(1))
+		w("- %s: %s\n", s.name, s.calls.Describe(1, 1, 0))
 	}
 	for _, d := range r.deaths {
-		w("- %s: %s; back: %s\n", d.st.name, d.st.calls.describe(1), d.back.calls.describe(1))
+		w("- %s: %s; back: %s\n", d.st.name, d.st.calls.Describe(1, 1, 0), d.back.calls.Describe(1, 1, 0))
 	}
 
 	w("\n## Where the CCM's CPU goes\n\nCPU profiles of the CCM (`--profiling`, /debug/pprof/profile, 5-s profiles back to back over the stage (1-s over a node death), summed), top 25 by own time; the profiles are kept in `_output/scale/`.\n\n")
@@ -118,9 +120,9 @@ func (r *report) markdown() string {
 }
 
 func (s stage) row() []string {
-	return []string{s.name, dur(s.wall), dur(s.lastLanding), fmt.Sprintf("%.1f s", s.cpu), fmt.Sprintf("%s (%s)", mib(s.rss), mib(s.hwm)),
-		fmt.Sprintf("%.0f (%.0f)", s.calls.total(), s.calls.writes()), bytesOf(float64(s.fleet.wireIn + s.fleet.wireOut)),
-		bytesOf(float64(s.fleet.applyBytes)), fmt.Sprint(s.fleet.accepted), fmt.Sprint(s.fleet.gets)}
+	return []string{s.name, figure.Duration(s.wall), figure.Duration(s.lastLanding), fmt.Sprintf("%.1f s", s.cpu), fmt.Sprintf("%s (%s)", figure.MiB(s.rss), figure.MiB(s.hwm)),
+		fmt.Sprintf("%.0f (%.0f)", s.calls.Total(), writesOf(s.calls)), figure.Bytes(float64(s.fleet.wireIn + s.fleet.wireOut)),
+		figure.Bytes(float64(s.fleet.applyBytes)), fmt.Sprint(s.fleet.accepted), fmt.Sprint(s.fleet.gets)}
 }
 
 func table(b *strings.Builder, rows [][]string) {
@@ -142,68 +144,6 @@ func balance(prim map[string]int, nodes int) string {
 		return "none"
 	}
 	return fmt.Sprintf("%d to %d", slices.Min(counts), slices.Max(counts))
-}
-
-func percentile(xs []float64, p float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	i := int(float64(len(s))*p/100+0.5) - 1
-	return s[max(0, min(i, len(s)-1))]
-}
-
-func dur(d time.Duration) string {
-	switch {
-	case d == 0:
-		return "-"
-	case d >= 10*time.Second:
-		return fmt.Sprintf("%.1f s", d.Seconds())
-	case d >= time.Second:
-		return fmt.Sprintf("%.2f s", d.Seconds())
-	case d >= time.Millisecond:
-		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
-	default:
-		return fmt.Sprintf("%.1f us", float64(d)/float64(time.Microsecond))
-	}
-}
-
-func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
-
-func bytesOf(b float64) string {
-	switch {
-	case b >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", b/(1<<20))
-	case b >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", b/(1<<10))
-	}
-	return fmt.Sprintf("%.0f B", b)
-}
-
-func thousands(n int) string {
-	s := fmt.Sprint(n)
-	for i := len(s) - 3; i > 0; i -= 3 {
-		s = s[:i] + "," + s[i:]
-	}
-	return s
-}
-
-func cpuModel() string {
-	b, _ := os.ReadFile("/proc/cpuinfo")
-	for l := range strings.SplitSeq(string(b), "\n") {
-		if strings.HasPrefix(l, "model name") {
-			if _, v, ok := strings.Cut(l, ":"); ok {
-				return strings.TrimSpace(v)
-			}
-		}
-	}
-	return "unknown CPU"
-}
-
-func kernel() string {
-	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	return strings.TrimSpace(string(b))
 }
 
 func freePort(m *testenv.Main) int {

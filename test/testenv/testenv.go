@@ -106,3 +106,24 @@ func GoBuild(dir, pkg string) (string, error) {
 	}
 	return out, nil
 }
+
+// BuildMain builds the main packages pkgs (as GoBuild) into a new temporary folder for a test
+// binary's TestMain and returns their paths, in order, and what removes them once the tests
+// have run. It exits with the build's output when one does not build.
+func BuildMain(name string, pkgs ...string) (bins []string, cleanup func()) {
+	dir, err := os.MkdirTemp("", name+"-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	for _, pkg := range pkgs {
+		bin, err := GoBuild(dir, pkg)
+		if err != nil {
+			os.RemoveAll(dir)
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		bins = append(bins, bin)
+	}
+	return bins, func() { os.RemoveAll(dir) }
+}
