@@ -13,6 +13,7 @@ import (
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/internal/annotation"
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
@@ -27,7 +28,7 @@ func TestAnAddressKeepsItsOwnPoolsRules(t *testing.T) {
 	// on the router: the rules of its own (L2) pool, not the BGP pool's.
 	l2Only := func(t *testing.T, name string, vip netip.Addr) {
 		t.Helper()
-		cluster.Eventually(t, 30*time.Second, vip.String()+" answered by one node in L2", func() bool { return len(c.Answerers(vip)) == 1 })
+		harness.Eventually(t, 30*time.Second, vip.String()+" answered by one node in L2", func() bool { return len(c.Answerers(vip)) == 1 })
 		deadline := time.Now().Add(3 * time.Second)
 		for i := 0; i < 30 && time.Now().Before(deadline); i++ {
 			if hops := c.NextHops(vip); len(hops) > 0 {
@@ -67,7 +68,7 @@ func TestAnAddressKeepsItsOwnPoolsRules(t *testing.T) {
 		}
 		c.CCM.Stop(10 * time.Second)
 		c.StartCCM()
-		cluster.Eventually(t, 30*time.Second, "the new CCM learnt what the agents hold", func() bool {
+		harness.Eventually(t, 30*time.Second, "the new CCM learnt what the agents hold", func() bool {
 			return strings.Contains(c.CCM.Output(), "Learnt what the agents announce")
 		})
 		time.Sleep(2 * time.Second) // its first plan and push
@@ -82,11 +83,11 @@ func TestAnAddressKeepsItsOwnPoolsRules(t *testing.T) {
 		pool := "doomed-" + c.NS
 		c.Object(v1alpha1.IPPoolResource, pool, fmt.Sprintf(`{addresses: ["203.0.113.128/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {mode: BGP}}`, c.NS))
 		vip := c.Service("orphan", cluster.InPool(pool))
-		cluster.Eventually(t, 30*time.Second, vip.String()+" routed by BGP", func() bool { return len(c.NextHops(vip)) > 0 })
+		harness.Eventually(t, 30*time.Second, vip.String()+" routed by BGP", func() bool { return len(c.NextHops(vip)) > 0 })
 		if err := c.Dyn.Resource(v1alpha1.IPPoolResource).Delete(t.Context(), pool, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		cluster.Eventually(t, 30*time.Second, vip.String()+" withdrawn from the router", func() bool { return len(c.NextHops(vip)) == 0 })
+		harness.Eventually(t, 30*time.Second, vip.String()+" withdrawn from the router", func() bool { return len(c.NextHops(vip)) == 0 })
 		for i := range 6 {
 			if who := c.Answerers(vip); len(who) > 0 {
 				t.Fatalf("ARP request %d for %s (of a deleted BGP pool) answered by %v; Announced: %s", i, vip, who, c.Announced("orphan"))
