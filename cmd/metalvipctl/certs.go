@@ -1,18 +1,20 @@
 package main
 
 import (
-	"encoding/base64"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/yaml"
 
 	"github.com/metalvip/metalvip/internal/certs"
 )
@@ -135,49 +137,41 @@ func writeFiles(dir string, set *certSet) error {
 	return nil
 }
 
-// writeManifests prints the two Secrets. The CA's key is in neither: keep ca.key safe (write
+// writeManifests prints the three Secrets. The CA's key is in none: keep ca.key safe (write
 // it with --out) to add nodes later.
 func writeManifests(w io.Writer, set *certSet, namespace string) error {
-	b64 := base64.StdEncoding.EncodeToString
-	fmt.Fprintf(w, `apiVersion: v1
-kind: Secret
-metadata:
-  name: metalvip-ccm-tls
-  namespace: %s
-type: Opaque
-data:
-  ca.crt: %s
-  tls.crt: %s
-  tls.key: %s
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: metalvip-viewer-tls
-  namespace: %s
-type: Opaque
-data:
-  ca.crt: %s
-  tls.crt: %s
-  tls.key: %s
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: metalvip-agent-tls
-  namespace: %s
-type: Opaque
-data:
-  ca.crt: %s
-`, namespace, b64(set.ca.Cert), b64(set.ccm.Cert), b64(set.ccm.Key),
-		namespace, b64(set.ca.Cert), b64(set.viewer.Cert), b64(set.viewer.Key), namespace, b64(set.ca.Cert))
-	names := make([]string, 0, len(set.agents))
-	for n := range set.agents {
-		names = append(names, n)
+	secret := func(name string, data map[string][]byte) *corev1.Secret {
+		return &corev1.Secret{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+			Type:       corev1.SecretTypeOpaque,
+			Data:       data,
+		}
 	}
-	slices.Sort(names)
-	for _, n := range names {
-		fmt.Fprintf(w, "  %s.crt: %s\n  %s.key: %s\n", n, b64(set.agents[n].Cert), n, b64(set.agents[n].Key))
+	agents := map[string][]byte{"ca.crt": set.ca.Cert}
+	for n, p := range set.agents {
+		agents[n+".crt"], agents[n+".key"] = p.Cert, p.Key
 	}
-	return nil
+	return writeDocuments(w,
+		secret("metalvip-ccm-tls", map[string][]byte{"ca.crt": set.ca.Cert, "tls.crt": set.ccm.Cert, "tls.key": set.ccm.Key}),
+		secret("metalvip-viewer-tls", map[string][]byte{"ca.crt": set.ca.Cert, "tls.crt": set.viewer.Cert, "tls.key": set.viewer.Key}),
+		secret("metalvip-agent-tls", agents),
+	)
+}
+
+// writeDocuments writes objects as one multi-document YAML stream, as kubectl apply -f takes.
+func writeDocuments(w io.Writer, objs ...any) error {
+	var b bytes.Buffer
+	for i, o := range objs {
+		doc, err := yaml.Marshal(o)
+		if err != nil {
+			return err
+		}
+		if i > 0 {
+			b.WriteString("---\n")
+		}
+		b.Write(doc)
+	}
+	_, err := w.Write(b.Bytes())
+	return err
 }

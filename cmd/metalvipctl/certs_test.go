@@ -4,10 +4,15 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/metalvip/metalvip/internal/certs"
 )
@@ -67,15 +72,49 @@ func loadLeaf(t *testing.T, cert, key string) *x509.Certificate {
 	return c
 }
 
-func TestCertsManifests(t *testing.T) {
-	out, err := run(t, "--nodes", "node-a", "--manifests", "--out", t.TempDir(), "--namespace", "metalvip-system")
+func TestCertsManifestsAreTheFilesAsSecrets(t *testing.T) {
+	dir := t.TempDir()
+	out, err := run(t, "--nodes", "node-a,node-b", "--manifests", "--out", dir, "--namespace", "metalvip-system")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"name: metalvip-ccm-tls", "name: metalvip-agent-tls", "namespace: metalvip-system", "  node-a.crt: ", "  tls.key: "} {
-		if !strings.Contains(out, want) {
-			t.Errorf("manifests lack %q:\n%s", want, out)
+	file := func(name string) []byte {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
 		}
+		return data
+	}
+	want := map[string]map[string][]byte{
+		"metalvip-ccm-tls":    {"ca.crt": file("ca.crt"), "tls.crt": file("ccm.crt"), "tls.key": file("ccm.key")},
+		"metalvip-viewer-tls": {"ca.crt": file("ca.crt"), "tls.crt": file("viewer.crt"), "tls.key": file("viewer.key")},
+		"metalvip-agent-tls": {"ca.crt": file("ca.crt"), "node-a.crt": file("node-a.crt"), "node-a.key": file("node-a.key"),
+			"node-b.crt": file("node-b.crt"), "node-b.key": file("node-b.key")},
+	}
+	docs := strings.Split(out, "\n---\n")
+	if len(docs) != len(want) {
+		t.Fatalf("%d documents; want %d:\n%s", len(docs), len(want), out)
+	}
+	for _, doc := range docs {
+		var s corev1.Secret
+		if err := yaml.UnmarshalStrict([]byte(doc), &s); err != nil {
+			t.Fatalf("a document is no Secret: %v\n%s", err, doc)
+		}
+		if s.APIVersion != "v1" || s.Kind != "Secret" || s.Namespace != "metalvip-system" || s.Type != corev1.SecretTypeOpaque {
+			t.Errorf("%s: %s %s in %q, type %q", s.Name, s.APIVersion, s.Kind, s.Namespace, s.Type)
+		}
+		w, ok := want[s.Name]
+		if !ok {
+			t.Errorf("unexpected Secret %s", s.Name)
+			continue
+		}
+		delete(want, s.Name)
+		if !maps.EqualFunc(s.Data, w, bytes.Equal) {
+			t.Errorf("%s holds %v; want the files %v", s.Name, slices.Sorted(maps.Keys(s.Data)), slices.Sorted(maps.Keys(w)))
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("Secrets missing: %v", slices.Sorted(maps.Keys(want)))
 	}
 	if strings.Contains(out, "ca.key") {
 		t.Error("the CA's key must not be in the Secrets")

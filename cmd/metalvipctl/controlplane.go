@@ -12,8 +12,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/yaml"
 
 	"github.com/metalvip/metalvip/nodeagent/controlplane"
 )
@@ -145,7 +148,7 @@ func writeControlPlaneFiles(w io.Writer, o *cpFilesOptions) error {
 		base.BGP = b
 	}
 	// Check every node's file before writing any.
-	files := map[string][]byte{}
+	files, pods := map[string][]byte{}, map[string][]byte{}
 	for _, n := range nodes {
 		c := base
 		c.Node, c.Bootstrap = n.Name, n.Name == o.bootstrap
@@ -157,6 +160,9 @@ func writeControlPlaneFiles(w io.Writer, o *cpFilesOptions) error {
 			return err
 		}
 		files[n.Name] = data
+		if pods[n.Name], err = staticPod(o, n.Name); err != nil {
+			return fmt.Errorf("the static pod for %s: %w", n.Name, err)
+		}
 	}
 	for _, n := range nodes {
 		dir := filepath.Join(o.out, n.Name)
@@ -166,7 +172,7 @@ func writeControlPlaneFiles(w io.Writer, o *cpFilesOptions) error {
 		if err := os.WriteFile(filepath.Join(dir, cpConfigName), files[n.Name], 0o644); err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(dir, cpManifest), []byte(staticPod(o, n.Name)), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, cpManifest), pods[n.Name], 0o644); err != nil {
 			return err
 		}
 	}
@@ -189,73 +195,83 @@ func containsNode(nodes []controlplane.Node, name string) bool {
 	return false
 }
 
+// staticPodManifest is what is written of the static pod: a Pod without status.
+type staticPodManifest struct {
+	metav1.TypeMeta `json:",inline"`
+	Metadata        metav1.ObjectMeta `json:"metadata"`
+	Spec            corev1.PodSpec    `json:"spec"`
+}
+
 // staticPod is the agent's static pod for kubelet: the host's network, the capabilities of
 // the DaemonSet's agent, the local file's folder (a folder, not the file: a file replaced by
 // rename, as standby writes it, shows through a folder mount only), the state folder (keys,
 // bootstrap record) and the cluster CA (to check the API server), and no Kubernetes
 // credentials.
-func staticPod(o *cpFilesOptions, node string) string {
-	args := []string{
-		"--control-plane-config=" + cpConfigDir + "/" + cpConfigName,
-		"--state-dir=" + cpStateDir,
+func staticPod(o *cpFilesOptions, node string) ([]byte, error) {
+	hostPath := func(name, path string, t corev1.HostPathType) corev1.Volume {
+		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path, Type: &t}}}
 	}
-	mounts := `    - {name: config, mountPath: ` + cpConfigDir + `, readOnly: true}
-    - {name: state, mountPath: ` + cpStateDir + `}
-    - {name: pki, mountPath: /etc/kubernetes/pki, readOnly: true}
-`
-	volumes := `  - name: config
-    hostPath: {path: ` + cpConfigDir + `, type: Directory}
-  - name: state
-    hostPath: {path: ` + cpStateDir + `, type: DirectoryOrCreate}
-  - name: pki
-    hostPath: {path: /etc/kubernetes/pki, type: DirectoryOrCreate}
-`
+	agent := corev1.Container{
+		Name:  "agent",
+		Image: o.image,
+		Args: []string{
+			"--control-plane-config=" + cpConfigDir + "/" + cpConfigName,
+			"--state-dir=" + cpStateDir,
+		},
+		Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("40Mi")},
+			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi")},
+		},
+		SecurityContext: &corev1.SecurityContext{
+			Privileged:               new(false),
+			AllowPrivilegeEscalation: new(false),
+			ReadOnlyRootFilesystem:   new(true),
+			RunAsUser:                new(int64(0)),
+			Capabilities: &corev1.Capabilities{
+				Drop: []corev1.Capability{"ALL"},
+				Add:  []corev1.Capability{"NET_RAW", "NET_ADMIN", "NET_BIND_SERVICE"},
+			},
+		},
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: "config", MountPath: cpConfigDir, ReadOnly: true},
+			{Name: "state", MountPath: cpStateDir},
+			{Name: "pki", MountPath: "/etc/kubernetes/pki", ReadOnly: true},
+		},
+	}
+	volumes := []corev1.Volume{
+		hostPath("config", cpConfigDir, corev1.HostPathDirectory),
+		hostPath("state", cpStateDir, corev1.HostPathDirectoryOrCreate),
+		hostPath("pki", "/etc/kubernetes/pki", corev1.HostPathDirectoryOrCreate),
+	}
 	if o.tlsDir != "" {
-		args = append(args, "--listen-address=:7472", "--tls-ca=/etc/metalvip/tls/ca.crt",
+		agent.Args = append(agent.Args, "--listen-address=:7472", "--tls-ca=/etc/metalvip/tls/ca.crt",
 			"--tls-cert=/etc/metalvip/tls/"+node+".crt", "--tls-key=/etc/metalvip/tls/"+node+".key")
-		mounts += "    - {name: tls, mountPath: /etc/metalvip/tls, readOnly: true}\n"
-		volumes += "  - name: tls\n    hostPath: {path: " + o.tlsDir + ", type: Directory}\n"
+		agent.VolumeMounts = append(agent.VolumeMounts, corev1.VolumeMount{Name: "tls", MountPath: "/etc/metalvip/tls", ReadOnly: true})
+		volumes = append(volumes, hostPath("tls", o.tlsDir, corev1.HostPathDirectory))
 	}
-	var b strings.Builder
-	b.WriteString(`# metalvip-agent serving the control-plane VIP (kubeadm's --control-plane-endpoint) on ` + node + `.
-# A static pod: kubelet runs it from /etc/kubernetes/manifests before any API server exists.
-# Written by metalvipctl controlplane files; see docs/control-plane.md.
-apiVersion: v1
-kind: Pod
-metadata:
-  name: metalvip-controlplane
-  namespace: kube-system
-  labels: {app.kubernetes.io/name: metalvip-controlplane, app.kubernetes.io/part-of: metalvip}
-spec:
-  hostNetwork: true
-  priorityClassName: system-node-critical
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 10
-  containers:
-  - name: agent
-    image: ` + o.image + `
-    args:
-`)
-	for _, a := range args {
-		b.WriteString("    - " + a + "\n")
+	data, err := yaml.Marshal(staticPodManifest{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		Metadata: metav1.ObjectMeta{
+			Name:      "metalvip-controlplane",
+			Namespace: "kube-system",
+			Labels:    map[string]string{"app.kubernetes.io/name": "metalvip-controlplane", "app.kubernetes.io/part-of": "metalvip"},
+		},
+		Spec: corev1.PodSpec{
+			HostNetwork:                   true,
+			PriorityClassName:             "system-node-critical",
+			AutomountServiceAccountToken:  new(false),
+			TerminationGracePeriodSeconds: new(int64(10)),
+			Containers:                    []corev1.Container{agent},
+			Volumes:                       volumes,
+		},
+	})
+	if err != nil {
+		return nil, err
 	}
-	b.WriteString(`    resources:
-      requests: {cpu: 50m, memory: 40Mi}
-      limits: {memory: 128Mi}
-    securityContext:
-      privileged: false
-      allowPrivilegeEscalation: false
-      readOnlyRootFilesystem: true
-      runAsUser: 0
-      capabilities:
-        drop: [ALL]
-        add: [NET_RAW, NET_ADMIN, NET_BIND_SERVICE]
-    volumeMounts:
-`)
-	b.WriteString(mounts)
-	b.WriteString("  volumes:\n")
-	b.WriteString(volumes)
-	return b.String()
+	head := "# metalvip-agent serving the control-plane VIP (kubeadm's --control-plane-endpoint) on " + node + ".\n" +
+		"# A static pod: kubelet runs it from /etc/kubernetes/manifests before any API server exists.\n" +
+		"# Written by metalvipctl controlplane files; see docs/control-plane.md.\n"
+	return append([]byte(head), data...), nil
 }
 
 func controlPlaneStandbyCommand() *cobra.Command {

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // The client table remembers, for each per-client VIP, the hosts seen asking for it (address,
@@ -143,7 +145,7 @@ type clientTable struct {
 	segs      [2]clientList
 	perMAC    *sourceLimit
 	perIP     *sourceLimit
-	admission tokenBucket
+	admission *rate.Limiter
 	version   uint64 // grows whenever the protected clients change
 	sightings uint64
 	stats     ClientStats
@@ -163,7 +165,7 @@ func newClientTable(lim ClientLimits, now func() time.Time) *clientTable {
 		byVIP:     map[netip.Addr]map[netip.Addr]*clientEntry{},
 		perMAC:    newSourceLimit(lim.PerMACPerSecond),
 		perIP:     newSourceLimit(lim.PerIPPerSecond),
-		admission: tokenBucket{rate: float64(lim.NewPerSecond), burst: float64(lim.NewBurst), tokens: float64(lim.NewBurst)},
+		admission: rate.NewLimiter(rate.Limit(lim.NewPerSecond), lim.NewBurst),
 	}
 }
 
@@ -202,7 +204,7 @@ func (t *clientTable) see(s sighting) verdict {
 	if e != nil {
 		return t.claim(e, s.at, now)
 	}
-	if !t.admission.take(now) {
+	if !t.admission.AllowN(now, 1) {
 		t.stats.NotAdmitted++
 		return notAdmitted
 	}
@@ -459,25 +461,5 @@ func (l *sourceLimit) allow(key []byte, now time.Time) bool {
 		return false
 	}
 	s.n++
-	return true
-}
-
-// tokenBucket admits rate events a second, in bursts of at most burst.
-type tokenBucket struct {
-	rate, burst, tokens float64
-	last                time.Time
-}
-
-func (b *tokenBucket) take(now time.Time) bool {
-	if d := now.Sub(b.last); b.last.IsZero() || d > 0 {
-		if !b.last.IsZero() {
-			b.tokens = min(b.burst, b.tokens+d.Seconds()*b.rate)
-		}
-		b.last = now
-	}
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
 	return true
 }

@@ -1,4 +1,4 @@
-package main
+package metallb
 
 import (
 	"bytes"
@@ -29,14 +29,14 @@ type printedMeta struct {
 // commentWidth is where comments are wrapped.
 const commentWidth = 96
 
-// renderConversion writes the conversion as YAML documents ready for `kubectl apply`, each note
+// Render writes a conversion as YAML documents ready for `kubectl apply`, each note
 // a comment above the field it concerns.
-func renderConversion(w io.Writer, c conversion) error {
+func Render(w io.Writer, c Conversion) error {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# IPPools and BGPPeers converted from MetalLB's configuration in namespace %s\n", c.Namespace)
 	fmt.Fprintf(&b, "# by metalvipctl migrate metallb. Apply once metalvip's CRDs are installed:\n")
 	fmt.Fprintf(&b, "#   kubectl apply --server-side -f FILE\n")
-	fmt.Fprintf(&b, "# Comments starting CHECK: mark where metalvip will not do what MetalLB did (%d here);\n", c.checks())
+	fmt.Fprintf(&b, "# Comments starting CHECK: mark where metalvip will not do what MetalLB did (%d here);\n", c.Checks())
 	fmt.Fprintf(&b, "# docs/migrating-from-metallb.md says how each is mapped.\n")
 	for _, g := range c.General {
 		b.WriteString(comment(g, ""))
@@ -61,7 +61,7 @@ func renderConversion(w io.Writer, c conversion) error {
 }
 
 // objectNode turns a converted object into a YAML document with its notes attached.
-func objectNode(o convertedObject) (*yaml.Node, error) {
+func objectNode(o Object) (*yaml.Node, error) {
 	// sigs.k8s.io/yaml writes the API's JSON field names and omits what the types omit.
 	text, err := sigsyaml.Marshal(printedObject{
 		APIVersion: v1alpha1.GroupVersion.String(),

@@ -1,4 +1,4 @@
-package main
+package metallb
 
 import (
 	"encoding/json"
@@ -133,19 +133,20 @@ type mlbBFDProfile struct {
 	} `json:"spec"`
 }
 
-// metalLBConfig is MetalLB's configuration in one namespace, as read from a cluster or files.
-type metalLBConfig struct {
-	Namespace      string
-	Pools          []mlbPool
-	L2             []mlbL2Advertisement
-	BGP            []mlbBGPAdvertisement
-	Peers          []mlbPeer
-	Communities    []mlbCommunity
-	BFDProfiles    []mlbBFDProfile
-	KubeNamespaces []kubeNamespace // nil: not known (files without Namespace objects)
-	// Unknown lists fields this converter does not know, per object: a newer MetalLB's, to
+// Config is MetalLB's configuration in one namespace, as read from a cluster or files. The
+// zero value with Namespace set is empty; Add, ReadFiles and ReadCluster fill it.
+type Config struct {
+	Namespace   string // MetalLB's namespace: objects of another are not its configuration
+	pools       []mlbPool
+	l2          []mlbL2Advertisement
+	bgp         []mlbBGPAdvertisement
+	peers       []mlbPeer
+	communities []mlbCommunity
+	bfdProfiles []mlbBFDProfile
+	namespaces  []kubeNamespace // nil: not known (files without Namespace objects)
+	// unknown lists fields this converter does not know, per object: a newer MetalLB's, to
 	// be reported rather than dropped unseen.
-	Unknown map[string][]string
+	unknown map[string][]string
 }
 
 // kubeNamespace is what the converter needs of a Namespace: MetalLB resolves a pool's
@@ -166,8 +167,8 @@ var metalLBKinds = map[string]struct{ version, resource string }{
 	"BFDProfile":       {"v1beta1", "bfdprofiles"},
 }
 
-// add decodes one MetalLB object into the configuration.
-func (c *metalLBConfig) add(u *unstructured.Unstructured) error {
+// Add decodes one MetalLB object of a kind the converter reads into the configuration.
+func (c *Config) Add(u *unstructured.Unstructured) error {
 	kind := u.GetKind()
 	ref := fmt.Sprintf("%s %s/%s", kind, u.GetNamespace(), u.GetName())
 	if u.GetName() == "" {
@@ -176,23 +177,23 @@ func (c *metalLBConfig) add(u *unstructured.Unstructured) error {
 	var into any
 	switch kind {
 	case "IPAddressPool":
-		c.Pools = append(c.Pools, mlbPool{})
-		into = &c.Pools[len(c.Pools)-1]
+		c.pools = append(c.pools, mlbPool{})
+		into = &c.pools[len(c.pools)-1]
 	case "L2Advertisement":
-		c.L2 = append(c.L2, mlbL2Advertisement{})
-		into = &c.L2[len(c.L2)-1]
+		c.l2 = append(c.l2, mlbL2Advertisement{})
+		into = &c.l2[len(c.l2)-1]
 	case "BGPAdvertisement":
-		c.BGP = append(c.BGP, mlbBGPAdvertisement{})
-		into = &c.BGP[len(c.BGP)-1]
+		c.bgp = append(c.bgp, mlbBGPAdvertisement{})
+		into = &c.bgp[len(c.bgp)-1]
 	case "BGPPeer":
-		c.Peers = append(c.Peers, mlbPeer{})
-		into = &c.Peers[len(c.Peers)-1]
+		c.peers = append(c.peers, mlbPeer{})
+		into = &c.peers[len(c.peers)-1]
 	case "Community":
-		c.Communities = append(c.Communities, mlbCommunity{})
-		into = &c.Communities[len(c.Communities)-1]
+		c.communities = append(c.communities, mlbCommunity{})
+		into = &c.communities[len(c.communities)-1]
 	case "BFDProfile":
-		c.BFDProfiles = append(c.BFDProfiles, mlbBFDProfile{})
-		into = &c.BFDProfiles[len(c.BFDProfiles)-1]
+		c.bfdProfiles = append(c.bfdProfiles, mlbBFDProfile{})
+		into = &c.bfdProfiles[len(c.bfdProfiles)-1]
 	default:
 		return fmt.Errorf("%s: not a kind the converter reads", ref)
 	}
@@ -207,10 +208,10 @@ func (c *metalLBConfig) add(u *unstructured.Unstructured) error {
 	specType := reflect.TypeOf(into).Elem()
 	if f, ok := specType.FieldByName("Spec"); ok {
 		if unknown := unknownFields(spec, f.Type, "spec"); len(unknown) > 0 {
-			if c.Unknown == nil {
-				c.Unknown = map[string][]string{}
+			if c.unknown == nil {
+				c.unknown = map[string][]string{}
 			}
-			c.Unknown[kind+"/"+u.GetName()] = unknown
+			c.unknown[kind+"/"+u.GetName()] = unknown
 		}
 	}
 	return nil

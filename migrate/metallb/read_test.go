@@ -1,0 +1,82 @@
+package metallb
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestReadingMetalLBObjects(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		in       string
+		general  string // a general note that must be there
+		skipped  string // a skip line that must be there
+		objects  int
+		errorHas string
+	}{
+		{
+			name:    "a field this converter does not know is reported, not dropped unseen",
+			in:      pool("gold", `{addresses: [203.0.113.0/24], newKnob: 1, serviceAllocation: {priority: 1, future: x}}`),
+			general: "CHECK: IPAddressPool gold in metallb-system has fields this converter does not know (a newer MetalLB?), not converted: spec.newKnob, spec.serviceAllocation.future",
+			objects: 1,
+		},
+		{
+			name:    "an object of another namespace is skipped: MetalLB reads only its own",
+			in:      strings.Replace(pool("gold", `{addresses: [203.0.113.0/24]}`), "metallb-system", "elsewhere", 1),
+			skipped: "IPAddressPool elsewhere/gold: not in namespace metallb-system",
+		},
+		{
+			name:    "MetalLB's status objects and other kinds are skipped and counted",
+			in:      doc("ServiceL2Status", "v1beta1", "s", `{}`) + "{apiVersion: apps/v1, kind: Deployment, metadata: {name: controller}}\n---\n",
+			skipped: "1 Deployment objects: not MetalLB's configuration",
+		},
+		{
+			name:    "a List's items are read",
+			in:      `{apiVersion: v1, kind: List, items: [{apiVersion: metallb.io/v1beta1, kind: IPAddressPool, metadata: {name: gold, namespace: metallb-system}, spec: {addresses: [203.0.113.0/24]}}]}`,
+			objects: 1,
+		},
+		{
+			name:    "an advertisement naming a pool that does not exist is reported",
+			in:      pool("gold", `{addresses: [203.0.113.0/24]}`) + doc("L2Advertisement", "v1beta1", "l2", `{ipAddressPools: [silver]}`),
+			general: `CHECK: L2Advertisement metallb-system/l2 names IPAddressPool "silver", which does not exist`,
+			objects: 1,
+		},
+		{
+			name:     "an object that is not MetalLB's shape is an error naming it",
+			in:       pool("gold", `{addresses: "203.0.113.0/24"}`),
+			errorHas: "IPAddressPool metallb-system/gold does not decode as MetalLB's IPAddressPool",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "in.yaml")
+			if err := os.WriteFile(path, []byte(tc.in), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			in := Config{Namespace: "metallb-system"}
+			skipped, err := in.ReadFiles([]string{dir}, nil)
+			if tc.errorHas != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.errorHas) {
+					t.Fatalf("err = %v, want one containing %q", err, tc.errorHas)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.skipped != "" && !slices.ContainsFunc(skipped, func(s string) bool { return strings.HasPrefix(s, tc.skipped) }) {
+				t.Errorf("skipped %q, want a line starting %q", skipped, tc.skipped)
+			}
+			c := Convert(in, "metalvip-bgp-secrets")
+			if len(c.Objects) != tc.objects {
+				t.Errorf("%d objects, want %d", len(c.Objects), tc.objects)
+			}
+			if tc.general != "" && !slices.Contains(c.General, tc.general) {
+				t.Errorf("general notes %q, want %q", c.General, tc.general)
+			}
+		})
+	}
+}
