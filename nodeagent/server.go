@@ -27,13 +27,33 @@ var roles = map[string][]string{
 }
 
 // ServerOption adds to NewServer.
-type ServerOption func(*enrolling)
+type ServerOption func(*serverConfig)
+
+type serverConfig struct {
+	enrollee *identity.Enrollee
+	unary    []grpc.UnaryServerInterceptor
+	stream   []grpc.StreamServerInterceptor
+}
 
 // WithEnrollee serves Enroll and Install for the agent's enrollment (docs/agent-tls.md), and
 // while e holds no valid certificate answers nothing else: the connection's server
 // certificate is then one nobody trusts.
 func WithEnrollee(e *identity.Enrollee) ServerOption {
-	return func(s *enrolling) { s.enrollee = e }
+	return func(c *serverConfig) { c.enrollee = e }
+}
+
+// WithInterceptors runs unary and stream (either may be nil) inside the server's own (the
+// answer limit, the role check), on the calls those let through: a harness that stands for
+// many agents (test/scale) counts what lands on the server production runs, not a copy.
+func WithInterceptors(unary grpc.UnaryServerInterceptor, stream grpc.StreamServerInterceptor) ServerOption {
+	return func(c *serverConfig) {
+		if unary != nil {
+			c.unary = append(c.unary, unary)
+		}
+		if stream != nil {
+			c.stream = append(c.stream, stream)
+		}
+	}
 }
 
 // enrolling is the agent's service with its enrollment.
@@ -72,15 +92,17 @@ func (s *enrolling) Install(_ context.Context, req *agentv1.InstallRequest) (*ag
 // Serve it on a connlimit.Listener: the server marks each connection authenticated after its
 // handshake.
 func NewServer(a *Agent, creds credentials.TransportCredentials, authorize bool, options ...ServerOption) *grpc.Server {
-	svc := &enrolling{Agent: a}
+	var cfg serverConfig
 	for _, o := range options {
-		o(svc)
+		o(&cfg)
 	}
+	svc := &enrolling{Agent: a, enrollee: cfg.enrollee}
 	opts := append(agentapi.ServerOptions(), grpc.Creds(markAuthenticated{creds}))
 	if authorize {
 		az := authorizer{svc.enrollee}
 		opts = append(opts, grpc.ChainUnaryInterceptor(az.unary), grpc.ChainStreamInterceptor(az.stream))
 	}
+	opts = append(opts, grpc.ChainUnaryInterceptor(cfg.unary...), grpc.ChainStreamInterceptor(cfg.stream...))
 	srv := grpc.NewServer(opts...)
 	agentv1.RegisterAgentServiceServer(srv, svc)
 	return srv
