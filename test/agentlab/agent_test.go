@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/lab"
@@ -113,7 +114,7 @@ func ccmClient(t *testing.T, h *lab.Host, tlsDir string, addr netip.AddrPort) ag
 		})
 		return c, err
 	}
-	conn, err := grpc.NewClient("passthrough:///"+addr.String(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dial))
+	conn, err := grpc.NewClient("passthrough:///"+addr.String(), append(agentapi.ClientOptions(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dial))...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,6 +35,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/annotation"
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/internal/identity"
@@ -366,7 +367,7 @@ func (c *Cluster) StartAgent(a *Agent) {
 			return conn, err
 		}
 		conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(h.IPv4, 7472).String(),
-			grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dial))
+			append(agentapi.ClientOptions(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(dial))...)
 		if err != nil {
 			c.T.Fatalf("%v", err)
 		}
