@@ -41,10 +41,6 @@ var (
 	registerMetrics sync.Once
 )
 
-// MaxStateBytes bounds a desired state on the wire, both ways: about 100,000 VIPs on one node.
-// The agent serves with the same limit (internal/agentapi).
-const MaxStateBytes = agentapi.MaxMessageBytes
-
 // AgentConfig says how the CCM reaches agents.
 type AgentConfig struct {
 	Port     int
@@ -191,15 +187,14 @@ func (a *Agents) dial(ctx context.Context, node string, addr netip.Addr) (*agent
 		}
 		creds = credentials.NewTLS(cfg)
 	}
-	opts := []grpc.DialOption{
+	opts := append(agentapi.ClientOptions(),
 		grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxStateBytes), grpc.MaxCallSendMsgSize(MaxStateBytes)),
 		// gRPC's default reconnect backoff grows to 120 s: an agent back after a reboot of a
 		// few seconds stayed unreachable (and on its stale saved state) for minutes. Keep
 		// the redial within run's own backoff.
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: grpcbackoff.Config{BaseDelay: 200 * time.Millisecond,
 			Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second}, MinConnectTimeout: 5 * time.Second}),
-	}
+	)
 	if a.cfg.Dial != nil {
 		opts = append(opts, grpc.WithContextDialer(a.cfg.Dial))
 	}

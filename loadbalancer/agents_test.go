@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 
+	"github.com/metalvip/metalvip/internal/agentapi"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
@@ -56,7 +57,7 @@ func TestAFailedKeyReadIsRetriedAndPeersKeepTheKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(agentapi.ServerOptions()...)
 	fake := &flakyAgent{failures: 3, keys: [][]byte{[]byte("new key, 32 bytes long ........")}}
 	agentv1.RegisterAgentServiceServer(srv, fake)
 	go func() { _ = srv.Serve(lis) }()
@@ -140,7 +141,7 @@ func TestASlowApplyOfAnAnsweringAgentIsNoUnreachableNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(agentapi.ServerOptions()...)
 	fake := &slowAgent{slow: 2, delay: 3 * time.Second}
 	agentv1.RegisterAgentServiceServer(srv, fake)
 	go func() { _ = srv.Serve(lis) }()
@@ -219,7 +220,7 @@ func TestABurstOfStatesIsPacedByTheCostOfAnApply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(agentapi.ServerOptions()...)
 	const cost = 20 * time.Millisecond
 	fake := &costlyAgent{cost: cost}
 	agentv1.RegisterAgentServiceServer(srv, fake)

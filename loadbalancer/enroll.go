@@ -16,6 +16,7 @@ import (
 	"k8s.io/component-base/metrics"
 	"k8s.io/klog/v2"
 
+	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/internal/identity"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
@@ -69,7 +70,7 @@ func (a *Agents) enrollNew(ctx context.Context, c *agentConn) error {
 			return a.cfg.Enroll.Certificate()
 		},
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg))}
+	opts := append(agentapi.ClientOptions(), grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
 	if a.cfg.Dial != nil {
 		opts = append(opts, grpc.WithContextDialer(a.cfg.Dial))
 	}

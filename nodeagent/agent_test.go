@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/nodeagent/bgp"
 	"github.com/metalvip/metalvip/nodeagent/l2"
@@ -212,7 +213,7 @@ func (h *harness) client(t *testing.T, name, ca, node string) agentv1.AgentServi
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	conn, err := grpc.NewClient(h.addr, append(agentapi.ClientOptions(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)))...)
 	if err != nil {
 		t.Fatal(err)
 	}

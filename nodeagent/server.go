@@ -7,10 +7,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
@@ -29,13 +27,33 @@ var roles = map[string][]string{
 }
 
 // ServerOption adds to NewServer.
-type ServerOption func(*enrolling)
+type ServerOption func(*serverConfig)
+
+type serverConfig struct {
+	enrollee *identity.Enrollee
+	unary    []grpc.UnaryServerInterceptor
+	stream   []grpc.StreamServerInterceptor
+}
 
 // WithEnrollee serves Enroll and Install for the agent's enrollment (docs/agent-tls.md), and
 // while e holds no valid certificate answers nothing else: the connection's server
 // certificate is then one nobody trusts.
 func WithEnrollee(e *identity.Enrollee) ServerOption {
-	return func(s *enrolling) { s.enrollee = e }
+	return func(c *serverConfig) { c.enrollee = e }
+}
+
+// WithInterceptors runs unary and stream (either may be nil) inside the server's own (the
+// answer limit, the role check), on the calls those let through: a harness that stands for
+// many agents (test/scale) counts what lands on the server production runs, not a copy.
+func WithInterceptors(unary grpc.UnaryServerInterceptor, stream grpc.StreamServerInterceptor) ServerOption {
+	return func(c *serverConfig) {
+		if unary != nil {
+			c.unary = append(c.unary, unary)
+		}
+		if stream != nil {
+			c.stream = append(c.stream, stream)
+		}
+	}
 }
 
 // enrolling is the agent's service with its enrollment.
@@ -66,32 +84,25 @@ func (s *enrolling) Install(_ context.Context, req *agentv1.InstallRequest) (*ag
 	return &agentv1.InstallResponse{}, nil
 }
 
-// NewServer returns the agent's gRPC server, bounded as agentapi says: handshake timeout,
-// message limits, streams per connection, keepalive enforcement. With authorize, every call
-// is checked against the role the client's verified certificate names (the CCM may Apply, the
-// viewer only read); without (plaintext labs), nobody is checked. WithEnrollee adds the
-// agent's enrollment. Serve it on a
-// connlimit.Listener: the server marks each connection authenticated after its handshake.
+// NewServer returns the agent's gRPC server, bounded by agentapi.ServerOptions: handshake
+// timeout, message and header limits, streams per connection, keepalive enforcement, an answer
+// over the limit refused with the reason. With authorize, every call is checked against the
+// role the client's verified certificate names (the CCM may Apply, the viewer only read);
+// without (plaintext labs), nobody is checked. WithEnrollee adds the agent's enrollment.
+// Serve it on a connlimit.Listener: the server marks each connection authenticated after its
+// handshake.
 func NewServer(a *Agent, creds credentials.TransportCredentials, authorize bool, options ...ServerOption) *grpc.Server {
-	svc := &enrolling{Agent: a}
+	var cfg serverConfig
 	for _, o := range options {
-		o(svc)
+		o(&cfg)
 	}
-	opts := []grpc.ServerOption{
-		grpc.Creds(markAuthenticated{creds}),
-		grpc.ConnectionTimeout(agentapi.HandshakeTimeout),
-		grpc.MaxRecvMsgSize(agentapi.MaxMessageBytes),
-		grpc.MaxSendMsgSize(agentapi.MaxMessageBytes),
-		grpc.MaxConcurrentStreams(agentapi.MaxStreams),
-		grpc.MaxHeaderListSize(16 << 10),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: agentapi.MinPingInterval, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: agentapi.ServerPingInterval, Timeout: agentapi.PingTimeout, MaxConnectionIdle: agentapi.MaxIdle}),
-		grpc.ChainUnaryInterceptor(limitAnswer),
-	}
+	svc := &enrolling{Agent: a, enrollee: cfg.enrollee}
+	opts := append(agentapi.ServerOptions(), grpc.Creds(markAuthenticated{creds}))
 	if authorize {
 		az := authorizer{svc.enrollee}
 		opts = append(opts, grpc.ChainUnaryInterceptor(az.unary), grpc.ChainStreamInterceptor(az.stream))
 	}
+	opts = append(opts, grpc.ChainUnaryInterceptor(cfg.unary...), grpc.ChainStreamInterceptor(cfg.stream...))
 	srv := grpc.NewServer(opts...)
 	agentv1.RegisterAgentServiceServer(srv, svc)
 	return srv
@@ -139,20 +150,6 @@ func (az authorizer) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 		return err
 	}
 	return next(srv, ss)
-}
-
-// limitAnswer refuses, with a reason, an answer over the message limit, rather than let the
-// transport fail it with a bare error.
-func limitAnswer(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
-	resp, err := next(ctx, req)
-	if m, ok := resp.(proto.Message); ok && err == nil {
-		if n := proto.Size(m); n > agentapi.MaxMessageBytes {
-			return nil, status.Errorf(codes.ResourceExhausted,
-				"%s: the answer is %d bytes, over the contract's %d: this node holds more than the %d VIPs an agent is sized for",
-				info.FullMethod, n, agentapi.MaxMessageBytes, agentapi.MaxVIPsPerNode)
-		}
-	}
-	return resp, err
 }
 
 // markAuthenticated tells the connection limiter that a connection finished its handshake.

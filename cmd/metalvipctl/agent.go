@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/internal/identity"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
@@ -99,7 +100,7 @@ gives it.`,
 				}
 				creds = credentials.NewTLS(cfg)
 			}
-			conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(addr, uint16(port)).String(), grpc.WithTransportCredentials(creds))
+			conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(addr, uint16(port)).String(), append(agentapi.ClientOptions(), grpc.WithTransportCredentials(creds))...)
 			if err != nil {
 				return err
 			}

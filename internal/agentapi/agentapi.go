@@ -1,14 +1,21 @@
 // Package agentapi holds what the two ends of the agent contract (proto/metalvip/agent/v1)
 // must agree on beyond the generated code: the largest message either sends, the keepalive
-// pings the agent tolerates, and the bounds of the agent's port. The CCM and metalvipctl dial
-// with ClientOptions; metalvip-agent serves with the same figures. It decides nothing else.
+// pings the agent tolerates, and the bounds of the agent's port. Both ends take them from
+// here, never from figures of their own: every client of the agent (the CCM, its enrollment,
+// metalvipctl, the test harnesses) dials with ClientOptions, and every server of the contract
+// (metalvip-agent through nodeagent.NewServer, and the fakes that stand for it in tests)
+// serves with ServerOptions. It decides nothing else: credentials, roles and the service
+// itself are the caller's.
 package agentapi
 
 import (
+	"context"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -23,8 +30,13 @@ const MaxVIPsPerNode = 100_000
 // GetState answer costs about 265 bytes per VIP (the held state, 162, plus what each VIP is
 // now) with 40-character Service names and 26-character node names, so 100,000 VIPs make
 // about 27 MB; the limit leaves room for names twice that long. An answer over the limit is
-// refused with RESOURCE_EXHAUSTED and says so, never cut.
+// refused with RESOURCE_EXHAUSTED and says so, never cut. A client dialling without
+// ClientOptions receives at most gRPC's default (4 MiB): a large node's answer fails there.
 const MaxMessageBytes = 64 << 20
+
+// MaxHeaderBytes bounds the headers of a call to the agent. The contract carries nothing in
+// metadata: the bound only keeps a client from making the agent hold large headers.
+const MaxHeaderBytes = 16 << 10
 
 // Keepalive: the agent pings an idle connection every ServerPingInterval and closes it when
 // no answer comes within PingTimeout; a client may ping no more often than MinPingInterval
@@ -53,12 +65,46 @@ const (
 )
 
 // ClientOptions are the dial options of a client of the agent: message limits and keepalive
-// pings the agent accepts.
+// pings the agent accepts. The caller adds its transport credentials, and may add options
+// that are its own business (backoff, a dialer).
 func ClientOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: ClientPingInterval, Timeout: PingTimeout, PermitWithoutStream: true}),
 	}
+}
+
+// ServerOptions are the options of a server of the agent's API: the handshake timeout,
+// message and header limits, calls per connection, keepalive pings and their enforcement, and
+// an interceptor that refuses an answer over MaxMessageBytes with the reason. The caller adds
+// its transport credentials (grpc.Creds) and its own interceptors, which run inside this one.
+// The connection bounds (MaxConnsPerAddr, MaxPendingHandshakes) belong to the listener
+// (internal/connlimit), not to these options.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ConnectionTimeout(HandshakeTimeout),
+		grpc.MaxRecvMsgSize(MaxMessageBytes),
+		grpc.MaxSendMsgSize(MaxMessageBytes),
+		grpc.MaxConcurrentStreams(MaxStreams),
+		grpc.MaxHeaderListSize(MaxHeaderBytes),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: MinPingInterval, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: ServerPingInterval, Timeout: PingTimeout, MaxConnectionIdle: MaxIdle}),
+		grpc.ChainUnaryInterceptor(limitAnswer),
+	}
+}
+
+// limitAnswer refuses, with a reason, an answer over the message limit, rather than let the
+// transport fail it with a bare error.
+func limitAnswer(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+	resp, err := next(ctx, req)
+	if m, ok := resp.(proto.Message); ok && err == nil {
+		if n := proto.Size(m); n > MaxMessageBytes {
+			return nil, status.Errorf(codes.ResourceExhausted,
+				"%s: the answer is %d bytes, over the contract's %d: this node holds more than the %d VIPs an agent is sized for",
+				info.FullMethod, n, MaxMessageBytes, MaxVIPsPerNode)
+		}
+	}
+	return resp, err
 }
 
 // Restamped returns a shallow copy of st with its term and generation set to term and gen. The

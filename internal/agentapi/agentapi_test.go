@@ -1,9 +1,17 @@
 package agentapi
 
 import (
+	"context"
 	"fmt"
+	"net"
+	"strings"
 	"testing"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
@@ -44,5 +52,83 @@ func TestLimits(t *testing.T) {
 		if n == MaxVIPsPerNode && 2*get > MaxMessageBytes {
 			t.Errorf("GetState of %d VIPs is %d bytes: less than half again to spare under the limit %d", n, get, MaxMessageBytes)
 		}
+	}
+}
+
+func TestAnAnswerOverTheLimitIsRefusedWithTheReason(t *testing.T) {
+	info := &grpc.UnaryServerInfo{FullMethod: agentv1.AgentService_GetState_FullMethodName}
+	for _, tc := range []struct {
+		name   string
+		size   int
+		refuse bool
+	}{
+		{"an answer under the limit goes out", 1 << 20, false},
+		{"an answer over the limit is refused", MaxMessageBytes + 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := limitAnswer(context.Background(), nil, info, func(context.Context, any) (any, error) {
+				return &agentv1.GetStateResponse{Node: strings.Repeat("x", tc.size)}, nil
+			})
+			switch {
+			case tc.refuse && (status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "VIPs an agent is sized for")):
+				t.Errorf("limitAnswer = %v; want ResourceExhausted with the reason", err)
+			case !tc.refuse && (err != nil || resp == nil):
+				t.Errorf("limitAnswer = %v, %v; want the answer", resp, err)
+			}
+		})
+	}
+}
+
+// answering serves GetState with a fixed answer.
+type answering struct {
+	agentv1.UnimplementedAgentServiceServer
+	resp *agentv1.GetStateResponse
+}
+
+func (a answering) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.GetStateResponse, error) {
+	return a.resp, nil
+}
+
+// TestTheLargestStateCrossesBetweenClientAndServerOptions: a server with ServerOptions
+// answers the largest state an agent is sized for, and a client with ClientOptions reads it;
+// a client with gRPC's defaults cannot (what metalvipctl agent did); an answer over the limit
+// arrives as RESOURCE_EXHAUSTED with the reason, not as the transport's bare error.
+func TestTheLargestStateCrossesBetweenClientAndServerOptions(t *testing.T) {
+	_, largest := bigState(MaxVIPsPerNode)
+	for _, tc := range []struct {
+		name     string
+		resp     *agentv1.GetStateResponse
+		defaults bool // dial with gRPC's defaults instead of ClientOptions
+		want     codes.Code
+		reason   string
+	}{
+		{"the largest state arrives whole", largest, false, codes.OK, ""},
+		{"a client with gRPC's defaults cannot read it", largest, true, codes.ResourceExhausted, "larger than max"},
+		{"an answer over the limit is refused with the reason", &agentv1.GetStateResponse{Node: strings.Repeat("x", MaxMessageBytes)}, false, codes.ResourceExhausted, "VIPs an agent is sized for"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lis := bufconn.Listen(1 << 20)
+			srv := grpc.NewServer(append(ServerOptions(), grpc.Creds(insecure.NewCredentials()))...)
+			agentv1.RegisterAgentServiceServer(srv, answering{resp: tc.resp})
+			go func() { _ = srv.Serve(lis) }()
+			defer srv.Stop()
+			opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) })}
+			if !tc.defaults {
+				opts = append(opts, ClientOptions()...)
+			}
+			conn, err := grpc.NewClient("passthrough:///agent", opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			got, err := agentv1.NewAgentServiceClient(conn).GetState(context.Background(), &agentv1.GetStateRequest{})
+			if status.Code(err) != tc.want || !strings.Contains(fmt.Sprint(err), tc.reason) {
+				t.Fatalf("GetState = %v; want %v with %q", err, tc.want, tc.reason)
+			}
+			if tc.want == codes.OK && !proto.Equal(got, tc.resp) {
+				t.Errorf("GetState answered %d VIPs, want the %d sent", len(got.GetAnnounced()), len(tc.resp.GetAnnounced()))
+			}
+		})
 	}
 }

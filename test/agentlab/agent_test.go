@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/harness"
@@ -64,7 +65,7 @@ func ccmClient(t *testing.T, h *lab.Host, tlsDir string, addr netip.AddrPort) ag
 		t.Fatal(err)
 	}
 	// The agent listens inside the node's namespace: dial from there.
-	conn, err := grpc.NewClient("passthrough:///"+addr.String(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(h.DialTCP))
+	conn, err := grpc.NewClient("passthrough:///"+addr.String(), append(agentapi.ClientOptions(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(h.DialTCP))...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/nodeagent/controlplane"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
@@ -211,7 +212,7 @@ func (e *env) startAgent(node string) {
 			e.t.Fatal(err)
 		}
 		conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(h.IPv4, 7472).String(),
-			grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(e.lab.Control.DialTCP))
+			append(agentapi.ClientOptions(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)), grpc.WithContextDialer(e.lab.Control.DialTCP))...)
 		if err != nil {
 			e.t.Fatal(err)
 		}

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,8 +43,7 @@ func startAgent(t *testing.T, dir, node string, addrs ...netip.Addr) *inProcessA
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(tc)))
-	agentv1.RegisterAgentServiceServer(srv, a)
+	srv := nodeagent.NewServer(a, credentials.NewTLS(tc), true)
 	t.Cleanup(srv.Stop)
 	ia := &inProcessAgent{agent: a}
 	for range 20 { // the same port on every address

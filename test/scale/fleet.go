@@ -13,7 +13,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/metalvip/metalvip/internal/agentapi"
@@ -26,12 +25,12 @@ import (
 )
 
 // fleet is the simulated agents: each the real agent logic (nodeagent.New with no speakers)
-// behind a gRPC server of its own, with mutual TLS, on a loopback address of its own, served
-// as metalvip-agent serves (connlimit, the agentapi bounds). What the wire would carry is
-// left out: no ARP, no BGP, and heartbeats by a shared table of who is dead (liveTable)
-// instead of UDP, which 1,000 agents on 2 cores could not carry (measured on its own: the
-// fast-failover section of docs/benchmarks.md). Every state that lands is given to the
-// tracker; bytes are counted on the wire (TLS included) and as messages.
+// behind metalvip-agent's own gRPC server (nodeagent.NewServer on a connlimit listener), with
+// mutual TLS, on a loopback address of its own. What the wire would carry is left out: no
+// ARP, no BGP, and heartbeats by a shared table of who is dead (liveTable) instead of UDP,
+// which 1,000 agents on 2 cores could not carry (measured on its own: the fast-failover
+// section of docs/benchmarks.md). Every state that lands is given to the tracker; bytes are
+// counted on the wire (TLS included) and as messages.
 type fleet struct {
 	dir    string
 	port   int
@@ -110,23 +109,13 @@ func (f *fleet) start(a *simAgent) error {
 		return fmt.Errorf("agent %s: %w", a.name, err)
 	}
 	lis := connlimit.New(countingListener{tcp, f}, agentapi.MaxConnsPerAddr, agentapi.MaxPendingHandshakes)
-	// The agent's own server options (nodeagent.NewServer), and an interceptor that records
-	// what lands; one client (the CCM) needs no role check.
-	srv := grpc.NewServer(
-		grpc.Creds(authenticated{credentials.NewTLS(tlsCfg)}),
-		grpc.ConnectionTimeout(agentapi.HandshakeTimeout),
-		grpc.MaxRecvMsgSize(agentapi.MaxMessageBytes),
-		grpc.MaxSendMsgSize(agentapi.MaxMessageBytes),
-		grpc.MaxConcurrentStreams(agentapi.MaxStreams),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: agentapi.MinPingInterval, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: agentapi.ServerPingInterval, Timeout: agentapi.PingTimeout, MaxConnectionIdle: agentapi.MaxIdle}),
-		grpc.ChainUnaryInterceptor(f.record(a.name)),
-		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, next grpc.StreamHandler) error {
+	// The agent's own server (the CCM's role checked as metalvip-agent checks it), and
+	// interceptors inside it that record what lands.
+	srv := nodeagent.NewServer(agent, credentials.NewTLS(tlsCfg), true, nodeagent.WithInterceptors(f.record(a.name),
+		func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, next grpc.StreamHandler) error {
 			f.watches.Add(1)
 			return next(srv, ss)
-		}),
-	)
-	agentv1.RegisterAgentServiceServer(srv, agent)
+		}))
 	go func() { _ = srv.Serve(lis) }()
 	a.agent, a.srv = agent, srv
 	return nil
@@ -192,24 +181,6 @@ func (f *fleet) counts() counts {
 
 func (c counts) minus(o counts) counts {
 	return counts{c.wireIn - o.wireIn, c.wireOut - o.wireOut, c.applyBytes - o.applyBytes, c.stateBytes - o.stateBytes, c.applies - o.applies, c.accepted - o.accepted, c.failed - o.failed, c.gets - o.gets, c.watches - o.watches}
-}
-
-// authenticated tells the connection limiter that a connection finished its handshake, as the
-// agent's server does.
-type authenticated struct {
-	credentials.TransportCredentials
-}
-
-func (m authenticated) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	out, info, err := m.TransportCredentials.ServerHandshake(c)
-	if err == nil {
-		connlimit.Authenticated(c)
-	}
-	return out, info, err
-}
-
-func (m authenticated) Clone() credentials.TransportCredentials {
-	return authenticated{m.TransportCredentials.Clone()}
 }
 
 // countingListener counts the bytes of the connections it accepts.
