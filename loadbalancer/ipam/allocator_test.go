@@ -439,8 +439,10 @@ func TestSeveralAddressesPerFamily(t *testing.T) {
 
 // TestARestoredPoolNameIsAClaimCheckedAgainstThePools: after a restart the pool an address was
 // given from comes from an annotation anyone who may edit the Service can write. It is the
-// record only where it cannot contradict the pools; a name pointing at another pool is
-// ignored, so a tenant cannot pick which pool's rules announce their address.
+// record only where it cannot give the address another pool's rules: a name of a valid pool
+// that does not hold the address is ignored, so a tenant cannot pick which pool's rules
+// announce their address. A name of a pool that is gone keeps the address an orphan (announced
+// from no node), as it was before the restart.
 func TestARestoredPoolNameIsAClaimCheckedAgainstThePools(t *testing.T) {
 	a := newAlloc(t,
 		Pool{Name: "l2", Order: 1, Ranges: mustRanges(t, "203.0.113.0/28"), AutoAssign: true},
@@ -456,7 +458,8 @@ func TestARestoredPoolNameIsAClaimCheckedAgainstThePools(t *testing.T) {
 		{"of overlapping pools, the one named when it holds the address", "ns/d", "wide", "203.0.113.4", "wide"},
 		{"a shadowed pool keeps what only it holds", "ns/e", "bgp", "203.0.113.20", "wide"},
 		{"an address in no valid pool keeps the name of a pool that is gone", "ns/f", "deleted", "198.51.100.7", "deleted"},
-		{"but not the name of a valid pool that does not hold it", "ns/g", "bgp", "198.51.100.8", ""},
+		{"so does one another pool holds: it stays an orphan of the pool that is gone", "ns/h", "deleted", "203.0.113.5", "deleted"},
+		{"and the name of a pool that shrank: no valid pool holds the address", "ns/g", "bgp", "198.51.100.8", "bgp"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := a.Restore(svc(tc.key), Allocation{Pool: tc.claim, IPs: []netip.Addr{ip(tc.addr)}}); err != nil {

@@ -411,6 +411,12 @@ func TestAllocatorProperties(t *testing.T) {
 				for _, r := range recs {
 					k, s := r.Service.Key, r.Service
 					fits := b.Fits(s, r.Allocation)
+					if al, ok := b.Get(k); ok && errs[k] == nil {
+						// The pool as the rebuilt record has it: a recorded name is not
+						// believed where it would give the address another pool's rules
+						// (its pool shrank past it and another pool holds it now).
+						fits = b.Fits(s, al)
+					}
 					if err := errs[k]; err != nil {
 						if fits && !m.failed[k] && !contested[k] {
 							t.Fatalf("rebuild refused %s, whose status %v answers its request: %v", k, r.Allocation, err)

@@ -79,13 +79,19 @@ func (a *Allocator) Fits(s Service, al Allocation) bool {
 
 // restoredPool decides the pool of an address a Service's status shows, after a restart. The
 // Service's own record of it (recorded, an annotation anyone who may edit the Service can
-// write) is taken only where it cannot contradict the pools: when the named pool's ranges hold
-// the address (of overlapping pools, the one it was given from), or, for an address that no
-// valid pool holds any more, when no valid pool of that name exists (it names the deleted or
-// invalid pool whose status reports the address). Otherwise the usable pool holding the
-// address, else the oldest shadowed pool holding it, else "".
+// write) is a claim, believed only where it cannot give the address another pool's rules:
+// when the named pool's ranges hold the address (of overlapping pools, the one it was given
+// from); when no valid pool of that name exists (deleted or invalid: the address stays an
+// orphan, announced from no node, as it was before the restart); and when no valid pool holds
+// the address (an orphan of the pool named, announced from no node either way). A name of a
+// valid pool that does not hold an address another pool holds is ignored: the usable pool
+// holding it, else the oldest shadowed one.
 func (a *Allocator) restoredPool(recorded string, addr netip.Addr) string {
-	if p := a.pools[recorded]; p != nil && p.contains(addr) {
+	p, exists := a.pools[recorded]
+	switch {
+	case exists && p.contains(addr):
+		return recorded
+	case !exists && recorded != "":
 		return recorded
 	}
 	if p := a.poolOf(addr); p != nil {
@@ -96,8 +102,5 @@ func (a *Allocator) restoredPool(recorded string, addr netip.Addr) string {
 			return p.Name
 		}
 	}
-	if _, exists := a.pools[recorded]; !exists {
-		return recorded
-	}
-	return ""
+	return recorded
 }
