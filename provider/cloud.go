@@ -25,8 +25,11 @@ import (
 
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/internal/identity"
-	"github.com/metalvip/metalvip/loadbalancer"
+	"github.com/metalvip/metalvip/loadbalancer/agentclient"
+	"github.com/metalvip/metalvip/loadbalancer/announcer"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
+	"github.com/metalvip/metalvip/loadbalancer/objects"
+	"github.com/metalvip/metalvip/loadbalancer/services"
 	"github.com/metalvip/metalvip/provider/config"
 )
 
@@ -51,9 +54,9 @@ type Cloud struct {
 	cfg       *config.Config
 	opts      Options
 	instances *instances
-	allocs    *loadbalancer.Allocations
-	services  *loadbalancer.ServiceController
-	announcer *loadbalancer.Announcer
+	allocs    *services.Allocations
+	services  *services.ServiceController
+	announcer *announcer.Announcer
 	enroller  *identity.Authority // agent.enroll: the agents' CA; nil otherwise
 	dyn       dynamicinformer.DynamicSharedInformerFactory
 	synced    []cache.InformerSynced // of the framework's informers this provider reads, set by SetInformers
@@ -100,13 +103,13 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 	broadcaster := record.NewBroadcaster()
 	broadcaster.StartStructuredLogging(2)
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
-	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: loadbalancer.EventSource})
+	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: services.EventSource})
 	c.instances.recorder = recorder
 	dyn := dynamic.NewForConfigOrDie(clientBuilder.ConfigOrDie("metalvip-cloud-provider"))
 	c.dyn = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
-	objects := loadbalancer.NewObjects()
+	objects := objects.NewObjects()
 	serves := c.Serves()
-	c.allocs = loadbalancer.New(loadbalancer.Config{
+	c.allocs = services.New(services.Config{
 		Client:         client,
 		Dynamic:        dyn,
 		Recorder:       recorder,
@@ -115,7 +118,7 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 		PendingRetry:   c.cfg.Allocation.PendingRetry.Duration,
 		StatusInterval: c.cfg.Allocation.PoolStatusInterval.Duration,
 	})
-	c.services = loadbalancer.NewServiceController(client, c.allocs, serves)
+	c.services = services.NewServiceController(client, c.allocs, serves)
 	ac := c.cfg.Agent
 	switch {
 	case ac.Enroll.Enabled:
@@ -130,14 +133,14 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 			klog.InfoS("WARNING: talking to agents in plaintext without authenticating them (agent.insecure); for labs only")
 		}
 		f := c.cfg.Failover
-		agents := loadbalancer.AgentConfig{
+		agents := agentclient.Config{
 			Port: ac.Port, Insecure: ac.Insecure, Timeout: ac.Timeout.Duration,
 			TLS: certs.Files{CA: ac.CAFile, Cert: ac.CertFile, Key: ac.KeyFile},
 		}
 		if c.enroller != nil {
 			agents.Enroll = c.enroller
 		}
-		c.announcer = loadbalancer.NewAnnouncer(loadbalancer.AnnouncerConfig{
+		c.announcer = announcer.New(announcer.Config{
 			Client:   client,
 			Dynamic:  dyn,
 			Recorder: recorder,
@@ -250,7 +253,7 @@ func (c *Cloud) SetInformers(factory informers.SharedInformerFactory) {
 }
 
 // LoadBalancer is none: metalvip serves Services with its own controller
-// (loadbalancer.ServiceController), so the framework's service controller does not start. Its
+// (services.ServiceController), so the framework's service controller does not start. Its
 // way costs three more API writes per Service (a finalizer patch and two Events, then a sync
 // again for the allocation record), measured in docs/benchmarks.md, and it serves class-less
 // Services only.

@@ -22,9 +22,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
-	"github.com/metalvip/metalvip/loadbalancer"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/loadbalancer/pools"
+	"github.com/metalvip/metalvip/loadbalancer/report"
 )
 
 // Status is what `metalvipctl status` reports.
@@ -179,7 +179,7 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 			}
 		}
 		for _, c := range n.Status.Conditions {
-			if string(c.Type) != loadbalancer.ConditionAgentReachable {
+			if string(c.Type) != report.ConditionAgentReachable {
 				continue
 			}
 			as.Agent = map[corev1.ConditionStatus]string{corev1.ConditionTrue: "reachable", corev1.ConditionFalse: "unreachable"}[c.Status]
@@ -199,7 +199,7 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 	}
 	pending := map[string]corev1.Event{} // namespace/name -> newest
 	for _, e := range events.Items {
-		if !slices.Contains(loadbalancer.PendingReasons, e.Reason) {
+		if !slices.Contains(report.PendingReasons, e.Reason) {
 			continue
 		}
 		k := e.InvolvedObject.Namespace + "/" + e.InvolvedObject.Name

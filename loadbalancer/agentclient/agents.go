@@ -1,4 +1,4 @@
-package loadbalancer
+package agentclient
 
 import (
 	"context"
@@ -41,8 +41,8 @@ var (
 	registerMetrics sync.Once
 )
 
-// AgentConfig says how the CCM reaches agents.
-type AgentConfig struct {
+// Config says how the CCM reaches agents.
+type Config struct {
 	Port     int
 	TLS      certs.Files // empty with Insecure or Enroll
 	Insecure bool
@@ -53,8 +53,8 @@ type AgentConfig struct {
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
 }
 
-// AgentHooks are told what the agents say. Each may be nil; none may block.
-type AgentHooks struct {
+// Hooks are told what the agents say. Each may be nil; none may block.
+type Hooks struct {
 	// Reachability: the CCM reaches (or no longer reaches) the node's agent.
 	Reachability func(node string, reachable bool)
 	// Event: something happened on the node (took over, released, session up/down).
@@ -76,8 +76,8 @@ type AgentHooks struct {
 // reachable, and relays what the agents say. A refusal is the object's fault, never the node's:
 // an agent that refuses items is reachable.
 type Agents struct {
-	cfg   AgentConfig
-	hooks AgentHooks
+	cfg   Config
+	hooks Hooks
 	term  atomic.Uint64
 
 	mu    sync.Mutex
@@ -116,8 +116,8 @@ type agentConn struct {
 	renewAt atomic.Int64 // enrolled agents: when its certificate is due for renewal (Unix ns)
 }
 
-// NewAgents returns the connection manager; term is this leader's term.
-func NewAgents(cfg AgentConfig, term uint64, hooks AgentHooks) *Agents {
+// New returns the connection manager; term is this leader's term.
+func New(cfg Config, term uint64, hooks Hooks) *Agents {
 	registerMetrics.Do(func() {
 		legacyregistry.MustRegister(agentReachable, agentApplies, agentEnrollments)
 	})

@@ -1,4 +1,4 @@
-package loadbalancer
+package agentclient
 
 import (
 	"context"
@@ -64,8 +64,8 @@ func TestAFailedKeyReadIsRetriedAndPeersKeepTheKeys(t *testing.T) {
 	defer srv.Stop()
 
 	learnt := make(chan [][]byte, 4)
-	a := NewAgents(AgentConfig{Port: lis.Addr().(*net.TCPAddr).Port, Insecure: true, Timeout: time.Second}, 1,
-		AgentHooks{Keys: func(_ string, k [][]byte) { learnt <- k }})
+	a := New(Config{Port: lis.Addr().(*net.TCPAddr).Port, Insecure: true, Timeout: time.Second}, 1,
+		Hooks{Keys: func(_ string, k [][]byte) { learnt <- k }})
 	defer a.Close()
 	// What another agent holds (Discover at start): n1's keys as they were handed out before.
 	a.SeeKeys(map[string]*agentv1.DesiredState{"n2": {HeartbeatPeers: []*agentv1.HeartbeatPeer{{Node: "n1", PublicKeys: [][]byte{[]byte("old key")}}}}})
@@ -149,8 +149,8 @@ func TestASlowApplyOfAnAnsweringAgentIsNoUnreachableNode(t *testing.T) {
 
 	var mu sync.Mutex
 	var lost int
-	a := NewAgents(AgentConfig{Port: lis.Addr().(*net.TCPAddr).Port, Insecure: true, Timeout: time.Second}, 1,
-		AgentHooks{Reachability: func(_ string, ok bool) {
+	a := New(Config{Port: lis.Addr().(*net.TCPAddr).Port, Insecure: true, Timeout: time.Second}, 1,
+		Hooks{Reachability: func(_ string, ok bool) {
 			if !ok {
 				mu.Lock()
 				lost++
@@ -227,7 +227,7 @@ func TestABurstOfStatesIsPacedByTheCostOfAnApply(t *testing.T) {
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
 
-	a := NewAgents(AgentConfig{Port: lis.Addr().(*net.TCPAddr).Port, Insecure: true, Timeout: 5 * time.Second}, 1, AgentHooks{})
+	a := New(Config{Port: lis.Addr().(*net.TCPAddr).Port, Insecure: true, Timeout: 5 * time.Second}, 1, Hooks{})
 	defer a.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

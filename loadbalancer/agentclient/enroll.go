@@ -1,4 +1,4 @@
-package loadbalancer
+package agentclient
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package loadbalancer
+package announcer
 
 import (
 	"fmt"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/loadbalancer/planner"
+	"github.com/metalvip/metalvip/loadbalancer/report"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
@@ -56,7 +57,7 @@ func (a *Announcer) refusedRound(node string, rf refusal, r *round) {
 			r.conds[k] = true
 			a.warnOnce("svc-refused/"+k+"/"+ip.String()+"/"+node, it.GetField()+it.GetReason(), func() {
 				if svc := a.service(k); svc != nil {
-					a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, ReasonAnnouncementRefused,
+					a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, report.ReasonAnnouncementRefused,
 						"The agent on %s refused the announcement of %s: %s: %s", node, ip, it.GetField(), it.GetReason())
 				}
 			})
@@ -95,7 +96,7 @@ func (a *Announcer) moveEvents(ip netip.Addr, e planner.Entry, ok bool) {
 			s.noNode[ip] = true
 			for _, k := range svcs {
 				if svc := a.service(k); svc != nil {
-					a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, ReasonNoEligibleNode,
+					a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, report.ReasonNoEligibleNode,
 						"No node may announce %s: none is eligible (the pool's node selector, nodes labelled %s, unreachable agents, or no ready local endpoint); see the pool's NodesEligible condition", ip, desired.LabelExcludeLB)
 				}
 			}
@@ -117,7 +118,7 @@ func (a *Announcer) moveEvents(ip netip.Addr, e planner.Entry, ok bool) {
 	}
 	for _, k := range svcs {
 		if svc := a.service(k); svc != nil {
-			a.cfg.Recorder.Eventf(svc, v1.EventTypeNormal, ReasonMoved, "%s moved from %s to %s: %s", ip, prev, next, why)
+			a.cfg.Recorder.Eventf(svc, v1.EventTypeNormal, report.ReasonMoved, "%s moved from %s to %s: %s", ip, prev, next, why)
 		}
 	}
 }
@@ -155,16 +156,16 @@ func (a *Announcer) groupEvents(g string) {
 	msg, reason, kind := "", "", v1.EventTypeNormal
 	switch {
 	case len(shared) > 0:
-		reason, kind = ReasonVIPsShareNodes, v1.EventTypeWarning
+		reason, kind = report.ReasonVIPsShareNodes, v1.EventTypeWarning
 		msg = fmt.Sprintf("%d addresses on %d nodes: fewer nodes are eligible than addresses, so some share a node (%s); they spread when more nodes become eligible", len(ips), len(nodes), strings.Join(shared, "; "))
 	case s.groupMsg[g] != "":
-		reason = ReasonVIPsSpread
+		reason = report.ReasonVIPsSpread
 		msg = fmt.Sprintf("%d addresses on %d distinct nodes", len(ips), len(nodes))
 	}
 	if msg == "" || s.groupMsg[g] == msg {
 		return
 	}
-	if reason == ReasonVIPsSpread {
+	if reason == report.ReasonVIPsSpread {
 		delete(s.groupMsg, g)
 	} else {
 		s.groupMsg[g] = msg
@@ -189,7 +190,7 @@ func (a *Announcer) tookOverEvent(t tookOver) {
 	}
 	for _, k := range a.loop.vipSvcs[vip] {
 		if svc := a.service(k); svc != nil {
-			a.cfg.Recorder.Eventf(svc, v1.EventTypeNormal, ReasonTookOver, "Node %s answers for %s now: %s", t.node, vip, t.ev.GetDetail())
+			a.cfg.Recorder.Eventf(svc, v1.EventTypeNormal, report.ReasonTookOver, "Node %s answers for %s now: %s", t.node, vip, t.ev.GetDetail())
 		}
 	}
 }

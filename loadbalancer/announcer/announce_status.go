@@ -1,4 +1,4 @@
-package loadbalancer
+package announcer
 
 import (
 	"context"
@@ -18,12 +18,10 @@ import (
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
+	"github.com/metalvip/metalvip/loadbalancer/objects"
 	"github.com/metalvip/metalvip/loadbalancer/pools"
+	"github.com/metalvip/metalvip/loadbalancer/report"
 )
-
-// ConditionAgentReachable is the Node condition that says whether the CCM reaches the node's
-// agent.
-const ConditionAgentReachable = "metalvip.io/AgentReachable"
 
 // Condition types the announcer sets on IPPools and BGPPeers.
 const (
@@ -68,7 +66,7 @@ func (a *Announcer) writeCondition(key string) {
 			ns, name := svc.Namespace, svc.Name
 			a.writer.SetPaced("svc/"+key, func(ctx context.Context) error {
 				_, err := a.cfg.Client.CoreV1().Services(ns).ApplyStatus(ctx, corev1ac.Service(name, ns).WithStatus(corev1ac.ServiceStatus()),
-					metav1.ApplyOptions{FieldManager: managerAnnouncer, Force: true})
+					metav1.ApplyOptions{FieldManager: report.ManagerAnnouncer, Force: true})
 				return err
 			})
 		}
@@ -92,7 +90,7 @@ func (a *Announcer) writeCondition(key string) {
 		WithType(c.Type).WithStatus(c.Status).WithReason(c.Reason).WithMessage(c.Message).
 		WithObservedGeneration(c.ObservedGeneration).WithLastTransitionTime(ltt)))
 	a.writer.SetPaced("svc/"+key, func(ctx context.Context) error {
-		_, err := a.cfg.Client.CoreV1().Services(ns).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: managerAnnouncer, Force: true})
+		_, err := a.cfg.Client.CoreV1().Services(ns).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: report.ManagerAnnouncer, Force: true})
 		return err
 	})
 }
@@ -110,9 +108,9 @@ func (a *Announcer) writeReachability(node string, ok bool) {
 	if n == nil {
 		return
 	}
-	status, reason, msg := v1.ConditionTrue, ReasonAgentReachable, "The CCM reaches metalvip-agent on "+node
+	status, reason, msg := v1.ConditionTrue, report.ReasonAgentReachable, "The CCM reaches metalvip-agent on "+node
 	if !ok {
-		status, reason = v1.ConditionFalse, ReasonAgentUnreachable
+		status, reason = v1.ConditionFalse, report.ReasonAgentUnreachable
 		msg = fmt.Sprintf("The CCM cannot reach metalvip-agent on %s; the node takes no new VIPs until it can (check the agent pod, its TLS certificate and port %d)", node, a.cfg.Agents.Port)
 	}
 	key := "node/" + node
@@ -126,15 +124,15 @@ func (a *Announcer) writeReachability(node string, ok bool) {
 	}
 	a.cfg.Recorder.Eventf(n, kind, reason, "%s", msg)
 	for _, c := range n.Status.Conditions {
-		if string(c.Type) == ConditionAgentReachable && c.Status == status && c.Reason == reason {
+		if string(c.Type) == report.ConditionAgentReachable && c.Status == status && c.Reason == reason {
 			return
 		}
 	}
 	ac := corev1ac.Node(node).WithStatus(corev1ac.NodeStatus().WithConditions(corev1ac.NodeCondition().
-		WithType(ConditionAgentReachable).WithStatus(status).WithReason(reason).WithMessage(msg).
+		WithType(report.ConditionAgentReachable).WithStatus(status).WithReason(reason).WithMessage(msg).
 		WithLastTransitionTime(metav1.NewTime(time.Now()))))
 	a.writer.Set(key, func(ctx context.Context) error {
-		_, err := a.cfg.Client.CoreV1().Nodes().ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: managerAnnouncer, Force: true})
+		_, err := a.cfg.Client.CoreV1().Nodes().ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: report.ManagerAnnouncer, Force: true})
 		return err
 	})
 }
@@ -145,7 +143,7 @@ type conditionsStatus struct {
 	Conditions         []metav1.Condition `json:"conditions"`
 }
 
-// setStatus applies an object's announcer-owned conditions when they changed.
+// setStatus applies an object's announcer-report.Owned conditions when they changed.
 func (a *Announcer) setStatus(kind, name string, gen int64, conds []metav1.Condition) {
 	s := &a.loop
 	var b strings.Builder
@@ -176,15 +174,15 @@ func (a *Announcer) setStatus(kind, name string, gen int64, conds []metav1.Condi
 		return
 	}
 	res := v1alpha1.IPPoolResource
-	if kind == kindPeer {
+	if kind == objects.KindPeer {
 		res = v1alpha1.BGPPeerResource
 	}
 	st := conditionsStatus{Conditions: out}
-	if kind == kindPeer {
+	if kind == objects.KindPeer {
 		st.ObservedGeneration = gen
 	}
 	a.writer.Set(key, func(ctx context.Context) error {
-		return applyStatus(ctx, a.cfg.Dynamic, res, kind, name, &st, managerAnnouncer)
+		return report.ApplyStatus(ctx, a.cfg.Dynamic, res, kind, name, &st, report.ManagerAnnouncer)
 	})
 }
 
@@ -210,11 +208,11 @@ func (a *Announcer) writePoolConditions() {
 			}
 			accept.Status, accept.Reason, accept.Message = metav1.ConditionFalse, "Refused", strings.Join(refusals, "; ")
 		}
-		a.setStatus(kindPool, p.Name, p.Generation, []metav1.Condition{elig, accept})
+		a.setStatus(objects.KindPool, p.Name, p.Generation, []metav1.Condition{elig, accept})
 		if elig.Status == metav1.ConditionFalse && p.Valid() {
 			a.warnOnce("pool-eligible/"+p.Name, elig.Message, func() {
-				obj := &v1alpha1.IPPool{TypeMeta: metav1.TypeMeta{Kind: kindPool, APIVersion: v1alpha1.GroupVersion.String()}, ObjectMeta: metav1.ObjectMeta{Name: p.Name, UID: p.UID}}
-				a.cfg.Recorder.Eventf(obj, v1.EventTypeWarning, ReasonNoEligibleNode, "%s", elig.Message)
+				obj := &v1alpha1.IPPool{TypeMeta: metav1.TypeMeta{Kind: objects.KindPool, APIVersion: v1alpha1.GroupVersion.String()}, ObjectMeta: metav1.ObjectMeta{Name: p.Name, UID: p.UID}}
+				a.cfg.Recorder.Eventf(obj, v1.EventTypeWarning, report.ReasonNoEligibleNode, "%s", elig.Message)
 			})
 		} else {
 			delete(s.warned, "pool-eligible/"+p.Name)
@@ -258,7 +256,7 @@ func (a *Announcer) eligibility(p *pools.Pool) metav1.Condition {
 		c.Status, c.Reason = metav1.ConditionFalse, "NoNodeMatches"
 		c.Message = fmt.Sprintf("No node matches spec.announce.nodeSelector (%d nodes); its addresses are given out but answered by no one", len(s.nodeList))
 	default:
-		c.Status, c.Reason = metav1.ConditionFalse, ReasonNoEligibleNode
+		c.Status, c.Reason = metav1.ConditionFalse, report.ReasonNoEligibleNode
 		var why []string
 		if len(excluded) > 0 {
 			why = append(why, fmt.Sprintf("excluded by the label %s (kubeadm sets it on control-plane nodes), being deleted or drained: %s", desired.LabelExcludeLB, short(excluded)))
@@ -323,13 +321,13 @@ func (a *Announcer) writePeerConditions() {
 			c.Status, c.Reason = metav1.ConditionFalse, "DuplicateAddress"
 			c.Message = fmt.Sprintf("On %s the older BGPPeer %s has the address %s too, and one session per address runs on a node; give the two peers disjoint nodeSelectors or remove one", short(dupNodes), older, p.Session.GetAddress())
 		case len(refused) > 0:
-			c.Status, c.Reason, c.Message = metav1.ConditionFalse, "RefusedByAgent", "Agents refused the session: "+strings.Join(refused, "; ")
+			c.Status, c.Reason, c.Message = metav1.ConditionFalse, "RefusedByAgent", "agentclient.Agents refused the session: "+strings.Join(refused, "; ")
 		case pwProblem != "":
 			c.Message = fmt.Sprintf("Sessions on %d nodes with the last password read (%s)", len(nodes), pwProblem)
 		default:
 			c.Message = fmt.Sprintf("Sessions on %d nodes: %s", len(nodes), short(nodes))
 		}
-		a.setStatus(kindPeer, p.Name, p.Generation, []metav1.Condition{c})
+		a.setStatus(objects.KindPeer, p.Name, p.Generation, []metav1.Condition{c})
 	}
 	klog.V(4).InfoS("Peer conditions written", "peers", len(s.set.Peers()))
 }

@@ -1,4 +1,4 @@
-package loadbalancer
+package announcer
 
 import (
 	"context"
@@ -20,8 +20,11 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
+	"github.com/metalvip/metalvip/loadbalancer/agentclient"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
+	"github.com/metalvip/metalvip/loadbalancer/objects"
 	"github.com/metalvip/metalvip/loadbalancer/planner"
+	"github.com/metalvip/metalvip/loadbalancer/report"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
@@ -35,16 +38,16 @@ type Fence interface {
 	Raise(ctx context.Context, above uint64) (uint64, error)
 }
 
-// AnnouncerConfig configures the Announcer.
-type AnnouncerConfig struct {
+// Config configures the Announcer.
+type Config struct {
 	Client   kubernetes.Interface
 	Dynamic  dynamic.Interface
 	Recorder record.EventRecorder
-	// Objects are the decoded pools and peers, shared with the allocator.
-	Objects *Objects
+	// objects.Objects are the decoded pools and peers, shared with the allocator.
+	Objects *objects.Objects
 	// Serves says which Services are metalvip's.
 	Serves desired.Serves
-	Agents AgentConfig
+	Agents agentclient.Config
 	// Options are the node-wide settings every state carries (timers, ports).
 	Options       desired.Options
 	MaxCandidates int
@@ -57,9 +60,9 @@ type AnnouncerConfig struct {
 	// Discover bounds the wait, at start, for every agent to say what it holds: the first
 	// plan keeps it, so a CCM restart or a leader change moves no VIP. 0 means 6 s.
 	Discover time.Duration
-	// Pacer holds Services' Announced conditions back while allocations are being written
+	// report.Pacer holds Services' Announced conditions back while allocations are being written
 	// (the Service controller's); nil writes them at once.
-	Pacer *Pacer
+	Pacer *report.Pacer
 	// Records answers which pool each held address was given from (the allocator, whose
 	// Ready the first plan waits for). nil: the pool whose ranges hold the address.
 	Records Records
@@ -80,9 +83,9 @@ type Records interface {
 // and writes each Service's metalvip.io/Announced condition when it changes. The decisions
 // are in the pure packages planner and desired.
 type Announcer struct {
-	cfg    AnnouncerConfig
+	cfg    Config
 	fence  Fence
-	agents *Agents // made by Run
+	agents *agentclient.Agents // made by Run
 
 	services  corelisters.ServiceLister
 	nodes     corelisters.NodeLister
@@ -95,8 +98,8 @@ type Announcer struct {
 	pending changes
 	kick    chan struct{}
 
-	writer *statusWriter
-	loop   loopState // owned by the run goroutine
+	writer *report.Writer
+	loop   loopState // report.Owned by the run goroutine
 }
 
 // changes are what the handlers noted since the last round.
@@ -127,21 +130,21 @@ func newChanges() changes {
 	return changes{services: map[string]bool{}, pools: map[string]bool{}, reach: map[string]bool{}, refused: map[string]refusal{}, sessions: map[string][]*agentv1.PeerStatus{}}
 }
 
-// NewAnnouncer returns an announcer; Register and Run make it work.
-func NewAnnouncer(cfg AnnouncerConfig) *Announcer {
+// New returns an announcer; Register and Run make it work.
+func New(cfg Config) *Announcer {
 	if cfg.Settle <= 0 {
 		cfg.Settle = 20 * time.Millisecond
 	}
 	if cfg.Discover <= 0 {
 		cfg.Discover = 6 * time.Second
 	}
-	a := &Announcer{cfg: cfg, pending: newChanges(), kick: make(chan struct{}, 1), writer: newStatusWriter("metalvip-announcer-status", cfg.Pacer)}
+	a := &Announcer{cfg: cfg, pending: newChanges(), kick: make(chan struct{}, 1), writer: report.NewWriter("metalvip-announcer-status", cfg.Pacer)}
 	a.loop = newLoopState(cfg.MaxCandidates)
 	return a
 }
 
-func (a *Announcer) newAgents(term uint64) *Agents {
-	return NewAgents(a.cfg.Agents, term, AgentHooks{
+func (a *Announcer) newAgents(term uint64) *agentclient.Agents {
+	return agentclient.New(a.cfg.Agents, term, agentclient.Hooks{
 		Reachability: func(node string, ok bool) {
 			a.note(func(c *changes) { c.reach[node] = ok })
 		},
@@ -171,7 +174,7 @@ func (a *Announcer) Register(factory informers.SharedInformerFactory, dyn dynami
 	eps := factory.Discovery().V1().EndpointSlices()
 	a.services, a.nodes, a.endpoints = svc.Lister(), nodes.Lister(), eps.Lister()
 	a.cfg.Objects.Register(dyn)
-	a.cfg.Objects.Subscribe(func(c Change) {
+	a.cfg.Objects.Subscribe(func(c objects.Change) {
 		a.note(func(ch *changes) {
 			if c.Pool != "" {
 				ch.pools[c.Pool] = true

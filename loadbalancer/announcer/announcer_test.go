@@ -1,4 +1,4 @@
-package loadbalancer
+package announcer
 
 import (
 	"context"
@@ -24,6 +24,7 @@ import (
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
+	"github.com/metalvip/metalvip/loadbalancer/objects"
 	"github.com/metalvip/metalvip/loadbalancer/planner"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
@@ -83,7 +84,7 @@ type harness struct {
 	ctx     context.Context
 	client  *fake.Clientset
 	factory informers.SharedInformerFactory
-	objects *Objects
+	objects *objects.Objects
 	rec     *record.FakeRecorder
 	a       *Announcer
 	writes  int
@@ -93,14 +94,14 @@ func newHarness(t testing.TB, nodes int) *harness {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	h := &harness{t: t, ctx: ctx, client: fake.NewClientset(), rec: record.NewFakeRecorder(1 << 20), objects: NewObjects()}
+	h := &harness{t: t, ctx: ctx, client: fake.NewClientset(), rec: record.NewFakeRecorder(1 << 20), objects: objects.NewObjects()}
 	scheme := runtime.NewScheme()
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
 		v1alpha1.IPPoolResource: "IPPoolList", v1alpha1.BGPPeerResource: "BGPPeerList",
 	})
 	h.factory = informers.NewSharedInformerFactory(h.client, 0)
 	dynF := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
-	h.a = NewAnnouncer(AnnouncerConfig{Client: h.client, Dynamic: dyn, Recorder: h.rec, Objects: h.objects, MaxCandidates: 3, Serves: desired.DefaultServes})
+	h.a = New(Config{Client: h.client, Dynamic: dyn, Recorder: h.rec, Objects: h.objects, MaxCandidates: 3, Serves: desired.DefaultServes})
 	h.a.Register(h.factory, dynF)
 	h.factory.Start(ctx.Done())
 	dynF.Start(ctx.Done())
@@ -141,14 +142,9 @@ func (h *harness) sync(ch changes) {
 	if ch.refused == nil {
 		ch.refused = map[string]refusal{}
 	}
-	h.a.writer.mu.Lock()
-	before := len(h.a.writer.pending)
-	h.a.writer.mu.Unlock()
+	h.a.writer.TakePending() // what earlier rounds left is not this round's
 	h.a.sync(h.ctx, ch)
-	h.a.writer.mu.Lock()
-	h.writes += len(h.a.writer.pending) - before
-	clear(h.a.writer.pending) // writes are not applied: the informers are fed by hand
-	h.a.writer.mu.Unlock()
+	h.writes += h.a.writer.TakePending() // writes are not applied: the informers are fed by hand
 	for len(h.rec.Events) > 0 {
 		<-h.rec.Events
 		h.writes++
@@ -161,7 +157,7 @@ func (h *harness) pool(name string, spec map[string]any) {
 		"metadata": map[string]any{"name": name, "generation": int64(1), "creationTimestamp": time.Unix(1e9, 0).UTC().Format(time.RFC3339)},
 		"spec":     spec,
 	}}
-	h.objects.set1(u, false, kindPool)
+	h.objects.Note(u, false, objects.KindPool)
 	h.sync(changes{pools: map[string]bool{name: true}})
 }
 

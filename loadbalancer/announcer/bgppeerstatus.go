@@ -1,4 +1,4 @@
-package loadbalancer
+package announcer
 
 import (
 	"context"
@@ -9,7 +9,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/loadbalancer/objects"
 	"github.com/metalvip/metalvip/loadbalancer/pools"
+	"github.com/metalvip/metalvip/loadbalancer/report"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
@@ -110,7 +112,7 @@ func (a *Announcer) writePeerSessions() {
 		st := peerSessionsStatus{Sessions: sum, Nodes: list}
 		name := p.Name
 		a.writer.Set(key, func(ctx context.Context) error {
-			return applyStatus(ctx, a.cfg.Dynamic, v1alpha1.BGPPeerResource, kindPeer, name, &st, managerSessions)
+			return report.ApplyStatus(ctx, a.cfg.Dynamic, v1alpha1.BGPPeerResource, objects.KindPeer, name, &st, managerSessions)
 		})
 	}
 }

@@ -1,4 +1,4 @@
-package loadbalancer
+package announcer
 
 import (
 	"context"
@@ -15,15 +15,12 @@ import (
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 
 	"github.com/metalvip/metalvip/loadbalancer/desired"
+	"github.com/metalvip/metalvip/loadbalancer/report"
 )
 
 // ConditionExternalIPs is the Service condition that says which of its spec.externalIPs are
 // announced, and why the others are not.
 const ConditionExternalIPs = "metalvip.io/ExternalIPsAnnounced"
-
-// managerExternalIPs owns a Service's ExternalIPsAnnounced condition (apart from the
-// announcer's Announced condition: one apply each).
-const managerExternalIPs = "metalvip-external-ips"
 
 // lbHolder returns the Service (not key) whose LoadBalancer status shows ip, or "".
 func (a *Announcer) lbHolder(ip netip.Addr, key string) string {
@@ -44,7 +41,7 @@ func (a *Announcer) externalIPsStatus(svc *v1.Service, ext []netip.Addr, refused
 	key := desired.Key(svc)
 	for _, r := range refused {
 		a.warnOnce("ext-refused/"+key+"/"+r.IP, r.Reason, func() {
-			a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, ReasonExternalIPRefused, "externalIP %s is not announced: %s", r.IP, r.Reason)
+			a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, report.ReasonExternalIPRefused, "externalIP %s is not announced: %s", r.IP, r.Reason)
 		})
 	}
 	asks := len(ext) > 0 || len(refused) > 0
@@ -92,7 +89,7 @@ func (a *Announcer) externalIPsStatus(svc *v1.Service, ext []netip.Addr, refused
 	ns, name := svc.Namespace, svc.Name
 	ac := corev1ac.Service(name, ns).WithStatus(st)
 	a.writer.Set("svc-ext/"+key, func(ctx context.Context) error {
-		_, err := a.cfg.Client.CoreV1().Services(ns).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: managerExternalIPs, Force: true})
+		_, err := a.cfg.Client.CoreV1().Services(ns).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: report.ManagerExternalIPs, Force: true})
 		return err
 	})
 }

@@ -1,4 +1,4 @@
-package loadbalancer
+package objects
 
 import (
 	"sync"
@@ -45,14 +45,14 @@ func (o *Objects) Register(dyn dynamicinformer.DynamicSharedInformerFactory) {
 		pi := dyn.ForResource(v1alpha1.IPPoolResource).Informer()
 		bi := dyn.ForResource(v1alpha1.BGPPeerResource).Informer()
 		_, _ = pi.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { o.set1(obj, false, kindPool) },
-			UpdateFunc: func(_, obj any) { o.set1(obj, false, kindPool) },
-			DeleteFunc: func(obj any) { o.set1(obj, true, kindPool) },
+			AddFunc:    func(obj any) { o.Note(obj, false, KindPool) },
+			UpdateFunc: func(_, obj any) { o.Note(obj, false, KindPool) },
+			DeleteFunc: func(obj any) { o.Note(obj, true, KindPool) },
 		})
 		_, _ = bi.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { o.set1(obj, false, kindPeer) },
-			UpdateFunc: func(_, obj any) { o.set1(obj, false, kindPeer) },
-			DeleteFunc: func(obj any) { o.set1(obj, true, kindPeer) },
+			AddFunc:    func(obj any) { o.Note(obj, false, KindPeer) },
+			UpdateFunc: func(_, obj any) { o.Note(obj, false, KindPeer) },
+			DeleteFunc: func(obj any) { o.Note(obj, true, KindPeer) },
 		})
 		o.synced = []cache.InformerSynced{pi.HasSynced, bi.HasSynced}
 	})
@@ -76,11 +76,13 @@ func (o *Objects) Subscribe(f func(Change)) {
 }
 
 const (
-	kindPool = "IPPool"
-	kindPeer = "BGPPeer"
+	KindPool = "IPPool"
+	KindPeer = "BGPPeer"
 )
 
-func (o *Objects) set1(obj any, deleted bool, kind string) {
+// Note takes in an object the informers saw (or lost, deleted): what their handlers call, and
+// how a test feeds objects by hand. kind is KindPool or KindPeer.
+func (o *Objects) Note(obj any, deleted bool, kind string) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
 	}
@@ -107,7 +109,7 @@ func (o *Objects) set1(obj any, deleted bool, kind string) {
 	}
 	var old, cur int64 = -1, u.GetGeneration()
 	switch kind {
-	case kindPool:
+	case KindPool:
 		if p := o.pools[name]; p != nil {
 			old = p.Generation
 		}
@@ -116,7 +118,7 @@ func (o *Objects) set1(obj any, deleted bool, kind string) {
 		} else if old != cur || cur == 0 {
 			o.pools[name] = pools.DecodePool(u)
 		}
-	case kindPeer:
+	case KindPeer:
 		if p := o.peers[name]; p != nil {
 			old = p.Generation
 		}
@@ -134,7 +136,7 @@ func (o *Objects) set1(obj any, deleted bool, kind string) {
 	subs := o.subs
 	o.mu.Unlock()
 	ch := Change{Pool: name}
-	if kind == kindPeer {
+	if kind == KindPeer {
 		ch = Change{Peer: name}
 	}
 	for _, f := range subs {

@@ -1,4 +1,4 @@
-package loadbalancer
+package report
 
 import (
 	"context"
@@ -90,7 +90,7 @@ func TestAPacedWriteSetAgainWhileWaitingIsMadeOnceTheLatest(t *testing.T) {
 	p := NewPacer(300*time.Millisecond, 0.1)
 	p.Allocating()
 	_ = p.Wait(context.Background()) // the next one waits until 300 ms after the last allocation
-	w := newStatusWriter("test-paced", p)
+	w := NewWriter("test-paced", p)
 	var mu sync.Mutex
 	var made []string
 	write := func(v string) func(context.Context) error {

@@ -1,4 +1,4 @@
-package loadbalancer
+package report
 
 // Event reasons, every one metalvip gives, in one place: metalvipctl and the docs refer to these.
 const (

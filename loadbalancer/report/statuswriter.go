@@ -1,4 +1,4 @@
-package loadbalancer
+package report
 
 import (
 	"context"
@@ -8,13 +8,13 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// statusWriter writes status off the deciding loop: the loop sets the latest write for a key
+// Writer writes status off the deciding loop: the loop sets the latest write for a key
 // (a Service's condition, a pool's), and workers apply it; a newer write replaces one not yet
 // made, and failures retry with backoff. So a slow or failing API server never holds up what
 // the agents are told. Paced writes (reports that may wait while allocations are being
 // written) have their own queue and workers, so they never hold up the others; the write made
 // is the latest set by the time the pacer lets it go.
-type statusWriter struct {
+type Writer struct {
 	queue, paced workqueue.TypedRateLimitingInterface[string]
 	pacer        *Pacer
 
@@ -22,24 +22,25 @@ type statusWriter struct {
 	pending map[string]func(context.Context) error
 }
 
-func newStatusWriter(name string, pacer *Pacer) *statusWriter {
+// NewWriter returns a writer whose queues are named after name; pacer holds paced writes back.
+func NewWriter(name string, pacer *Pacer) *Writer {
 	q := func(name string) workqueue.TypedRateLimitingInterface[string] {
 		return workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: name})
 	}
-	return &statusWriter{queue: q(name), paced: q(name + "-paced"), pacer: pacer, pending: map[string]func(context.Context) error{}}
+	return &Writer{queue: q(name), paced: q(name + "-paced"), pacer: pacer, pending: map[string]func(context.Context) error{}}
 }
 
 // Set makes write the next write for key.
-func (w *statusWriter) Set(key string, write func(context.Context) error) { w.set(w.queue, key, write) }
+func (w *Writer) Set(key string, write func(context.Context) error) { w.set(w.queue, key, write) }
 
 // SetPaced makes write the next write for key, made when the pacer lets it. A key is always
 // set paced or always not.
-func (w *statusWriter) SetPaced(key string, write func(context.Context) error) {
+func (w *Writer) SetPaced(key string, write func(context.Context) error) {
 	w.set(w.paced, key, write)
 }
 
-func (w *statusWriter) set(q workqueue.TypedRateLimitingInterface[string], key string, write func(context.Context) error) {
+func (w *Writer) set(q workqueue.TypedRateLimitingInterface[string], key string, write func(context.Context) error) {
 	w.mu.Lock()
 	w.pending[key] = write
 	w.mu.Unlock()
@@ -47,7 +48,7 @@ func (w *statusWriter) set(q workqueue.TypedRateLimitingInterface[string], key s
 }
 
 // Run applies writes with n workers a queue until ctx ends.
-func (w *statusWriter) Run(ctx context.Context, n int) {
+func (w *Writer) Run(ctx context.Context, n int) {
 	go func() { <-ctx.Done(); w.queue.ShutDown(); w.paced.ShutDown() }()
 	var wg sync.WaitGroup
 	for _, q := range []workqueue.TypedRateLimitingInterface[string]{w.queue, w.paced} {
@@ -63,7 +64,7 @@ func (w *statusWriter) Run(ctx context.Context, n int) {
 	wg.Wait()
 }
 
-func (w *statusWriter) next(ctx context.Context, q workqueue.TypedRateLimitingInterface[string]) bool {
+func (w *Writer) next(ctx context.Context, q workqueue.TypedRateLimitingInterface[string]) bool {
 	key, quit := q.Get()
 	if quit {
 		return false
@@ -94,4 +95,14 @@ func (w *statusWriter) next(ctx context.Context, q workqueue.TypedRateLimitingIn
 	}
 	q.Forget(key)
 	return true
+}
+
+// TakePending drops the writes not made yet and says how many there were: for a test that
+// runs a controller's rounds by hand and counts its writes without making them.
+func (w *Writer) TakePending() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := len(w.pending)
+	clear(w.pending)
+	return n
 }

@@ -3,7 +3,7 @@
 // the allocator from every Service before answering anything, watches IP pools, reports on
 // Services with Events and on pools with status. It knows nothing of the cloud-provider
 // framework (provider/ adapts to it) and never touches the wire (nodeagent/ does).
-package loadbalancer
+package services
 
 import (
 	"cmp"
@@ -30,6 +30,8 @@ import (
 	"github.com/metalvip/metalvip/internal/annotation"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/loadbalancer/ipam"
+	"github.com/metalvip/metalvip/loadbalancer/objects"
+	"github.com/metalvip/metalvip/loadbalancer/report"
 )
 
 // Config configures Allocations.
@@ -37,8 +39,8 @@ type Config struct {
 	Client   kubernetes.Interface
 	Dynamic  dynamic.Interface
 	Recorder record.EventRecorder
-	// Objects are the decoded pools and peers, shared with the announcer.
-	Objects *Objects
+	// objects.Objects are the decoded pools and peers, shared with the announcer.
+	Objects *objects.Objects
 	// Serves says which Services are metalvip's.
 	Serves desired.Serves
 	// PendingRetry is how often a Service waiting for an address is tried again (a pool may
@@ -105,7 +107,7 @@ func (a *Allocations) Register(factory informers.SharedInformerFactory, dynFacto
 	})
 
 	a.cfg.Objects.Register(dynFactory)
-	a.cfg.Objects.Subscribe(func(c Change) {
+	a.cfg.Objects.Subscribe(func(c objects.Change) {
 		if c.Pool == "" {
 			return
 		}
@@ -206,7 +208,7 @@ func (a *Allocations) rebuild() {
 	}
 	for key, err := range a.ipam.Rebuild(recs) {
 		klog.ErrorS(err, "Address in a Service's status is contested; the Service gets a new address", "service", key)
-		a.cfg.Recorder.Eventf(byKey[key], v1.EventTypeWarning, ReasonIPConflict, "%v; this Service gets a new address", err)
+		a.cfg.Recorder.Eventf(byKey[key], v1.EventTypeWarning, report.ReasonIPConflict, "%v; this Service gets a new address", err)
 	}
 	a.dirty = true
 }
@@ -272,7 +274,7 @@ func (a *Allocations) Assign(ctx context.Context, svc *v1.Service) (ipam.Allocat
 	}
 	req, err := a.request(svc)
 	if err != nil {
-		a.warnOnce(svc, ReasonInvalidAnnotation, err.Error()+"; fix the annotation")
+		a.warnOnce(svc, report.ReasonInvalidAnnotation, err.Error()+"; fix the annotation")
 		return ipam.Allocation{}, err
 	}
 	a.annotationWarnings(svc)
@@ -308,15 +310,15 @@ func status(al ipam.Allocation) *v1.LoadBalancerStatus {
 func classify(err error) (reason string, retry bool) {
 	switch {
 	case errors.Is(err, ipam.ErrExhausted):
-		return ReasonPoolExhausted, true
+		return report.ReasonPoolExhausted, true
 	case errors.Is(err, ipam.ErrInUse):
-		return ReasonIPInUse, true
+		return report.ReasonIPInUse, true
 	case errors.Is(err, ipam.ErrSharing):
-		return ReasonSharingConflict, true
+		return report.ReasonSharingConflict, true
 	case errors.Is(err, ipam.ErrNoPool), errors.Is(err, ipam.ErrNotAdmitted), errors.Is(err, ipam.ErrPoolUnusable):
-		return ReasonNoPool, true
+		return report.ReasonNoPool, true
 	default:
-		return ReasonInvalidRequest, false
+		return report.ReasonInvalidRequest, false
 	}
 }
 
@@ -377,7 +379,7 @@ func (a *Allocations) serviceUpdated(oldObj, curObj any) {
 		pool, _ := annotation.AllocatedPool.Value(cur)
 		if err := a.ipam.Restore(req, ipam.Allocation{Pool: pool, IPs: published}); err != nil {
 			klog.ErrorS(err, "Status shows an address held by another Service", "service", key)
-			a.cfg.Recorder.Eventf(cur, v1.EventTypeWarning, ReasonIPConflict, "%v", err)
+			a.cfg.Recorder.Eventf(cur, v1.EventTypeWarning, report.ReasonIPConflict, "%v", err)
 		}
 		a.dirty = true
 	}
@@ -417,7 +419,7 @@ func (a *Allocations) annotationWarnings(svc *v1.Service) {
 	a.annotated[svc.UID] = msg
 	a.mu.Unlock()
 	if last != msg {
-		a.cfg.Recorder.Event(svc, v1.EventTypeWarning, ReasonAnnotationIgnored, msg)
+		a.cfg.Recorder.Event(svc, v1.EventTypeWarning, report.ReasonAnnotationIgnored, msg)
 	}
 }
 

@@ -1,4 +1,4 @@
-package loadbalancer
+package services
 
 import (
 	"context"
@@ -24,6 +24,7 @@ import (
 	"github.com/metalvip/metalvip/internal/annotation"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/loadbalancer/ipam"
+	"github.com/metalvip/metalvip/loadbalancer/report"
 )
 
 // Finalizers that keep a Service until its addresses are given back: the framework's usual one
@@ -48,8 +49,8 @@ type ServiceController struct {
 	serves desired.Serves
 	// pacer learns of every allocation written; reports (the IPAllocated Event here, the
 	// Announced condition in the announcer) wait behind them.
-	pacer   *Pacer
-	reports *statusWriter
+	pacer   *report.Pacer
+	reports *report.Writer
 	// splitWrites is set once the API server is seen to drop metadata in a status write.
 	splitWrites atomic.Bool
 
@@ -60,17 +61,17 @@ type ServiceController struct {
 
 // NewServiceController returns the controller; Register and Run make it work.
 func NewServiceController(client kubernetes.Interface, allocs *Allocations, serves desired.Serves) *ServiceController {
-	pacer := NewPacer(ReportsQuiet, ReportsPerSecond)
+	pacer := report.NewPacer(report.ReportsQuiet, report.ReportsPerSecond)
 	return &ServiceController{
 		client: client, allocs: allocs, serves: serves, pacer: pacer,
-		reports: newStatusWriter("metalvip-service-events", pacer),
+		reports: report.NewWriter("metalvip-service-events", pacer),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "metalvip-services"}),
 	}
 }
 
-// Pacer is what reports wait behind while this controller writes allocations.
-func (c *ServiceController) Pacer() *Pacer { return c.pacer }
+// report.Pacer is what reports wait behind while this controller writes allocations.
+func (c *ServiceController) Pacer() *report.Pacer { return c.pacer }
 
 // EventSource is the component metalvip's Events come from.
 const EventSource = "metalvip-cloud-controller-manager"
@@ -86,7 +87,7 @@ func (c *ServiceController) published(svc *v1.Service, al ipam.Allocation) {
 	name := fmt.Sprintf("%s.%x", svc.Name, at.UnixNano())
 	c.reports.SetPaced("event/"+desired.Key(svc), func(ctx context.Context) error {
 		ev := &v1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: svc.Namespace, Name: name},
-			InvolvedObject: ref, Reason: ReasonIPAllocated, Message: msg, Type: v1.EventTypeNormal,
+			InvolvedObject: ref, Reason: report.ReasonIPAllocated, Message: msg, Type: v1.EventTypeNormal,
 			Source: v1.EventSource{Component: EventSource}, ReportingController: EventSource,
 			FirstTimestamp: at, LastTimestamp: at, Count: 1}
 		_, err := c.client.CoreV1().Events(svc.Namespace).Create(ctx, ev, metav1.CreateOptions{})

@@ -1,4 +1,4 @@
-package loadbalancer
+package services
 
 import (
 	"context"
@@ -22,6 +22,7 @@ import (
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/internal/annotation"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
+	"github.com/metalvip/metalvip/loadbalancer/objects"
 )
 
 // TestAnAPIServerThatDropsMetadataInStatusWritesStillGetsFinalizerAndRecord: the real API
@@ -52,8 +53,8 @@ func TestAnAPIServerThatDropsMetadataInStatusWritesStillGetsFinalizerAndRecord(t
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
 		v1alpha1.IPPoolResource: "IPPoolList", v1alpha1.BGPPeerResource: "BGPPeerList",
 	})
-	objects := NewObjects()
-	allocs := New(Config{Client: client, Dynamic: dyn, Recorder: record.NewFakeRecorder(100), Objects: objects, Serves: desired.DefaultServes})
+	objs := objects.NewObjects()
+	allocs := New(Config{Client: client, Dynamic: dyn, Recorder: record.NewFakeRecorder(100), Objects: objs, Serves: desired.DefaultServes})
 	services := NewServiceController(client, allocs, desired.DefaultServes)
 	factory := informers.NewSharedInformerFactory(client, 0)
 	dynF := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
@@ -61,11 +62,11 @@ func TestAnAPIServerThatDropsMetadataInStatusWritesStillGetsFinalizerAndRecord(t
 	services.Register(factory)
 	factory.Start(ctx.Done())
 	dynF.Start(ctx.Done())
-	objects.set1(&unstructured.Unstructured{Object: map[string]any{
+	objs.Note(&unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": v1alpha1.GroupVersion.String(), "kind": "IPPool",
 		"metadata": map[string]any{"name": "p", "generation": int64(1)},
 		"spec":     map[string]any{"addresses": []any{"10.1.0.0/24"}},
-	}}, false, kindPool)
+	}}, false, objects.KindPool)
 	done := make(chan struct{}, 2)
 	go func() { allocs.Run(ctx); done <- struct{}{} }()
 	go func() { services.Run(ctx, 1); done <- struct{}{} }()

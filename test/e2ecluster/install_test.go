@@ -13,7 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/metalvip/metalvip/loadbalancer"
+	"github.com/metalvip/metalvip/loadbalancer/report"
 	"github.com/metalvip/metalvip/test/harness/probe"
 	"github.com/metalvip/metalvip/test/kubecluster"
 )
@@ -218,7 +218,7 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 					t.Errorf("trial %d: %s: address changed from %s to %v (%v)", i, name, vip, ingressOf(s), err)
 				}
 			}
-			if moved := c.EventsSince(ctx, kubecluster.WorkloadNamespace, loadbalancer.ReasonMoved, at); len(moved) > 0 {
+			if moved := c.EventsSince(ctx, kubecluster.WorkloadNamespace, report.ReasonMoved, at); len(moved) > 0 {
 				t.Errorf("trial %d: VIPs moved while only the CCM was replaced:\n%s", i, strings.Join(moved, "\n"))
 			}
 			if t.Failed() {

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
-	"github.com/metalvip/metalvip/loadbalancer"
+	"github.com/metalvip/metalvip/loadbalancer/services"
 	"github.com/metalvip/metalvip/test/harness"
 )
 
@@ -83,8 +83,8 @@ func TestTwoImplementationsSideBySide(t *testing.T) {
 				return len(serviceOf(t, e, ns, "ours").Status.LoadBalancer.Ingress) == 1
 			})
 			s := serviceOf(t, e, ns, "ours")
-			if !slices.Contains(s.Finalizers, loadbalancer.ClassFinalizer) {
-				t.Errorf("the classed Service has finalizers %v, want %s", s.Finalizers, loadbalancer.ClassFinalizer)
+			if !slices.Contains(s.Finalizers, services.ClassFinalizer) {
+				t.Errorf("the classed Service has finalizers %v, want %s", s.Finalizers, services.ClassFinalizer)
 			}
 			if classless {
 				harness.Eventually(t, 30*time.Second, "the class-less Service gets an address", func() bool {

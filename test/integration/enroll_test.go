@@ -34,7 +34,7 @@ import (
 	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/internal/identity"
-	"github.com/metalvip/metalvip/loadbalancer"
+	"github.com/metalvip/metalvip/loadbalancer/agentclient"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/kubeapi"
@@ -195,7 +195,7 @@ func TestAnAgentIsEnrolledForItsNodeAndRenewedWithoutADroppedStream(t *testing.T
 	agentB := e.startAgent(nodeB, addrB, tokStolen)
 
 	start := time.Now()
-	agents := loadbalancer.NewAgents(loadbalancer.AgentConfig{Port: port, Enroll: auth, Timeout: 2 * time.Second}, 1, loadbalancer.AgentHooks{})
+	agents := agentclient.New(agentclient.Config{Port: port, Enroll: auth, Timeout: 2 * time.Second}, 1, agentclient.Hooks{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer agents.Close()
 	defer cancel()

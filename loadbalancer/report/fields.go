@@ -1,0 +1,73 @@
+package report
+
+import (
+	"context"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/metalvip/metalvip/api/v1alpha1"
+)
+
+// Field managers of metalvip's status writes: each owns only the fields it applies, so the
+// allocator's pool figures and the announcer's conditions never overwrite each other.
+const (
+	ManagerAllocator = "metalvip-allocator"
+	ManagerAnnouncer = "metalvip-announcer"
+)
+
+// KeepTransitions copies conditions, so that SetCondition keeps the transition time of those
+// whose status does not change.
+func KeepTransitions(cur []metav1.Condition) []metav1.Condition {
+	out := make([]metav1.Condition, len(cur))
+	copy(out, cur)
+	return out
+}
+
+// Owned returns the conditions of the given types.
+func Owned(conds []metav1.Condition, types []string) []metav1.Condition {
+	var out []metav1.Condition
+	for _, c := range conds {
+		for _, t := range types {
+			if c.Type == t {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// ApplyStatus writes an object's status by server-side apply, as manager: it owns exactly
+// the fields given.
+func ApplyStatus(ctx context.Context, dyn dynamic.Interface, res schema.GroupVersionResource, kind, name string, status any, manager string) error {
+	st, err := runtime.DefaultUnstructuredConverter.ToUnstructured(status)
+	if err != nil {
+		return err
+	}
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(),
+		"kind":       kind,
+		"metadata":   map[string]any{"name": name},
+		"status":     st,
+	}}
+	_, err = dyn.Resource(res).ApplyStatus(ctx, name, obj, metav1.ApplyOptions{FieldManager: manager, Force: true})
+	return err
+}
+
+func SetCondition(conds *[]metav1.Condition, gen int64, typ string, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(conds, metav1.Condition{
+		Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen,
+	})
+}
+
+// ConditionAgentReachable is the Node condition that says whether the CCM reaches the node's
+// agent.
+const ConditionAgentReachable = "metalvip.io/AgentReachable"
+
+// ManagerExternalIPs owns a Service's ExternalIPsAnnounced condition (apart from the
+// announcer's Announced condition: one apply each).
+const ManagerExternalIPs = "metalvip-external-ips"
