@@ -20,23 +20,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
-	"os/user"
-	"path/filepath"
-	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -168,40 +159,6 @@ func (l *Lab) Hosts() []*Host {
 	return append(hs, l.Nodes...)
 }
 
-// DialContext dials address from inside h's namespace; the connection stays in it (an
-// http.Transport's DialContext).
-func (h *Host) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
-	var conn net.Conn
-	err := h.Do(func() error {
-		var d net.Dialer
-		var err error
-		conn, err = d.DialContext(ctx, network, address)
-		return err
-	})
-	return conn, err
-}
-
-// DialTCP dials address by TCP from inside h's namespace (grpc.WithContextDialer).
-func (h *Host) DialTCP(ctx context.Context, address string) (net.Conn, error) {
-	return h.DialContext(ctx, "tcp", address)
-}
-
-// MAC is the hardware address of h's eth0, or fails t.
-func (h *Host) MAC(t testenv.TB) string {
-	t.Helper()
-	var mac string
-	if err := h.Do(func() error {
-		ifi, err := net.InterfaceByName("eth0")
-		if err == nil {
-			mac = ifi.HardwareAddr.String()
-		}
-		return err
-	}); err != nil {
-		t.Fatalf("MAC of %s: %v", h.Name, err)
-	}
-	return mac
-}
-
 // NextHops returns the next hops of the router's kernel route to vip, sorted.
 func (l *Lab) NextHops(t testenv.TB, vip string) []string {
 	t.Helper()
@@ -264,8 +221,6 @@ echo reaped`
 	l.reaper, err = testenv.StartReaper("reaper", script, []string{"LAB_DIR=" + l.Dir, "LAB_FRR=" + l.frrName()}, l.Namespaces()...)
 	return err
 }
-
-func (l *Lab) frrName() string { return "mvlab-" + l.ID }
 
 // close stops the lab's processes gracefully, then lets the reaper remove the rest.
 func (l *Lab) close() {
@@ -390,297 +345,12 @@ func (l *Lab) build() error {
 	return l.startFRR()
 }
 
-// FRRConfig returns the router's FRR configuration, one file per daemon (FRR daemons refuse
-// each other's commands). The router does weighted ECMP from the link-bandwidth extended
-// community (bgp bestpath bandwidth: paths without one are left out when others have one),
-// and honours GRACEFUL_SHUTDOWN (65535:0) from the nodes as RFC 8326 asks: LOCAL_PREF 0, so
-// such a path is used only when no other is left.
-func (l *Lab) FRRConfig() map[string]string {
-	o := l.opts
-	header := fmt.Sprintf("frr defaults traditional\nhostname router\nlog file %s/frr.log informational\n!\n", l.Dir)
-	return map[string]string{
-		"zebra": header + "ip forwarding\nipv6 forwarding\n!\n",
-		"bfdd": header + fmt.Sprintf(`bfd
- profile lab
-  transmit-interval %d
-  receive-interval %d
-  detect-multiplier 3
-!
-`, o.BFDIntervalMS, o.BFDIntervalMS),
-		"bgpd": header + fmt.Sprintf(`router bgp %d
- bgp router-id 198.51.100.1
- no bgp ebgp-requires-policy
- no bgp default ipv4-unicast
- bgp bestpath as-path multipath-relax
- bgp bestpath bandwidth skip-missing
- neighbor NODES peer-group
- neighbor NODES remote-as %d
- neighbor NODES bfd profile lab
- neighbor NODES timers 3 9
- neighbor NODES timers connect 1
- neighbor NODES6 peer-group
- neighbor NODES6 remote-as %d
- neighbor NODES6 bfd profile lab
- neighbor NODES6 timers 3 9
- neighbor NODES6 timers connect 1
- bgp listen range %s peer-group NODES
- bgp listen range %s peer-group NODES6
- !
- address-family ipv4 unicast
-  neighbor NODES activate
-  neighbor NODES route-map NODES-IN in
-  maximum-paths 8
- exit-address-family
- !
- address-family ipv6 unicast
-  neighbor NODES6 activate
-  neighbor NODES6 route-map NODES-IN in
-  maximum-paths 8
- exit-address-family
-!
-bgp community-list standard GSHUT seq 5 permit graceful-shutdown
-!
-route-map NODES-IN permit 10
- match community GSHUT
- set local-preference 0
-!
-route-map NODES-IN permit 20
-!
-`, o.RouterASN, o.NodeASN, o.NodeASN, SegmentV4, SegmentV6),
-	}
-}
-
-func (l *Lab) startFRR() error {
-	if err := chownFRR(l.Dir); err != nil {
-		return err
-	}
-	confs := l.FRRConfig()
-	for _, d := range []string{"zebra", "bfdd", "bgpd"} {
-		conf := filepath.Join(l.Dir, d+".conf")
-		if err := os.WriteFile(conf, []byte(confs[d]), 0o640); err != nil {
-			return err
-		}
-		if err := chownFRR(conf); err != nil {
-			return err
-		}
-		args := []string{"-N", l.frrName(), "-f", conf, "-i", filepath.Join(l.Dir, d+".pid"), "--vty_socket", l.Dir}
-		p := l.Router.Start(l.t, d, "/usr/lib/frr/"+d, args...)
-		// Each daemon opens its vty socket once it has read its configuration.
-		if err := waitFor(15*time.Second, func() bool {
-			_, err := os.Stat(filepath.Join(l.Dir, d+".vty"))
-			return err == nil
-		}, p); err != nil {
-			return fmt.Errorf("FRR %s did not start: %v\n%s", d, err, p.Tail(20))
-		}
-	}
-	// The daemons read their configuration just after they open their sockets.
-	want := fmt.Sprintf("router bgp %d", l.opts.RouterASN)
-	var last string
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		out, err := l.Vtysh("show running-config")
-		if err == nil && strings.Contains(out, want) && strings.Contains(out, "profile lab") {
-			// A line FRR did not understand is a bug in FRRConfig, not something to run with.
-			log, _ := os.ReadFile(filepath.Join(l.Dir, "frr.log"))
-			if bytes.Contains(log, []byte("No such command")) || bytes.Contains(log, []byte("Unknown command")) {
-				return fmt.Errorf("FRR refused part of its configuration:\n%s", log)
-			}
-			return nil
-		}
-		last = out
-		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(l.Dir, "frr.log"))
-			return fmt.Errorf("FRR did not load its configuration within 15s; running config:\n%s\nfrr.log:\n%s", last, log)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// RestartRouter kills the router's FRR daemons (no goodbye to its peers) and starts them again
-// with the same configuration, as a router reboot would.
-func (l *Lab) RestartRouter() error {
-	var keep []*testenv.Proc
-	for _, p := range l.procs {
-		if strings.HasPrefix(p.Name, "router-") {
-			p.Kill()
-			continue
-		}
-		keep = append(keep, p)
-	}
-	l.procs = keep
-	for _, d := range []string{"zebra", "bfdd", "bgpd"} {
-		_ = os.Remove(filepath.Join(l.Dir, d+".vty"))
-		_ = os.Remove(filepath.Join(l.Dir, d+".pid"))
-	}
-	return l.startFRR()
-}
-
-// Vtysh runs one vtysh command against the router's FRR.
-func (l *Lab) Vtysh(command string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "vtysh", "--vty_socket", l.Dir, "-c", command).CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("vtysh -c %q: %v: %s", command, err, out)
-	}
-	return string(out), nil
-}
-
-// Run runs a command in the host's namespace and returns its combined output.
-func (h *Host) Run(ctx context.Context, name string, args ...string) ([]byte, error) {
-	cmd := h.Command(ctx, name, args...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	if err != nil {
-		return out.Bytes(), fmt.Errorf("%s: %s %s: %v: %s", h.Name, name, strings.Join(args, " "), err, bytes.TrimSpace(out.Bytes()))
-	}
-	return out.Bytes(), nil
-}
-
-// Command returns a command that runs in the host's namespace.
-func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.NS, name}, args...)...)
-}
-
-// Do runs fn on an OS thread switched into the host's namespace. Sockets fn opens belong to
-// the namespace for their whole life, so a test can open them in Do and use them anywhere.
-func (h *Host) Do(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			errc <- err
-			runtime.UnlockOSThread()
-			return
-		}
-		defer orig.Close()
-		target, err := os.Open(filepath.Join("/run/netns", h.NS))
-		if err != nil {
-			errc <- err
-			runtime.UnlockOSThread()
-			return
-		}
-		defer target.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("enter %s: %w", h.NS, err)
-			runtime.UnlockOSThread()
-			return
-		}
-		err = fn()
-		if rerr := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); rerr != nil {
-			// The thread stays locked and dies with this goroutine: it is in the wrong namespace.
-			errc <- errors.Join(err, fmt.Errorf("leave %s: %w", h.NS, rerr))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- err
-	}()
-	return <-errc
-}
-
-// Forward listens on listen (such as "127.0.0.1:6443") inside the host's namespace and
-// relays every connection to target, dialled from the test binary's own namespace: a process
-// in the lab reaches a server outside it (the test's API server) without any route out of the
-// lab. It stops when the test ends.
-func (h *Host) Forward(t testenv.TB, listen, target string) {
-	t.Helper()
-	var lis net.Listener
-	if err := h.Do(func() error {
-		var err error
-		lis, err = net.Listen("tcp", listen)
-		return err
-	}); err != nil {
-		t.Fatalf("forward on %s in %s: %v", listen, h.Name, err)
-	}
-	t.Cleanup(func() { lis.Close() })
-	go func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				d, err := net.DialTimeout("tcp", target, 5*time.Second)
-				if err != nil {
-					return
-				}
-				defer d.Close()
-				done := make(chan struct{}, 2)
-				go func() { _, _ = io.Copy(d, c); done <- struct{}{} }()
-				go func() { _, _ = io.Copy(c, d); done <- struct{}{} }()
-				<-done
-			}()
-		}
-	}()
-}
-
-// Start starts a long-running process in the host's namespace. It is stopped (SIGTERM, then
-// SIGKILL) when the test ends or the lab is torn down, whichever comes first.
-func (h *Host) Start(t testenv.TB, name, bin string, args ...string) *testenv.Proc {
-	t.Helper()
-	p := testenv.StartProc(t, h.Name+"-"+name, h.Command(context.Background(), bin, args...))
-	h.lab.procs = append(h.lab.procs, p)
-	return p
-}
-
-// Ping sends count pings to addr and reports whether any came back.
-func (h *Host) Ping(ctx context.Context, addr netip.Addr, count int) error {
-	_, err := h.Run(ctx, "ping", "-n", "-q", "-c", strconv.Itoa(count), "-i", "0.2", "-W", "1", addr.String())
-	return err
-}
-
-func (h *Host) addrs(dev string, prefixes ...netip.Prefix) error {
-	for _, p := range prefixes {
-		args := []string{"-n", h.NS, "addr", "add", p.String(), "dev", dev}
-		if p.Addr().Is6() {
-			args = append(args, "nodad")
-		}
-		if err := ip(args...); err != nil {
-			return err
-		}
-	}
-	return ip("-n", h.NS, "link", "set", dev, "up")
-}
-
-func (h *Host) defaultRoutes(v4, v6 string) error {
-	if err := ip("-n", h.NS, "route", "add", "default", "via", v4); err != nil {
-		return err
-	}
-	return ip("-n", h.NS, "-6", "route", "add", "default", "via", v6)
-}
-
-func (h *Host) sysctls(kv map[string]string) error {
-	args := []string{"netns", "exec", h.NS, "sysctl", "-q", "-w"}
-	for k, v := range kv {
-		args = append(args, k+"="+v)
-	}
-	return ip(args...)
-}
-
 func ip(args ...string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
-	}
-	return nil
-}
-
-func chownFRR(paths ...string) error {
-	u, err := user.Lookup("frr")
-	if err != nil {
-		return fmt.Errorf("user frr: %w (is the frr package installed?)", err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	for _, p := range paths {
-		if err := os.Chown(p, uid, gid); err != nil {
-			return err
-		}
 	}
 	return nil
 }

@@ -197,7 +197,7 @@ all; most of it is the API server alone creating the Services (613 s: kube-apise
 counts every allocated ClusterIP on each create, so its own cost grows faster than linearly).
 This machine is slower than the one of the run before (461 s for the same creates there; cold
 start 77.1 s and 60.6 s of CCM CPU there, 146.6 s and 134.4 s here). The pacing of pushes by
-their cost (loadbalancer/agents.go pushPace) came between the two; measured on this machine,
+their cost (loadbalancer/agentclient/agents.go pushPace) came between the two; measured on this machine,
 one after the other at 10,000 Services, the CCM before it and with it: all allocated after
 63.3 and 62.5 s, converged after 63.6 and 63.6 s, CCM CPU 54.9 and 52.1 s, node death p99
 260-544 and 174-378 ms: the same within the noise. What it changes is a burst on few nodes

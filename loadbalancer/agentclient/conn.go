@@ -1,0 +1,297 @@
+package agentclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/klog/v2"
+
+	"github.com/metalvip/metalvip/internal/agentapi"
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+)
+
+// run asks the agent what it holds, then pushes the desired state until the agent holds it,
+// and probes reachability when idle.
+func (a *Agents) run(ctx context.Context, c *agentConn) {
+	backoff := 200 * time.Millisecond
+	const maxBackoff = 10 * time.Second
+	probe := time.NewTicker(10 * time.Second)
+	defer probe.Stop()
+	wait := time.Duration(0)
+	var paced time.Time // no Apply before then (pushPace)
+	for {
+		if wait > 0 {
+			// A new state or a sign of life from the agent (its Watch stream reconnected)
+			// cuts the backoff short.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			case <-c.kick:
+			case <-c.probe:
+			}
+		}
+		c.mu.Lock()
+		pending := c.desired != nil && (c.applied != c.version || c.appliedAt != a.Term())
+		known, reachable := c.known, c.reachable
+		c.mu.Unlock()
+		var err error
+		switch {
+		case !known || !reachable:
+			// First ask what the agent holds: the generation resumes from it (and its keys
+			// come from it). An agent that did not answer is asked again after the backoff;
+			// one that holds no certificate of the CA yet is enrolled first.
+			err = a.probe(ctx, c)
+			if err != nil && a.enrollNew(ctx, c) == nil {
+				err = a.probe(ctx, c)
+			}
+		case pending:
+			if d := time.Until(paced); d > 0 {
+				// Changes meanwhile join this push: see pushPace.
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(d):
+				}
+			}
+			start := time.Now()
+			err = a.apply(ctx, c)
+			paced = time.Now().Add(min(pushPace*time.Since(start), maxPushPause))
+			if grpcstatus.Code(err) == codes.DeadlineExceeded && ctx.Err() == nil {
+				// A slow answer is not a dead node: an agent that answers GetState is
+				// reachable, and is sent the state again after the backoff. Counting it
+				// unreachable would move its VIPs and replan every node, which loads the
+				// agents further (1,000 simulated agents under load flipped 17,000 times in
+				// seven minutes, make bench-scale).
+				if a.probe(ctx, c) == nil {
+					err = &refusedError{err}
+				}
+			}
+		default:
+			// In step: wait for a change, probing now and then.
+			select {
+			case <-ctx.Done():
+				return
+			case <-c.kick:
+			case <-c.probe:
+				err = a.probe(ctx, c)
+			case <-probe.C:
+				err = a.probe(ctx, c)
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			var refused *refusedError
+			if errors.As(err, &refused) {
+				// The agent answers; the state (or the term) is at fault, not the node.
+				a.setReachable(c, true, nil)
+			} else {
+				a.setReachable(c, false, err)
+			}
+			wait = backoff
+			backoff = min(2*backoff, maxBackoff)
+			continue
+		}
+		a.setReachable(c, true, nil)
+		a.renewDue(ctx, c)
+		backoff, wait = 200*time.Millisecond, 0
+	}
+}
+
+// A node's state is sent whole, so an Apply costs the CCM and the agent in proportion to the
+// node's VIPs. During a burst of changes (thousands of Services created at once, each node's
+// state holding them all) back-to-back Applies would cost the square of the burst, on the
+// CCM, on the agents, and where they share cores, on the API server serving the burst: 541
+// Applies for 1,000 Services in make bench, most of a core. After an Apply that took d, the
+// next to that node waits until pushPace*d (at most maxPushPause) has passed, and carries
+// every change made meanwhile: the push loop works at most 1/(1+pushPace) of the time, and a
+// change after a quiet spell (a node's death, one new Service) is sent at once.
+const (
+	pushPace     = 3
+	maxPushPause = time.Second
+)
+
+// refusedError is an answer of the agent that refuses a state: the agent is reachable.
+type refusedError struct{ err error }
+
+func (e *refusedError) Error() string { return e.err.Error() }
+
+func (e *refusedError) Unwrap() error { return e.err }
+
+func (a *Agents) apply(ctx context.Context, c *agentConn) error {
+	term := a.Term()
+	c.mu.Lock()
+	if c.builtFor != c.version || c.built == nil {
+		c.built, c.builtFor = c.desired.Build(), c.version
+	}
+	desired, version := c.built, c.version
+	// A new content (or a new term) gets a new generation; a retry of the same reuses it.
+	if c.genFor != version || c.genTerm != term {
+		c.gen++
+		c.genFor, c.genTerm = version, term
+	}
+	gen := c.gen
+	c.mu.Unlock()
+	// A shallow copy: the desired state is never changed once pushed, and sending only reads.
+	st := agentapi.Restamped(desired, term, gen)
+	st.Node = c.node
+	cctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+	defer cancel()
+	sent := time.Now()
+	resp, err := c.client.Apply(cctx, &agentv1.ApplyRequest{State: st})
+	rtt := time.Since(sent)
+	switch grpcstatus.Code(err) {
+	case codes.OK:
+	case codes.FailedPrecondition:
+		agentApplies.WithLabelValues("fenced").Inc()
+		// The agent holds a newer term: learn it from its state, not from the message.
+		if perr := a.probe(ctx, c); perr != nil {
+			return perr
+		}
+		return &refusedError{fmt.Errorf("apply generation %d under term %d: %w", gen, term, err)}
+	case codes.InvalidArgument:
+		agentApplies.WithLabelValues("refused").Inc()
+		if a.hooks.Refused != nil {
+			a.hooks.Refused(c.node, nil, grpcstatus.Convert(err).Message())
+		}
+		return &refusedError{fmt.Errorf("apply generation %d: %w", gen, err)}
+	default:
+		agentApplies.WithLabelValues("error").Inc()
+		return fmt.Errorf("apply generation %d: %w", gen, err)
+	}
+	if resp.GetTerm() != term || resp.GetGeneration() != gen {
+		// The agent holds something else than what was sent: a generation it has seen
+		// already under this term (a Node re-created, a CCM restarted without asking). Go on
+		// from the agent's generation and send again.
+		klog.InfoS("Agent acknowledged another generation; sending again", "node", c.node, "sent", gen, "term", term, "heldTerm", resp.GetTerm(), "held", resp.GetGeneration())
+		c.mu.Lock()
+		if resp.GetTerm() == term && resp.GetGeneration() >= c.gen {
+			c.gen = resp.GetGeneration()
+		}
+		c.genFor = 0
+		c.mu.Unlock()
+		agentApplies.WithLabelValues("error").Inc()
+		return &refusedError{fmt.Errorf("agent holds generation %d of term %d, not %d of %d", resp.GetGeneration(), resp.GetTerm(), gen, term)}
+	}
+	agentApplies.WithLabelValues("ok").Inc()
+	c.mu.Lock()
+	c.applied, c.appliedAt = version, term
+	c.mu.Unlock()
+	if a.hooks.Refused != nil {
+		a.hooks.Refused(c.node, resp.GetRefused(), "")
+	}
+	if len(resp.GetProblems()) > 0 {
+		klog.InfoS("Agent applied the state with problems", "node", c.node, "generation", gen, "problems", resp.GetProblems())
+	}
+	klog.V(2).InfoS("Agent applied state", "node", c.node, "term", term, "generation", gen, "changed", resp.GetChanged(), "refused", len(resp.GetRefused()), "rtt", rtt.Round(100*time.Microsecond))
+	return nil
+}
+
+func (a *Agents) probe(ctx context.Context, c *agentConn) error {
+	cctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+	defer cancel()
+	resp, err := c.client.GetState(cctx, &agentv1.GetStateRequest{})
+	if err != nil {
+		return err
+	}
+	term := a.Term()
+	c.mu.Lock()
+	c.held = resp.GetState()
+	if !c.known || resp.GetTerm() == term && resp.GetGeneration() > c.gen {
+		// Resume the generation from the agent: after a CCM restart, a leader change or a
+		// Node re-created, the agent holds generations this connection never gave.
+		if resp.GetTerm() == term {
+			c.gen = resp.GetGeneration()
+			c.genFor = 0
+		}
+	}
+	if resp.GetTerm() != term || resp.GetGeneration() != c.gen || resp.GetRestored() {
+		// The agent does not hold what this leader last gave it, or holds it only from its
+		// disk (it restarted): send it again, so that it knows the leader is in touch.
+		c.applied = 0
+	}
+	keysChanged := !sameKeys(c.keys, resp.GetHeartbeatPublicKeys())
+	c.keys = resp.GetHeartbeatPublicKeys()
+	sessionsChanged := !slices.EqualFunc(c.sessions, resp.GetPeers(), func(x, y *agentv1.PeerStatus) bool { return proto.Equal(x, y) })
+	c.sessions = resp.GetPeers()
+	c.mu.Unlock()
+	if sessionsChanged && a.hooks.Sessions != nil {
+		a.hooks.Sessions(c.node, resp.GetPeers())
+	}
+	if keysChanged && a.hooks.Keys != nil {
+		a.hooks.Keys(c.node, resp.GetHeartbeatPublicKeys())
+	}
+	if resp.GetTerm() > term && a.hooks.NewerTerm != nil {
+		a.hooks.NewerTerm(c.node, resp.GetTerm())
+	}
+	if a.hooks.Refused != nil && resp.GetTerm() == term {
+		a.hooks.Refused(c.node, resp.GetRefused(), "")
+	}
+	return nil
+}
+
+func sameKeys(a, b [][]byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if string(a[i]) != string(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// watch relays the agent's events, reconnecting with backoff.
+func (a *Agents) watch(ctx context.Context, c *agentConn) {
+	backoff := 500 * time.Millisecond
+	for ctx.Err() == nil {
+		stream, err := c.client.Watch(ctx, &agentv1.WatchRequest{})
+		if err == nil {
+			if _, herr := stream.Header(); herr == nil {
+				// The agent answers, perhaps after a restart: ask what it holds now (the
+				// state is sent again if it lost it) and check reachability.
+				select {
+				case c.probe <- struct{}{}:
+				default:
+				}
+			}
+			for {
+				resp, rerr := stream.Recv()
+				if rerr != nil {
+					// The agent may be gone: check now rather than at the next probe.
+					select {
+					case c.probe <- struct{}{}:
+					default:
+					}
+					break
+				}
+				backoff = 500 * time.Millisecond
+				if k := resp.GetEvent().GetKind(); k == agentv1.Event_KIND_SESSION_UP || k == agentv1.Event_KIND_SESSION_DOWN {
+					// A session changed: ask for the sessions now (for the BGPPeer's status).
+					select {
+					case c.probe <- struct{}{}:
+					default:
+					}
+				}
+				if a.hooks.Event != nil {
+					a.hooks.Event(c.node, resp.GetEvent())
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
