@@ -357,7 +357,7 @@ func (a *Agent) applyLocked(ctx context.Context) {
 	var vips []l2.VIP
 	var routes []bgp.Route
 	for _, an := range a.checked.announcements {
-		vip, _ := netip.ParseAddr(an.GetVip())
+		vip := an.vip
 		view := &agentv1.AnnouncedVIP{Vip: vip.String(), Mode: an.GetMode()}
 		views[vip] = view
 		switch an.GetMode() {
@@ -367,7 +367,7 @@ func (a *Agent) applyLocked(ctx context.Context) {
 				ifaces = a.opts.Interfaces
 			}
 			view.Interfaces = ifaces
-			if v, ok := a.decideL2(vip, an.GetL2(), view); ok {
+			if v, ok := a.decideL2(an, view); ok {
 				vips = append(vips, v)
 			}
 		case agentv1.Mode_MODE_BGP:

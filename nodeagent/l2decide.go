@@ -143,7 +143,8 @@ func (a *Agent) emitChanges(views map[netip.Addr]*agentv1.AnnouncedVIP) {
 
 // decideL2 decides this node's part in an L2 VIP (ownership.go), writes it into view, and
 // returns what the speaker should answer for, if anything. The caller holds mu.
-func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agentv1.AnnouncedVIP) (l2.VIP, bool) {
+func (a *Agent) decideL2(checked checkedAnnouncement, view *agentv1.AnnouncedVIP) (l2.VIP, bool) {
+	vip, an := checked.vip, checked.GetL2()
 	cands := make([]string, 0, len(an.GetCandidates()))
 	for _, c := range an.GetCandidates() {
 		cands = append(cands, c.GetNode())
@@ -183,8 +184,8 @@ func (a *Agent) decideL2(vip netip.Addr, an *agentv1.L2Announcement, view *agent
 	if lingers {
 		v.Share = &l2.Share{Self: a.opts.Node, Members: []string{a.opts.Node}}
 	}
-	if m := an.GetVirtualMac(); m != "" {
-		v.MAC, _ = net.ParseMAC(m) // checked by checkItems
+	if checked.mac != nil {
+		v.MAC = checked.mac
 		view.Reason += "; virtual MAC " + v.MAC.String()
 	}
 	return v, true

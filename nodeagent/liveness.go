@@ -34,7 +34,7 @@ func (a *Agent) livenessChanged() {
 		if an.GetMode() != agentv1.Mode_MODE_L2 {
 			continue
 		}
-		vip, _ := netip.ParseAddr(an.GetVip())
+		vip := an.vip
 		v := views[vip]
 		if v == nil {
 			continue
@@ -45,7 +45,7 @@ func (a *Agent) livenessChanged() {
 		if v.GetActive() && slices.ContainsFunc(an.GetL2().GetCandidates(), func(c *agentv1.Candidate) bool { return moved[c.GetNode()] }) {
 			a.again[vip]++
 		}
-		if l, ok := a.decideL2(vip, an.GetL2(), v); ok {
+		if l, ok := a.decideL2(an, v); ok {
 			vips = append(vips, l)
 		}
 	}
@@ -105,8 +105,8 @@ func (a *Agent) applyLivenessLocked(st *agentv1.DesiredState) error {
 		if !slices.ContainsFunc(cands, func(c *agentv1.Candidate) bool { return c.GetNode() == a.opts.Node }) {
 			continue
 		}
-		for _, c := range cands {
-			addr, _ := netip.ParseAddr(c.GetAddress())
+		for k, c := range cands {
+			addr := an.candidates[k]
 			if c.GetNode() == a.opts.Node {
 				if addr.IsValid() {
 					self = addr

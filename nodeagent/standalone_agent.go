@@ -3,7 +3,6 @@ package nodeagent
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"slices"
 
 	"github.com/metalvip/metalvip/nodeagent/bgp"
@@ -46,8 +45,8 @@ func (a *Agent) checkState(st *agentv1.DesiredState) checkedState {
 	c.reserved = vip
 	keep := c.announcements[:0]
 	for _, an := range c.announcements {
-		if v, _ := netip.ParseAddr(an.GetVip()); v == vip {
-			i := slices.IndexFunc(st.GetAnnouncements(), func(x *agentv1.Announcement) bool { return x == an })
+		if an.vip == vip {
+			i := slices.IndexFunc(st.GetAnnouncements(), func(x *agentv1.Announcement) bool { return x == an.Announcement })
 			c.refused = append(c.refused, &agentv1.Refusal{
 				Kind: agentv1.Refusal_KIND_ANNOUNCEMENT, Key: an.GetVip(), Field: fmt.Sprintf("announcements[%d].vip", i),
 				Reason: fmt.Sprintf("%s is this node's control-plane VIP (kubeadm's control-plane endpoint, from %s); give the Service another address and keep the VIP out of every IPPool", vip, a.opts.ControlPlane.opts.File),

@@ -72,12 +72,24 @@ func CheckState(st *agentv1.DesiredState, node string) ([]*agentv1.Refusal, erro
 // checkedState is a state split by the per-item checks: what to apply, and what is refused.
 // A refused item costs only itself.
 type checkedState struct {
-	announcements []*agentv1.Announcement
+	announcements []checkedAnnouncement
 	peers         []bgp.Peer
 	hbPeers       map[string]failover.Peer // by node: keys and address of every heartbeat peer
 	refused       []*agentv1.Refusal
 	problems      []string   // items that are the CCM's own (heartbeat peers), left out
 	reserved      netip.Addr // the control-plane VIP announcements were refused for (standalone.go)
+}
+
+// checkedAnnouncement is an announcement checkItems accepted, with what it decoded of it: the
+// rest of the agent reads these, never the strings again.
+type checkedAnnouncement struct {
+	*agentv1.Announcement
+	vip netip.Addr
+	// mac is the L2 announcement's virtual MAC; nil when it has none.
+	mac net.HardwareAddr
+	// candidates are the L2 candidates' data-plane addresses, in their order; invalid (the
+	// zero Addr) where the CCM gave none.
+	candidates []netip.Addr
 }
 
 // checkItems checks every announcement and BGP peer on its own.
@@ -88,6 +100,12 @@ func checkItems(st *agentv1.DesiredState) checkedState {
 	}
 	seenVIP := map[netip.Addr]int{}
 	seenMAC := map[string]int{} // virtual MACs
+	n := 0
+	for _, an := range st.GetAnnouncements() {
+		n += len(an.GetL2().GetCandidates())
+	}
+	candAddrs := make([]netip.Addr, 0, n) // every candidate's address, one array for all
+	c.announcements = make([]checkedAnnouncement, 0, len(st.GetAnnouncements()))
 	for i, an := range st.GetAnnouncements() {
 		at := fmt.Sprintf("announcements[%d]", i)
 		bad := func(field, format string, args ...any) {
@@ -110,16 +128,25 @@ func checkItems(st *agentv1.DesiredState) checkedState {
 			bad(f, "%s", reason)
 			continue
 		}
-		if m := an.GetL2().GetVirtualMac(); an.GetMode() == agentv1.Mode_MODE_L2 && m != "" {
-			mac, _ := net.ParseMAC(m)
-			if j, dup := seenMAC[mac.String()]; dup {
-				bad(".l2.virtual_mac", "%s is also the MAC of announcements[%d] (%s); give each VIP its own", mac, j, st.GetAnnouncements()[j].GetVip())
-				continue
+		ca := checkedAnnouncement{Announcement: an, vip: vip}
+		if an.GetMode() == agentv1.Mode_MODE_L2 {
+			if m := an.GetL2().GetVirtualMac(); m != "" {
+				ca.mac, _ = net.ParseMAC(m) // checkAnnouncement checked it
+				if j, dup := seenMAC[ca.mac.String()]; dup {
+					bad(".l2.virtual_mac", "%s is also the MAC of announcements[%d] (%s); give each VIP its own", ca.mac, j, st.GetAnnouncements()[j].GetVip())
+					continue
+				}
+				seenMAC[ca.mac.String()] = i
 			}
-			seenMAC[mac.String()] = i
+			start := len(candAddrs)
+			for _, cd := range an.GetL2().GetCandidates() {
+				addr, _ := netip.ParseAddr(cd.GetAddress()) // checked; "" stays the zero Addr
+				candAddrs = append(candAddrs, addr)
+			}
+			ca.candidates = candAddrs[start:len(candAddrs):len(candAddrs)]
 		}
 		seenVIP[vip] = i
-		c.announcements = append(c.announcements, an)
+		c.announcements = append(c.announcements, ca)
 	}
 
 	defaultASN := st.GetBgp().GetAsn()
