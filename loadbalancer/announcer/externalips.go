@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/loadbalancer/report"
@@ -41,6 +42,7 @@ func (a *Announcer) externalIPsStatus(svc *v1.Service, ext []netip.Addr, refused
 	key := desired.Key(svc)
 	for _, r := range refused {
 		a.warnOnce("ext-refused/"+key+"/"+r.IP, r.Reason, func() {
+			klog.V(2).InfoS("externalIP not announced", "service", key, "externalIP", r.IP, "holder", r.Holder, "reason", r.Reason)
 			a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, report.ReasonExternalIPRefused, "externalIP %s is not announced: %s", r.IP, r.Reason)
 		})
 	}

@@ -9,13 +9,15 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/metalvip/metalvip/internal/annotation"
+	"github.com/metalvip/metalvip/loadbalancer/ipam"
 	"github.com/metalvip/metalvip/loadbalancer/pools"
 )
 
 // ExternalIPRefusal is one spec.externalIPs entry metalvip does not announce, and why.
 type ExternalIPRefusal struct {
 	IP     string
-	Reason string
+	Reason string // for the Service's owner: names no Service of another namespace
+	Holder string // the LoadBalancer Service holding the address, if that is why: for the log
 }
 
 // WantsExternalIPs reports whether a Service asks for its spec.externalIPs to be announced
@@ -33,7 +35,8 @@ func (s Serves) WantsExternalIPs(svc *v1.Service) bool {
 
 // ExternalIPs decides which of a Service's spec.externalIPs are announced: those inside a
 // valid pool that allows externalIPs (spec.externalIPs: Allow) and whose serviceAllocation
-// admits the Service, and that no LoadBalancer Service holds (heldBy returns its key, or "").
+// admits the Service, and that no LoadBalancer Service holds (heldBy returns its key, or "";
+// the reason names it only when it is in the Service's namespace).
 // Anyone who may edit a Service may write any address there, so everything else is refused
 // with the reason. A Service that does not ask (WantsExternalIPs) gets neither.
 func (s Serves) ExternalIPs(svc *v1.Service, set *pools.Set, heldBy func(netip.Addr) string) ([]netip.Addr, []ExternalIPRefusal) {
@@ -43,7 +46,7 @@ func (s Serves) ExternalIPs(svc *v1.Service, set *pools.Set, heldBy func(netip.A
 	var ok []netip.Addr
 	var refused []ExternalIPRefusal
 	no := func(ip, format string, args ...any) {
-		refused = append(refused, ExternalIPRefusal{ip, fmt.Sprintf(format, args...)})
+		refused = append(refused, ExternalIPRefusal{IP: ip, Reason: fmt.Sprintf(format, args...)})
 	}
 	for _, raw := range svc.Spec.ExternalIPs {
 		ip, err := netip.ParseAddr(raw)
@@ -70,7 +73,8 @@ func (s Serves) ExternalIPs(svc *v1.Service, set *pools.Set, heldBy func(netip.A
 		case p.Allocation.ServiceSelector != nil && !p.Allocation.ServiceSelector.Matches(labels.Set(svc.Labels)):
 			no(raw, "IPPool %s's serviceSelector does not select this Service", p.Name)
 		case heldBy(ip) != "":
-			no(raw, "LoadBalancer Service %s holds it; a LoadBalancer address is never announced as another Service's externalIP", heldBy(ip))
+			no(raw, "it is the LoadBalancer address of %s; a LoadBalancer address is never announced as another Service's externalIP", ipam.NameFor(heldBy(ip), svc.Namespace))
+			refused[len(refused)-1].Holder = heldBy(ip)
 		default:
 			ok = append(ok, ip)
 		}

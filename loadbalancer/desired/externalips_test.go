@@ -75,3 +75,31 @@ func TestExternalIPsAreAnnouncedOnlyFromPoolsThatAllowThem(t *testing.T) {
 		})
 	}
 }
+
+// TestFault8AnExternalIPRefusalNamesNoServiceOfAnotherNamespace (issue 30, fault 8): the
+// refusal of an externalIP a LoadBalancer Service holds, written in the Service's Event and
+// condition, names the holder only when it is in the Service's own namespace.
+func TestFault8AnExternalIPRefusalNamesNoServiceOfAnotherNamespace(t *testing.T) {
+	set := pools.NewSet([]*pools.Pool{pools.DecodePool(&v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "open"},
+		Spec: v1alpha1.IPPoolSpec{Addresses: []v1alpha1.AddressRange{"203.0.113.0/28"}, ExternalIPs: v1alpha1.ExternalIPsAllow}})}, nil)
+	held := func(netip.Addr) string { return "bank/ledger" }
+	for _, tc := range []struct {
+		name, ns string
+		want     string
+	}{
+		{"a Service of another namespace is not told the holder's name", "tenant", "it is the LoadBalancer address of a Service in another namespace"},
+		{"a Service of the holder's namespace is told it", "bank", "it is the LoadBalancer address of bank/ledger"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: tc.ns, Name: "s", Annotations: map[string]string{string(annotation.AnnounceExternalIPs): "true"}},
+				Spec: v1.ServiceSpec{Type: v1.ServiceTypeClusterIP, ExternalIPs: []string{"203.0.113.2"}}}
+			_, refused := DefaultServes.ExternalIPs(s, set, held)
+			if len(refused) != 1 || !strings.Contains(refused[0].Reason, tc.want) {
+				t.Fatalf("refused %+v, want a reason with %q", refused, tc.want)
+			}
+			if tc.ns != "bank" && strings.Contains(refused[0].Reason, "ledger") {
+				t.Errorf("the reason %q names bank's Service", refused[0].Reason)
+			}
+		})
+	}
+}

@@ -115,19 +115,82 @@ var (
 	ErrConflict     = errors.New("conflicting records")
 )
 
-// Error is an allocation failure: a kind and a message for the Service's owner that says why
-// and what to do.
+// Error is an allocation failure: a kind and a message that says why and what to do. Msg
+// names every Service involved, for the operator's log; For is the text for the Service's
+// owner, which names no Service of another namespace.
 type Error struct {
 	Kind   error
 	Msg    string
 	Holder string // the Service holding a contested address, if any
+
+	format string
+	args   []any // serviceKey and serviceKeys are rendered by For
 }
 
 func (e *Error) Error() string { return e.Msg }
 func (e *Error) Unwrap() error { return e.Kind }
 
+// For is the message as written on a Service in namespace (its Events and conditions): a
+// Service of another namespace is not named, so a tenant learns no other tenant's Service
+// names from a conflict.
+func (e *Error) For(namespace string) string {
+	if e.format == "" {
+		return e.Msg
+	}
+	return e.render(func(key string) string { return NameFor(key, namespace) })
+}
+
+// unnamed is how a message written on a Service names a Service of another namespace.
+const unnamed = "a Service in another namespace"
+
+// NameFor is how a message written on a Service in namespace names the Service key: by its
+// key in the same namespace, otherwise without its name.
+func NameFor(key, namespace string) string {
+	if ns, _, ok := strings.Cut(key, "/"); ok && ns == namespace {
+		return key
+	}
+	return unnamed
+}
+
+// serviceKey and serviceKeys are Service keys in an Error's arguments.
+type (
+	serviceKey  string
+	serviceKeys []string
+)
+
+func (e *Error) render(name func(string) string) string {
+	args := make([]any, len(e.args))
+	for i, a := range e.args {
+		switch a := a.(type) {
+		case serviceKey:
+			args[i] = name(string(a))
+		case serviceKeys:
+			var names []string
+			for _, k := range a {
+				if n := name(k); !slices.Contains(names, n) {
+					names = append(names, n)
+				}
+			}
+			args[i] = strings.Join(names, ", ")
+		case *Error:
+			if a.format != "" {
+				args[i] = a.render(name)
+			} else {
+				args[i] = a.Msg
+			}
+		default:
+			args[i] = a
+		}
+	}
+	return fmt.Sprintf(e.format, args...)
+}
+
+// errorf returns an Error; a Service key among args is a serviceKey or serviceKeys, so that
+// For can leave out those of other namespaces.
 func errorf(kind error, format string, args ...any) *Error {
-	return &Error{Kind: kind, Msg: fmt.Sprintf(format, args...)}
+	e := &Error{Kind: kind, format: format, args: args}
+	e.Msg = e.render(func(key string) string { return key })
+	return e
 }
 
 type pool struct {

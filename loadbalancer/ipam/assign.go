@@ -2,7 +2,6 @@ package ipam
 
 import (
 	"cmp"
-	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -123,23 +122,25 @@ func compatible(h *holder, s *Service) error {
 		return nil
 	}
 	slices.Sort(others)
+	first := serviceKey(others[0])
 	if h.key == "" || s.SharingKey != h.key {
-		e := errorf(ErrInUse, "address %s is held by %s, which does not share it under this Service's sharing key; choose another address or give both Services the same metalvip.io/sharing-key", h.ip, others[0])
+		format := "address %s is held by %s, which does not share it under this Service's sharing key; choose another address or give both Services the same metalvip.io/sharing-key"
 		if s.SharingKey == "" {
-			e.Msg = fmt.Sprintf("address %s is held by %s; choose another address, or give both Services the same metalvip.io/sharing-key if they should share it", h.ip, others[0])
+			format = "address %s is held by %s; choose another address, or give both Services the same metalvip.io/sharing-key if they should share it"
 		}
+		e := errorf(ErrInUse, format, h.ip, first)
 		e.Holder = others[0]
 		return e
 	}
 	if h.local != s.LocalTraffic {
-		e := errorf(ErrSharing, "address %s is shared by %s with externalTrafficPolicy %s; Services sharing an address must have the same externalTrafficPolicy", h.ip, others[0], etp(h.local))
+		e := errorf(ErrSharing, "address %s is shared by %s with externalTrafficPolicy %s; Services sharing an address must have the same externalTrafficPolicy", h.ip, first, etp(h.local))
 		e.Holder = others[0]
 		return e
 	}
 	for _, o := range others {
 		for _, p := range h.users[o] {
 			if slices.Contains(s.Ports, p) {
-				e := errorf(ErrSharing, "port %s on address %s is already used by %s, which shares it; use another port or another sharing key", p, h.ip, o)
+				e := errorf(ErrSharing, "port %s on address %s is already used by %s, which shares it; use another port or another sharing key", p, h.ip, serviceKey(o))
 				e.Holder = o
 				return e
 			}

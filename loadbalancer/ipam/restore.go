@@ -2,10 +2,8 @@ package ipam
 
 import (
 	"cmp"
-	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 )
 
 // Restore records what a Service holds according to its status, before anything is
@@ -15,7 +13,9 @@ func (a *Allocator) Restore(s Service, al Allocation) error {
 	for _, ip := range al.IPs {
 		if h := a.held[ip]; h != nil {
 			if err := compatible(h, &s); err != nil {
-				return &Error{Kind: ErrConflict, Msg: fmt.Sprintf("address %s in this Service's status is also held by %s: %v", ip, strings.Join(sortedUsers(h), ", "), err), Holder: sortedUsers(h)[0]}
+				e := errorf(ErrConflict, "address %s in this Service's status is also held by %s: %v", ip, serviceKeys(sortedUsers(h)), err)
+				e.Holder = sortedUsers(h)[0]
+				return e
 			}
 		}
 	}

@@ -208,7 +208,7 @@ func (a *Allocations) rebuild() {
 	}
 	for key, err := range a.ipam.Rebuild(recs) {
 		klog.ErrorS(err, "Address in a Service's status is contested; the Service gets a new address", "service", key)
-		a.cfg.Recorder.Eventf(byKey[key], v1.EventTypeWarning, report.ReasonIPConflict, "%v; this Service gets a new address", err)
+		a.cfg.Recorder.Eventf(byKey[key], v1.EventTypeWarning, report.ReasonIPConflict, "%s; this Service gets a new address", toldTo(byKey[key], err))
 	}
 	a.dirty = true
 }
@@ -286,7 +286,8 @@ func (a *Allocations) Assign(ctx context.Context, svc *v1.Service) (ipam.Allocat
 	a.mu.Unlock()
 	if err != nil {
 		reason, retry := classify(err)
-		a.warnOnce(svc, reason, err.Error())
+		klog.V(2).InfoS("Service's addresses not allocated", "service", req.Key, "reason", reason, "err", err)
+		a.warnOnce(svc, reason, toldTo(svc, err))
 		if retry {
 			return ipam.Allocation{}, &RetryError{Err: err, After: a.cfg.PendingRetry}
 		}
@@ -320,6 +321,16 @@ func classify(err error) (reason string, retry bool) {
 	default:
 		return report.ReasonInvalidRequest, false
 	}
+}
+
+// toldTo is what a Service's owner is told of an allocation failure, in its Events: no Service
+// of another namespace is named (ipam.Error.For). The CCM's log has the whole error.
+func toldTo(svc *v1.Service, err error) string {
+	var e *ipam.Error
+	if errors.As(err, &e) {
+		return e.For(svc.Namespace)
+	}
+	return err.Error()
 }
 
 // Recorded reports whether a Service's allocation record (its annotations) says al.
@@ -379,7 +390,7 @@ func (a *Allocations) serviceUpdated(oldObj, curObj any) {
 		pool, _ := annotation.AllocatedPool.Value(cur)
 		if err := a.ipam.Restore(req, ipam.Allocation{Pool: pool, IPs: published}); err != nil {
 			klog.ErrorS(err, "Status shows an address held by another Service", "service", key)
-			a.cfg.Recorder.Eventf(cur, v1.EventTypeWarning, report.ReasonIPConflict, "%v", err)
+			a.cfg.Recorder.Eventf(cur, v1.EventTypeWarning, report.ReasonIPConflict, "%s", toldTo(cur, err))
 		}
 		a.dirty = true
 	}
