@@ -3,7 +3,8 @@
 //
 // Identities: the CCM's client certificate names "metalvip-cloud-controller-manager"; a
 // viewer's (metalvipctl agent, people) names "metalvip-viewer"; each agent's server
-// certificate names its node. An agent serves only clients whose certificate chains to the CA
+// certificate names its node: as a DNS name, or as an IP address when the node is named by one
+// (kubelet's --hostname-override=<ip>). An agent serves only clients whose certificate chains to the CA
 // and names the CCM or the viewer, and lets the viewer only read (the agent's interceptor
 // checks the role per call); the CCM accepts an agent only if its certificate chains to the
 // CA and names the node it dialled.
@@ -21,6 +22,8 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"sync"
@@ -71,7 +74,35 @@ const (
 	Client              // the CCM: TLS client
 )
 
-// Issue signs a certificate for name (as common name and DNS name) with ca, for a new key.
+func (u Usage) extKeyUsage() x509.ExtKeyUsage {
+	if u == Client {
+		return x509.ExtKeyUsageClientAuth
+	}
+	return x509.ExtKeyUsageServerAuth
+}
+
+// ErrName is a name no certificate can hold as exactly that name.
+var ErrName = errors.New("not a name a certificate can hold")
+
+// SubjectAltNames is where a certificate holds name: an IP address SAN when name is an IP
+// address, a DNS SAN otherwise. Go's verifier (like every TLS client) checks a name that
+// parses as an IP address against the IP SANs alone, so a node named by its address with only
+// a DNS SAN never verifies. An address is taken only in its canonical form: "2001:0db8::20",
+// "::ffff:198.51.100.20" or a zone would hold the same SAN as another name, and let that
+// node's certificate speak for this one.
+func SubjectAltNames(name string) (dns []string, ips []net.IP, err error) {
+	addr, perr := netip.ParseAddr(name)
+	if perr != nil {
+		return []string{name}, nil, nil
+	}
+	if canon := addr.Unmap().WithZone(""); canon.String() != name {
+		return nil, nil, fmt.Errorf("%w: %q is the IP address %s written otherwise (a zone, IPv4-mapped or not canonical); name the node %s", ErrName, name, canon, canon)
+	}
+	return nil, []net.IP{addr.AsSlice()}, nil
+}
+
+// Issue signs a certificate for name (as common name, and as DNS name or IP address: see
+// SubjectAltNames) with ca, for a new key.
 func Issue(ca Pair, name string, usage Usage, validity time.Duration) (Pair, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -91,24 +122,25 @@ func Issue(ca Pair, name string, usage Usage, validity time.Duration) (Pair, err
 // IssueFor signs a certificate (PEM) for name and the public key pub with ca: what an agent's
 // enrollment needs, whose key never leaves its node.
 func IssueFor(ca Pair, pub crypto.PublicKey, name string, usage Usage, validity time.Duration) ([]byte, error) {
+	dns, ips, err := SubjectAltNames(name)
+	if err != nil {
+		return nil, err
+	}
 	caCert, caKey, err := parsePair(ca)
 	if err != nil {
 		return nil, fmt.Errorf("CA: %w", err)
-	}
-	eku := x509.ExtKeyUsageServerAuth
-	if usage == Client {
-		eku = x509.ExtKeyUsageClientAuth
 	}
 	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
 		Subject:      pkix.Name{CommonName: name},
-		DNSNames:     []string{name},
+		DNSNames:     dns,
+		IPAddresses:  ips,
 		// A little back-dated, for clocks a little behind.
 		NotBefore:   now.Add(-min(time.Hour, validity/10)),
 		NotAfter:    now.Add(validity),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{eku},
+		ExtKeyUsage: []x509.ExtKeyUsage{usage.extKeyUsage()},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, pub, caKey)
 	if err != nil {
@@ -300,22 +332,36 @@ func VerifyServer(cs tls.ConnectionState, src Source, node string) error {
 	for _, c := range cs.PeerCertificates[1:] {
 		inter.AddCert(c)
 	}
-	_, err = cs.PeerCertificates[0].Verify(x509.VerifyOptions{
-		Roots: pool, Intermediates: inter, DNSName: node,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	return Verify(cs.PeerCertificates[0], pool, inter, node, Server)
+}
+
+// Verify checks that leaf chains to roots (through inter, which may be nil), is for usage and
+// names name where Issue writes it (SubjectAltNames): the one check of a certificate against
+// the node it must be for.
+func Verify(leaf *x509.Certificate, roots, inter *x509.CertPool, name string, usage Usage) error {
+	if _, _, err := SubjectAltNames(name); err != nil {
+		return err
+	}
+	_, err := leaf.Verify(x509.VerifyOptions{
+		Roots: roots, Intermediates: inter, DNSName: name,
+		KeyUsages: []x509.ExtKeyUsage{usage.extKeyUsage()},
 	})
 	return err
 }
 
 // Identity returns which of want the peer's certificate (already verified against the CA)
-// names, by common name or DNS name.
+// names, by common name or where Issue writes it (a DNS name, or an IP address in its
+// canonical form: see SubjectAltNames).
 func Identity(cs tls.ConnectionState, want ...string) (string, error) {
 	if len(cs.PeerCertificates) == 0 {
 		return "", errors.New("no client certificate")
 	}
 	leaf := cs.PeerCertificates[0]
 	for _, w := range want {
-		if leaf.Subject.CommonName == w || slices.Contains(leaf.DNSNames, w) {
+		if leaf.Subject.CommonName == w || slices.Contains(leaf.DNSNames, w) || slices.ContainsFunc(leaf.IPAddresses, func(ip net.IP) bool {
+			a, ok := netip.AddrFromSlice(ip)
+			return ok && a.Unmap().String() == w
+		}) {
 			return w, nil
 		}
 	}

@@ -67,6 +67,10 @@ var _ certs.Source = (*Enrollee)(nil)
 // ConfigMap does) and the certificate kept in Dir, if it is still valid for this node and
 // this CA.
 func NewEnrollee(opts EnrolleeOptions) (*Enrollee, error) {
+	// A name no certificate can hold would be enrolled again and again, never valid.
+	if _, _, err := certs.SubjectAltNames(opts.Node); err != nil {
+		return nil, fmt.Errorf("node %s: %w", opts.Node, err)
+	}
 	ca, err := certs.NewPoolFile(opts.CAFile)
 	if err != nil {
 		return nil, fmt.Errorf("the CA bundle: %w (the CCM publishes it in the ConfigMap %s at its start)", err, CAName)
@@ -95,8 +99,7 @@ func (e *Enrollee) valid(c *tls.Certificate) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.Leaf.Verify(x509.VerifyOptions{Roots: pool, DNSName: e.opts.Node, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
-	return err
+	return certs.Verify(c.Leaf, pool, nil, e.opts.Node, certs.Server)
 }
 
 // Enrolled reports whether the agent holds a valid certificate for its node.
@@ -139,8 +142,13 @@ func (e *Enrollee) Enroll() (Request, error) {
 	if err != nil {
 		return Request{}, err
 	}
+	// The CCM takes only the key from it; the names say what it is for, to a person reading it.
+	dns, ips, err := certs.SubjectAltNames(e.opts.Node)
+	if err != nil {
+		return Request{}, err
+	}
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
-		Subject: pkix.Name{CommonName: e.opts.Node}, DNSNames: []string{e.opts.Node},
+		Subject: pkix.Name{CommonName: e.opts.Node}, DNSNames: dns, IPAddresses: ips,
 	}, key)
 	if err != nil {
 		return Request{}, err
