@@ -48,8 +48,14 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 			// come from it). An agent that did not answer is asked again after the backoff;
 			// one that holds no certificate of the CA yet is enrolled first.
 			err = a.probe(ctx, c)
-			if err != nil && a.enrollNew(ctx, c) == nil {
-				err = a.probe(ctx, c)
+			if err != nil && a.cfg.Enroll != nil {
+				if eerr := a.enrollNew(ctx, c); eerr == nil {
+					err = a.probe(ctx, c)
+				} else {
+					// Say why it stays unreachable: a handshake failure alone hides an
+					// enrollment that fails the same way every time.
+					err = fmt.Errorf("%w; enrolling it failed: %v", err, eerr)
+				}
 			}
 		case pending:
 			if d := time.Until(paced); d > 0 {

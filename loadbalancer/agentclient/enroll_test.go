@@ -1,13 +1,18 @@
 package agentclient
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"flag"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
@@ -168,5 +174,71 @@ func TestANodeNamedByAnIPAddressEnrolls(t *testing.T) {
 				t.Errorf("the agent serves a certificate not valid for %s: %v", tc.node, err)
 			}
 		})
+	}
+}
+
+// refusingCA refuses every enrollment, as a CA whose TokenReview always says no.
+type refusingCA struct{ *signingCA }
+
+func (refusingCA) Sign(_ context.Context, node string, _ []byte, _ string) ([]byte, error) {
+	return nil, fmt.Errorf("%w: the agent dialled as %s holds a token of a Pod on elsewhere", identity.ErrRefused, node)
+}
+
+// syncBuffer is a log destination the connection goroutines write while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestAnAgentThatCannotEnrollIsUnreachableForTheReason: an agent whose enrollment fails every
+// time is unreachable, and the CCM's error says why the enrollment failed, not only that the
+// agent's certificate is not trusted (what every retry would otherwise repeat in silence).
+func TestAnAgentThatCannotEnrollIsUnreachableForTheReason(t *testing.T) {
+	var logs syncBuffer
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("logtostderr", "false")
+	klog.SetOutput(&logs)
+	t.Cleanup(func() { _ = fs.Set("logtostderr", "true"); klog.SetOutput(os.Stderr) })
+
+	ca := newSigningCA(t)
+	addr := netip.MustParseAddr("127.0.0.45")
+	_, port := startEnrollingAgent(t, ca, "node-1", addr)
+	a := New(Config{Port: port, Enroll: refusingCA{ca}, Timeout: time.Second}, 1, Hooks{})
+	defer a.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a.SetNodes(ctx, map[string]netip.Addr{"node-1": addr})
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		klog.Flush()
+		out := logs.String()
+		i := strings.Index(out, `"Agent unreachable"`)
+		if i >= 0 {
+			line, _, _ := strings.Cut(out[i:], "\n")
+			if !strings.Contains(line, "enrolling it failed") || !strings.Contains(line, "holds a token of a Pod on elsewhere") {
+				t.Errorf("the unreachable agent's error does not say why its enrollment failed:\n%s", line)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no \"Agent unreachable\" line within 15s; logs:\n%s", out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if a.Reachable("node-1") {
+		t.Error("an agent that was never enrolled is reachable")
 	}
 }
