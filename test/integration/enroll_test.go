@@ -301,6 +301,47 @@ func TestAnAgentIsEnrolledForItsNodeAndRenewedWithoutADroppedStream(t *testing.T
 	})
 }
 
+// TestANodeNamedByAnIPAddressIsEnrolled: a Node named by its address (kubelet's
+// --hostname-override=<ip>, as RKE sets it) is enrolled through the real TokenReview like any
+// other, and its certificate names the address as an IP SAN, the one place a TLS client looks
+// for a name that is an address (issue 30, fault 4: it was a DNS SAN, and the CCM enrolled the
+// node again every few seconds, forever).
+func TestANodeNamedByAnIPAddressIsEnrolled(t *testing.T) {
+	srv := kubeapi.Get(t)
+	e := newEnrollEnv(t, srv)
+	const node = "198.51.100.20" // Nodes are cluster-wide: no other test names one so
+	e.node(node)
+	tok, _ := e.token("agent-ip", "metalvip-agent", node, identity.Audience)
+	auth := e.authority(time.Hour)
+	addr := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.43"), uint16(freePort(t)))
+	agent := e.startAgent(node, addr, tok)
+
+	agents := agentclient.New(agentclient.Config{Port: int(addr.Port()), Enroll: auth, Timeout: 2 * time.Second}, 1, agentclient.Hooks{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer agents.Close()
+	defer cancel()
+	agents.SetNodes(ctx, map[string]netip.Addr{node: addr.Addr()})
+	start := time.Now()
+	for !agents.Reachable(node) {
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("the agent of %s was not enrolled and reached within 30s:\n%s", node, agent.Tail(20))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	conn, cert := dialAgent(t, auth, node, addr)
+	defer conn.Close()
+	ips := make([]string, 0, len(cert.IPAddresses))
+	for _, ip := range cert.IPAddresses {
+		ips = append(ips, ip.String())
+	}
+	if cert.Subject.CommonName != node || len(cert.DNSNames) > 0 || !slices.Equal(ips, []string{node}) {
+		t.Errorf("certificate names CN %q, DNS %v, IPs %v; want %s alone, as an IP SAN", cert.Subject.CommonName, cert.DNSNames, ips, node)
+	}
+	if n := strings.Count(agent.Output(), "Enrolled:"); n != 1 {
+		t.Errorf("the agent says it was enrolled %d times; want once:\n%s", n, agent.Tail(20))
+	}
+}
+
 // TestEnrollmentRefusesWhatDoesNotProveTheNode: the CCM's check of an agent's answer, through
 // a real TokenReview: only a token of the agents' ServiceAccount, for the agents' audience,
 // unexpired, bound to a live Pod on the node dialled, with a request signed by its key.
