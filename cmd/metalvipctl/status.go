@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
@@ -65,7 +66,7 @@ type AgentStatus struct {
 }
 
 func statusCommand() *cobra.Command {
-	var kubeconfig, output, class string
+	var kubeconfig, kubeContext, output, class string
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show pools, Services with their addresses and announcing nodes, and agent health",
@@ -77,12 +78,12 @@ metalvip.io/AgentReachable condition). An announcing node whose agent the CCM ca
 marked stale. For what one node does right now, ask its agent: metalvipctl agent NODE.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "table" && output != "json" {
-				return fmt.Errorf("-o %q: give table or json", output)
+			if !slices.Contains(outputs, output) {
+				return fmt.Errorf("-o %q: give one of %s", output, strings.Join(outputs, ", "))
 			}
 			rules := clientcmd.NewDefaultClientConfigLoadingRules()
 			rules.ExplicitPath = kubeconfig
-			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext}).ClientConfig()
 			if err != nil {
 				return fmt.Errorf("kubeconfig: %w", err)
 			}
@@ -100,18 +101,13 @@ marked stale. For what one node does right now, ask its agent: metalvipctl agent
 			if err != nil {
 				return err
 			}
-			if output == "json" {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(st)
-			}
-			printTable(cmd.OutOrStdout(), st)
-			return nil
+			return writeStatus(cmd.OutOrStdout(), st, output)
 		},
 	}
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "path of the kubeconfig (default: $KUBECONFIG, else ~/.kube/config)")
+	cmd.Flags().StringVar(&kubeContext, "context", "", "the kubeconfig context to use (default: its current context)")
 	cmd.Flags().StringVar(&class, "class", desired.DefaultServes.Class, "the loadBalancerClass metalvip serves (its cloud-config services.loadBalancerClass); class-less Services are shown too")
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "table, json or yaml")
 	return cmd
 }
 
@@ -320,4 +316,27 @@ func printTable(out io.Writer, st *Status) {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", a.Node, a.Address, a.Agent, a.Since)
 	}
 	w.Flush()
+}
+
+// outputs are the forms status prints.
+var outputs = []string{"table", "json", "yaml"}
+
+// writeStatus prints st as output says: a table, or the Status object as JSON or YAML (the
+// same fields, named as the json tags say).
+func writeStatus(w io.Writer, st *Status, output string) error {
+	switch output {
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	case "yaml":
+		b, err := yaml.Marshal(st)
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(b)
+		return err
+	}
+	printTable(w, st)
+	return nil
 }

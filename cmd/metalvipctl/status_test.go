@@ -1,10 +1,15 @@
 package main
 
 import (
+	"encoding/json"
+	"reflect"
+	"strings"
 	"testing"
 
-	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"time"
+
+	"github.com/metalvip/metalvip/loadbalancer/desired"
+	"sigs.k8s.io/yaml"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,5 +44,38 @@ func TestNewerBreaksSameSecondTiesByResourceVersion(t *testing.T) {
 	later := metav1.NewTime(at.Add(time.Second))
 	if !newer(ev("5", later), ev("120", at)) {
 		t.Error("a later timestamp must win whatever the resourceVersions")
+	}
+}
+
+// TestStatusPrintsTheSameObjectAsJSONAndYAML: -o json and -o yaml carry the same Status, field
+// for field, so a script may read either.
+func TestStatusPrintsTheSameObjectAsJSONAndYAML(t *testing.T) {
+	st := &Status{
+		Pools:    []PoolStatus{{Name: "l2", Mode: "L2", AllocatedIPv4: 2, AvailableIPv4: 14, Ready: "True"}},
+		Services: []ServiceStatus{{Namespace: "web", Name: "front", Addresses: []string{"203.0.113.1"}, Pool: "l2", AnnouncedBy: "node1 (standby node2)"}},
+		Agents:   []AgentStatus{{Node: "node1", Address: "198.51.100.11", Agent: "reachable"}},
+	}
+	var fromJSON, fromYAML Status
+	for _, tc := range []struct {
+		output string
+		into   *Status
+		decode func([]byte, any) error
+	}{
+		{"json", &fromJSON, json.Unmarshal},
+		{"yaml", &fromYAML, func(b []byte, v any) error { return yaml.UnmarshalStrict(b, v) }},
+	} {
+		var b strings.Builder
+		if err := writeStatus(&b, st, tc.output); err != nil {
+			t.Fatalf("-o %s: %v", tc.output, err)
+		}
+		if err := tc.decode([]byte(b.String()), tc.into); err != nil {
+			t.Fatalf("-o %s printed what does not decode as a Status: %v\n%s", tc.output, err, b.String())
+		}
+		if tc.output == "yaml" && !strings.Contains(b.String(), "announcedBy: node1 (standby node2)") {
+			t.Errorf("-o yaml does not name the fields as the json tags do:\n%s", b.String())
+		}
+	}
+	if !reflect.DeepEqual(fromJSON, *st) || !reflect.DeepEqual(fromYAML, *st) {
+		t.Errorf("json %+v, yaml %+v; want %+v", fromJSON, fromYAML, *st)
 	}
 }
