@@ -39,6 +39,9 @@ type Outage struct {
 	Lost    int      // attempts not answered
 	Sent    int      // attempts whose outcome is known
 	By      []string // who answered, in order, each named once per run of answers
+	// Open says the last run of attempts not answered was still open at the end: the client
+	// was not answered again.
+	Open bool
 }
 
 // OutageOf reads the outage of the attempts sent from from to to, sent every interval; those
@@ -69,6 +72,7 @@ func OutageOf(attempts []Attempt, from, to time.Time, interval time.Duration) Ou
 	}
 	if !start.IsZero() {
 		o.Longest = max(o.Longest, last.Sub(start)+interval)
+		o.Open = true
 	}
 	return o
 }

@@ -32,8 +32,14 @@ func TestAnOutageIsTheLongestRunOfLostAttempts(t *testing.T) {
 	if o.Longest != 20*time.Millisecond || o.Lost != 3 || o.Sent != 6 || !slices.Equal(o.By, []string{"node1", "node2"}) {
 		t.Errorf("outage %+v: want 20ms, 3 lost of 6, node1 then node2", o)
 	}
-	if o := OutageOf(attempts[:3], t0, at(100), 10*time.Millisecond); o.Longest != 20*time.Millisecond {
-		t.Errorf("a run still open at the end: %s, want to its last attempt plus an interval (20ms)", o.Longest)
+	if !o.Open {
+		t.Errorf("the attempt at 50 ms was lost and none after it answered: the outage is open")
+	}
+	if o := OutageOf(attempts[:3], t0, at(100), 10*time.Millisecond); o.Longest != 20*time.Millisecond || !o.Open {
+		t.Errorf("a run still open at the end: %s (open: %v), want to its last attempt plus an interval (20ms), open", o.Longest, o.Open)
+	}
+	if o := OutageOf(attempts[:5], t0, at(100), 10*time.Millisecond); o.Open {
+		t.Errorf("the client was answered again at 30 ms: the outage is not open")
 	}
 }
 
