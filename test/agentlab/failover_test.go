@@ -237,14 +237,16 @@ func TestAStallAmongAThousandVIPsMovesThemOnceEachWay(t *testing.T) {
 	}
 	harness.Eventually(t, 30*time.Second, "each node answers its third of the VIPs", settled)
 	time.Sleep(time.Second)
-	tookOver := func() (sum float64, arpRequests uint64) {
+	tookOver := func() (sum float64, arpRequests, stalls uint64) {
 		for _, a := range agents {
 			sum += metric(t, a, `metalvip_agent_failovers_total{direction="took_over"}`)
-			arpRequests += a.getState(t).GetL2().GetArpRequests()
+			st := a.getState(t)
+			arpRequests += st.GetL2().GetArpRequests()
+			stalls += st.GetHeartbeats().GetStalls()
 		}
-		return sum, arpRequests
+		return sum, arpRequests, stalls
 	}
-	before, arpBefore := tookOver()
+	before, arpBefore, stallsBefore := tookOver()
 
 	victim := agents[0]
 	if err := victim.proc.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
@@ -256,12 +258,15 @@ func TestAStallAmongAThousandVIPsMovesThemOnceEachWay(t *testing.T) {
 	}
 	harness.Eventually(t, 30*time.Second, "each node answers its third of the VIPs again", settled)
 	time.Sleep(5 * time.Second) // time for any flapping to show
-	after, arpAfter := tookOver()
+	after, arpAfter, stallsAfter := tookOver()
 	moves := after - before
-	t.Logf("after node1 stopped for 80 ms: %.0f takeovers (node1's third of the VIPs over and back: %d); ARP requests the agents took: %d", moves, 2*(n/3+1), arpAfter-arpBefore)
-	// Over and back is 2 moves per VIP of node1; a loaded machine may stall an agent once more.
-	if moves > 4*(n/3+1) {
-		t.Errorf("%.0f takeovers after one stall of node1: VIPs moved back and forth (want about %d)", moves, 2*(n/3+1))
+	// Every stall an agent found in itself (node1's SIGSTOP, and any the machine's load caused:
+	// a starved agent looks dead to the others as a stopped one does) may move one node's third
+	// of the VIPs over and back, 2 moves each; one more is allowed for a stall too short to count.
+	stalls := stallsAfter - stallsBefore
+	t.Logf("after node1 stopped for 80 ms: %.0f takeovers (node1's third of the VIPs over and back: %d); stalls the agents found: %d; ARP requests the agents took: %d", moves, 2*(n/3+1), stalls, arpAfter-arpBefore)
+	if moves > float64(2*(n/3+1)*(max(stalls, 1)+1)) {
+		t.Errorf("%.0f takeovers after %d stalls (node1's and any the load caused): VIPs moved back and forth (want about %d a stall)", moves, stalls, 2*(n/3+1))
 	}
 	if moves == 0 {
 		t.Errorf("no takeover after node1 stopped for 80 ms: the 10 ms heartbeats did not notice")
