@@ -8,11 +8,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic/dynamicinformer"
-	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
@@ -32,9 +29,7 @@ func TestFault8AConflictEventNamesNoServiceOfAnotherNamespace(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	client := fake.NewClientset()
-	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-		v1alpha1.IPPoolResource: "IPPoolList", v1alpha1.BGPPeerResource: "BGPPeerList",
-	})
+	dyn := fakeDynamic()
 	objs := objects.NewObjects()
 	rec := record.NewFakeRecorder(100)
 	allocs := New(Config{Client: client, Dynamic: dyn, Recorder: rec, Objects: objs, Serves: desired.DefaultServes})

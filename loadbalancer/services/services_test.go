@@ -50,9 +50,7 @@ func TestAnAPIServerThatDropsMetadataInStatusWritesStillGetsFinalizerAndRecord(t
 		return k8stesting.ObjectReaction(client.Tracker())(k8stesting.NewPatchSubresourceAction(
 			p.GetResource(), p.GetNamespace(), p.GetName(), p.GetPatchType(), b, "status"))
 	})
-	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-		v1alpha1.IPPoolResource: "IPPoolList", v1alpha1.BGPPeerResource: "BGPPeerList",
-	})
+	dyn := fakeDynamic()
 	objs := objects.NewObjects()
 	allocs := New(Config{Client: client, Dynamic: dyn, Recorder: record.NewFakeRecorder(100), Objects: objs, Serves: desired.DefaultServes})
 	services := NewServiceController(client, allocs, desired.DefaultServes)
@@ -118,4 +116,12 @@ func TestAnAPIServerThatDropsMetadataInStatusWritesStillGetsFinalizerAndRecord(t
 	if got := patches("second"); len(got) < 2 || !slices.Equal(got[:2], []string{"", "status"}) || slices.Contains(got[2:], "status") {
 		t.Errorf("second was patched %q, want the object (finalizer and record) first, then the status", got)
 	}
+}
+
+// fakeDynamic is a dynamic client that lists IPPools and BGPPeers (none), for the informers of
+// a test that feeds pools by hand (objects.Objects.Note).
+func fakeDynamic() *dynamicfake.FakeDynamicClient {
+	return dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
+		v1alpha1.IPPoolResource: "IPPoolList", v1alpha1.BGPPeerResource: "BGPPeerList",
+	})
 }
