@@ -88,6 +88,9 @@ type Options struct {
 // Liveness is the seam to the heartbeat exchange.
 type Liveness interface {
 	LivenessFacts
+	// Lapses reports how many times node's heartbeats showed it had stopped counting this
+	// node alive, however briefly (it may have answered this node's VIPs meanwhile).
+	Lapses(node string) uint64
 	SetPeers([]failover.Peer)
 	Counters() failover.Counters
 	Close() error
@@ -136,9 +139,9 @@ type Agent struct {
 	hbPeers   int
 	deadAhead map[netip.Addr]time.Time
 	// heard is what the heartbeats said of each candidate at the last liveness change (alive,
-	// sees this node); again counts, per L2 VIP, the changes that made this node announce a
+	// sees this node, lapses); again counts, per L2 VIP, the changes that made this node announce a
 	// VIP it kept answering (l2.VIP.Again).
-	heard map[string][2]bool
+	heard map[string]heard
 	again map[netip.Addr]uint64
 	healthState
 
@@ -188,7 +191,7 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 		standbyFor: map[netip.Addr]string{},
 		handover:   map[netip.Addr]time.Time{},
 		deadAhead:  map[netip.Addr]time.Time{},
-		heard:      map[string][2]bool{},
+		heard:      map[string]heard{},
 		again:      map[netip.Addr]uint64{},
 		watchers:   map[chan *agentv1.Event]struct{}{},
 		rotate:     make(chan struct{}, 1),

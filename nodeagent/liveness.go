@@ -39,9 +39,10 @@ func (a *Agent) livenessChanged() {
 		if v == nil {
 			continue
 		}
-		// A candidate that died, came back or stopped or started seeing this node may have
-		// answered for the VIP meanwhile (it took this node for dead) and drawn clients: the
-		// VIP, if this node keeps it, is announced again to draw them back.
+		// A candidate that died, came back, stopped or started seeing this node, or took it
+		// for dead however briefly (a lapse no heartbeat showed, counted in the next) may have
+		// answered for the VIP meanwhile and drawn clients: the VIP, if this node keeps it, is
+		// announced again to draw them back.
 		if v.GetActive() && slices.ContainsFunc(an.GetL2().GetCandidates(), func(c *agentv1.Candidate) bool { return moved[c.GetNode()] }) {
 			a.again[vip]++
 		}
@@ -63,19 +64,25 @@ func (a *Agent) livenessChanged() {
 	a.views = views
 }
 
-// heardChangedLocked returns the candidates (of this node's L2 VIPs) whose liveness, or
-// whether they see this node, changed since it was last called, and remembers what the
+// heard is what the heartbeats say of a peer.
+type heard struct {
+	alive, sees bool
+	lapses      uint64
+}
+
+// heardChangedLocked returns the candidates (of this node's L2 VIPs) whose liveness, whether
+// they see this node, or their lapses changed since it was last called, and remembers what the
 // heartbeats say now. The caller holds mu.
 func (a *Agent) heardChangedLocked() map[string]bool {
 	moved := map[string]bool{}
 	if a.live == nil {
 		return moved
 	}
-	now := map[string][2]bool{}
+	now := map[string]heard{}
 	for _, an := range a.checked.announcements {
 		for _, c := range an.GetL2().GetCandidates() {
 			if n := c.GetNode(); n != a.opts.Node {
-				now[n] = [2]bool{a.live.Alive(n), a.live.Sees(n)}
+				now[n] = heard{alive: a.live.Alive(n), sees: a.live.Sees(n), lapses: a.live.Lapses(n)}
 			}
 		}
 	}

@@ -86,11 +86,17 @@ type switchLiveness struct {
 	mu       sync.Mutex
 	alive    map[string]bool
 	sees     map[string]bool
+	lapses   map[string]uint64
 	onChange func()
 }
 
-func (s *switchLiveness) Alive(n string) bool         { s.mu.Lock(); defer s.mu.Unlock(); return s.alive[n] }
-func (s *switchLiveness) Sees(n string) bool          { s.mu.Lock(); defer s.mu.Unlock(); return s.sees[n] }
+func (s *switchLiveness) Alive(n string) bool { s.mu.Lock(); defer s.mu.Unlock(); return s.alive[n] }
+func (s *switchLiveness) Sees(n string) bool  { s.mu.Lock(); defer s.mu.Unlock(); return s.sees[n] }
+func (s *switchLiveness) Lapses(n string) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lapses[n]
+}
 func (s *switchLiveness) SetPeers([]failover.Peer)    {}
 func (s *switchLiveness) Counters() failover.Counters { return failover.Counters{} }
 func (s *switchLiveness) Close() error                { return nil }
@@ -99,6 +105,19 @@ func (s *switchLiveness) Close() error                { return nil }
 func (s *switchLiveness) set(node string, alive, sees bool) {
 	s.mu.Lock()
 	s.alive[node], s.sees[node] = alive, sees
+	fn := s.onChange
+	s.mu.Unlock()
+	fn()
+}
+
+// lapse counts a lapse of node's (it took this node for dead for a moment no heartbeat
+// showed) and tells the agent, as the monitor would.
+func (s *switchLiveness) lapse(node string) {
+	s.mu.Lock()
+	if s.lapses == nil {
+		s.lapses = map[string]uint64{}
+	}
+	s.lapses[node]++
 	fn := s.onChange
 	s.mu.Unlock()
 	fn()

@@ -21,7 +21,11 @@ import (
 //	             receiver, zero when it has none recent; the receiver counts the sender alive
 //	             only on an echo of a nonce it sent that very peer recently, which no capture
 //	             can fake and no third node sees
-//	flags        1 byte: bit 0, the sender counts the receiver alive
+//	flags        1 byte: bit 0, the sender counts the receiver alive; bits 1-7, how many
+//	             times (modulo 128) the sender stopped counting the receiver alive: a lapse too
+//	             short for any heartbeat to show it (the sender may have answered the
+//	             receiver's VIPs meanwhile) still changes it. Older agents send 0 and read
+//	             only bit 0
 //	mac          32 bytes: HMAC-SHA256 of the above with the key of the pair and direction
 //
 // The MAC key of a direction is HKDF-SHA256 of the X25519 shared secret of the two nodes'
@@ -34,7 +38,11 @@ const (
 	frameSize = bodySize + macSize
 )
 
-const flagAlive = 1
+const (
+	flagAlive   = 1
+	lapseShift  = 1    // the lapse count's place in flags
+	lapseModulo = 0x80 // and its range
+)
 
 type seqKey struct{ boot, seq uint64 }
 

@@ -22,6 +22,7 @@ import (
 	"crypto/ecdh"
 	"fmt"
 	"hash"
+	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -111,13 +112,14 @@ type Monitor struct {
 	mu        sync.Mutex
 	peers     map[string]*peer
 	byAddr    map[netip.Addr]*peer
-	alive     map[string]bool // as OnChange last saw it
-	seesMe    map[string]bool // peers whose heartbeats say they count this node alive
-	newPeers  bool            // SetPeers added a peer since the last evaluation
-	announced map[string]bool // alive nodes this node's heartbeats show
-	evaluated time.Time       // the last evaluation
-	resumed   time.Time       // when this node last ran again after a stall
-	stalledAt time.Time       // and the evaluation before it: when it stopped running
+	alive     map[string]bool   // as OnChange last saw it
+	seesMe    map[string]bool   // peers whose heartbeats say they count this node alive
+	lapsed    map[string]uint64 // per peer, its lapses as OnChange last saw them (Lapses)
+	newPeers  bool              // SetPeers added a peer since the last evaluation
+	announced map[string]bool   // alive nodes this node's heartbeats show
+	evaluated time.Time         // the last evaluation
+	resumed   time.Time         // when this node last ran again after a stall
+	stalledAt time.Time         // and the evaluation before it: when it stopped running
 	stalls    atomic.Uint64
 
 	sent, accepted, unproven atomic.Uint64
@@ -148,6 +150,14 @@ type peer struct {
 	proof    time.Time // the peer was alive then, by a fresh echo
 	proven   bool
 	sees     bool // the last proven heartbeat says the peer counts this node alive
+
+	// lapses counts the times this node stopped counting the peer alive (its heartbeats show
+	// it modulo lapseModulo); theirLapses is the count the peer's latest heartbeat showed, and
+	// lapsed how many times that count changed: the peer stopped counting this node alive.
+	lapses      uint8
+	theirLapses uint8
+	heardLapses bool
+	lapsed      uint64
 
 	sent  [sendRing]sentHeartbeat // this node's recent heartbeats to the peer
 	sentN int
@@ -189,7 +199,7 @@ func New(cfg Config) (*Monitor, error) {
 	m := &Monitor{
 		cfg: cfg, id: id, conn: conn,
 		peers: map[string]*peer{}, byAddr: map[netip.Addr]*peer{},
-		alive: map[string]bool{}, seesMe: map[string]bool{}, announced: map[string]bool{},
+		alive: map[string]bool{}, seesMe: map[string]bool{}, lapsed: map[string]uint64{}, announced: map[string]bool{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{}),
 	}
 	// Sending, receiving and evaluating run apart, so that a slow OnChange delays no
@@ -309,6 +319,15 @@ func (m *Monitor) Sees(node string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.seesMe[node]
+}
+
+// Lapses returns how many times node's heartbeats showed that it had stopped counting this
+// node alive, as OnChange last saw it, however short each lapse: the peer may have answered
+// this node's VIPs meanwhile and drawn their clients, which this node then draws back.
+func (m *Monitor) Lapses(node string) uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lapsed[node]
 }
 
 // LastAlive returns when node was last proven alive by a heartbeat echoing one of this node's;
@@ -452,6 +471,7 @@ func (m *Monitor) send(now time.Time) {
 		if m.announced[p.node] {
 			f.flags |= flagAlive
 		}
+		f.flags |= p.lapses % lapseModulo << lapseShift
 		p.sent[p.sentN%sendRing] = sentHeartbeat{nonce: f.nonce, at: now}
 		p.sentN++
 		msgs = append(msgs, out{appendFrame(make([]byte, 0, frameSize), f, pr.send), netip.AddrPortFrom(p.addr, m.cfg.Listen.Port())})
@@ -510,6 +530,7 @@ func (m *Monitor) evaluate(now time.Time) time.Time {
 	waking := !m.resumed.IsZero() && now.Sub(m.resumed) <= deadline
 	next := map[string]bool{}
 	seesMe := map[string]bool{}
+	lapsed := map[string]uint64{}
 	var expires time.Time
 	rotated := len(mine) > 1
 	for n, p := range m.peers {
@@ -528,6 +549,9 @@ func (m *Monitor) evaluate(now time.Time) time.Time {
 		if next[n] && p.proven && p.sees {
 			seesMe[n] = true
 		}
+		if p.lapsed > 0 {
+			lapsed[n] = p.lapsed
+		}
 		if next[n] {
 			at := p.added.Add(deadline)
 			if p.proven {
@@ -543,13 +567,18 @@ func (m *Monitor) evaluate(now time.Time) time.Time {
 	}
 	// New peers count as a change though SetPeers made them alive already: OnChange runs
 	// before this node's heartbeats show them, as for any other change.
-	changed := !sameSet(next, m.alive) || !sameSet(seesMe, m.seesMe) || m.newPeers
-	m.alive, m.seesMe, m.newPeers = next, seesMe, false
+	changed := !sameSet(next, m.alive) || !sameSet(seesMe, m.seesMe) || !maps.Equal(lapsed, m.lapsed) || m.newPeers
+	m.alive, m.seesMe, m.lapsed, m.newPeers = next, seesMe, lapsed, false
 	m.mu.Unlock()
 	if changed {
 		m.cfg.OnChange()
 	}
 	m.mu.Lock()
+	for n := range m.announced {
+		if p := m.peers[n]; p != nil && !next[n] {
+			p.lapses++
+		}
+	}
 	m.announced = next
 	m.mu.Unlock()
 	if rotated {

@@ -861,3 +861,87 @@ func TestAPeerIsDeadWhenItsTimeRunsOutNotAtTheNextTick(t *testing.T) {
 		t.Fatal("the silent peer never counted as dead")
 	}
 }
+
+// A peer's lapse (it stopped counting this node alive, however briefly) reaches this node in
+// the peer's next heartbeats even when none of them showed the lapse itself: the count in the
+// flags changes. Seen in a CI run with 10 ms heartbeats: a standby took the owner for dead for
+// 3 ms, answered its VIP, gave it back, and no heartbeat in between said so; the client kept
+// the standby's MAC.
+func TestALapseReachesThePeerThoughNoHeartbeatShowedIt(t *testing.T) {
+	t.Run("this node's heartbeats count the times it stopped counting a peer alive", func(t *testing.T) {
+		rec := &recorder{}
+		m, err := New(Config{Node: "me", Listen: netip.AddrPortFrom(loop(1), freePort(t)), Interval: 10 * time.Millisecond, Misses: 2, Identity: memIdentity(t), sent: rec.hook})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		// Never heard: alive for the first 20 ms, dead after, once.
+		m.SetPeers([]Peer{{Node: "b", Addr: loop(2), PublicKeys: memIdentity(t).PublicKeys()}})
+		lapses := func() []byte {
+			var out []byte
+			for _, b := range rec.to(loop(2)) {
+				f, err := parseFrame(b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out = append(out, f.flags)
+			}
+			return slices.Compact(out)
+		}
+		waitUntil(t, 5*time.Second, "heartbeats after b's death", func() bool { l := lapses(); return len(l) > 0 && l[len(l)-1] == 1<<lapseShift })
+		// Before the first evaluation a heartbeat shows nothing (0); then alive (1), then
+		// dead with one lapse, for good.
+		got := lapses()
+		for i, f := range got {
+			if f != 0 && f != flagAlive && (f != 1<<lapseShift || i != len(got)-1) {
+				t.Errorf("flags of the heartbeats to b: %v; want 0 or alive (%d), then dead with one lapse (%d)", got, flagAlive, 1<<lapseShift)
+				break
+			}
+		}
+	})
+
+	t.Run("a peer's changed count is a change, its first and an unchanged one are not", func(t *testing.T) {
+		port := freePort(t)
+		meID, bID := memIdentity(t), memIdentity(t)
+		rec := &recorder{}
+		var changes atomic.Int64
+		me, err := New(Config{Node: "me", Listen: netip.AddrPortFrom(loop(1), port), Interval: 20 * time.Millisecond, Identity: meID, sent: rec.hook,
+			OnChange: func() { changes.Add(1) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer me.Close()
+		me.SetPeers([]Peer{{Node: "b", Addr: loop(2), PublicKeys: bID.PublicKeys()}})
+		fromB := newSender(t, loop(2), 255)
+		waitUntil(t, 2*time.Second, "me sends heartbeats", func() bool { return len(rec.to(loop(2))) > 0 })
+		seq := uint64(0)
+		send := func(lapses byte) {
+			t.Helper()
+			before := me.Counters().Accepted
+			seq++
+			fromB.send(t, craft(t, bID, "b", bID, meID, "me", frame{at: seqKey{1, seq}, echo: rec.lastEcho(t, loop(2)), flags: flagAlive | lapses<<lapseShift}), netip.AddrPortFrom(loop(1), port))
+			waitUntil(t, 2*time.Second, "accepted", func() bool { return me.Counters().Accepted > before })
+		}
+		// What an older agent sends (no count), then the same: no lapse.
+		send(0)
+		send(0)
+		waitUntil(t, 2*time.Second, "b alive and seeing me", func() bool { return me.Alive("b") && me.Sees("b") })
+		if got := me.Lapses("b"); got != 0 {
+			t.Errorf("lapses of b after two heartbeats with count 0: %d; want 0", got)
+		}
+		before := changes.Load()
+		send(1)
+		waitUntil(t, 2*time.Second, "the lapse counted", func() bool { return me.Lapses("b") == 1 })
+		if changes.Load() == before {
+			t.Error("OnChange did not run for b's lapse")
+		}
+		send(1)
+		// The count wraps: 127 to 0 is a lapse too.
+		send(127)
+		send(0)
+		waitUntil(t, 2*time.Second, "the lapses counted", func() bool { return me.Lapses("b") == 3 })
+		if !me.Alive("b") || !me.Sees("b") {
+			t.Error("b's lapses changed whether it is alive or sees me; want only the count")
+		}
+	})
+}

@@ -86,6 +86,14 @@ func (m *Monitor) handle(dgs []datagram, now time.Time) bool {
 		p.last[f.from] = f.at
 		p.verified, p.echo = now, f.nonce
 		p.usesMine, p.usesOK = f.to, true
+		// Verified and in order: the lapse count is the peer's, whatever the echo.
+		if l := f.flags >> lapseShift; !p.heardLapses || l != p.theirLapses {
+			if p.heardLapses {
+				p.lapsed++
+				proved = true // evaluate now: the peer may have answered this node's VIPs
+			}
+			p.theirLapses, p.heardLapses = l, true
+		}
 		if echoed.IsZero() {
 			m.unproven.Add(1)
 			continue

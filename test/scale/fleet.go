@@ -288,6 +288,9 @@ func (l *simLive) SetPeers(ps []failover.Peer) {
 	l.mu.Unlock()
 }
 
+// Lapses is 0: a simulated node's liveness changes only when the fleet kills or revives one.
+func (l *simLive) Lapses(string) uint64 { return 0 }
+
 func (l *simLive) Counters() failover.Counters {
 	return failover.Counters{Refused: map[string]uint64{}}
 }
