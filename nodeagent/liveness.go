@@ -97,7 +97,8 @@ func (a *Agent) heardChangedLocked() map[string]bool {
 
 // applyLivenessLocked configures the heartbeat exchange for the state: the peers are every
 // other candidate of this node's L2 VIPs, with the keys and addresses of heartbeat_peers (a
-// candidate without keys cannot be heard, so it counts as dead). A state without any
+// candidate without keys cannot be heard, so it counts as dead), and the departing peers of
+// heartbeat_peers (nodes the CCM cannot reach, which yield when they hear this node). A state without any
 // heartbeat peer (a CCM that hands out no keys) runs no heartbeats: then only first
 // candidates answer. The caller holds mu.
 func (a *Agent) applyLivenessLocked(st *agentv1.DesiredState) error {
@@ -121,13 +122,20 @@ func (a *Agent) applyLivenessLocked(st *agentv1.DesiredState) error {
 				continue
 			}
 			p := a.checked.hbPeers[c.GetNode()]
-			p.Node = c.GetNode()
+			p.Node, p.Departing = c.GetNode(), false // a candidate is one, whatever else it is
 			if !p.Addr.IsValid() {
 				p.Addr = addr
 			}
 			if p.Addr.IsValid() {
 				peers[p.Node] = p
 			}
+		}
+	}
+	// Departing peers (nodes the CCM cut off from this node's candidate lists) hear this
+	// node's heartbeats, which never show them alive: they yield what they shared with it.
+	for n, p := range a.checked.hbPeers {
+		if _, candidate := peers[n]; !candidate && p.Departing && p.Addr.IsValid() && n != a.opts.Node {
+			peers[n] = p
 		}
 	}
 	if len(st.GetHeartbeatPeers()) == 0 || len(peers) == 0 {

@@ -1,6 +1,7 @@
 package nodeagent
 
 import (
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
@@ -39,6 +40,41 @@ func withCandidates(vip string, cands ...string) *agentv1.Announcement {
 		an.L2.Candidates = append(an.L2.Candidates, &agentv1.Candidate{Node: c, Address: netip.AddrFrom4([4]byte{198, 51, 100, byte(11 + i)}).String()})
 	}
 	return an
+}
+
+// The departing peers of a state (nodes the CCM cut off) are heartbeated as departing; a
+// candidate is an ordinary peer even when the state also says departing, and a departing peer
+// without an address is left out (it cannot be sent to).
+func TestDepartingPeersAreHeartbeatedAsDeparting(t *testing.T) {
+	var f *fakeLiveness
+	h := serve(t, t.TempDir(), func(o *Options) {
+		o.NewLiveness = func(c failover.Config) (Liveness, error) { f = &fakeLiveness{cfg: c}; return f, nil }
+	})
+	key := h.agent.identity.PublicKeys()[0]
+	st := state(1, 1, withCandidates("203.0.113.10", "node-a", "node-b"))
+	st.HeartbeatPeers = []*agentv1.HeartbeatPeer{
+		{Node: "node-b", Address: "198.51.100.12", PublicKeys: [][]byte{key}, Departing: true},
+		{Node: "node-x", Address: "198.51.100.19", PublicKeys: [][]byte{key}, Departing: true},
+		{Node: "node-y", PublicKeys: [][]byte{key}, Departing: true},
+	}
+	if _, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: st}); err != nil {
+		t.Fatal(err)
+	}
+	if f == nil {
+		t.Fatal("no heartbeats started")
+	}
+	f.mu.Lock()
+	peers := slices.Clone(f.peers)
+	f.mu.Unlock()
+	slices.SortFunc(peers, func(x, y failover.Peer) int { return strings.Compare(x.Node, y.Node) })
+	var got []string
+	for _, p := range peers {
+		got = append(got, fmt.Sprintf("%s@%s departing=%v", p.Node, p.Addr, p.Departing))
+	}
+	want := []string{"node-b@198.51.100.12 departing=false", "node-x@198.51.100.19 departing=true"}
+	if !slices.Equal(got, want) {
+		t.Errorf("heartbeat peers %v; want %v", got, want)
+	}
 }
 
 func TestHeartbeatsRunWithThePeersKeysFromTheState(t *testing.T) {

@@ -203,7 +203,7 @@ func checkItems(st *agentv1.DesiredState) checkedState {
 			c.problems = append(c.problems, fmt.Sprintf("%s.address: %q is not an IP address; node %s left out of the heartbeats", at, hp.GetAddress(), hp.GetNode()))
 			continue
 		}
-		fp := failover.Peer{Node: hp.GetNode(), Addr: addr}
+		fp := failover.Peer{Node: hp.GetNode(), Addr: addr, Departing: hp.GetDeparting()}
 		for k, key := range hp.GetPublicKeys() {
 			if err := failover.ValidPublicKey(key); err != nil {
 				c.problems = append(c.problems, fmt.Sprintf("%s.public_keys[%d]: %v; left out", at, k, err))

@@ -43,6 +43,7 @@ type loopState struct {
 	parts    map[string]*nodePart    // node -> its announcements
 	groups   map[string][]netip.Addr // group -> member addresses
 	states   map[string]pushed
+	cutOff   cutOff // unreachable nodes and the nodes that heartbeat them as departing
 
 	conds       map[string]string                          // Service -> condition last set (its text form)
 	primaries   map[netip.Addr]string                      // last primary per L2 VIP, for Moved Events
@@ -121,6 +122,7 @@ func newLoopState(maxCandidates int) loopState {
 		parts:       map[string]*nodePart{},
 		groups:      map[string][]netip.Addr{},
 		states:      map[string]pushed{},
+		cutOff:      newCutOff(),
 		conds:       map[string]string{},
 		primaries:   map[netip.Addr]string{},
 		noNode:      map[netip.Addr]bool{},

@@ -74,6 +74,14 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 		if s.reachable[n] != ok {
 			s.reachable[n] = ok
 			reach = true
+			// A node cut off keeps the peers it had, heartbeating it as departing (cutoff.go).
+			touched := s.cutOff.back(n)
+			if !ok {
+				touched = s.cutOff.lost(n, slices.Collect(maps.Keys(s.part(n).peers)))
+			}
+			for _, m := range touched {
+				r.nodes[m] = true
+			}
 		}
 		a.writeReachability(n, ok)
 	}
@@ -113,6 +121,10 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 	}
 	for node, rf := range ch.refused {
 		a.refusedRound(node, rf, &r)
+	}
+
+	for _, m := range s.cutOff.prune(func(n string) bool { return s.byName[n] != nil }) {
+		r.nodes[m] = true
 	}
 
 	// Push the nodes whose state changed.
@@ -359,6 +371,7 @@ func (a *Announcer) nodeHead(n *v1.Node) (*agentv1.DesiredState, []desired.PeerC
 	p := s.part(n.Name)
 	peers, conflicts := desired.Peers(n, s.set, a.password)
 	st := desired.NodeState(n, nil, peers, slices.Collect(maps.Keys(p.peers)), a.cfg.Options, s.addrOf, a.agents.Keys)
+	desired.Departing(st, s.cutOff.departing(n.Name), s.addrOf, a.agents.Keys)
 	st.Draining = a.cfg.Drain.Draining(n)
 	// The ClusterIP ranges come from every eligible node the peers select (a drained one
 	// during its delay, with GRACEFUL_SHUTDOWN).

@@ -320,6 +320,8 @@ func (a *Announcer) Run(ctx context.Context, fence Fence) {
 	for _, n := range a.loop.nodeList {
 		a.loop.reachable[n.Name] = a.agents.Reachable(n.Name)
 	}
+	// A node cut off before this CCM led stays heartbeated by the nodes that did so.
+	a.loop.cutOff.seed(held, a.agents.Reachable)
 	klog.InfoS("Learnt what the agents announce", "agents", len(held), "nodes", len(a.loop.nodeList), "vips", len(a.loop.seed), "duration", time.Since(start).Round(time.Millisecond))
 	a.note(func(c *changes) { c.nodes = true })
 	for {

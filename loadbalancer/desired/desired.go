@@ -384,3 +384,19 @@ func NodeState(node *v1.Node, anns []*agentv1.Announcement, peers []*agentv1.BGP
 	}
 	return st
 }
+
+// Departing adds to a node's state the nodes it keeps heartbeating though the CCM cut them off
+// (their agents are unreachable; see agentv1.HeartbeatPeer.departing), each with its address
+// and keys; a node the state already names as a heartbeat peer stays one.
+func Departing(st *agentv1.DesiredState, names []string, addrs func(string) netip.Addr, keys Keys) {
+	for _, n := range names {
+		if slices.ContainsFunc(st.HeartbeatPeers, func(p *agentv1.HeartbeatPeer) bool { return p.GetNode() == n }) {
+			continue
+		}
+		p := &agentv1.HeartbeatPeer{Node: n, PublicKeys: keys(n), Departing: true}
+		if a := addrs(n); a.IsValid() {
+			p.Address = a.String()
+		}
+		st.HeartbeatPeers = append(st.HeartbeatPeers, p)
+	}
+}

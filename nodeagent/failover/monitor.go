@@ -39,6 +39,11 @@ type Peer struct {
 	// PublicKeys are the peer's heartbeat keys as its agent reported them, newest first. A
 	// peer without a usable key cannot be heard: it counts as dead.
 	PublicKeys [][]byte
+	// Departing: a node the CCM dropped from the candidate lists this node shares with it
+	// (it cannot reach its agent). Heartbeats are exchanged with it as with any peer, but they
+	// never show it alive: it still hears this node, and so yields the VIPs this node shared
+	// with it (the ordered hand-over waits for this node to see it).
+	Departing bool
 }
 
 // Config configures a Monitor.
@@ -150,6 +155,8 @@ type peer struct {
 	proof    time.Time // the peer was alive then, by a fresh echo
 	proven   bool
 	sees     bool // the last proven heartbeat says the peer counts this node alive
+	// departing: this node's heartbeats never show the peer alive (Peer.Departing)
+	departing bool
 
 	// lapses counts the times this node stopped counting the peer alive (its heartbeats show
 	// it modulo lapseModulo); theirLapses is the count the peer's latest heartbeat showed, and
@@ -235,6 +242,7 @@ func (m *Monitor) SetPeers(peers []Peer) {
 				np.keys = append(np.keys, peerKey{id: idOf(b), pub: pub})
 			}
 		}
+		np.departing = p.Departing
 		if old != nil && old.addr == addr {
 			keepPairs(np, old, mine)
 		}
@@ -468,7 +476,7 @@ func (m *Monitor) send(now time.Time) {
 		if now.Sub(p.verified) <= deadline {
 			f.echo = p.echo
 		}
-		if m.announced[p.node] {
+		if m.announced[p.node] && !p.departing {
 			f.flags |= flagAlive
 		}
 		f.flags |= p.lapses % lapseModulo << lapseShift

@@ -945,3 +945,25 @@ func TestALapseReachesThePeerThoughNoHeartbeatShowedIt(t *testing.T) {
 		}
 	})
 }
+
+// A departing peer (one the CCM cut off) hears this node as any peer does, but this node's
+// heartbeats never show it alive: it counts this node alive and not seeing it, which is what
+// makes it yield. Its own heartbeats are taken as any peer's.
+func TestADepartingPeerHearsThisNodeButIsNeverShownAlive(t *testing.T) {
+	nodes := cluster(t, freePort(t), 2, nil)
+	kept, departing := nodes[0], nodes[1]
+	waitUntil(t, 5*time.Second, "both see each other", func() bool { return allSeeEachOther(nodes) })
+	p := departing.peer()
+	p.Departing = true
+	kept.m.SetPeers([]Peer{p})
+	waitUntil(t, 5*time.Second, "the departing node no longer seen", func() bool { return !departing.m.Sees(kept.name) })
+	time.Sleep(200 * time.Millisecond) // ten intervals: it stays so
+	if !departing.m.Alive(kept.name) || departing.m.Sees(kept.name) {
+		t.Errorf("the departing node: %s alive %v, sees it %v; want alive and not seeing it", kept.name, departing.m.Alive(kept.name), departing.m.Sees(kept.name))
+	}
+	if !kept.m.Alive(departing.name) || !kept.m.Sees(departing.name) {
+		t.Errorf("%s: the departing node alive %v, sees it %v; want both (its heartbeats count as any peer's)", kept.name, kept.m.Alive(departing.name), kept.m.Sees(departing.name))
+	}
+	kept.m.SetPeers([]Peer{departing.peer()})
+	waitUntil(t, 5*time.Second, "seen again once an ordinary peer", func() bool { return departing.m.Sees(kept.name) })
+}

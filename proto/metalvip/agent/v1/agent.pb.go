@@ -314,7 +314,14 @@ type HeartbeatPeer struct {
 	Address string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
 	// public_keys are the node's heartbeat public keys (X25519, 32 bytes each), newest first.
 	// A node without keys cannot be heard, so it counts as dead to this node.
-	PublicKeys    [][]byte `protobuf:"bytes,3,rep,name=public_keys,json=publicKeys,proto3" json:"public_keys,omitempty"`
+	PublicKeys [][]byte `protobuf:"bytes,3,rep,name=public_keys,json=publicKeys,proto3" json:"public_keys,omitempty"`
+	// departing: the CCM dropped this node from every candidate list because it cannot reach
+	// its agent, and this node was its candidate with it. Heartbeats are exchanged with it all
+	// the same, each showing that this node does not count it alive: a node cut off from the
+	// CCM but not from its peers still hears them, and the ordered hand-over keeps it from
+	// answering the VIPs of the state it still holds (it waits for its lower-ranked candidates
+	// to see it, which they never do). Its own liveness decides nothing on this node.
+	Departing     bool `protobuf:"varint,4,opt,name=departing,proto3" json:"departing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -368,6 +375,13 @@ func (x *HeartbeatPeer) GetPublicKeys() [][]byte {
 		return x.PublicKeys
 	}
 	return nil
+}
+
+func (x *HeartbeatPeer) GetDeparting() bool {
+	if x != nil {
+		return x.Departing
+	}
+	return false
 }
 
 // Announcement is one VIP this node takes part in announcing.
@@ -2307,12 +2321,13 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x02l2\x18\x06 \x01(\v2\x1c.metalvip.agent.v1.L2OptionsR\x02l2\x12/\n" +
 	"\x03bgp\x18\a \x01(\v2\x1d.metalvip.agent.v1.BGPOptionsR\x03bgp\x12I\n" +
 	"\x0fheartbeat_peers\x18\b \x03(\v2 .metalvip.agent.v1.HeartbeatPeerR\x0eheartbeatPeers\x12\x1a\n" +
-	"\bdraining\x18\t \x01(\bR\bdraining\"^\n" +
+	"\bdraining\x18\t \x01(\bR\bdraining\"|\n" +
 	"\rHeartbeatPeer\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1f\n" +
 	"\vpublic_keys\x18\x03 \x03(\fR\n" +
-	"publicKeys\"\xd2\x01\n" +
+	"publicKeys\x12\x1c\n" +
+	"\tdeparting\x18\x04 \x01(\bR\tdeparting\"\xd2\x01\n" +
 	"\fAnnouncement\x12\x10\n" +
 	"\x03vip\x18\x01 \x01(\tR\x03vip\x12+\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x17.metalvip.agent.v1.ModeR\x04mode\x12\x1a\n" +

@@ -1,0 +1,95 @@
+package announcer
+
+import (
+	"slices"
+	"testing"
+
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+)
+
+func TestCutOffNodesKeepTheirPeersUntilBackOrGone(t *testing.T) {
+	held := map[string]*agentv1.DesiredState{
+		"b": {HeartbeatPeers: []*agentv1.HeartbeatPeer{{Node: "a"}, {Node: "c"}}},
+		"c": {HeartbeatPeers: []*agentv1.HeartbeatPeer{{Node: "a", Departing: true}, {Node: "b"}}},
+		"d": {HeartbeatPeers: []*agentv1.HeartbeatPeer{{Node: "e"}}},
+	}
+	reachable := func(n string) bool { return n != "a" }
+	for _, tc := range []struct {
+		name string
+		run  func(c cutOff) []string // returns the nodes whose states change
+		want map[string][]string     // node -> the cut-off nodes it heartbeats
+		ret  []string
+	}{
+		{"a node lost keeps the peers it had, not itself", func(c cutOff) []string { return c.lost("a", []string{"a", "c", "b"}) },
+			map[string][]string{"b": {"a"}, "c": {"a"}, "a": nil}, []string{"b", "c"}},
+		{"a node lost without peers is no record", func(c cutOff) []string { return c.lost("a", []string{"a"}) },
+			map[string][]string{"a": nil, "b": nil}, nil},
+		{"a node back has none", func(c cutOff) []string { c.lost("a", []string{"b", "c"}); return c.back("a") },
+			map[string][]string{"b": nil, "c": nil}, []string{"b", "c"}},
+		{"two nodes lost", func(c cutOff) []string { c.lost("a", []string{"b"}); return c.lost("d", []string{"b", "c"}) },
+			map[string][]string{"b": {"a", "d"}, "c": {"d"}}, []string{"b", "c"}},
+		{"after a restart, the holders naming an unreachable node keep it, departing or not", func(c cutOff) []string { c.seed(held, reachable); return nil },
+			map[string][]string{"b": {"a"}, "c": {"a"}, "d": nil}, nil},
+		{"a node gone is forgotten, as cut off and as a peer", func(c cutOff) []string {
+			c.lost("a", []string{"b", "c"})
+			c.lost("d", []string{"b"})
+			return c.prune(func(n string) bool { return n != "a" && n != "b" })
+		}, map[string][]string{"b": nil, "c": nil}, []string{"b", "c"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCutOff()
+			if got := tc.run(c); !slices.Equal(got, tc.ret) {
+				t.Errorf("states changed: %v; want %v", got, tc.ret)
+			}
+			for n, want := range tc.want {
+				if got := c.departing(n); !slices.Equal(got, want) {
+					t.Errorf("%s heartbeats %v as departing; want %v", n, got, want)
+				}
+			}
+		})
+	}
+}
+
+// An L2 VIP's owner whose agent the CCM cannot reach is dropped from its candidate lists,
+// and the nodes that were its candidates with it keep heartbeating it as departing (they
+// never count it alive), so that an owner alive but cut off from the CCM yields the VIP;
+// when it is reachable again, it is an ordinary candidate again.
+func TestAnUnreachableNodeStaysTheDepartingPeerOfItsCandidates(t *testing.T) {
+	h := newHarness(t, 5)
+	h.pool("p", map[string]any{"addresses": []any{"203.0.113.0/28"}})
+	h.service("a", "p", false, "203.0.113.1")
+	h.sync(changes{services: map[string]bool{"ns/a": true}})
+	cands := h.nodesOf("203.0.113.1")
+	if len(cands) != 3 {
+		t.Fatalf("candidates %v; want 3", cands)
+	}
+	owner := cands[0]
+	departing := func(node string) []string {
+		var out []string
+		for _, p := range h.a.loop.states[node].head.GetHeartbeatPeers() {
+			if p.GetDeparting() {
+				out = append(out, p.GetNode())
+			}
+		}
+		return out
+	}
+	h.sync(changes{reach: map[string]bool{owner: false}})
+	if now := h.nodesOf("203.0.113.1"); slices.Contains(now, owner) {
+		t.Fatalf("the unreachable owner is still a candidate: %v", now)
+	}
+	for _, n := range h.a.loop.nodeList {
+		want := []string(nil)
+		if n.Name != owner && slices.Contains(cands, n.Name) {
+			want = []string{owner}
+		}
+		if got := departing(n.Name); !slices.Equal(got, want) {
+			t.Errorf("%s heartbeats %v as departing; want %v (the owner's candidates: %v)", n.Name, got, want, cands)
+		}
+	}
+	h.sync(changes{reach: map[string]bool{owner: true}})
+	for _, n := range h.a.loop.nodeList {
+		if got := departing(n.Name); len(got) > 0 {
+			t.Errorf("%s heartbeats %v as departing after the owner is reachable again", n.Name, got)
+		}
+	}
+}

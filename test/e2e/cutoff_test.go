@@ -1,0 +1,64 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/kubeapi"
+)
+
+// TestANodeTheCCMCannotReachYieldsItsVIPs (issue 30, fault 1): an L2 VIP's owner that is
+// alive but that the CCM cannot reach (TCP 7472 dropped on it, the heartbeats untouched: a
+// filter that lets in only another CCM address, a clock behind the certificates) loses its
+// candidacy; the VIP moves. The owner still holds its last state, and hears its peers, which
+// keep heartbeating it as departing without ever counting it alive: it yields, so the VIP is
+// answered by one node. Before, its peers dropped it, it heard no one, counted them dead and
+// answered every VIP of its state beside their new owners (each ARP request, two replies).
+func TestANodeTheCCMCannotReachYieldsItsVIPs(t *testing.T) {
+	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary})
+	vip := c.Service("cut")
+	var owner string
+	harness.Eventually(t, 30*time.Second, vip.String()+" answered", func() bool { owner = c.Owner(vip); return owner != "" })
+	host := c.Agents[owner].Host
+	const table = "metalvip-e2e-cutoff"
+	cmd := host.Command(t.Context(), "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(fmt.Sprintf("table inet %s {\n chain in {\n  type filter hook input priority 0; policy accept;\n  tcp dport 7472 drop\n }\n}\n", table))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft on %s: %v: %s", owner, err, out)
+	}
+	t.Cleanup(func() { _, _ = host.Run(context.Background(), "nft", "delete", "table", "inet", table) })
+	t.Logf("TCP 7472 dropped on %s, the owner of %s", owner, vip)
+
+	// The CCM finds the agent unreachable (it probes an idle agent every 10 s) and moves the VIP.
+	harness.Eventually(t, 60*time.Second, "another node answers "+vip.String(), func() bool {
+		return slices.ContainsFunc(c.Answerers(vip), func(n string) bool { return n != owner })
+	})
+	time.Sleep(time.Second) // time for the owner to hear its peers, many times over
+	for i := range 20 {
+		if who := c.Answerers(vip); len(who) != 1 {
+			t.Fatalf("ARP request %d for %s answered by %v; want one node (%s cannot be reached by the CCM)", i, vip, who, owner)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	t.Run("reachable again, the node is an ordinary candidate again and the VIP stays answered by one", func(t *testing.T) {
+		if _, err := host.Run(t.Context(), "nft", "delete", "table", "inet", table); err != nil {
+			t.Fatal(err)
+		}
+		harness.Eventually(t, 60*time.Second, owner+" a candidate again", func() bool {
+			return strings.Contains(c.Announced("cut"), owner)
+		})
+		for i := range 20 {
+			if who := c.Answerers(vip); len(who) != 1 {
+				t.Fatalf("ARP request %d for %s answered by %v; want one node", i, vip, who)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+}
