@@ -78,10 +78,18 @@ func owns(self string, cands []string, live LivenessFacts) (bool, string) {
 }
 
 // decideShare decides this node's part in a per-client VIP: every live candidate answers its
-// share of the clients (rendezvous hashing over the live candidates, this node included).
+// share of the clients (rendezvous hashing over the live candidates, this node included), once
+// every other live candidate shows that it sees this node: until then that candidate counts
+// this node out and answers this node's share itself (a node returning waits as an owner
+// does; a node the CCM cut off, whose peers never show it alive, answers nothing).
 func decideShare(self string, cands []string, live LivenessFacts) l2Decision {
 	if !slices.Contains(cands, self) {
 		return l2Decision{Reason: "not a candidate"}
+	}
+	for _, c := range cands {
+		if live != nil && c != self && live.Alive(c) && !live.Sees(c) {
+			return l2Decision{Reason: "joining: waiting for " + c + " to see this node before answering a share"}
+		}
 	}
 	members := []string{self}
 	var others []string

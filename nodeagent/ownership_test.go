@@ -73,6 +73,8 @@ func TestPerClientSharing(t *testing.T) {
 		{"without heartbeats every candidate shares", []string{"me", "b"}, nil, true, []string{"b", "me"}, "answers its share of clients with b"},
 		{"a node that is no candidate has no share", []string{"b", "c"}, live("b", "c"), false, nil, "not a candidate"},
 		{"a candidate listed twice gets one share", []string{"b", "me", "b"}, live("b"), true, []string{"b", "me"}, "answers its share of clients with b"},
+		{"a live candidate that does not see this node yet: no share (it answers it)", []string{"c", "me", "b"}, live("b", "c").blind("c"), false, nil, "joining: waiting for c to see this node before answering a share"},
+		{"a dead candidate that does not see this node is no matter", []string{"c", "me", "b"}, live("b").blind("c"), true, []string{"b", "me"}, "answers its share of clients with b"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := decideL2("me", tc.cands, true, tc.live)

@@ -21,8 +21,14 @@ import (
 // answered by one node. Before, its peers dropped it, it heard no one, counted them dead and
 // answered every VIP of its state beside their new owners (each ARP request, two replies).
 func TestANodeTheCCMCannotReachYieldsItsVIPs(t *testing.T) {
-	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary})
+	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary, ClientAddrs: 9})
 	vip := c.Service("cut")
+	shared := c.Service("cut-shared", cluster.InPool(c.PerClientPool("pc")))
+	clients := c.NewClients(c.ClientAddrs())
+	harness.Eventually(t, 30*time.Second, "every client answered by one node for "+shared.String(), func() bool {
+		_, ok := clients.Owners(shared, 300*time.Millisecond)
+		return ok
+	})
 	var owner string
 	harness.Eventually(t, 30*time.Second, vip.String()+" answered", func() bool { owner = c.Owner(vip); return owner != "" })
 	host := c.Agents[owner].Host
@@ -45,6 +51,15 @@ func TestANodeTheCCMCannotReachYieldsItsVIPs(t *testing.T) {
 			t.Fatalf("ARP request %d for %s answered by %v; want one node (%s cannot be reached by the CCM)", i, vip, who, owner)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	// The per-client VIP: the cut node answers no share; the others share every client.
+	for i := range 5 {
+		got := clients.Answerers(shared, 300*time.Millisecond)
+		for _, a := range clients.Addrs {
+			if len(got[a]) != 1 || got[a][0] == owner {
+				t.Fatalf("round %d: client %s of per-client %s answered by %v; want one node, not %s (all: %v)", i, a, shared, got[a], owner, got)
+			}
+		}
 	}
 
 	t.Run("reachable again, the node is an ordinary candidate again and the VIP stays answered by one", func(t *testing.T) {
