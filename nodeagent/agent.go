@@ -124,12 +124,15 @@ type Agent struct {
 	// startProblems are what went wrong reading the state directory at start; they are
 	// reported until the next accepted Apply.
 	startProblems []string
-	views         map[netip.Addr]*agentv1.AnnouncedVIP // what each VIP is to this node now
-	bgp           BGP
-	bgpCfg        bgp.Config
-	live          Liveness
-	liveCfg       failover.Config
-	hbBase        failover.Counters // of the heartbeat monitors closed so far
+	// unsaved says why the held state is not on disk (the last Apply could not save it); ""
+	// when it is.
+	unsaved string
+	views   map[netip.Addr]*agentv1.AnnouncedVIP // what each VIP is to this node now
+	bgp     BGP
+	bgpCfg  bgp.Config
+	live    Liveness
+	liveCfg failover.Config
+	hbBase  failover.Counters // of the heartbeat monitors closed so far
 	// macs are the virtual MACs the MAC filter takes, by interface; l2Problems what went
 	// wrong the last time the speaker and the filter were set.
 	macs       map[string][]net.HardwareAddr
@@ -304,9 +307,11 @@ func (a *Agent) Apply(ctx context.Context, req *agentv1.ApplyRequest) (*agentv1.
 			return a.answerLocked(false), nil
 		}
 	}
-	if err := saveState(a.opts.StateDir, st); err != nil {
-		return nil, status.Errorf(codes.Internal, "persist the state: %v", err)
-	}
+	// A state that cannot be saved (a full or read-only disk) is applied all the same, and
+	// said: failing the Apply would make the CCM count this node unreachable and move its
+	// VIPs, for a fault that keeps none of them from being answered. A restart then resumes
+	// the older state saved before, which the CCM replaces as after any absence.
+	a.noteSaved(saveState(a.opts.StateDir, st), st)
 	changed := cur == nil || !agentapi.SameContent(cur, st)
 	// Kept, not copied (a copy was a tenth of an Apply of 5,000 VIPs): gRPC decodes each request
 	// anew for the call, and nothing in the agent changes a state it holds.
@@ -336,7 +341,30 @@ func (a *Agent) answerLocked(changed bool) *agentv1.ApplyResponse {
 }
 
 func (a *Agent) problemsLocked() []string {
-	return slices.Concat(a.startProblems, a.problems, a.l2Problems)
+	out := slices.Concat(a.startProblems, a.problems, a.l2Problems)
+	if a.unsaved != "" {
+		out = append(out, a.unsaved)
+	}
+	return out
+}
+
+// noteSaved records whether the state st, being applied, was saved (err nil) or not, and
+// logs the change. The caller holds mu.
+func (a *Agent) noteSaved(err error, st *agentv1.DesiredState) {
+	if err == nil {
+		if a.unsaved != "" {
+			klog.InfoS("The state is saved again", "term", st.GetTerm(), "generation", st.GetGeneration())
+		}
+		a.unsaved = ""
+		return
+	}
+	was := a.unsaved
+	a.unsaved = fmt.Sprintf("state directory: the state (term %d, generation %d) is applied but could not be saved: %v; a restart would resume an older one", st.GetTerm(), st.GetGeneration(), err)
+	if was == "" {
+		klog.ErrorS(err, "Cannot save the state: applying it in memory only", "dir", a.opts.StateDir, "term", st.GetTerm(), "generation", st.GetGeneration())
+	} else {
+		klog.V(2).InfoS("Still cannot save the state", "err", err, "generation", st.GetGeneration())
+	}
 }
 
 func cloneRefusals(rs []*agentv1.Refusal) []*agentv1.Refusal {

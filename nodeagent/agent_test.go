@@ -486,6 +486,48 @@ func TestRestartResumesFromDisk(t *testing.T) {
 	}
 }
 
+// Issue 30, fault 3: a state directory that cannot be written (a full or read-only disk).
+// Apply used to save first and fail INTERNAL, which the CCM counts as an unreachable node: its
+// VIPs moved, and the node, alive on its old state, answered beside their new owners. Now the
+// state is applied in memory, and the problem said (the Apply's problems, GetState, the
+// metalvip_agent_state_saved gauge) until a save succeeds again.
+func TestAStateThatCannotBeSavedIsAppliedAndSaid(t *testing.T) {
+	base := t.TempDir()
+	blocker := filepath.Join(base, "file")
+	if err := os.WriteFile(blocker, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(base, "state")
+	h := serve(t, dir)
+	c := h.ccm(t)
+	if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(2, 1, l2VIP("203.0.113.10", "node-a"))}); err != nil {
+		t.Fatal(err)
+	}
+	// The disk goes bad: the state directory is now under a regular file.
+	h.agent.opts.StateDir = filepath.Join(blocker, "state")
+	resp, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(2, 2, l2VIP("203.0.113.10", "node-a"), l2VIP("203.0.113.11", "node-a"))})
+	if err != nil {
+		t.Fatalf("Apply with a state directory that cannot be written: %v; want it applied", err)
+	}
+	if got := h.l2.last(); len(got) != 2 {
+		t.Errorf("the speaker answers %v; want both VIPs of the new state", got)
+	}
+	if !slices.ContainsFunc(resp.GetProblems(), func(p string) bool { return strings.Contains(p, "could not be saved") }) {
+		t.Errorf("problems %v; want the state not saved said", resp.GetProblems())
+	}
+	if h.agent.Gauges().StateSaved {
+		t.Error("the gauge says the state is saved")
+	}
+	h.agent.opts.StateDir = dir // the disk is fine again
+	resp, err = c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(2, 3, l2VIP("203.0.113.10", "node-a"))})
+	if err != nil || slices.ContainsFunc(resp.GetProblems(), func(p string) bool { return strings.Contains(p, "could not be saved") }) {
+		t.Errorf("once the disk is fine: %v, problems %v; want no problem", err, resp.GetProblems())
+	}
+	if !h.agent.Gauges().StateSaved {
+		t.Error("the gauge says the state is not saved after a save")
+	}
+}
+
 // An agent upgraded over a state saved in the old format (protojson, state.json) resumes from
 // it, and its first save replaces it.
 func TestRestartResumesFromAStateSavedInTheOldFormat(t *testing.T) {

@@ -74,6 +74,8 @@ type Gauges struct {
 	Refused, Problems int
 	// Generation and Term are those of the held state (0 without one).
 	Generation, Term uint64
+	// StateSaved: the held state is on disk (false when the last Apply could not save it).
+	StateSaved bool
 	// L2 and Heartbeats are the speaker's and the heartbeat monitors' counters so far.
 	L2         *agentv1.L2Counters
 	Heartbeats *agentv1.HeartbeatCounters
@@ -85,7 +87,7 @@ func (a *Agent) Gauges() Gauges {
 	defer a.mu.Unlock()
 	g := Gauges{
 		Refused: len(a.checked.refused), Problems: len(a.problemsLocked()),
-		Generation: a.state.GetGeneration(), Term: a.state.GetTerm(),
+		Generation: a.state.GetGeneration(), Term: a.state.GetTerm(), StateSaved: a.unsaved == "",
 		BGPSessions: map[string]int{},
 	}
 	for _, v := range a.views {

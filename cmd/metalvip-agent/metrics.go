@@ -85,9 +85,9 @@ func (o *observer) HeartbeatRTT(d time.Duration) { o.rtt.Observe(d.Seconds()) }
 type gauges struct {
 	agent *nodeagent.Agent
 
-	vips, hbPeers, hbAlive, sessions, refused, generation       *prometheus.Desc
-	requests, replies, gratuitous, hbSent, hbAccepted, hbStalls *prometheus.Desc
-	hbRefused                                                   *prometheus.Desc
+	vips, hbPeers, hbAlive, sessions, refused, generation, saved *prometheus.Desc
+	requests, replies, gratuitous, hbSent, hbAccepted, hbStalls  *prometheus.Desc
+	hbRefused                                                    *prometheus.Desc
 }
 
 func newGauges(a *nodeagent.Agent) *gauges {
@@ -102,6 +102,7 @@ func newGauges(a *nodeagent.Agent) *gauges {
 		sessions:   d("metalvip_agent_bgp_sessions", "BGP sessions by state (established, idle, active...).", "state"),
 		refused:    d("metalvip_agent_refused_items", "Items of the held state the agent refused (see metalvipctl agent for the reasons)."),
 		generation: d("metalvip_agent_state_generation", "Generation of the held desired state."),
+		saved:      d("metalvip_agent_state_saved", "1 when the held desired state is saved in the state directory, 0 when the last one could not be (a full or read-only disk: applied in memory, a restart would resume an older one)."),
 		requests:   d("metalvip_agent_l2_requests_total", "ARP requests and neighbor solicitations heard.", "protocol"),
 		replies:    d("metalvip_agent_l2_replies_total", "ARP replies and neighbor advertisements sent in answer.", "protocol"),
 		gratuitous: d("metalvip_agent_l2_gratuitous_total", "Gratuitous ARPs and unsolicited neighbor advertisements sent.", "protocol"),
@@ -113,7 +114,7 @@ func newGauges(a *nodeagent.Agent) *gauges {
 }
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{g.vips, g.hbPeers, g.hbAlive, g.sessions, g.refused, g.generation,
+	for _, d := range []*prometheus.Desc{g.vips, g.hbPeers, g.hbAlive, g.sessions, g.refused, g.generation, g.saved,
 		g.requests, g.replies, g.gratuitous, g.hbSent, g.hbAccepted, g.hbStalls, g.hbRefused} {
 		ch <- d
 	}
@@ -137,6 +138,11 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(g.refused, float64(s.Refused))
 	gauge(g.generation, float64(s.Generation))
+	saved := 0.0
+	if s.StateSaved {
+		saved = 1
+	}
+	gauge(g.saved, saved)
 	if l2 := s.L2; l2 != nil {
 		counter(g.requests, l2.GetArpRequests(), "arp")
 		counter(g.requests, l2.GetNeighborSolicitations(), "ndp")

@@ -27,7 +27,13 @@ const IdentityFile = "heartbeat.json"
 type Identity struct {
 	dir  string
 	boot uint64
-	seq  atomic.Uint64 // the sequence of this boot, shared by every Monitor of the process
+	// seq is the sequence of this boot, shared by every Monitor of the process. It starts at
+	// the start's wall-clock time in nanoseconds, not at 0: a start whose boot counter could
+	// not be saved (a full or read-only disk) reuses the last boot's counter, and its
+	// heartbeats must still come after the last boot's, which its peers remember (they would
+	// refuse them as replays, count this node dead, and both answer its VIPs). Only a clock
+	// set back past the last start and a disk that cannot be written together defeat it.
+	seq atomic.Uint64
 
 	mu   sync.Mutex // serializes changes of keys and their saving
 	keys atomic.Pointer[[]*ownKey]
@@ -115,8 +121,9 @@ func LoadIdentity(dir string, now time.Time) (*Identity, error) {
 		id.boot = 1
 	}
 	if err := id.save(); err != nil {
-		problems = append(problems, fmt.Errorf("save %s: %w; the boot counter of this start is not kept", IdentityFile, err))
+		problems = append(problems, fmt.Errorf("save %s: %w; the boot counter of this start is not kept (heartbeat sequences follow the clock meanwhile)", IdentityFile, err))
 	}
+	id.seq.Store(uint64(max(now.UnixNano(), 0)))
 	return id, errors.Join(problems...)
 }
 

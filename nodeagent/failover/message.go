@@ -15,7 +15,9 @@ import (
 //	version      1 byte, 2
 //	from, to     4 bytes each: the sender's key and the receiver's key it is made with
 //	boot, seq    8 bytes each: the sender's boot counter and its sequence in that boot, which
-//	             only grow: the receiver takes each (boot, seq) once per key, in order
+//	             only grow: the receiver takes each (boot, seq) once per key, in order. The
+//	             sequence starts at the boot's wall-clock time in nanoseconds, so that a boot
+//	             whose counter could not be saved still sends after the one before
 //	nonce        8 bytes: random, new in every heartbeat
 //	echo         8 bytes: the nonce of the latest heartbeat the sender verified from the
 //	             receiver, zero when it has none recent; the receiver counts the sender alive

@@ -607,6 +607,44 @@ func TestIdentityKeepsItsKeysAndCountsBoots(t *testing.T) {
 	})
 }
 
+// Issue 30, fault 3: a start whose boot counter could not be saved (a full or read-only
+// disk) reuses the last boot's counter. Its heartbeats must still come after the last boot's,
+// which its peers remember: with sequences from 0 they were refused as replays until they
+// caught up, the node counted as dead, and both it and its standby answered its VIPs.
+func TestAStartThatCouldNotSaveItsBootCounterStillSendsNewerHeartbeats(t *testing.T) {
+	dir := t.TempDir()
+	t0 := time.Now()
+	if _, err := LoadIdentity(dir, t0); err != nil {
+		t.Fatal(err)
+	}
+	saved, err := os.ReadFile(filepath.Join(dir, IdentityFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := LoadIdentity(dir, t0.Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lastSent seqKey
+	for range 100000 { // 100,000 heartbeats: over 16 minutes of 10 ms rounds
+		lastSent = seqKey{last.Boot(), last.nextSeq()}
+	}
+	// The disk lost the save of that start: the next one reads the file as before it.
+	if err := os.WriteFile(filepath.Join(dir, IdentityFile), saved, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	next, err := LoadIdentity(dir, t0.Add(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Boot() != last.Boot() {
+		t.Fatalf("boot %d after %d; the test wants the counter reused", next.Boot(), last.Boot())
+	}
+	if first := (seqKey{next.Boot(), next.nextSeq()}); !first.after(lastSent) {
+		t.Errorf("the first heartbeat of the next start %v is not after the last of the start before %v: peers refuse it as a replay", first, lastSent)
+	}
+}
+
 func TestRotationIsDueByAge(t *testing.T) {
 	now := time.Now()
 	id, err := LoadIdentity("", now)
