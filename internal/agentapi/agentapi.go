@@ -53,9 +53,9 @@ const (
 )
 
 // Bounds of the agent's gRPC port: a client has HandshakeTimeout to finish the TLS handshake;
-// a source address holds at most MaxConnsPerAddr connections (more are closed at once); at
-// most MaxPendingHandshakes connections are still in their handshake, the oldest being closed
-// to make room for a new one, so that a flood of stalled connections never keeps the CCM out;
+// at most MaxConnsPerAddr connections of a source address and MaxPendingHandshakes in all are
+// still in their handshake, the oldest being closed to make room for a new one, so that
+// stalled connections (even from the CCM's own address) never keep the CCM out;
 // a connection carries at most MaxStreams calls at once.
 const (
 	HandshakeTimeout     = 5 * time.Second

@@ -1,10 +1,18 @@
-// Package connlimit bounds the connections a listener hands out, so that a flood of
-// connections that never finish their handshake costs a fixed amount of memory and never keeps
-// a real client out: at most PerAddr connections per source address (more are closed at once,
-// never queued), and at most Pending connections not yet authenticated (a new one closes the
-// oldest). A connection leaves the pending set when the server calls Authenticated on it (after
-// its TLS handshake); authenticated connections are never evicted. It decides nothing about who
-// may connect.
+// Package connlimit bounds the connections a listener hands out that have not finished their
+// handshake, so that a flood of connections that never finish it costs a fixed amount of
+// memory and never keeps a real client out: at most PerAddr such connections per source
+// address and at most Pending in all; a new connection over either bound closes the oldest
+// pending one (of its address, or of all), never itself. A connection leaves the pending set
+// when the server calls Authenticated on it (after its TLS handshake); authenticated
+// connections are never closed by this package and count against no bound. It decides
+// nothing about who may connect.
+//
+// Closing the newest instead (refusing at once) let anything sharing a client's source
+// address keep that client out for good: a pod SNATed to the address of the node of a
+// hostNetwork CCM held PerAddr idle connections, and the CCM's own were closed (issue 30,
+// fault 5). Closing the oldest, a client that finishes its handshake gets in unless the flood
+// opens PerAddr connections from its address within the handshake's milliseconds, and does so
+// for as long as the client retries (Evicted counts them).
 package connlimit
 
 import (
@@ -21,67 +29,78 @@ type Listener struct {
 	perAddr, pending int
 
 	mu      sync.Mutex
-	byAddr  map[netip.Addr]int
-	waiting *list.List // of *conn, oldest first
+	byAddr  map[netip.Addr]*list.List // pending connections of each address, oldest first
+	waiting *list.List                // every pending connection, oldest first
+	open    int
 
-	refused, evicted atomic.Uint64
+	evicted atomic.Uint64
 }
 
 // New wraps l.
 func New(l net.Listener, perAddr, pending int) *Listener {
-	return &Listener{Listener: l, perAddr: perAddr, pending: pending, byAddr: map[netip.Addr]int{}, waiting: list.New()}
+	return &Listener{Listener: l, perAddr: max(perAddr, 1), pending: max(pending, 1), byAddr: map[netip.Addr]*list.List{}, waiting: list.New()}
 }
 
-// Accept returns the next connection within the bounds; those over them are closed at once.
+// Accept returns the next connection, closing the oldest pending ones over the bounds.
 func (l *Listener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		addr := addrOf(c.RemoteAddr())
-		l.mu.Lock()
-		if l.byAddr[addr] >= l.perAddr {
-			l.mu.Unlock()
-			l.refused.Add(1)
-			c.Close()
-			continue
-		}
-		l.byAddr[addr]++
-		var evict *conn
-		if l.waiting.Len() >= l.pending {
-			evict = l.waiting.Front().Value.(*conn)
-			l.waiting.Remove(evict.elem)
-			evict.elem = nil
-		}
-		wc := &conn{Conn: c, l: l, addr: addr}
-		wc.elem = l.waiting.PushBack(wc)
-		l.mu.Unlock()
-		if evict != nil {
-			l.evicted.Add(1)
-			evict.Close()
-		}
-		return wc, nil
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
 	}
+	wc := &conn{Conn: c, l: l, addr: addrOf(c.RemoteAddr())}
+	var evict []*conn
+	l.mu.Lock()
+	if q := l.byAddr[wc.addr]; q != nil && q.Len() >= l.perAddr {
+		evict = append(evict, l.settleLocked(q.Front().Value.(*conn)))
+	}
+	if l.waiting.Len() >= l.pending {
+		evict = append(evict, l.settleLocked(l.waiting.Front().Value.(*conn)))
+	}
+	q := l.byAddr[wc.addr]
+	if q == nil {
+		q = list.New()
+		l.byAddr[wc.addr] = q
+	}
+	wc.inAddr, wc.inAll = q.PushBack(wc), l.waiting.PushBack(wc)
+	l.open++
+	l.mu.Unlock()
+	for _, e := range evict {
+		l.evicted.Add(1)
+		e.Close()
+	}
+	return wc, nil
 }
 
-// Refused counts the connections closed because their address had PerAddr already; Evicted
-// those closed, still in their handshake, to make room for a newer one.
-func (l *Listener) Refused() uint64 { return l.refused.Load() }
+// settleLocked takes c out of the pending set; it returns c. The caller holds mu.
+func (l *Listener) settleLocked(c *conn) *conn {
+	if c.inAll == nil {
+		return c
+	}
+	l.waiting.Remove(c.inAll)
+	if q := l.byAddr[c.addr]; q != nil {
+		q.Remove(c.inAddr)
+		if q.Len() == 0 {
+			delete(l.byAddr, c.addr)
+		}
+	}
+	c.inAll, c.inAddr = nil, nil
+	return c
+}
+
+// Evicted counts the connections closed, still in their handshake, to make room for a newer
+// one (of their address, or of all).
 func (l *Listener) Evicted() uint64 { return l.evicted.Load() }
 
 // Open returns how many connections are open, and how many of them are still pending.
 func (l *Listener) Open() (open, pending int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, n := range l.byAddr {
-		open += n
-	}
-	return open, l.waiting.Len()
+	return l.open, l.waiting.Len()
 }
 
 // Authenticated takes c, a connection this package's Listener returned, out of the pending
-// set: it is never evicted. Other connections are left alone.
+// set: it is never closed by the Listener and counts against no bound. Other connections are
+// left alone.
 func Authenticated(c net.Conn) {
 	wc, ok := c.(*conn)
 	if !ok {
@@ -89,30 +108,22 @@ func Authenticated(c net.Conn) {
 	}
 	wc.l.mu.Lock()
 	defer wc.l.mu.Unlock()
-	if wc.elem != nil {
-		wc.l.waiting.Remove(wc.elem)
-		wc.elem = nil
-	}
+	wc.l.settleLocked(wc)
 }
 
 type conn struct {
 	net.Conn
-	l    *Listener
-	addr netip.Addr
-	elem *list.Element // in l.waiting while pending
-	once sync.Once
+	l             *Listener
+	addr          netip.Addr
+	inAddr, inAll *list.Element // in l.byAddr[addr] and l.waiting while pending
+	once          sync.Once
 }
 
 func (c *conn) Close() error {
 	c.once.Do(func() {
 		c.l.mu.Lock()
-		if c.elem != nil {
-			c.l.waiting.Remove(c.elem)
-			c.elem = nil
-		}
-		if c.l.byAddr[c.addr]--; c.l.byAddr[c.addr] <= 0 {
-			delete(c.l.byAddr, c.addr)
-		}
+		c.l.settleLocked(c)
+		c.l.open--
 		c.l.mu.Unlock()
 	})
 	return c.Conn.Close()

@@ -74,30 +74,40 @@ func accept(t *testing.T, got chan net.Conn) net.Conn {
 	}
 }
 
-func TestAnAddressOverItsShareIsClosedAtOnceAndOthersStillGetIn(t *testing.T) {
+// Issue 30, fault 5: anything sharing the CCM's source address (a pod SNATed to the address
+// of a hostNetwork CCM's node) held PerAddr connections open without a handshake, and the
+// CCM's own were closed at once: the node was unreachable for good. Now a new connection
+// closes its address's oldest pending one: the CCM's gets in and, once authenticated, stays.
+func TestANeighbourSharingTheCCMsAddressCannotKeepItOut(t *testing.T) {
 	l, got := serve(t, 2, 100)
-	a, b := netip.MustParseAddr("127.0.0.2"), netip.MustParseAddr("127.0.0.3")
-	first, second := dial(t, l, a), dial(t, l, a)
-	serverFirst := accept(t, got)
+	shared, other := netip.MustParseAddr("127.0.0.2"), netip.MustParseAddr("127.0.0.3")
+	stalled := []net.Conn{dial(t, l, shared), dial(t, l, shared)}
 	accept(t, got)
-	third := dial(t, l, a)
-	if !closedByServer(third) {
-		t.Error("a third connection from one address was not closed")
-	}
-	if closedByServer(first) || closedByServer(second) {
-		t.Error("the address's first two connections were closed")
-	}
-	dial(t, l, b)
 	accept(t, got)
-	if l.Refused() != 1 {
-		t.Errorf("refused %d; want 1", l.Refused())
+	ccm := dial(t, l, shared)
+	serverCCM := accept(t, got)
+	if closedByServer(ccm) {
+		t.Fatal("the CCM's connection was closed: the neighbour's stalled ones keep it out")
 	}
-	// A connection the server closes makes room for another from the same address.
-	serverFirst.Close()
-	fourth := dial(t, l, a)
+	if !closedByServer(stalled[0]) || closedByServer(stalled[1]) {
+		t.Error("want the oldest stalled connection of the address closed, the other kept")
+	}
+	Authenticated(serverCCM)
+	// The neighbour opens more: its own pending ones make room, never the authenticated one.
+	for range 4 {
+		dial(t, l, shared)
+		accept(t, got)
+	}
+	if closedByServer(ccm) {
+		t.Error("the authenticated connection was closed by newer ones from its address")
+	}
+	dial(t, l, other)
 	accept(t, got)
-	if closedByServer(fourth) {
-		t.Error("a connection was refused though its address is under its share again")
+	if l.Evicted() != 4 {
+		t.Errorf("evicted %d; want 4 (the address's pending ones over its 2)", l.Evicted())
+	}
+	if open, pending := l.Open(); open != 4 || pending != 3 {
+		t.Errorf("open %d, pending %d; want 4 (the CCM, the address's 2 newest, the other) and 3", open, pending)
 	}
 }
 
