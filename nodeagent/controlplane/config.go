@@ -369,6 +369,15 @@ func (c *Config) Check() (*Spec, error) {
 	}
 	if u, err := url.Parse(s.Health.URL); as.URL != "" && (err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "") {
 		bad("apiServer.url", "%q is not an http(s) URL; give the local kube-apiserver's /readyz, e.g. https://127.0.0.1:6443/readyz", as.URL)
+	} else if as.URL != "" {
+		host, _ := netip.ParseAddr(strings.Trim(u.Hostname(), "[]"))
+		loopback := host.IsLoopback() || u.Hostname() == "localhost"
+		switch {
+		case host.IsValid() && s.VIP.IsValid() && host.Unmap() == s.VIP.Unmap():
+			bad("apiServer.url", "%q checks the kube-apiserver through the VIP itself: the check passes only while some node holds the VIP, so once it drops no node is ready to take it back; give this node's own kube-apiserver, e.g. https://127.0.0.1:6443/readyz", as.URL)
+		case u.Scheme == "http" && !loopback:
+			bad("apiServer.url", "%q is plain http to another host: anyone on the path could answer the check and keep this node holding the VIP; give https (the kube-apiserver serves /readyz only over https), or a loopback address", as.URL)
+		}
 	}
 	if d := s.Health.Interval; d < 10*time.Millisecond || d > time.Minute {
 		bad("apiServer.interval", "%s is out of range; give 10ms to 1m", d)

@@ -101,6 +101,9 @@ func TestAFileWithMistakesIsRefusedNamingEachField(t *testing.T) {
 		{"a heartbeat too fast is refused", base(func(s string) string { return s + "heartbeat: {interval: 1ms}\n" }), []string{"heartbeat.interval: 1ms is out of range"}},
 		{"a fall of zero checks is taken as the default, a negative one refused", base(func(s string) string { return s + "apiServer: {fall: -1}\n" }), []string{"apiServer.fall: -1"}},
 		{"a readiness URL that is not http is refused", base(func(s string) string { return s + "apiServer: {url: \"ftp://x/readyz\"}\n" }), []string{"apiServer.url"}},
+		// Issue 30, fault 7: a check through the VIP passes only while some node holds it.
+		{"a readiness URL through the VIP itself is refused", base(func(s string) string { return s + "apiServer: {url: \"https://203.0.113.10:6443/readyz\"}\n" }), []string{"apiServer.url", "through the VIP itself"}},
+		{"a plain-http readiness URL to another host is refused", base(func(s string) string { return s + "apiServer: {url: \"http://198.51.100.11:8080/readyz\"}\n" }), []string{"apiServer.url", "plain http"}},
 		{"BGP settings in L2 mode are refused", base(func(s string) string { return s + "bgp: {asn: 64497, peers: []}\n" }), []string{"bgp: given in L2 mode"}},
 		{"BGP mode without routers is refused", base(func(s string) string { return strings.Replace(s, "mode: L2", "mode: BGP", 1) }), []string{"bgp.peers: empty"}},
 		{"a router without its ASN is refused", base(func(s string) string {
