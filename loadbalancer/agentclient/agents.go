@@ -63,6 +63,9 @@ type Hooks struct {
 	NewerTerm func(node string, held uint64)
 	// Sessions: the node's BGP sessions, as its agent reported them, changed.
 	Sessions func(node string, sessions []*agentv1.PeerStatus)
+	// ControlPlane: the control-plane VIP the node's agent serves from its local file
+	// (GetState control_plane) changed; invalid when it serves none.
+	ControlPlane func(node string, vip netip.Addr)
 }
 
 // Agents keeps one connection per node's agent, pushes each node's desired state to it (only
@@ -106,6 +109,7 @@ type agentConn struct {
 	held      *agentv1.DesiredState // what the agent held when last asked
 	keys      [][]byte
 	sessions  []*agentv1.PeerStatus // the BGP sessions the agent last reported
+	cpVIP     netip.Addr            // the control-plane VIP the agent last reported serving
 
 	renewAt atomic.Int64 // enrolled agents: when its certificate is due for renewal (Unix ns)
 }

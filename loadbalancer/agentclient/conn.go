@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -228,7 +229,13 @@ func (a *Agents) probe(ctx context.Context, c *agentConn) error {
 	c.keys = resp.GetHeartbeatPublicKeys()
 	sessionsChanged := !slices.EqualFunc(c.sessions, resp.GetPeers(), func(x, y *agentv1.PeerStatus) bool { return proto.Equal(x, y) })
 	c.sessions = resp.GetPeers()
+	cpVIP, _ := netip.ParseAddr(resp.GetControlPlane().GetVip().GetVip())
+	cpChanged := cpVIP.Unmap() != c.cpVIP
+	c.cpVIP = cpVIP.Unmap()
 	c.mu.Unlock()
+	if cpChanged && a.hooks.ControlPlane != nil {
+		a.hooks.ControlPlane(c.node, cpVIP.Unmap())
+	}
 	if sessionsChanged && a.hooks.Sessions != nil {
 		a.hooks.Sessions(c.node, resp.GetPeers())
 	}

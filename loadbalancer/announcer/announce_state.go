@@ -43,7 +43,8 @@ type loopState struct {
 	parts    map[string]*nodePart    // node -> its announcements
 	groups   map[string][]netip.Addr // group -> member addresses
 	states   map[string]pushed
-	cutOff   cutOff // unreachable nodes and the nodes that heartbeat them as departing
+	cutOff   cutOff                // unreachable nodes and the nodes that heartbeat them as departing
+	cpVIPs   map[string]netip.Addr // node -> the control-plane VIP its agent reports serving
 
 	conds       map[string]string                          // Service -> condition last set (its text form)
 	primaries   map[netip.Addr]string                      // last primary per L2 VIP, for Moved Events
@@ -123,6 +124,7 @@ func newLoopState(maxCandidates int) loopState {
 		groups:      map[string][]netip.Addr{},
 		states:      map[string]pushed{},
 		cutOff:      newCutOff(),
+		cpVIPs:      map[string]netip.Addr{},
 		conds:       map[string]string{},
 		primaries:   map[netip.Addr]string{},
 		noNode:      map[netip.Addr]bool{},

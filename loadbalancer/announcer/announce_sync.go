@@ -93,6 +93,7 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 			r.nodes[n.Name] = true
 		}
 	}
+	a.reserveRound(ch)
 	for ip := range r.spec {
 		a.specRound(ip, &r)
 	}

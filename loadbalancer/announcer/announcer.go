@@ -114,6 +114,8 @@ type changes struct {
 	tookOver  []tookOver
 	newerTerm uint64
 	sessions  map[string][]*agentv1.PeerStatus // node -> its BGP sessions, as reported
+	// controlPlane: node -> the control-plane VIP its agent reports serving (invalid: none)
+	controlPlane map[string]netip.Addr
 }
 
 type refusal struct {
@@ -127,7 +129,8 @@ type tookOver struct {
 }
 
 func newChanges() changes {
-	return changes{services: map[string]bool{}, pools: map[string]bool{}, reach: map[string]bool{}, refused: map[string]refusal{}, sessions: map[string][]*agentv1.PeerStatus{}}
+	return changes{services: map[string]bool{}, pools: map[string]bool{}, reach: map[string]bool{}, refused: map[string]refusal{}, sessions: map[string][]*agentv1.PeerStatus{},
+		controlPlane: map[string]netip.Addr{}}
 }
 
 // New returns an announcer; Register and Run make it work.
@@ -162,6 +165,9 @@ func (a *Announcer) newAgents(term uint64) *agentclient.Agents {
 		},
 		Sessions: func(node string, sessions []*agentv1.PeerStatus) {
 			a.note(func(c *changes) { c.sessions[node] = sessions })
+		},
+		ControlPlane: func(node string, vip netip.Addr) {
+			a.note(func(c *changes) { c.controlPlane[node] = vip })
 		},
 	})
 }

@@ -1,6 +1,9 @@
 package objects
 
 import (
+	"maps"
+	"net/netip"
+	"slices"
 	"sync"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,7 +25,10 @@ type Objects struct {
 	peers  map[string]*pools.Peer
 	status map[string][]metav1.Condition // kind/name -> conditions as last read
 	set    *pools.Set                    // nil after a change until Set rebuilds it
-	subs   []func(Change)
+	// reserved are addresses the cluster uses otherwise (the control-plane VIP), cut out of
+	// every pool (pools.WithReserved), with what uses each.
+	reserved map[netip.Addr]string
+	subs     []func(Change)
 
 	register sync.Once
 	synced   []cache.InformerSynced
@@ -144,6 +150,26 @@ func (o *Objects) Note(obj any, deleted bool, kind string) {
 	}
 }
 
+// Reserve sets the addresses no pool may give out or announce (each with what uses it), in
+// place of those set before; every pool counts as changed when they differ.
+func (o *Objects) Reserve(reserved map[netip.Addr]string) {
+	o.mu.Lock()
+	if maps.Equal(o.reserved, reserved) {
+		o.mu.Unlock()
+		return
+	}
+	o.reserved = maps.Clone(reserved)
+	o.set = nil
+	subs := o.subs
+	names := slices.Sorted(maps.Keys(o.pools))
+	o.mu.Unlock()
+	for _, name := range names {
+		for _, f := range subs {
+			f(Change{Pool: name})
+		}
+	}
+}
+
 // Conditions returns an object's conditions as last read: kind is "IPPool" or "BGPPeer".
 func (o *Objects) Conditions(kind, name string) []metav1.Condition {
 	o.mu.Lock()
@@ -164,7 +190,7 @@ func (o *Objects) Set() *pools.Set {
 		for _, p := range o.peers {
 			peers = append(peers, p)
 		}
-		o.set = pools.NewSet(ps, peers)
+		o.set = pools.NewSet(pools.WithReserved(ps, o.reserved), peers)
 	}
 	return o.set
 }

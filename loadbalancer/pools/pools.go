@@ -57,6 +57,9 @@ type Pool struct {
 	// Problems, when any, make the pool unusable: it gives no addresses and is announced
 	// from no node.
 	Problems []Problem
+	// Reserved are addresses of its ranges that the cluster uses otherwise (the control-plane
+	// VIP), cut out of Allocation.Ranges: never given out, never announced (WithReserved).
+	Reserved []Reservation
 }
 
 // Valid reports whether the pool has no problem.

@@ -13,8 +13,11 @@ const (
 	ReasonAnnotationIgnored = "AnnotationIgnored"
 	ReasonIPConflict        = "IPConflict"
 	ReasonPoolShrunk        = "PoolShrunk"
-	ReasonPoolDeleted       = "PoolDeleted"
-	ReasonPoolInvalid       = "PoolInvalid"
+	// ReasonAddressReserved: a Service holds an address the cluster uses otherwise (the
+	// control-plane VIP), which no pool gives and no node announces.
+	ReasonAddressReserved = "AddressReserved"
+	ReasonPoolDeleted     = "PoolDeleted"
+	ReasonPoolInvalid     = "PoolInvalid"
 
 	// On Services, from announcing. Who announces each address is in the Service's
 	// metalvip.io/Announced condition; Events tell changes.

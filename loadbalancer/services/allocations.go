@@ -9,6 +9,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -287,7 +288,11 @@ func (a *Allocations) Assign(ctx context.Context, svc *v1.Service) (ipam.Allocat
 	if err != nil {
 		reason, retry := classify(err)
 		klog.V(2).InfoS("Service's addresses not allocated", "service", req.Key, "reason", reason, "err", err)
-		a.warnOnce(svc, reason, toldTo(svc, err))
+		told := toldTo(svc, err)
+		if why := a.reservedAsked(req.IPs); why != "" {
+			reason, told = report.ReasonAddressReserved, why
+		}
+		a.warnOnce(svc, reason, told)
 		if retry {
 			return ipam.Allocation{}, &RetryError{Err: err, After: a.cfg.PendingRetry}
 		}
@@ -295,6 +300,19 @@ func (a *Allocations) Assign(ctx context.Context, svc *v1.Service) (ipam.Allocat
 	}
 	a.clearWarning(svc)
 	return al, nil
+}
+
+// reservedAsked says why the first of the requested addresses that the cluster reserves
+// (pools.Reservation) may not be given; "" when none is.
+func (a *Allocations) reservedAsked(ips []netip.Addr) string {
+	for _, ip := range ips {
+		for _, p := range a.cfg.Objects.Set().Pools() {
+			if why := reservedIn(p, ip); why != "" {
+				return fmt.Sprintf("requested address %s is %s, reserved: no Service may have it; request another address", ip, why)
+			}
+		}
+	}
+	return ""
 }
 
 func status(al ipam.Allocation) *v1.LoadBalancerStatus {

@@ -2,8 +2,10 @@ package services
 
 import (
 	"context"
+	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -12,6 +14,7 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
@@ -112,5 +115,78 @@ func TestFault8AConflictEventNamesNoServiceOfAnotherNamespace(t *testing.T) {
 				t.Errorf("Event %q, want it to name %s", e, tc.named)
 			}
 		})
+	}
+}
+
+// TestFault7TheControlPlaneVIPIsNeverGivenToAService (issue 30, fault 7): a pool covering the
+// control-plane VIP let a tenant ask for it (metalvip.io/ips) or be given it. A reserved
+// address is in no pool: asked for, it is refused; the pool gives its other addresses only.
+func TestFault7TheControlPlaneVIPIsNeverGivenToAService(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client := fake.NewClientset()
+	dyn := fakeDynamic()
+	objs := objects.NewObjects()
+	objs.Reserve(map[netip.Addr]string{netip.MustParseAddr("10.1.0.10"): "the control-plane VIP"})
+	rec := record.NewFakeRecorder(100)
+	allocs := New(Config{Client: client, Dynamic: dyn, Recorder: rec, Objects: objs, Serves: desired.DefaultServes})
+	factory := informers.NewSharedInformerFactory(client, 0)
+	dynF := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
+	allocs.Register(factory, dynF)
+	factory.Start(ctx.Done())
+	dynF.Start(ctx.Done())
+	objs.Note(&unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(), "kind": "IPPool",
+		"metadata": map[string]any{"name": "p", "generation": int64(1)},
+		"spec":     map[string]any{"addresses": []any{"10.1.0.10/31"}},
+	}}, false, objects.KindPool)
+	done := make(chan struct{})
+	go func() { allocs.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done; factory.Shutdown(); dynF.Shutdown() }()
+
+	svc := func(name, ip string) *v1.Service {
+		s := &v1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: name, UID: types.UID(name), Annotations: map[string]string{}},
+			Spec: v1.ServiceSpec{Type: v1.ServiceTypeLoadBalancer, IPFamilies: []v1.IPFamily{v1.IPv4Protocol},
+				Ports: []v1.ServicePort{{Protocol: v1.ProtocolTCP, Port: 443}}},
+		}
+		if ip != "" {
+			s.Annotations[string(annotation.IPs)] = ip
+		}
+		return s
+	}
+	if st, err := allocs.Assign(ctx, svc("asks", "10.1.0.10")); err == nil {
+		t.Errorf("a Service asking for the control-plane VIP got %v", st.IPs)
+	}
+	select {
+	case e := <-rec.Events:
+		if !strings.Contains(e, report.ReasonAddressReserved) || !strings.Contains(e, "the control-plane VIP") {
+			t.Errorf("Event %q; want it to say the address is reserved for the control-plane VIP", e)
+		}
+	default:
+		t.Error("no Event for the Service asking for the control-plane VIP")
+	}
+	first, err := allocs.Assign(ctx, svc("first", ""))
+	if err != nil || len(first.IPs) != 1 || first.IPs[0] != netip.MustParseAddr("10.1.0.11") {
+		t.Fatalf("the first Service got %v, %v; want 10.1.0.11, the pool's one address not reserved", first, err)
+	}
+	if st, err := allocs.Assign(ctx, svc("second", "")); err == nil {
+		t.Errorf("a second Service got %v from a pool whose other address is the control-plane VIP", st.IPs)
+	}
+	// The pool says so in its status (written with server-side apply).
+	said := func() bool {
+		for _, act := range dyn.Actions() {
+			if p, ok := act.(clienttesting.PatchAction); ok && act.GetSubresource() == "status" && p.GetName() == "p" &&
+				strings.Contains(string(p.GetPatch()), `"reason":"Reserved"`) && strings.Contains(string(p.GetPatch()), "10.1.0.10, the control-plane VIP") {
+				return true
+			}
+		}
+		return false
+	}
+	for i := 0; i < 100 && !said(); i++ {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !said() {
+		t.Error("the pool's status does not say it leaves the control-plane VIP out (PoolOverlaps, reason Reserved)")
 	}
 }

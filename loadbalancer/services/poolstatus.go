@@ -3,6 +3,7 @@ package services
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
@@ -50,6 +51,9 @@ func (a *Allocations) applyPoolsLocked() {
 				continue
 			}
 			switch {
+			case reservedIn(set.Pool(o.Pool), o.IP) != "":
+				a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, report.ReasonAddressReserved,
+					"Address %s is %s: no pool gives it and no node announces it for a Service; the Service keeps it until deleted or given another address", o.IP, reservedIn(set.Pool(o.Pool), o.IP))
 			case o.PoolDeleted && set.Pool(o.Pool) != nil:
 				a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, report.ReasonPoolInvalid,
 					"Address %s came from IP pool %s, which is invalid now (%s); the Service keeps the address, which no node announces until the pool is fixed", o.IP, o.Pool, pools.Problems(set.Pool(o.Pool).Problems))
@@ -101,6 +105,17 @@ func (a *Allocations) writePoolStatus(ctx context.Context) {
 				pools.Problems(p.Problems)+"; the pool gives no addresses and is announced from no node until fixed")
 		} else if stats, ok := a.ipam.PoolStats(p.Name); ok {
 			fillStatus(&st, &conds, p.Generation, stats)
+			if len(p.Reserved) > 0 {
+				var held []string
+				for _, r := range p.Reserved {
+					held = append(held, fmt.Sprintf("%s, %s", r.Addr, r.Why))
+				}
+				msg := fmt.Sprintf("Holds %s: left out, never given to a Service nor announced", strings.Join(held, "; "))
+				if len(stats.Overlaps) > 0 {
+					msg += fmt.Sprintf("; shares addresses with %s, of overlapping pools only the oldest gives out addresses", strings.Join(stats.Overlaps, ", "))
+				}
+				report.SetCondition(&conds, p.Generation, v1alpha1.PoolOverlaps, metav1.ConditionTrue, "Reserved", msg)
+			}
 		}
 		st.Conditions = report.Owned(conds, allocatorConditions)
 		if last, ok := a.written[p.Name]; ok && equality.Semantic.DeepEqual(last, st) {
@@ -158,4 +173,17 @@ func fillStatus(st *poolStatus, conds *[]metav1.Condition, gen int64, s ipam.Sta
 	} else {
 		report.SetCondition(conds, gen, v1alpha1.PoolAddressesInUseRemoved, metav1.ConditionFalse, "None", "Every held address is in spec.addresses")
 	}
+}
+
+// reservedIn says what uses addr when the pool leaves it out as reserved; "" otherwise.
+func reservedIn(p *pools.Pool, addr netip.Addr) string {
+	if p == nil {
+		return ""
+	}
+	for _, r := range p.Reserved {
+		if r.Addr == addr.Unmap() {
+			return r.Why
+		}
+	}
+	return ""
 }
