@@ -48,6 +48,11 @@ func (s Serves) ExternalIPs(svc *v1.Service, set *pools.Set, heldBy func(netip.A
 	no := func(ip, format string, args ...any) {
 		refused = append(refused, ExternalIPRefusal{IP: ip, Reason: fmt.Sprintf(format, args...)})
 	}
+	// Only a LoadBalancer Service has its externalIPs announced: a ResourceQuota counts it
+	// (services.loadbalancers), and it carries at most annotation.MaxVIPCount of them, as a
+	// Service's own addresses. A ClusterIP Service took pool addresses no quota counted
+	// (issue 30, fault 8).
+	lb := svc.Spec.Type == v1.ServiceTypeLoadBalancer
 	for _, raw := range svc.Spec.ExternalIPs {
 		ip, err := netip.ParseAddr(raw)
 		if err != nil {
@@ -59,6 +64,10 @@ func (s Serves) ExternalIPs(svc *v1.Service, set *pools.Set, heldBy func(netip.A
 		switch {
 		case slices.Contains(ok, ip):
 			continue
+		case !lb:
+			no(raw, "the Service is of type %s: only a LoadBalancer Service has its externalIPs announced (a ResourceQuota counts it under services.loadbalancers)", svc.Spec.Type)
+		case len(ok) >= annotation.MaxVIPCount:
+			no(raw, "the Service has %d externalIPs announced already, the most a Service has", annotation.MaxVIPCount)
 		case p == nil:
 			no(raw, "in no IPPool; only addresses of a pool with spec.externalIPs: Allow are announced")
 		case !p.Valid():

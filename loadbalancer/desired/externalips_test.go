@@ -1,6 +1,7 @@
 package desired
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -34,12 +35,13 @@ func TestExternalIPsAreAnnouncedOnlyFromPoolsThatAllowThem(t *testing.T) {
 		return ""
 	}
 	svc := func(ask bool, ips ...string) *v1.Service {
-		s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s"}, Spec: v1.ServiceSpec{Type: v1.ServiceTypeClusterIP, ExternalIPs: ips}}
+		s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s"}, Spec: v1.ServiceSpec{Type: v1.ServiceTypeLoadBalancer, ExternalIPs: ips}}
 		if ask {
 			s.Annotations = map[string]string{string(annotation.AnnounceExternalIPs): "true"}
 		}
 		return s
 	}
+	clusterIP := func(s *v1.Service) *v1.Service { s.Spec.Type = v1.ServiceTypeClusterIP; return s }
 	for _, tc := range []struct {
 		name    string
 		svc     *v1.Service
@@ -54,6 +56,8 @@ func TestExternalIPsAreAnnouncedOnlyFromPoolsThatAllowThem(t *testing.T) {
 		{"an address a LoadBalancer Service holds is refused", svc(true, "203.0.113.2"), nil, map[string]string{"203.0.113.2": "ns/lb"}},
 		{"one refusal leaves the others announced", svc(true, "203.0.113.3", "203.0.113.17"), []string{"203.0.113.3"}, map[string]string{"203.0.113.17": "does not lend"}},
 		{"a garbled address is refused alone", svc(true, "not-an-ip", "203.0.113.4"), []string{"203.0.113.4"}, map[string]string{"not-an-ip": "not an IP"}},
+		// Issue 30, fault 8: no quota counted a ClusterIP Service's announced externalIPs.
+		{"a ClusterIP Service's externalIPs are refused", clusterIP(svc(true, "203.0.113.5")), nil, map[string]string{"203.0.113.5": "only a LoadBalancer Service"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ok, refused := DefaultServes.ExternalIPs(tc.svc, set, held)
@@ -92,7 +96,7 @@ func TestFault8AnExternalIPRefusalNamesNoServiceOfAnotherNamespace(t *testing.T)
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: tc.ns, Name: "s", Annotations: map[string]string{string(annotation.AnnounceExternalIPs): "true"}},
-				Spec: v1.ServiceSpec{Type: v1.ServiceTypeClusterIP, ExternalIPs: []string{"203.0.113.2"}}}
+				Spec: v1.ServiceSpec{Type: v1.ServiceTypeLoadBalancer, ExternalIPs: []string{"203.0.113.2"}}}
 			_, refused := DefaultServes.ExternalIPs(s, set, held)
 			if len(refused) != 1 || !strings.Contains(refused[0].Reason, tc.want) {
 				t.Fatalf("refused %+v, want a reason with %q", refused, tc.want)
@@ -101,5 +105,24 @@ func TestFault8AnExternalIPRefusalNamesNoServiceOfAnotherNamespace(t *testing.T)
 				t.Errorf("the reason %q names bank's Service", refused[0].Reason)
 			}
 		})
+	}
+}
+
+// Issue 30, fault 8: a Service has at most 16 externalIPs announced, as it has at most 16
+// addresses of its own (metalvip.io/vip-count).
+func TestAServiceHasAtMost16ExternalIPsAnnounced(t *testing.T) {
+	set := pools.NewSet([]*pools.Pool{pools.DecodePool(&v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "big"},
+		Spec: v1alpha1.IPPoolSpec{Addresses: []v1alpha1.AddressRange{"203.0.113.64/26"}, ExternalIPs: v1alpha1.ExternalIPsAllow}})}, nil)
+	s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s", Annotations: map[string]string{string(annotation.AnnounceExternalIPs): "true"}},
+		Spec: v1.ServiceSpec{Type: v1.ServiceTypeLoadBalancer}}
+	for i := range 20 {
+		s.Spec.ExternalIPs = append(s.Spec.ExternalIPs, fmt.Sprintf("203.0.113.%d", 64+i))
+	}
+	ok, refused := DefaultServes.ExternalIPs(s, set, func(netip.Addr) string { return "" })
+	if len(ok) != 16 || ok[15] != netip.MustParseAddr("203.0.113.79") {
+		t.Errorf("announced %v; want the first 16", ok)
+	}
+	if len(refused) != 4 || !strings.Contains(refused[0].Reason, "16 externalIPs announced already") {
+		t.Errorf("refused %+v; want the last 4, saying a Service has at most 16", refused)
 	}
 }

@@ -257,6 +257,11 @@ func (a *Allocations) request(svc *v1.Service) (ipam.Service, error) {
 	}
 	if s.Count, err = annotation.VIPCountFromService(svc); err != nil {
 		errs = append(errs, err)
+	} else if fams := max(len(s.Families), 1); s.Count*fams > annotation.MaxVIPCount {
+		// One Service, one services.loadbalancers quota unit: at most MaxVIPCount addresses in
+		// all, whatever its families (issue 30, fault 8: 16 per family gave 32).
+		v, _ := annotation.VIPCount.Value(svc)
+		errs = append(errs, fmt.Errorf("annotation %s=%q with %d IP families gives %d addresses; a Service has at most %d in all: give %d or fewer", annotation.VIPCount, v, fams, s.Count*fams, annotation.MaxVIPCount, annotation.MaxVIPCount/fams))
 	}
 	return s, errors.Join(errs...)
 }

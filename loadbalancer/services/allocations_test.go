@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic/dynamicinformer"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
@@ -29,26 +30,8 @@ import (
 // the holder only when it is in the Service's own namespace; a tenant never learns another
 // namespace's Service names from it.
 func TestFault8AConflictEventNamesNoServiceOfAnotherNamespace(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	client := fake.NewClientset()
-	dyn := fakeDynamic()
-	objs := objects.NewObjects()
-	rec := record.NewFakeRecorder(100)
-	allocs := New(Config{Client: client, Dynamic: dyn, Recorder: rec, Objects: objs, Serves: desired.DefaultServes})
-	factory := informers.NewSharedInformerFactory(client, 0)
-	dynF := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
-	allocs.Register(factory, dynF)
-	factory.Start(ctx.Done())
-	dynF.Start(ctx.Done())
-	objs.Note(&unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": v1alpha1.GroupVersion.String(), "kind": "IPPool",
-		"metadata": map[string]any{"name": "p", "generation": int64(1)},
-		"spec":     map[string]any{"addresses": []any{"10.1.0.0/24"}},
-	}}, false, objects.KindPool)
-	done := make(chan struct{})
-	go func() { allocs.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done; factory.Shutdown(); dynF.Shutdown() }()
+	ctx := context.Background()
+	allocs, rec, _ := runAllocations(t, []any{"10.1.0.0/24"}, nil)
 
 	svc := func(ns, name, ip, key string, local bool) *v1.Service {
 		s := &v1.Service{
@@ -118,16 +101,15 @@ func TestFault8AConflictEventNamesNoServiceOfAnotherNamespace(t *testing.T) {
 	}
 }
 
-// TestFault7TheControlPlaneVIPIsNeverGivenToAService (issue 30, fault 7): a pool covering the
-// control-plane VIP let a tenant ask for it (metalvip.io/ips) or be given it. A reserved
-// address is in no pool: asked for, it is refused; the pool gives its other addresses only.
-func TestFault7TheControlPlaneVIPIsNeverGivenToAService(t *testing.T) {
+// runAllocations runs the allocation controller on fakes with one pool of addresses and the
+// reserved addresses; it returns it, its recorder and its dynamic client.
+func runAllocations(t *testing.T, addresses []any, reserved map[netip.Addr]string) (*Allocations, *record.FakeRecorder, *dynamicfake.FakeDynamicClient) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	client := fake.NewClientset()
 	dyn := fakeDynamic()
 	objs := objects.NewObjects()
-	objs.Reserve(map[netip.Addr]string{netip.MustParseAddr("10.1.0.10"): "the control-plane VIP"})
+	objs.Reserve(reserved)
 	rec := record.NewFakeRecorder(100)
 	allocs := New(Config{Client: client, Dynamic: dyn, Recorder: rec, Objects: objs, Serves: desired.DefaultServes})
 	factory := informers.NewSharedInformerFactory(client, 0)
@@ -138,12 +120,20 @@ func TestFault7TheControlPlaneVIPIsNeverGivenToAService(t *testing.T) {
 	objs.Note(&unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": v1alpha1.GroupVersion.String(), "kind": "IPPool",
 		"metadata": map[string]any{"name": "p", "generation": int64(1)},
-		"spec":     map[string]any{"addresses": []any{"10.1.0.10/31"}},
+		"spec":     map[string]any{"addresses": addresses},
 	}}, false, objects.KindPool)
 	done := make(chan struct{})
 	go func() { allocs.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done; factory.Shutdown(); dynF.Shutdown() }()
+	t.Cleanup(func() { cancel(); <-done; factory.Shutdown(); dynF.Shutdown() })
+	return allocs, rec, dyn
+}
 
+// TestFault7TheControlPlaneVIPIsNeverGivenToAService (issue 30, fault 7): a pool covering the
+// control-plane VIP let a tenant ask for it (metalvip.io/ips) or be given it. A reserved
+// address is in no pool: asked for, it is refused; the pool gives its other addresses only.
+func TestFault7TheControlPlaneVIPIsNeverGivenToAService(t *testing.T) {
+	ctx := context.Background()
+	allocs, rec, dyn := runAllocations(t, []any{"10.1.0.10/31"}, map[netip.Addr]string{netip.MustParseAddr("10.1.0.10"): "the control-plane VIP"})
 	svc := func(name, ip string) *v1.Service {
 		s := &v1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: name, UID: types.UID(name), Annotations: map[string]string{}},
@@ -188,5 +178,35 @@ func TestFault7TheControlPlaneVIPIsNeverGivenToAService(t *testing.T) {
 	}
 	if !said() {
 		t.Error("the pool's status does not say it leaves the control-plane VIP out (PoolOverlaps, reason Reserved)")
+	}
+}
+
+// TestFault8AServiceHasAtMost16AddressesWhateverItsFamilies (issue 30, fault 8): vip-count
+// counted per family, so a dual-stack Service with vip-count 16 took 32 addresses for one
+// services.loadbalancers quota unit. A Service has at most 16 in all.
+func TestFault8AServiceHasAtMost16AddressesWhateverItsFamilies(t *testing.T) {
+	ctx := context.Background()
+	allocs, rec, _ := runAllocations(t, []any{"10.1.0.0/24", "2001:db8::/120"}, nil)
+	dual := v1.IPFamilyPolicyRequireDualStack
+	svc := func(name, count string) *v1.Service {
+		return &v1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: name, UID: types.UID(name), Annotations: map[string]string{string(annotation.VIPCount): count}},
+			Spec: v1.ServiceSpec{Type: v1.ServiceTypeLoadBalancer, IPFamilies: []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}, IPFamilyPolicy: &dual,
+				Ports: []v1.ServicePort{{Protocol: v1.ProtocolTCP, Port: 443}}},
+		}
+	}
+	if al, err := allocs.Assign(ctx, svc("many", "16")); err == nil {
+		t.Errorf("a dual-stack Service with vip-count 16 got %d addresses", len(al.IPs))
+	}
+	select {
+	case e := <-rec.Events:
+		if !strings.Contains(e, report.ReasonInvalidAnnotation) || !strings.Contains(e, "gives 32 addresses") || !strings.Contains(e, "give 8 or fewer") {
+			t.Errorf("Event %q; want an InvalidAnnotation saying 32 addresses and 8 or fewer", e)
+		}
+	default:
+		t.Error("no Event")
+	}
+	if al, err := allocs.Assign(ctx, svc("eight", "8")); err != nil || len(al.IPs) != 16 {
+		t.Errorf("a dual-stack Service with vip-count 8 got %v, %v; want 16 addresses", al.IPs, err)
 	}
 }

@@ -20,19 +20,27 @@ import (
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
 
-// clusterIPWithExternal makes the Service a ClusterIP one with the given externalIPs,
-// asking metalvip to announce them.
-func clusterIPWithExternal(ips ...string) cluster.SvcOpt {
+// withExternal gives the (LoadBalancer) Service the given externalIPs, asking metalvip to
+// announce them.
+func withExternal(ips ...string) cluster.SvcOpt {
 	return func(s *corev1.Service) {
-		s.Spec.Type = corev1.ServiceTypeClusterIP
 		s.Spec.ExternalIPs = ips
 		cluster.Annotate(annotation.AnnounceExternalIPs, "true")(s)
 	}
 }
 
-// TestExternalIPsAndClusterIPRange: an externalIP in a pool that allows it, and the
-// ClusterIP range of a BGPPeer, reach FRR from every node and carry the remote client's
-// connections to a node; an externalIP outside every permitting pool is refused with an Event.
+// clusterIPWithExternal is withExternal on a ClusterIP Service, whose externalIPs are refused.
+func clusterIPWithExternal(ips ...string) cluster.SvcOpt {
+	return func(s *corev1.Service) {
+		withExternal(ips...)(s)
+		s.Spec.Type = corev1.ServiceTypeClusterIP
+	}
+}
+
+// TestExternalIPsAndClusterIPRange: an externalIP of a LoadBalancer Service in a pool that
+// allows it, and the ClusterIP range of a BGPPeer, reach FRR from every node and carry the
+// remote client's connections to a node; an externalIP outside every permitting pool, or of a
+// ClusterIP Service, is refused with an Event.
 func TestExternalIPsAndClusterIPRange(t *testing.T) {
 	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary})
 	ctx := context.Background()
@@ -44,7 +52,7 @@ func TestExternalIPsAndClusterIPRange(t *testing.T) {
 
 	t.Run("an externalIP of a permitting pool is announced by every node and reached", func(t *testing.T) {
 		c.T = t
-		c.ServiceNoWait("ext", clusterIPWithExternal("203.0.113.161"))
+		c.ServiceNoWait("ext", withExternal("203.0.113.161"))
 		ip := netip.MustParseAddr("203.0.113.161")
 		took := harness.Eventually(t, 60*time.Second, "FRR has the externalIP from every node", func() bool {
 			return slices.Equal(c.NextHops(ip), every)
@@ -81,7 +89,7 @@ func TestExternalIPsAndClusterIPRange(t *testing.T) {
 	t.Run("externalIPs outside every permitting pool are refused with an Event", func(t *testing.T) {
 		c.T = t
 		// 203.0.113.5 lies in the L2 pool, which does not allow externalIPs; .240 in no pool.
-		c.ServiceNoWait("hijack", clusterIPWithExternal("203.0.113.5", "203.0.113.240"))
+		c.ServiceNoWait("hijack", withExternal("203.0.113.5", "203.0.113.240"))
 		harness.Eventually(t, 30*time.Second, "an ExternalIPRefused Event for each address", func() bool {
 			ev := c.Events("hijack", "ExternalIPRefused")
 			return strings.Contains(ev, "203.0.113.5") && strings.Contains(ev, "203.0.113.240")
@@ -110,6 +118,15 @@ func TestExternalIPsAndClusterIPRange(t *testing.T) {
 			if got := c.Answerers(netip.MustParseAddr(ip)); len(got) > 0 {
 				t.Errorf("%s is answered by ARP from %v", ip, got)
 			}
+		}
+		// Issue 30, fault 8: a ClusterIP Service, which no services.loadbalancers quota
+		// counts, has no externalIP announced, even of a permitting pool.
+		c.ServiceNoWait("noquota", clusterIPWithExternal("203.0.113.162"))
+		harness.Eventually(t, 30*time.Second, "an ExternalIPRefused Event for the ClusterIP Service", func() bool {
+			return strings.Contains(c.Events("noquota", "ExternalIPRefused"), "only a LoadBalancer Service")
+		})
+		if hops := c.NextHops(netip.MustParseAddr("203.0.113.162")); len(hops) > 0 {
+			t.Errorf("a ClusterIP Service's externalIP is routed at FRR via %v", hops)
 		}
 		// And the permitted externalIP of the other Service is untouched.
 		if !slices.Equal(c.NextHops(netip.MustParseAddr("203.0.113.161")), every) {
