@@ -84,8 +84,9 @@ type IPPoolSpec struct {
 
 	// ExternalIPs says whether Services may have the pool's addresses announced as their
 	// spec.externalIPs. Deny (the default): an externalIP in this pool is never announced.
-	// Allow: it is, for a Service that opts in (annotation metalvip.io/announce-external-ips:
-	// "true") and that the pool's serviceAllocation admits; the address is then announced
+	// Allow: it is, for a LoadBalancer Service (which a ResourceQuota counts) that opts in
+	// (annotation metalvip.io/announce-external-ips: "true", at most 16 announced) and that
+	// the pool's serviceAllocation admits; the address is then announced
 	// like a LoadBalancer address of the pool (mode, nodes, externalTrafficPolicy). Anyone who
 	// can edit a Service can write any externalIP, so only pools that say Allow lend theirs.
 	//
