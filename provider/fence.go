@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,6 +22,11 @@ type LeaderElection struct {
 	Enabled         bool
 	Namespace, Name string
 }
+
+// hostname is os.Hostname; tests replace it.
+var hostname = defaultHostname
+
+var defaultHostname = os.Hostname
 
 // MaxTerm is the highest term: a Lease counts its transitions in an int32.
 const MaxTerm = math.MaxInt32 + 1
@@ -81,6 +88,17 @@ func (f *leaseFence) start(ctx context.Context) error {
 		}
 		if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
 			return errors.New("the Lease names no holder yet")
+		}
+		// This process holds the Lease under an identity the framework made and does not
+		// tell: its hostname, "_", a UUID. A holder of another host is another process (this
+		// one lost the Lease, and the framework ends it): its term is not this one's to adopt,
+		// nor its name to raise the term for (issue 30, fault 9).
+		host, err := hostname()
+		if err != nil {
+			return fmt.Errorf("this process's hostname, to recognise itself in the Lease: %w", err)
+		}
+		if holder := *lease.Spec.HolderIdentity; !strings.HasPrefix(holder, host+"_") {
+			return fmt.Errorf("the Lease names %q, not a process of this host %q: not adopting its term", holder, host)
 		}
 		f.term, f.holder = transitions(lease)+1, *lease.Spec.HolderIdentity
 		return nil
