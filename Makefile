@@ -104,17 +104,17 @@ deps: ## Install what the tests need: Debian packages and the kube-apiserver bui
 	hack/kube.sh kube-apiserver
 
 .PHONY: test-deps
-test-deps: ## Build what the tests use before any runs: every Kubernetes component in one go build (hack/kube.sh), helm (.cache/bin), the images.
+test-deps: ## Build what the tests use before any runs: every Kubernetes component in one go build (hack/kube.sh), helm (.cache/bin), the images (the host's platform only).
 	hack/kube.sh
 	hack/tool.sh helm >/dev/null
-	$(MAKE) images cluster-images
+	$(MAKE) images cluster-images PLATFORMS=linux/$$($(GO) env GOARCH)
 
 .PHONY: test-cluster
 test-cluster: test-deps deps ## Run only the real-kubelet e2e (test/e2ecluster: install.yaml and the chart on a lab cluster; root; part of make test).
 	$(GO) test -count=1 -timeout 40m ./test/e2ecluster/
 
 .PHONY: test
-# test-deps first: building helm or arm64 binaries beside the lab's timing-sensitive tests would
+# test-deps first: building helm or the images beside the lab's timing-sensitive tests would
 # compete with them for the CPU.
 test: test-deps deps ## Run unit, integration and lab tests (lab tests need root), and the release tools' tests.
 	$(GO) test $(TEST_FLAGS) ./...
