@@ -59,6 +59,7 @@ type Enrollee struct {
 	mu      sync.Mutex
 	cert    *tls.Certificate  // the CCM's; nil: none yet
 	pending *ecdsa.PrivateKey // the key of the last Enroll answer
+	pin     pinned            // Pool's last answer
 }
 
 var _ certs.Source = (*Enrollee)(nil)
@@ -121,8 +122,48 @@ func (e *Enrollee) Certificate() (*tls.Certificate, error) {
 	return e.bootstrap, nil
 }
 
-// Pool is the CA bundle clients are checked against.
-func (e *Enrollee) Pool() (*x509.CertPool, error) { return e.ca.Pool() }
+// Pool is what clients are checked against. Enrolled, it is the one CA of the bundle that
+// signed this agent's own certificate: a CA added to the bundle later (anyone who may write
+// the ConfigMap metalvip-ca could add one, issue 30 fault 9) signs no client this agent
+// trusts, as long as its own certificate stays valid. Not enrolled (or its certificate no
+// longer valid under the bundle: the CA was replaced), it is the whole bundle, which the first
+// enrollment must trust.
+func (e *Enrollee) Pool() (*x509.CertPool, error) {
+	bundle, err := e.ca.Pool()
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	c := e.cert
+	if e.pin.bundle == bundle && e.pin.cert == c && e.pin.pool != nil {
+		p := e.pin.pool
+		e.mu.Unlock()
+		return p, nil
+	}
+	e.mu.Unlock()
+	if c == nil {
+		return bundle, nil
+	}
+	chains, err := c.Leaf.Verify(x509.VerifyOptions{Roots: bundle, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	if err != nil || len(chains) == 0 {
+		return bundle, nil // invalid under the bundle: the agent is enrolled again
+	}
+	issuer := x509.NewCertPool()
+	issuer.AddCert(chains[0][len(chains[0])-1])
+	e.mu.Lock()
+	if e.cert == c {
+		e.pin = pinned{bundle: bundle, cert: c, pool: issuer}
+	}
+	e.mu.Unlock()
+	return issuer, nil
+}
+
+// pinned is the pool Pool gave for a bundle and a certificate.
+type pinned struct {
+	bundle *x509.CertPool
+	cert   *tls.Certificate
+	pool   *x509.CertPool
+}
 
 // Request is an Enroll answer.
 type Request struct {

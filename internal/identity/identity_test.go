@@ -1,6 +1,7 @@
 package identity
 
 import (
+	"bytes"
 	"crypto/x509"
 	"errors"
 	"os"
@@ -234,4 +235,69 @@ func TestUntilEnrolledTheAgentServesACertificateNobodyTrusts(t *testing.T) {
 
 func pemKey(der []byte) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+}
+
+// Issue 30, fault 9: anyone who may write the ConfigMap metalvip-ca could add a CA of their
+// own to the bundle the agents mount, and its client certificates (the CCM's name, the
+// viewer's) were trusted. An enrolled agent trusts, of the bundle, only the CA that signed its
+// own certificate; once the CA is replaced (its certificate no longer valid), the whole bundle
+// again, so that it can be enrolled anew.
+func TestAnEnrolledAgentTrustsOnlyTheCAThatSignedIt(t *testing.T) {
+	p, rogue := newPKI(t), newPKI(t)
+	e := newEnrollee(t, p, "node-1", t.TempDir())
+	client := func(ca certs.Pair) *x509.Certificate {
+		t.Helper()
+		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		der, err := certs.IssueFor(ca, &k.PublicKey, certs.CCMName, certs.Client, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		block, _ := pem.Decode(der)
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	trusts := func(c *x509.Certificate) bool {
+		t.Helper()
+		pool, err := e.Pool()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+		return err == nil
+	}
+	writes := 0
+	bundle := func(pems ...[]byte) {
+		t.Helper()
+		writes++
+		// A later modification time: the bundle is read again.
+		if err := os.WriteFile(p.caFile, bytes.Join(pems, nil), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		later := time.Now().Add(time.Duration(writes) * time.Second)
+		if err := os.Chtimes(p.caFile, later, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ours, theirs := client(p.ca), client(rogue.ca)
+	bundle(p.ca.Cert, rogue.ca.Cert)
+	if !trusts(ours) || !trusts(theirs) {
+		t.Fatal("not enrolled, the agent trusts the whole bundle: the first enrollment needs it")
+	}
+	req, err := e.Enroll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Install(sign(t, p.ca, req, "node-1", time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if !trusts(ours) || trusts(theirs) {
+		t.Errorf("enrolled by the CA: trusts its CCM %v (want true), a CA added to the bundle %v (want false)", trusts(ours), trusts(theirs))
+	}
+	bundle(rogue.ca.Cert) // the CA replaced: the agent's certificate is no longer valid
+	if e.Enrolled() || !trusts(theirs) {
+		t.Errorf("after the CA was replaced: enrolled %v, trusts the new CA %v; want not enrolled, trusting it (to be enrolled anew)", e.Enrolled(), trusts(theirs))
+	}
 }
