@@ -120,6 +120,10 @@ test: test-deps deps ## Run unit, integration and lab tests (lab tests need root
 	$(GO) test $(TEST_FLAGS) ./...
 	cd hack/tools && $(GO) test $(TEST_FLAGS) $(TOOLS_PACKAGES)
 
+.PHONY: chaos
+chaos: deps ## The fault soak: a seeded schedule of faults on the lab, invariants checked on the wire (root). DURATION=60m SEED=1,2,3; make test runs a short form.
+	METALVIP_CHAOS_DURATION=$(DURATION) METALVIP_CHAOS_SEEDS=$(SEED) $(GO) test -count=1 -timeout 0 -v -run TestChaos ./test/chaos/
+
 .PHONY: test-unit
 test-unit: ## Run only the tests that need neither root nor an API server.
 	$(GO) test -count=1 -short ./...

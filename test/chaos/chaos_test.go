@@ -1,0 +1,369 @@
+// Package chaos runs a seeded schedule of faults on the bare-process lab (real agents, CCM,
+// API server, FRR) and checks invariants on the wire and in the API only, trusting nothing
+// metalvip says of itself (issue 30):
+//
+//	I1  a live Service's address never changes;
+//	I2  no ARP request is answered by two MACs for longer than MaxDouble in a row;
+//	I3  every L2 VIP is answered again within a second of each fault's end, by one node, and
+//	    the BGP VIP has next hops at the router once the faults have settled;
+//	I4  no address that no Service holds is answered.
+//
+// The same seed replays the same schedule. `make test` runs a short schedule of fixed seeds;
+// `make chaos DURATION=60m SEED=...` a long one (METALVIP_CHAOS_DURATION, METALVIP_CHAOS_SEEDS).
+package chaos
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/kubeapi"
+	"github.com/metalvip/metalvip/test/lab"
+	"github.com/metalvip/metalvip/test/testenv"
+)
+
+var ccmBinary, agentBinary string
+
+func TestMain(m *testing.M) {
+	bins, cleanup := testenv.BuildMain("metalvip-chaos", "./cmd/metalvip-cloud-controller-manager", "./cmd/metalvip-agent")
+	ccmBinary, agentBinary = bins[0], bins[1]
+	kubeapi.Main(m, cleanup)
+}
+
+const (
+	// askEvery is how often the client asks for every VIP.
+	askEvery = 50 * time.Millisecond
+	// MaxDouble bounds a run of requests answered by two MACs: the default profile's detection
+	// (3 x 50 ms) and room for a loaded 2-core machine; the worst is reported.
+	MaxDouble = 500 * time.Millisecond
+	// reanswer bounds I3: a VIP answered again this soon after a fault ends.
+	reanswer = time.Second
+	// LongOutage: an outage during a fault longer than this is logged with its context (every
+	// single fault leaves live candidates: a failover takes 150 ms by default).
+	LongOutage = time.Second
+)
+
+// fault is one entry of the schedule.
+type fault struct {
+	Kind string
+	Node string
+	Hold time.Duration
+	// Filled in as it runs.
+	Began, Healed time.Duration // since the start of the schedule
+}
+
+func (f fault) String() string {
+	return fmt.Sprintf("%-11s %-6s held %-6s at +%s, healed +%s", f.Kind, f.Node, f.Hold, f.Began.Round(time.Millisecond), f.Healed.Round(time.Millisecond))
+}
+
+// kinds of fault, each applied to one node (the CCM's to none).
+var kinds = []string{"agent-kill", "agent-pause", "node-death", "grpc-drop", "ccm-restart"}
+
+// schedule draws n faults from seed.
+func schedule(seed uint64, n int, nodes []string) []fault {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	out := make([]fault, 0, n)
+	for range n {
+		f := fault{Kind: kinds[rng.IntN(len(kinds))], Node: nodes[rng.IntN(len(nodes))]}
+		f.Hold = time.Duration(1+rng.IntN(3)) * time.Second
+		switch f.Kind {
+		case "grpc-drop":
+			f.Hold = 12 * time.Second // the CCM probes an idle agent every 10 s
+		case "ccm-restart":
+			f.Node = ""
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+func seeds(t *testing.T) []uint64 {
+	v := os.Getenv("METALVIP_CHAOS_SEEDS")
+	if v == "" {
+		return []uint64{1}
+	}
+	var out []uint64
+	for _, s := range strings.Split(v, ",") {
+		n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
+		if err != nil {
+			t.Fatalf("METALVIP_CHAOS_SEEDS=%q: %v", v, err)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func duration(t *testing.T) time.Duration {
+	v := os.Getenv("METALVIP_CHAOS_DURATION")
+	if v == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		t.Fatalf("METALVIP_CHAOS_DURATION=%q: %v", v, err)
+	}
+	return d
+}
+
+func TestChaos(t *testing.T) {
+	for _, seed := range seeds(t) {
+		t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) { soak(t, seed, duration(t)) })
+	}
+}
+
+// soak runs seed's schedule for d (0: the short form, 6 faults).
+func soak(t *testing.T, seed uint64, d time.Duration) {
+	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary, Nodes: 4})
+	var vips []netip.Addr
+	for i := range 4 {
+		vips = append(vips, c.Service(fmt.Sprintf("l2-%d", i)))
+	}
+	bgpVIP := c.Service("bgp-0", cluster.InPool("bgp-"+c.NS))
+	// An address of the L2 pool (203.0.113.0/27) that no Service holds.
+	unheld := netip.MustParseAddr("203.0.113.30")
+	if slices.Contains(vips, unheld) {
+		t.Fatalf("%s is held; pick another unheld address", unheld)
+	}
+	addresses := serviceAddresses(t, c)
+	harness.Eventually(t, 30*time.Second, "every L2 VIP answered by one node", func() bool {
+		for _, v := range vips {
+			if len(c.Answerers(v)) != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	nodes := make([]string, 0, len(c.Agents))
+	for n := range c.Agents {
+		nodes = append(nodes, n)
+	}
+	slices.Sort(nodes)
+	n := 6
+	if d > 0 {
+		n = int(d / (9 * time.Second)) // about what one fault takes, hold and settle
+	}
+	plan := schedule(seed, n, nodes)
+	watch, err := c.Lab.Client.WatchARP(append(slices.Clone(vips), unheld), askEvery, int((time.Duration(n)*20*time.Second+time.Minute)/askEvery))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for i := range plan {
+		f := &plan[i]
+		f.Began = time.Since(start)
+		heal := inject(t, c, *f)
+		time.Sleep(f.Hold)
+		heal()
+		f.Healed = time.Since(start)
+		t.Logf("fault %d: %s", i+1, f)
+		// Settle: every L2 VIP answered by one node, the BGP VIP routed.
+		ok := waitUntil(20*time.Second, func() bool {
+			for _, v := range vips {
+				if len(c.Answerers(v)) != 1 {
+					return false
+				}
+			}
+			return len(c.NextHops(bgpVIP)) > 0
+		})
+		if !ok {
+			t.Errorf("after fault %d (%s) the VIPs did not settle within 20s: L2 answerers %v, BGP next hops %v", i+1, f, answerers(c, vips), c.NextHops(bgpVIP))
+		}
+	}
+	watch.Stop()
+	rounds := watch.Rounds()
+
+	// The record: faults by kind, the worst double answer and outage.
+	byKind := map[string]int{}
+	for _, f := range plan {
+		byKind[f.Kind]++
+	}
+	worstDouble, worstOutage := time.Duration(0), time.Duration(0)
+	for _, v := range vips {
+		for _, run := range runs(rounds, v, func(r lab.ARPRound) bool { return len(r.MACs) >= 2 }) {
+			worstDouble = max(worstDouble, run.length())
+			if run.length() > MaxDouble {
+				t.Errorf("I2: %s answered by two MACs for %s from +%s (longer than %s)\n%s", v, run.length(), run.from.Sub(start).Round(time.Millisecond), MaxDouble, context(rounds, v, run.from, start, plan))
+			}
+		}
+		for _, run := range runs(rounds, v, func(r lab.ARPRound) bool { return len(r.MACs) == 0 }) {
+			worstOutage = max(worstOutage, run.length())
+			if run.length() > LongOutage {
+				// Reported, not a violation: I3 speaks of the time after a fault ends. A
+				// known case: a node the CCM cannot reach yet (its push still timing out)
+				// holds another, returned, node as departing, which then waits for it.
+				t.Logf("a long outage: %s answered by no node for %s from +%s\n%s", v, run.length(), run.from.Sub(start).Round(time.Millisecond), context(rounds, v, run.from, start, plan))
+			}
+		}
+		// I3: answered again within a second of each fault's end.
+		for _, f := range plan {
+			healed := start.Add(f.Healed)
+			i := slices.IndexFunc(rounds, func(r lab.ARPRound) bool { return r.VIP == v && !r.At.Before(healed) && len(r.MACs) > 0 })
+			if i < 0 || rounds[i].At.Sub(healed) > reanswer {
+				t.Errorf("I3: %s not answered within %s of the end of %s\n%s", v, reanswer, f, context(rounds, v, healed, start, plan))
+			}
+		}
+	}
+	for _, r := range rounds {
+		if r.VIP == unheld && len(r.MACs) > 0 {
+			t.Errorf("I4: %s, which no Service holds, answered by %v at +%s", unheld, r.MACs, r.At.Sub(start).Round(time.Millisecond))
+			break
+		}
+	}
+	if now := serviceAddresses(t, c); !equalAddresses(now, addresses) {
+		t.Errorf("I1: the Services' addresses changed: %v, then %v", addresses, now)
+	}
+	t.Logf("seed %d: %d faults in %s (%v); %d ARP requests; worst double answer %s, worst outage %s",
+		seed, len(plan), time.Since(start).Round(time.Second), byKind, len(rounds), worstDouble, worstOutage)
+	if t.Failed() {
+		var tl []string
+		for i, f := range plan {
+			tl = append(tl, fmt.Sprintf("  %d. %s", i+1, f))
+		}
+		t.Logf("seed %d, the fault timeline (replay: METALVIP_CHAOS_SEEDS=%d):\n%s", seed, seed, strings.Join(tl, "\n"))
+	}
+}
+
+// inject applies f and returns what heals it.
+func inject(t *testing.T, c *cluster.Cluster, f fault) (heal func()) {
+	t.Helper()
+	switch f.Kind {
+	case "agent-kill":
+		a := c.Agents[f.Node]
+		a.Proc.Kill()
+		return func() { c.StartAgent(a) }
+	case "agent-pause":
+		p := c.Agents[f.Node].Proc.Cmd.Process
+		if err := p.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatalf("SIGSTOP %s: %v", f.Node, err)
+		}
+		return func() { _ = p.Signal(syscall.SIGCONT) }
+	case "node-death":
+		c.Kill(f.Node)
+		return func() { c.Revive(f.Node) }
+	case "grpc-drop":
+		h := c.Agents[f.Node].Host
+		cmd := h.Command(t.Context(), "nft", "-f", "-")
+		cmd.Stdin = strings.NewReader("table inet metalvip-chaos {\n chain in {\n  type filter hook input priority 0; policy accept;\n  tcp dport 7472 drop\n }\n}\n")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("nft on %s: %v: %s", f.Node, err, out)
+		}
+		return func() { _, _ = h.Run(t.Context(), "nft", "delete", "table", "inet", "metalvip-chaos") }
+	case "ccm-restart":
+		c.CCM.Kill()
+		return func() { c.StartCCM() }
+	}
+	t.Fatalf("unknown fault %q", f.Kind)
+	return nil
+}
+
+// run is a stretch of consecutive rounds of one VIP.
+type run struct {
+	from, to time.Time
+}
+
+func (r run) length() time.Duration { return r.to.Sub(r.from) + askEvery }
+
+// runs returns the stretches of v's rounds for which match holds. The latest round is left
+// out (its answers may still be on the way).
+func runs(rounds []lab.ARPRound, v netip.Addr, match func(lab.ARPRound) bool) []run {
+	var out []run
+	var cur *run
+	var mine []lab.ARPRound
+	for _, r := range rounds {
+		if r.VIP == v {
+			mine = append(mine, r)
+		}
+	}
+	if len(mine) > 0 {
+		mine = mine[:len(mine)-1]
+	}
+	for _, r := range mine {
+		switch {
+		case match(r) && cur == nil:
+			cur = &run{from: r.At, to: r.At}
+		case match(r):
+			cur.to = r.At
+		case cur != nil:
+			out = append(out, *cur)
+			cur = nil
+		}
+	}
+	if cur != nil {
+		out = append(out, *cur)
+	}
+	return out
+}
+
+// context prints v's rounds from a second before at to a second after, and the faults then.
+func context(rounds []lab.ARPRound, v netip.Addr, at, start time.Time, plan []fault) string {
+	var b strings.Builder
+	for _, f := range plan {
+		if began, healed := start.Add(f.Began), start.Add(f.Healed); healed.After(at.Add(-5*time.Second)) && began.Before(at.Add(5*time.Second)) {
+			fmt.Fprintf(&b, "  fault: %s\n", f)
+		}
+	}
+	for _, r := range rounds {
+		if r.VIP == v && r.At.After(at.Add(-time.Second)) && r.At.Before(at.Add(time.Second)) {
+			fmt.Fprintf(&b, "  +%s %s %v\n", r.At.Sub(start).Round(time.Millisecond), v, r.MACs)
+		}
+	}
+	return b.String()
+}
+
+func answerers(c *cluster.Cluster, vips []netip.Addr) map[netip.Addr][]string {
+	out := map[netip.Addr][]string{}
+	for _, v := range vips {
+		out[v] = c.Answerers(v)
+	}
+	return out
+}
+
+func waitUntil(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return true
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return false
+}
+
+func equalAddresses(a, b map[string][]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if !slices.Equal(v, b[k]) {
+			return false
+		}
+	}
+	return true
+}
+
+// serviceAddresses returns the addresses each Service of the cluster's namespace shows.
+func serviceAddresses(t *testing.T, c *cluster.Cluster) map[string][]string {
+	t.Helper()
+	list, err := c.Srv.Client.CoreV1().Services(c.NS).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	for _, s := range list.Items {
+		for _, in := range s.Status.LoadBalancer.Ingress {
+			out[s.Name] = append(out[s.Name], in.IP)
+		}
+	}
+	return out
+}
