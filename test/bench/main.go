@@ -261,6 +261,7 @@ func write(m *testenv.Main, r *report) {
 	fmt.Fprintf(&b, "Load average when the run began: %s; when it ended: %s (other work shared the machine when these are well above 2).\n\n", loadAtStart, proc.LoadAverage())
 	b.WriteString("Each figure says how it was measured. Times are wall-clock on a shared 2-core machine: compare runs on the same machine.\n\n")
 	b.WriteString("At scale, 1,000 simulated nodes and 20,000 Services against the real CCM and API server (start to converged, a node's death to every agent updated, the CCM's CPU and memory by stage, what breaks first at 5,000 nodes): [benchmarks-scale.md](benchmarks-scale.md), written by `make bench-scale`.\n\n")
+	b.WriteString("Under random faults, the invariants checked on the wire (one answerer per address, addresses that never change, nothing unheld answered): [chaos.md](chaos.md), from `make chaos`.\n\n")
 	for _, s := range r.sections {
 		b.WriteString(s + "\n")
 	}
