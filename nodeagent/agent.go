@@ -131,6 +131,7 @@ type Agent struct {
 	bgp     BGP
 	bgpCfg  bgp.Config
 	live    Liveness
+	liveGen uint64 // the generation of live: each new monitor, one more
 	liveCfg failover.Config
 	hbBase  failover.Counters // of the heartbeat monitors closed so far
 	// macs are the virtual MACs the MAC filter takes, by interface; l2Problems what went

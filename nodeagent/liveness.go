@@ -18,10 +18,15 @@ import (
 
 // livenessChanged re-decides every L2 VIP when the set of live candidates changes. It runs
 // before this node's heartbeats show the change (see failover.Config.OnChange).
-func (a *Agent) livenessChanged() {
+func (a *Agent) livenessChanged() { a.livenessChangedFor(0) }
+
+// livenessChangedFor is livenessChanged for the monitor of generation gen (0: whatever the
+// current one is). A retired monitor's last OnChange may run after a new one replaced it
+// (failover.Monitor.Close does not wait for it): it decides nothing.
+func (a *Agent) livenessChangedFor(gen uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.state == nil || a.closing() {
+	if a.state == nil || a.closing() || gen != 0 && (gen != a.liveGen || a.live == nil) {
 		return
 	}
 	views := map[netip.Addr]*agentv1.AnnouncedVIP{}
@@ -150,13 +155,14 @@ func (a *Agent) applyLivenessLocked(st *agentv1.DesiredState) error {
 	if port == 0 {
 		port = 7473
 	}
+	gen := a.liveGen + 1
 	cfg := failover.Config{
 		Node:     a.opts.Node,
 		Listen:   netip.AddrPortFrom(self, port),
 		Interval: time.Duration(opts.GetHeartbeatIntervalMs()) * time.Millisecond,
 		Misses:   int(opts.GetHeartbeatMisses()),
 		Identity: a.identity,
-		OnChange: a.livenessChanged,
+		OnChange: func() { a.livenessChangedFor(gen) },
 		OnRTT:    a.opts.Observer.HeartbeatRTT,
 	}
 	if a.live != nil && (a.liveCfg.Listen != cfg.Listen || a.liveCfg.Interval != cfg.Interval || a.liveCfg.Misses != cfg.Misses) {
@@ -167,7 +173,7 @@ func (a *Agent) applyLivenessLocked(st *agentv1.DesiredState) error {
 		if err != nil {
 			return fmt.Errorf("%w: only first candidates answer", err)
 		}
-		a.live, a.liveCfg = l, cfg
+		a.live, a.liveCfg, a.liveGen = l, cfg, gen
 	}
 	list := make([]failover.Peer, 0, len(peers))
 	for _, p := range peers {
@@ -179,8 +185,8 @@ func (a *Agent) applyLivenessLocked(st *agentv1.DesiredState) error {
 }
 
 // closeLivenessLocked stops the heartbeat exchange, keeping its counters. The caller holds
-// applyMu and mu. The monitor's OnChange takes mu and Close waits for it, so mu is let go
-// meanwhile; applyMu keeps every other applier out.
+// mu: Close does not wait for an OnChange under way (which waits for mu), and that one, of a
+// retired generation, decides nothing (livenessChangedFor).
 func (a *Agent) closeLivenessLocked() {
 	if a.live == nil {
 		return
@@ -188,9 +194,7 @@ func (a *Agent) closeLivenessLocked() {
 	live := a.live
 	a.live = nil
 	a.hbBase = addCounters(a.hbBase, live.Counters())
-	a.mu.Unlock()
 	_ = live.Close()
-	a.mu.Lock()
 }
 
 func addCounters(x, y failover.Counters) failover.Counters {

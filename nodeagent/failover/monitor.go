@@ -130,9 +130,10 @@ type Monitor struct {
 	sent, accepted, unproven atomic.Uint64
 	refused                  [8]atomic.Uint64 // by index in reasons
 
-	kick chan struct{}
-	stop chan struct{}
-	wg   sync.WaitGroup
+	kick     chan struct{}
+	stop     chan struct{}
+	wg       sync.WaitGroup // receive and tick
+	evalDone chan struct{}  // closed when the evaluator has returned
 }
 
 type sentHeartbeat struct {
@@ -207,14 +208,17 @@ func New(cfg Config) (*Monitor, error) {
 		cfg: cfg, id: id, conn: conn,
 		peers: map[string]*peer{}, byAddr: map[netip.Addr]*peer{},
 		alive: map[string]bool{}, seesMe: map[string]bool{}, lapsed: map[string]uint64{}, announced: map[string]bool{},
-		kick: make(chan struct{}, 1), stop: make(chan struct{}),
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), evalDone: make(chan struct{}),
 	}
 	// Sending, receiving and evaluating run apart, so that a slow OnChange delays no
 	// heartbeat (peers would take this node for dead).
-	m.wg.Add(3)
+	m.wg.Add(2)
 	go m.receive()
 	go m.tick()
-	go m.evaluator()
+	go func() {
+		defer close(m.evalDone)
+		m.evaluator()
+	}()
 	return m, nil
 }
 
@@ -375,7 +379,9 @@ func (m *Monitor) Counters() Counters {
 	return c
 }
 
-// Close stops the monitor.
+// Close stops the monitor: no heartbeat is sent or taken once it returns, and its port is
+// free. It does not wait for an OnChange under way (which may wait for a lock the caller of
+// Close holds); that one is the last, and Stopped says when it has returned.
 func (m *Monitor) Close() error {
 	select {
 	case <-m.stop:
@@ -387,6 +393,9 @@ func (m *Monitor) Close() error {
 	m.wg.Wait()
 	return err
 }
+
+// Stopped is closed once the monitor is closed and its last OnChange has returned.
+func (m *Monitor) Stopped() <-chan struct{} { return m.evalDone }
 
 func (m *Monitor) tick() {
 	defer m.wg.Done()
@@ -414,7 +423,6 @@ func (m *Monitor) poke() {
 // a live peer's proof runs out: a dead node is declared misses intervals after its last proof,
 // not up to one tick later.
 func (m *Monitor) evaluator() {
-	defer m.wg.Done()
 	expiry := time.NewTimer(time.Hour)
 	defer expiry.Stop()
 	for {
@@ -423,6 +431,11 @@ func (m *Monitor) evaluator() {
 			return
 		case <-m.kick:
 		case <-expiry.C:
+		}
+		select {
+		case <-m.stop:
+			return // closed meanwhile: no OnChange after Close but one under way
+		default:
 		}
 		now := time.Now()
 		next := m.evaluate(now)

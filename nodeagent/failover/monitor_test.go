@@ -1005,3 +1005,50 @@ func TestADepartingPeerHearsThisNodeButIsNeverShownAlive(t *testing.T) {
 	kept.m.SetPeers([]Peer{departing.peer()})
 	waitUntil(t, 5*time.Second, "seen again once an ordinary peer", func() bool { return departing.m.Sees(kept.name) })
 }
+
+// Close returns without waiting for an OnChange under way, which may be waiting for a lock the
+// caller of Close holds (the agent closes a monitor under its state lock, which OnChange
+// takes); that OnChange is the last one, and Stopped says when it has returned.
+func TestCloseDoesNotWaitForAnOnChangeUnderWay(t *testing.T) {
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	var calls atomic.Int64
+	m, err := New(Config{Node: "me", Listen: netip.AddrPortFrom(loop(1), freePort(t)), Interval: 10 * time.Millisecond, Identity: memIdentity(t),
+		OnChange: func() {
+			calls.Add(1)
+			select {
+			case entered <- struct{}{}:
+			default:
+			}
+			<-release
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetPeers([]Peer{{Node: "b", Addr: loop(2), PublicKeys: memIdentity(t).PublicKeys()}})
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no OnChange for a new peer")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- m.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close waited for the OnChange under way")
+	}
+	select {
+	case <-m.Stopped():
+		t.Fatal("Stopped before the OnChange under way returned")
+	default:
+	}
+	close(release)
+	select {
+	case <-m.Stopped():
+	case <-time.After(5 * time.Second):
+		t.Fatal("not Stopped after the last OnChange returned")
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("%d OnChange calls; want the one under way at Close, none after", n)
+	}
+}
