@@ -10,6 +10,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
@@ -56,6 +57,24 @@ func TestBadObjectsDisturbNothing(t *testing.T) {
 		{"BGPPeer", "hold-" + ns, `{address: 198.51.100.78, peerASN: 64496, myASN: 64497, holdTimeSeconds: 30, keepaliveSeconds: 30}`, "Accepted", "InvalidSpec"},
 		{"BGPPeer", "duplicate-" + ns, `{address: 198.51.100.1, peerASN: 64511, myASN: 64497}`, "Accepted", "DuplicateAddress"},
 	}
+	// creationTimestamp counts whole seconds, and of two objects created in one second the
+	// first by name counts as the older (pools.Set): "duplicate-" would take the address from
+	// "router-", "everything-" the addresses of "l2-". The cluster's own pool and peer must be
+	// older than these by the clock (a CI run created them in one second and failed).
+	var newest time.Time
+	for _, o := range []struct {
+		gvr  schema.GroupVersionResource
+		name string
+	}{{v1alpha1.IPPoolResource, "l2-" + ns}, {v1alpha1.BGPPeerResource, "router-" + ns}} {
+		u, err := c.Dyn.Resource(o.gvr).Get(ctx, o.name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ts := u.GetCreationTimestamp().Time; ts.After(newest) {
+			newest = ts
+		}
+	}
+	time.Sleep(time.Until(newest.Add(time.Second + 100*time.Millisecond)))
 	var report []string
 	for _, o := range objects {
 		var spec map[string]any
