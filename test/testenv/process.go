@@ -1,10 +1,12 @@
 package testenv
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -41,9 +43,40 @@ func StartProc(t TB, name string, cmd *exec.Cmd) *Proc {
 		p.Stop(5 * time.Second)
 		if t.Failed() {
 			t.Logf("last lines of %s's log (%s):\n%s", name, p.Log, p.Tail(40))
+			if kept := keepLog(t, p); kept != "" {
+				t.Logf("the whole log of %s kept in %s", name, kept)
+			}
 		}
 	})
 	return p
+}
+
+// KeepLogsEnv names a folder where the whole logs of a failed test's processes are copied
+// (the test's temporary folder is removed when it ends; a soak's cause is often minutes before
+// its failure).
+const KeepLogsEnv = "METALVIP_KEEP_LOGS"
+
+var kept atomic.Int64
+
+// keepLog copies p's log into $METALVIP_KEEP_LOGS, if set, and returns the copy's path.
+func keepLog(t TB, p *Proc) string {
+	dir := os.Getenv(KeepLogsEnv)
+	if dir == "" {
+		return ""
+	}
+	b, err := os.ReadFile(p.Log)
+	if err != nil {
+		return ""
+	}
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
+	path := filepath.Join(dir, fmt.Sprintf("%s-%03d-%s.log", name, kept.Add(1), p.Name))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return ""
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return ""
+	}
+	return path
 }
 
 // Done is closed when the process has exited.
