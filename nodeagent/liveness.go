@@ -127,7 +127,10 @@ func (a *Agent) applyLivenessLocked(st *agentv1.DesiredState) error {
 				continue
 			}
 			p := a.checked.hbPeers[c.GetNode()]
-			p.Node, p.Departing = c.GetNode(), false // a candidate is one, whatever else it is
+			// A candidate the state also says departing (the CCM reaches it again but it
+			// does not hold the CCM's state yet) stays departing: never shown alive, never
+			// waited for.
+			p.Node = c.GetNode()
 			if !p.Addr.IsValid() {
 				p.Addr = addr
 			}

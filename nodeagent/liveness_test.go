@@ -42,9 +42,9 @@ func withCandidates(vip string, cands ...string) *agentv1.Announcement {
 	return an
 }
 
-// The departing peers of a state (nodes the CCM cut off) are heartbeated as departing; a
-// candidate is an ordinary peer even when the state also says departing, and a departing peer
-// without an address is left out (it cannot be sent to).
+// The departing peers of a state (nodes the CCM cut off) are heartbeated as departing; so is a
+// candidate the state also says departing (the CCM reaches it again, but it does not hold the
+// CCM's state yet); a departing peer without an address is left out (it cannot be sent to).
 func TestDepartingPeersAreHeartbeatedAsDeparting(t *testing.T) {
 	var f *fakeLiveness
 	h := serve(t, t.TempDir(), func(o *Options) {
@@ -71,7 +71,7 @@ func TestDepartingPeersAreHeartbeatedAsDeparting(t *testing.T) {
 	for _, p := range peers {
 		got = append(got, fmt.Sprintf("%s@%s departing=%v", p.Node, p.Addr, p.Departing))
 	}
-	want := []string{"node-b@198.51.100.12 departing=false", "node-x@198.51.100.19 departing=true"}
+	want := []string{"node-b@198.51.100.12 departing=true", "node-x@198.51.100.19 departing=true"}
 	if !slices.Equal(got, want) {
 		t.Errorf("heartbeat peers %v; want %v", got, want)
 	}

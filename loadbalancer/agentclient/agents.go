@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,6 +64,9 @@ type Hooks struct {
 	NewerTerm func(node string, held uint64)
 	// Sessions: the node's BGP sessions, as its agent reported them, changed.
 	Sessions func(node string, sessions []*agentv1.PeerStatus)
+	// Applied: the node's agent acknowledged a state of this leader: it holds what the plan
+	// gave it, no longer what it held before.
+	Applied func(node string)
 	// ControlPlane: the control-plane VIP the node's agent serves from its local file
 	// (GetState control_plane) changed; invalid when it serves none.
 	ControlPlane func(node string, vip netip.Addr)
@@ -106,7 +110,7 @@ type agentConn struct {
 	genTerm   uint64 // and the term
 	reachable bool
 	known     bool                  // reachability decided at least once
-	held      *agentv1.DesiredState // what the agent held when last asked
+	held      *agentv1.DesiredState // what the agent held when last asked, or acknowledged since
 	keys      [][]byte
 	sessions  []*agentv1.PeerStatus // the BGP sessions the agent last reported
 	cpVIP     netip.Addr            // the control-plane VIP the agent last reported serving
@@ -248,6 +252,29 @@ func (a *Agents) Reachable(node string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.reachable
+}
+
+// HeldPeers returns the heartbeat peers of the state the node's agent was last known to hold
+// (its answer to the last GetState, or the last state it acknowledged since), sorted: the
+// nodes whose heartbeats it takes.
+func (a *Agents) HeldPeers(node string) []string {
+	a.mu.Lock()
+	c := a.conns[node]
+	a.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	held := c.held
+	c.mu.Unlock()
+	var out []string
+	for _, p := range held.GetHeartbeatPeers() {
+		if p.GetNode() != node {
+			out = append(out, p.GetNode())
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // Applied returns the generation the node's agent last acknowledged, and whether it holds the

@@ -191,9 +191,13 @@ func (a *Agents) apply(ctx context.Context, c *agentConn) error {
 	agentApplies.WithLabelValues("ok").Inc()
 	c.mu.Lock()
 	c.applied, c.appliedAt = version, term
+	c.held = st
 	c.mu.Unlock()
 	if a.hooks.Refused != nil {
 		a.hooks.Refused(c.node, resp.GetRefused(), "")
+	}
+	if a.hooks.Applied != nil {
+		a.hooks.Applied(c.node)
 	}
 	if len(resp.GetProblems()) > 0 {
 		klog.InfoS("Agent applied the state with problems", "node", c.node, "generation", gen, "problems", resp.GetProblems())

@@ -74,16 +74,26 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 		if s.reachable[n] != ok {
 			s.reachable[n] = ok
 			reach = true
-			// A node cut off keeps the peers it had, heartbeating it as departing (cutoff.go).
-			touched := s.cutOff.back(n)
+			// A node cut off keeps as peers, heartbeating it as departing (cutoff.go), the
+			// nodes it may take heartbeats from: those of the plan and those of the state it
+			// holds (before the first plan, or when the plan already dropped them).
 			if !ok {
-				touched = s.cutOff.lost(n, slices.Collect(maps.Keys(s.part(n).peers)))
-			}
-			for _, m := range touched {
-				r.nodes[m] = true
+				peers := append(slices.Collect(maps.Keys(s.part(n).peers)), a.heldPeers(n)...)
+				for _, m := range s.cutOff.lost(n, peers) {
+					r.nodes[m] = true
+				}
 			}
 		}
 		a.writeReachability(n, ok)
+	}
+	// A node is back only once it holds a state of this leader: reachable again, it may still
+	// hold its old one (a push to it can fail, its port filtered again).
+	for n := range ch.applied {
+		if s.reachable[n] {
+			for _, m := range s.cutOff.back(n) {
+				r.nodes[m] = true
+			}
+		}
 	}
 	if ch.nodes {
 		s.refreshNodes(a)

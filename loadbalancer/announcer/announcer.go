@@ -86,6 +86,8 @@ type Announcer struct {
 	cfg    Config
 	fence  Fence
 	agents *agentclient.Agents // made by Run
+	// heldPeers answers agents.HeldPeers (tests give what the agents hold without agents).
+	heldPeers func(node string) []string
 
 	services  corelisters.ServiceLister
 	nodes     corelisters.NodeLister
@@ -110,6 +112,7 @@ type changes struct {
 	peers     bool // peers or their password Secrets
 	keys      bool // a node's heartbeat keys
 	reach     map[string]bool
+	applied   map[string]bool // nodes whose agents acknowledged a state of this leader
 	refused   map[string]refusal
 	tookOver  []tookOver
 	newerTerm uint64
@@ -129,7 +132,7 @@ type tookOver struct {
 }
 
 func newChanges() changes {
-	return changes{services: map[string]bool{}, pools: map[string]bool{}, reach: map[string]bool{}, refused: map[string]refusal{}, sessions: map[string][]*agentv1.PeerStatus{},
+	return changes{services: map[string]bool{}, pools: map[string]bool{}, reach: map[string]bool{}, applied: map[string]bool{}, refused: map[string]refusal{}, sessions: map[string][]*agentv1.PeerStatus{},
 		controlPlane: map[string]netip.Addr{}}
 }
 
@@ -147,6 +150,9 @@ func New(cfg Config) *Announcer {
 }
 
 func (a *Announcer) newAgents(term uint64) *agentclient.Agents {
+	if a.heldPeers == nil {
+		a.heldPeers = func(node string) []string { return a.agents.HeldPeers(node) }
+	}
 	return agentclient.New(a.cfg.Agents, term, agentclient.Hooks{
 		Reachability: func(node string, ok bool) {
 			a.note(func(c *changes) { c.reach[node] = ok })
@@ -158,6 +164,9 @@ func (a *Announcer) newAgents(term uint64) *agentclient.Agents {
 		},
 		Refused: func(node string, items []*agentv1.Refusal, whole string) {
 			a.note(func(c *changes) { c.refused[node] = refusal{items, whole} })
+		},
+		Applied: func(node string) {
+			a.note(func(c *changes) { c.applied[node] = true })
 		},
 		Keys: func(string, [][]byte) { a.note(func(c *changes) { c.keys = true }) },
 		NewerTerm: func(_ string, held uint64) {

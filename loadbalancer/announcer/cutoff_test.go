@@ -86,10 +86,45 @@ func TestAnUnreachableNodeStaysTheDepartingPeerOfItsCandidates(t *testing.T) {
 			t.Errorf("%s heartbeats %v as departing; want %v (the owner's candidates: %v)", n.Name, got, want, cands)
 		}
 	}
+	// Reachable again, it may still hold its old state (a push to it can still fail): its
+	// fellow candidates go on heartbeating it as departing, though the plan names it again.
 	h.sync(changes{reach: map[string]bool{owner: true}})
+	if now := h.nodesOf("203.0.113.1"); !slices.Contains(now, owner) {
+		t.Fatalf("the owner reachable again is no candidate: %v", now)
+	}
+	for _, n := range cands[1:] {
+		if got := departing(n); !slices.Contains(got, owner) {
+			t.Errorf("%s heartbeats %v as departing once the owner is reachable again but holds no state of this leader; want %s among them", n, got, owner)
+		}
+	}
+	h.sync(changes{applied: map[string]bool{owner: true}})
 	for _, n := range h.a.loop.nodeList {
 		if got := departing(n.Name); len(got) > 0 {
-			t.Errorf("%s heartbeats %v as departing after the owner is reachable again", n.Name, got)
+			t.Errorf("%s heartbeats %v as departing after the owner acknowledged a state", n.Name, got)
 		}
+	}
+}
+
+// Fault 1 after a CCM restart (the fault soak's seed 4): a node reachable when the new leader
+// learnt what the agents hold, and cut off before its first plan, has no part in any plan yet.
+// Its peers are those of the state it holds: they heartbeat it as departing, else it hears no
+// one, counts them all dead and answers every VIP of its state beside their owners.
+func TestFault1ANodeCutOffBeforeTheFirstPlanIsHeartbeatedByThePeersOfItsState(t *testing.T) {
+	h := newHarness(t, 4)
+	h.a.heldPeers = func(node string) []string {
+		if node == "node2" {
+			return []string{"node1", "node3"}
+		}
+		return nil
+	}
+	// No Service yet: node2 has no part in the plan, as before a new leader's first plan.
+	h.sync(changes{reach: map[string]bool{"node2": false}})
+	for _, n := range []string{"node1", "node3"} {
+		if got := h.a.loop.cutOff.departing(n); !slices.Equal(got, []string{"node2"}) {
+			t.Errorf("%s heartbeats %v as departing; want [node2]", n, got)
+		}
+	}
+	if got := h.a.loop.cutOff.departing("node4"); len(got) > 0 {
+		t.Errorf("node4, no peer of node2's state, heartbeats %v as departing", got)
 	}
 }

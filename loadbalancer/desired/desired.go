@@ -386,11 +386,16 @@ func NodeState(node *v1.Node, anns []*agentv1.Announcement, peers []*agentv1.BGP
 }
 
 // Departing adds to a node's state the nodes it keeps heartbeating though the CCM cut them off
-// (their agents are unreachable; see agentv1.HeartbeatPeer.departing), each with its address
-// and keys; a node the state already names as a heartbeat peer stays one.
+// (their agents are unreachable, or reachable again but not yet holding a state of this leader;
+// see agentv1.HeartbeatPeer.departing), each with its address and keys. A node the state
+// already names as a heartbeat peer (the plan made it a candidate again) is marked departing
+// too: until it holds the plan's state, it may hold an old one.
 func Departing(st *agentv1.DesiredState, names []string, addrs func(string) netip.Addr, keys Keys) {
 	for _, n := range names {
-		if slices.ContainsFunc(st.HeartbeatPeers, func(p *agentv1.HeartbeatPeer) bool { return p.GetNode() == n }) {
+		if i := slices.IndexFunc(st.HeartbeatPeers, func(p *agentv1.HeartbeatPeer) bool { return p.GetNode() == n }); i >= 0 {
+			p := proto.CloneOf(st.HeartbeatPeers[i])
+			p.Departing = true
+			st.HeartbeatPeers[i] = p
 			continue
 		}
 		p := &agentv1.HeartbeatPeer{Node: n, PublicKeys: keys(n), Departing: true}

@@ -316,13 +316,18 @@ func (m *Monitor) pairOf(p *peer, mine *ownKey, theirs peerKey) *pair {
 }
 
 // Alive reports whether a node is alive; this node always is. A peer not heard from yet counts
-// as alive for Misses intervals after it was added, unless it has no key.
+// as alive for Misses intervals after it was added, unless it has no key. A departing peer
+// never is (Peer.Departing): heard or not, it answers nothing this node shares with it, so
+// this node neither yields to it nor waits for it.
 func (m *Monitor) Alive(node string) bool {
 	if node == m.cfg.Node {
 		return true
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if p := m.peers[node]; p != nil && p.departing {
+		return false
+	}
 	return m.alive[node]
 }
 
