@@ -17,6 +17,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,6 +26,9 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/metalvip/metalvip/internal/annotation"
 
 	"github.com/metalvip/metalvip/test/cluster"
 	"github.com/metalvip/metalvip/test/harness"
@@ -67,20 +71,41 @@ func (f fault) String() string {
 	return fmt.Sprintf("%-11s %-6s held %-6s at +%s, healed +%s", f.Kind, f.Node, f.Hold, f.Began.Round(time.Millisecond), f.Healed.Round(time.Millisecond))
 }
 
-// kinds of fault, each applied to one node (the CCM's to none).
-var kinds = []string{"agent-kill", "agent-pause", "node-death", "grpc-drop", "ccm-restart"}
+// kinds of fault. Those of the nodes apply to one node; the others to none.
+var kinds = []string{
+	"agent-kill", "agent-pause", "node-death", "link-flap", "grpc-drop", "heartbeat-loss", "disk-readonly", // a node
+	"ccm-restart", "ccm-race", "api-down", "router-restart", "tenant-edit", "service-churn", // the cluster
+}
 
-// schedule draws n faults from seed.
+// nodeless are the kinds that apply to no node.
+var nodeless = map[string]bool{"ccm-restart": true, "ccm-race": true, "api-down": true, "router-restart": true, "tenant-edit": true, "service-churn": true}
+
+// schedule draws n faults from seed. With n 0 it is the short form: every kind once, in an
+// order drawn from seed.
 func schedule(seed uint64, n int, nodes []string) []fault {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	out := make([]fault, 0, n)
-	for range n {
-		f := fault{Kind: kinds[rng.IntN(len(kinds))], Node: nodes[rng.IntN(len(nodes))]}
+	var order []string
+	if n == 0 {
+		order = slices.Clone(kinds)
+		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	} else {
+		for range n {
+			order = append(order, kinds[rng.IntN(len(kinds))])
+		}
+	}
+	out := make([]fault, 0, len(order))
+	for _, k := range order {
+		f := fault{Kind: k, Node: nodes[rng.IntN(len(nodes))]}
 		f.Hold = time.Duration(1+rng.IntN(3)) * time.Second
 		switch f.Kind {
 		case "grpc-drop":
 			f.Hold = 12 * time.Second // the CCM probes an idle agent every 10 s
-		case "ccm-restart":
+		case "heartbeat-loss":
+			f.Hold = 5 * time.Second
+		case "api-down":
+			f.Hold = time.Minute
+		}
+		if nodeless[f.Kind] {
 			f.Node = ""
 		}
 		out = append(out, f)
@@ -91,7 +116,7 @@ func schedule(seed uint64, n int, nodes []string) []fault {
 func seeds(t *testing.T) []uint64 {
 	v := os.Getenv("METALVIP_CHAOS_SEEDS")
 	if v == "" {
-		return []uint64{1, 2} // together every kind of fault, in about two minutes
+		return []uint64{1} // every kind of fault once, in about three minutes
 	}
 	var out []uint64
 	for _, s := range strings.Split(v, ",") {
@@ -122,66 +147,70 @@ func TestChaos(t *testing.T) {
 	}
 }
 
-// soak runs seed's schedule for d (0: the short form, 6 faults).
+// soak runs seed's schedule for d (0: the short form, every kind of fault once).
 func soak(t *testing.T, seed uint64, d time.Duration) {
-	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary, Nodes: 4})
-	var vips []netip.Addr
+	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary, Nodes: 4, LeaderElect: true})
+	s := &soakRun{t: t, c: c}
 	for i := range 4 {
-		vips = append(vips, c.Service(fmt.Sprintf("l2-%d", i)))
+		name := fmt.Sprintf("l2-%d", i)
+		s.l2 = append(s.l2, name)
+		s.vips = append(s.vips, c.Service(name))
 	}
-	bgpVIP := c.Service("bgp-0", cluster.InPool("bgp-"+c.NS))
+	s.bgpVIP = c.Service("bgp-0", cluster.InPool("bgp-"+c.NS))
 	// An address of the L2 pool (203.0.113.0/27) that no Service holds.
 	unheld := netip.MustParseAddr("203.0.113.30")
-	if slices.Contains(vips, unheld) {
+	if slices.Contains(s.vips, unheld) {
 		t.Fatalf("%s is held; pick another unheld address", unheld)
 	}
 	addresses := serviceAddresses(t, c)
-	harness.Eventually(t, 30*time.Second, "every L2 VIP answered by one node", func() bool {
-		for _, v := range vips {
-			if len(c.Answerers(v)) != 1 {
-				return false
-			}
-		}
-		return true
-	})
+	harness.Eventually(t, 30*time.Second, "every L2 VIP answered by one node", s.settled)
 	nodes := make([]string, 0, len(c.Agents))
 	for n := range c.Agents {
 		nodes = append(nodes, n)
 	}
 	slices.Sort(nodes)
-	n := 6
+	n := 0
 	if d > 0 {
-		n = int(d / (9 * time.Second)) // about what one fault takes, hold and settle
+		n = int(d/(5*time.Second)) + 1 // more than fit: the run ends when d has passed
 	}
 	plan := schedule(seed, n, nodes)
-	watch, err := c.Lab.Client.WatchARP(append(slices.Clone(vips), unheld), askEvery, int((time.Duration(n)*20*time.Second+time.Minute)/askEvery))
+	limit := d
+	if limit == 0 {
+		limit = 10 * time.Minute
+	}
+	// Asked by ARP: the L2 VIPs, the unheld address and the BGP VIP (an address of a BGP pool
+	// is never answered by ARP: I4).
+	asked := append(slices.Clone(s.vips), unheld, s.bgpVIP)
+	watch, err := c.Lab.Client.WatchARP(asked, askEvery, int((limit+5*time.Minute)/askEvery))
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
+	s.start = time.Now()
 	for i := range plan {
+		if d > 0 && time.Since(s.start) > d {
+			plan = plan[:i]
+			break
+		}
 		f := &plan[i]
-		f.Began = time.Since(start)
-		heal := inject(t, c, *f)
+		f.Began = time.Since(s.start)
+		heal := s.inject(*f)
 		time.Sleep(f.Hold)
 		heal()
-		f.Healed = time.Since(start)
+		f.Healed = time.Since(s.start)
 		t.Logf("fault %d: %s", i+1, f)
-		// Settle: every L2 VIP answered by one node, the BGP VIP routed.
-		ok := waitUntil(20*time.Second, func() bool {
-			for _, v := range vips {
-				if len(c.Answerers(v)) != 1 {
-					return false
-				}
+		// Settle: every L2 VIP answered by one node, the BGP VIP routed, no L2 VIP routed.
+		if !waitUntil(20*time.Second, s.settled) {
+			t.Errorf("after fault %d (%s) the VIPs did not settle within 20s: L2 answerers %v, BGP next hops %v", i+1, f, answerers(c, s.vips), c.NextHops(s.bgpVIP))
+		}
+		for _, v := range s.vips {
+			if hops := c.NextHops(v); len(hops) > 0 {
+				t.Errorf("I4: after fault %d (%s) the L2 VIP %s is routed at the router via %v", i+1, f, v, hops)
 			}
-			return len(c.NextHops(bgpVIP)) > 0
-		})
-		if !ok {
-			t.Errorf("after fault %d (%s) the VIPs did not settle within 20s: L2 answerers %v, BGP next hops %v", i+1, f, answerers(c, vips), c.NextHops(bgpVIP))
 		}
 	}
 	watch.Stop()
 	rounds := watch.Rounds()
+	start := s.start
 
 	// The record: faults by kind, the worst double answer and outage.
 	byKind := map[string]int{}
@@ -189,7 +218,7 @@ func soak(t *testing.T, seed uint64, d time.Duration) {
 		byKind[f.Kind]++
 	}
 	worstDouble, worstOutage := time.Duration(0), time.Duration(0)
-	for _, v := range vips {
+	for _, v := range s.vips {
 		for _, run := range runs(rounds, v, func(r lab.ARPRound) bool { return len(r.MACs) >= 2 }) {
 			worstDouble = max(worstDouble, run.length())
 			if run.length() > MaxDouble {
@@ -214,10 +243,12 @@ func soak(t *testing.T, seed uint64, d time.Duration) {
 			}
 		}
 	}
-	for _, r := range rounds {
-		if r.VIP == unheld && len(r.MACs) > 0 {
-			t.Errorf("I4: %s, which no Service holds, answered by %v at +%s", unheld, r.MACs, r.At.Sub(start).Round(time.Millisecond))
-			break
+	for _, never := range []netip.Addr{unheld, s.bgpVIP} {
+		for _, r := range rounds {
+			if r.VIP == never && len(r.MACs) > 0 {
+				t.Errorf("I4: %s answered by ARP (by %v) at +%s: no Service holds it, or its pool announces by BGP\n%s", never, r.MACs, r.At.Sub(start).Round(time.Millisecond), context(rounds, never, r.At, start, plan))
+				break
+			}
 		}
 	}
 	if now := serviceAddresses(t, c); !equalAddresses(now, addresses) {
@@ -234,8 +265,30 @@ func soak(t *testing.T, seed uint64, d time.Duration) {
 	}
 }
 
+// soakRun is one seed's run: the cluster and what the faults act on.
+type soakRun struct {
+	t      *testing.T
+	c      *cluster.Cluster
+	l2     []string     // the L2 Services
+	vips   []netip.Addr // their addresses
+	bgpVIP netip.Addr
+	start  time.Time
+	churn  int // Services made by service-churn so far
+}
+
+// settled: every L2 VIP answered by one node, the BGP VIP routed.
+func (s *soakRun) settled() bool {
+	for _, v := range s.vips {
+		if len(s.c.Answerers(v)) != 1 {
+			return false
+		}
+	}
+	return len(s.c.NextHops(s.bgpVIP)) > 0
+}
+
 // inject applies f and returns what heals it.
-func inject(t *testing.T, c *cluster.Cluster, f fault) (heal func()) {
+func (s *soakRun) inject(f fault) (heal func()) {
+	t, c := s.t, s.c
 	t.Helper()
 	switch f.Kind {
 	case "agent-kill":
@@ -251,20 +304,139 @@ func inject(t *testing.T, c *cluster.Cluster, f fault) (heal func()) {
 	case "node-death":
 		c.Kill(f.Node)
 		return func() { c.Revive(f.Node) }
-	case "grpc-drop":
+	case "link-flap":
+		// The link goes down and up; the agent lives on, holding its state.
 		h := c.Agents[f.Node].Host
-		cmd := h.Command(t.Context(), "nft", "-f", "-")
-		cmd.Stdin = strings.NewReader("table inet metalvip-chaos {\n chain in {\n  type filter hook input priority 0; policy accept;\n  tcp dport 7472 drop\n }\n}\n")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("nft on %s: %v: %s", f.Node, err, out)
+		if _, err := h.Run(t.Context(), "ip", "link", "set", "eth0", "down"); err != nil {
+			t.Fatalf("link down on %s: %v", f.Node, err)
 		}
-		return func() { _, _ = h.Run(t.Context(), "nft", "delete", "table", "inet", "metalvip-chaos") }
+		return func() {
+			if _, err := h.Run(t.Context(), "ip", "link", "set", "eth0", "up"); err != nil {
+				t.Fatalf("link up on %s: %v", f.Node, err)
+			}
+			_, _ = h.Run(t.Context(), "ip", "route", "replace", "default", "via", "198.51.100.1")
+		}
+	case "grpc-drop":
+		return s.nft(f.Node, "tcp dport 7472 drop")
+	case "heartbeat-loss":
+		// A fifth of the heartbeats lost, both ways (no netem on these machines: nftables
+		// drops at random).
+		return s.nft(f.Node, "udp dport 7473 numgen random mod 5 0 drop", "udp sport 7473 numgen random mod 5 0 drop")
+	case "disk-readonly":
+		// The state folder read-only, and the agent restarted on it: it can save neither its
+		// state nor its boot counter.
+		a := c.Agents[f.Node]
+		if out, err := exec.Command("mount", "--bind", a.State, a.State).CombinedOutput(); err != nil {
+			t.Fatalf("bind-mount %s: %v: %s", a.State, err, out)
+		}
+		mounted := true
+		unmount := func() {
+			if mounted {
+				_ = exec.Command("umount", a.State).Run()
+				mounted = false
+			}
+		}
+		t.Cleanup(unmount)
+		if out, err := exec.Command("mount", "-o", "remount,bind,ro", a.State).CombinedOutput(); err != nil {
+			unmount()
+			t.Fatalf("remount %s read-only: %v: %s", a.State, err, out)
+		}
+		a.Proc.Kill()
+		c.StartAgent(a)
+		return unmount
 	case "ccm-restart":
 		c.CCM.Kill()
 		return func() { c.StartCCM() }
+	case "ccm-race":
+		// A second CCM races for the Lease; the first is killed at the end of the hold and
+		// the second leads.
+		old := c.CCM
+		c.CCM = c.StartCCMReplica("ccm", c.LeaderElectFlags()...)
+		return func() { old.Kill() }
+	case "api-down":
+		if err := c.Srv.Pause(); err != nil {
+			t.Fatalf("pause the API server: %v", err)
+		}
+		return func() {
+			if err := c.Srv.Resume(); err != nil {
+				t.Fatalf("resume the API server: %v", err)
+			}
+			// The CCM exits once it knows it lost its Lease, as a pod would (and be restarted).
+			select {
+			case <-c.CCM.Done():
+				t.Logf("api-down: the CCM exited (%v), as it does when it lost its Lease; started again", c.CCM.Err())
+				c.StartCCM()
+			case <-time.After(8 * time.Second):
+				t.Logf("api-down: the CCM kept running")
+			}
+		}
+	case "router-restart":
+		if err := c.Lab.RestartRouter(); err != nil {
+			t.Fatalf("restart the router: %v", err)
+		}
+		return func() {}
+	case "tenant-edit":
+		return s.tenantEdit()
+	case "service-churn":
+		return s.serviceChurn()
 	}
 	t.Fatalf("unknown fault %q", f.Kind)
 	return nil
+}
+
+// nft drops, on node, what rules match (input and output) until healed.
+func (s *soakRun) nft(node string, rules ...string) (heal func()) {
+	h := s.c.Agents[node].Host
+	var b strings.Builder
+	for _, chain := range []string{"input", "output"} {
+		fmt.Fprintf(&b, " chain %s {\n  type filter hook %s priority 0; policy accept;\n", chain, chain)
+		for _, r := range rules {
+			fmt.Fprintf(&b, "  %s\n", r)
+		}
+		b.WriteString(" }\n")
+	}
+	cmd := h.Command(s.t.Context(), "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader("table inet metalvip-chaos {\n" + b.String() + "}\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		s.t.Fatalf("nft on %s: %v: %s", node, err, out)
+	}
+	return func() { _, _ = h.Run(s.t.Context(), "nft", "delete", "table", "inet", "metalvip-chaos") }
+}
+
+// tenantEdit: a tenant overwrites the controller's records on an L2 Service, naming the BGP
+// pool and the unheld address, and the CCM restarts meanwhile. The address must keep its pool's
+// mode and not change (I1; I4: no route at the router, the unheld address never answered).
+func (s *soakRun) tenantEdit() (heal func()) {
+	t, c := s.t, s.c
+	name := s.l2[0]
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q,%q:"203.0.113.30"}}}`,
+		annotation.AllocatedPool, "bgp-"+c.NS, annotation.AllocatedIPs)
+	if _, err := c.Srv.Client.CoreV1().Services(c.NS).Patch(t.Context(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatalf("tenant edit of %s: %v", name, err)
+	}
+	c.CCM.Kill()
+	c.StartCCM()
+	return func() {}
+}
+
+// serviceChurn: a Service is created, answered, and deleted; its address must then no longer be
+// answered (I4) soon after.
+func (s *soakRun) serviceChurn() (heal func()) {
+	t, c := s.t, s.c
+	s.churn++
+	name := fmt.Sprintf("churn-%d", s.churn)
+	ip := c.Service(name)
+	if !waitUntil(10*time.Second, func() bool { return len(c.Answerers(ip)) == 1 }) {
+		t.Errorf("I3: %s (%s) not answered by one node within 10s of its address: %v", name, ip, c.Answerers(ip))
+	}
+	if err := c.Srv.Client.CoreV1().Services(c.NS).Delete(t.Context(), name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("delete %s: %v", name, err)
+	}
+	return func() {
+		if !waitUntil(10*time.Second, func() bool { return len(c.Answerers(ip)) == 0 }) {
+			t.Errorf("I4: %s, the address of the deleted Service %s, still answered by %v 10s after", ip, name, c.Answerers(ip))
+		}
+	}
 }
 
 // run is a stretch of consecutive rounds of one VIP.

@@ -58,6 +58,9 @@ type Options struct {
 	// failover.misses (default 50ms and 3).
 	HeartbeatInterval time.Duration
 	HeartbeatMisses   int
+	// LeaderElect runs the CCM with leader election (a Lease of the cluster's namespace, short
+	// timers: 4 s lease, 3 s renew deadline, 500 ms retry), so that replicas race for it.
+	LeaderElect bool
 }
 
 // Build builds the CCM and agent binaries into dir.
@@ -336,9 +339,18 @@ func (c *Cluster) StartAgent(a *Agent) {
 	}
 }
 
-// StartCCM starts the CCM (without leader election) as c.CCM.
+// StartCCM starts the CCM as c.CCM (with leader election if Options.LeaderElect).
 func (c *Cluster) StartCCM() {
-	c.CCM = c.StartCCMReplica("ccm", "--leader-elect=false")
+	c.CCM = c.StartCCMReplica("ccm", c.LeaderElectFlags()...)
+}
+
+// LeaderElectFlags are the CCM's leader-election flags for Options.LeaderElect.
+func (c *Cluster) LeaderElectFlags() []string {
+	if !c.opts.LeaderElect {
+		return []string{"--leader-elect=false"}
+	}
+	return []string{"--leader-elect=true", "--leader-elect-resource-namespace=" + c.NS, "--leader-elect-resource-name=metalvip",
+		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms"}
 }
 
 // StartCCMReplica starts another CCM process named name with extra flags (such as leader

@@ -306,6 +306,13 @@ func (s *Server) LogTail(name string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// Pause stops the kube-apiserver (SIGSTOP: connections hang, as with an API server that is
+// down behind a load balancer) until Resume.
+func (s *Server) Pause() error { return s.apiserver.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Resume lets a paused kube-apiserver go on.
+func (s *Server) Resume() error { return s.apiserver.cmd.Process.Signal(syscall.SIGCONT) }
+
 // Stop stops the API server and etcd and removes their files.
 func (s *Server) Stop() {
 	for _, p := range []*process{s.apiserver, s.etcd} {
