@@ -210,6 +210,9 @@ func (c *Cloud) run(ctx context.Context, client kubernetes.Interface) {
 			return // ctx ended
 		}
 		klog.InfoS("Agents are enrolled: their certificates come from this CCM", "namespace", c.cfg.Agent.Enroll.Namespace, "validity", c.enroller.Validity())
+		// Viewers (metalvipctl agent) ask for a certificate by CertificateSigningRequest,
+		// never with the CA's key.
+		go c.enroller.ServeViewers(ctx)
 	}
 	fence, err := newLeaseFence(ctx, client, le)
 	if err != nil {

@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -37,7 +35,7 @@ func agentCommand() *cobra.Command {
 		kubeconfig, address, output string
 		port                        int
 		tlsFiles                    certs.Files
-		tlsSecret                   string
+		tlsSecret, caNamespace      string
 		plaintext                   bool
 	)
 	cmd := &cobra.Command{
@@ -49,7 +47,10 @@ its clients and how many of the clients seen this node answers; then its BGP ses
 ARP/NDP counters and any problem.
 
 The agent answers the viewer's identity (it may read the state, never change it) and the CCM's.
-By default metalvipctl reads the viewer's from its Secret (--tls-secret,
+With enrolled agents (the ConfigMap metalvip-ca exists in --ca-namespace) metalvipctl asks the
+CCM for a viewer's certificate of an hour, by a CertificateSigningRequest for the signer
+metalvip.io/viewer: the kubeconfig's user needs the ClusterRole metalvip:viewer, never the CA's
+key. Otherwise it reads the viewer's identity from its Secret (--tls-secret,
 kube-system/metalvip-viewer-tls) through the kubeconfig, which takes the right to read that
 Secret; or give the files "metalvipctl certs --out DIR" wrote with --tls-ca, --tls-cert and
 --tls-key (viewer.crt and viewer.key by default; ccm.crt and ccm.key work too). The agent's address is the node's InternalIP, read from the
@@ -89,14 +90,25 @@ gives it.`,
 				}
 				creds = credentials.NewTLS(cfg)
 			default:
-				files, cleanup, err := filesFromSecret(ctx, client, tlsSecret)
+				// Enrolled agents (the CA's ConfigMap exists): ask the CCM for a viewer's
+				// certificate, unless a Secret is named. Else the viewer's Secret.
+				var files certs.Files
+				var cleanup func()
+				from := "Secret " + tlsSecret
+				ca, err := client.CoreV1().ConfigMaps(caNamespace).Get(ctx, identity.CAName, metav1.GetOptions{})
+				if err == nil && !cmd.Flags().Changed("tls-secret") {
+					from = "the viewer's certificate request"
+					files, cleanup, err = viewerByCSR(ctx, client, []byte(ca.Data[identity.CAKey]))
+				} else {
+					files, cleanup, err = filesFromSecret(ctx, client, tlsSecret)
+				}
 				if err != nil {
 					return err
 				}
 				defer cleanup()
 				cfg, err := certs.ClientConfig(files, node)
 				if err != nil {
-					return fmt.Errorf("TLS from Secret %s: %w", tlsSecret, err)
+					return fmt.Errorf("TLS from %s: %w", from, err)
 				}
 				creds = credentials.NewTLS(cfg)
 			}
@@ -126,6 +138,7 @@ gives it.`,
 	f.StringVar(&address, "address", "", "the agent's IP address (default: the node's InternalIP)")
 	f.IntVar(&port, "port", config.DefaultAgentPort, "the agent's gRPC port")
 	f.StringVar(&tlsSecret, "tls-secret", "kube-system/metalvip-viewer-tls", "NAMESPACE/NAME of the TLS Secret to read the client identity from (the viewer's by default; the CCM's, metalvip-ccm-tls, works too), through the kubeconfig, unless the --tls-* files are given")
+	f.StringVar(&caNamespace, "ca-namespace", "kube-system", "where the enrolled agents' CA ConfigMap metalvip-ca is (agent.enroll.namespace): when it exists and no --tls-* flag is given, a viewer's certificate is asked of the CCM")
 	f.StringVar(&tlsFiles.CA, "tls-ca", "ca.crt", "the CA certificate of metalvip's mutual TLS (instead of --tls-secret)")
 	f.StringVar(&tlsFiles.Cert, "tls-cert", "viewer.crt", "the viewer's (or the CCM's) client certificate (instead of --tls-secret)")
 	f.StringVar(&tlsFiles.Key, "tls-key", "viewer.key", "the viewer's (or the CCM's) client key (instead of --tls-secret)")
@@ -177,56 +190,32 @@ func filesFromSecret(ctx context.Context, client kubernetes.Interface, ref strin
 	}
 	sec, err := client.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		return certs.Files{}, nil, fmt.Errorf("the TLS Secret %s: %w; give --tls-ca, --tls-cert and --tls-key (the files metalvipctl certs --out wrote) instead, or with enrolled agents --tls-secret %s/%s (docs/agent-tls.md)", ref, err, ns, identity.CAName)
+		return certs.Files{}, nil, fmt.Errorf("the TLS Secret %s: %w; give --tls-ca, --tls-cert and --tls-key (the files metalvipctl certs --out wrote) instead; with enrolled agents give no --tls-secret: a viewer's certificate is asked of the CCM (docs/agent-tls.md)", ref, err)
 	}
-	if viewer, ok := viewerFromCA(sec.Data); ok {
-		// Enrolled agents: the Secret is their CA; a viewer's certificate for an hour, made
-		// here and never written but to the private folder below.
-		sec.Data = viewer
+	if isCA(sec.Data["tls.crt"]) {
+		return certs.Files{}, nil, fmt.Errorf("the Secret %s holds the agents' CA: metalvipctl never uses the CA's key (whoever holds it can make the CCM's identity); without --tls-secret it asks the CCM for a viewer's certificate (the ClusterRole metalvip:viewer allows it; docs/agent-tls.md)", ref)
 	}
-	dir, err := os.MkdirTemp("", "metalvipctl-tls-")
-	if err != nil {
-		return certs.Files{}, nil, err
-	}
-	cleanup := func() { _ = os.RemoveAll(dir) }
-	files := certs.Files{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key")}
 	// In this order, every missing key named: the same Secret always gives the same error.
-	keys := []struct{ key, path string }{{"ca.crt", files.CA}, {"tls.crt", files.Cert}, {"tls.key", files.Key}}
 	var missing []string
-	for _, k := range keys {
-		if len(sec.Data[k.key]) == 0 {
-			missing = append(missing, k.key)
+	for _, k := range []string{"ca.crt", "tls.crt", "tls.key"} {
+		if len(sec.Data[k]) == 0 {
+			missing = append(missing, k)
 		}
 	}
 	if len(missing) > 0 {
-		cleanup()
 		return certs.Files{}, nil, fmt.Errorf("the Secret %s has no %s (metalvipctl certs --manifests makes ca.crt, tls.crt and tls.key)", ref, strings.Join(missing, " and "))
 	}
-	for _, k := range keys {
-		if err := os.WriteFile(k.path, sec.Data[k.key], 0o600); err != nil {
-			cleanup()
-			return certs.Files{}, nil, err
-		}
-	}
-	return files, cleanup, nil
+	return privateFiles(sec.Data)
 }
 
-// viewerFromCA issues a viewer's certificate (an hour) when data is the agents' CA Secret
-// (identity.CAName: its tls.crt is a CA), in the keys filesFromSecret reads.
-func viewerFromCA(data map[string][]byte) (map[string][]byte, bool) {
-	b, _ := pem.Decode(data["tls.crt"])
+// isCA says whether certPEM is a CA's certificate.
+func isCA(certPEM []byte) bool {
+	b, _ := pem.Decode(certPEM)
 	if b == nil {
-		return nil, false
+		return false
 	}
 	c, err := x509.ParseCertificate(b.Bytes)
-	if err != nil || !c.IsCA {
-		return nil, false
-	}
-	p, err := certs.Issue(certs.Pair{Cert: data["tls.crt"], Key: data["tls.key"]}, certs.ViewerName, certs.Client, time.Hour)
-	if err != nil {
-		return nil, false
-	}
-	return map[string][]byte{"ca.crt": data["tls.crt"], "tls.crt": p.Cert, "tls.key": p.Key}, true
+	return err == nil && c.IsCA
 }
 
 func printAgent(out io.Writer, st *agentv1.GetStateResponse) {

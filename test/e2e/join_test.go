@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/metalvip/metalvip/internal/certs"
-	"github.com/metalvip/metalvip/internal/identity"
 	"github.com/metalvip/metalvip/test/cluster"
 	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/pki"
@@ -61,10 +60,10 @@ func TestAFourthNodeJoinsWithNoManualStep(t *testing.T) {
 			}
 		}
 	})
-	t.Run("metalvipctl agent looks at a joined agent through the CA Secret", func(t *testing.T) {
+	t.Run("metalvipctl agent looks at a joined agent with a viewer's certificate the CCM signed", func(t *testing.T) {
 		h := c.Agents["node4"].Host
 		out, err := c.Lab.Control.Run(t.Context(), ctlBinary, "agent", "node4", "--kubeconfig", c.Kubeconfig(),
-			"--address", h.IPv4.String(), "--tls-secret", c.NS+"/"+identity.CAName)
+			"--address", h.IPv4.String(), "--ca-namespace", c.NS)
 		if err != nil || !strings.Contains(string(out), next.String()) {
 			t.Errorf("metalvipctl agent node4 = %v; want its state naming %s:\n%s", err, next, out)
 		}

@@ -80,7 +80,9 @@ func TestMetalvipctlAgentTakesTheViewersIdentityFromItsSecret(t *testing.T) {
 	kc := srv.Kubeconfig(t, nil)
 	tmp := t.TempDir()
 	run := func(args ...string) (string, error) {
-		cmd := exec.Command(ctlBinary, append([]string{"agent", "ctl-node", "--kubeconfig", kc, "--port", strconv.Itoa(port)}, args...)...)
+		// Agents of files (metalvipctl certs): no CA ConfigMap in --ca-namespace (another
+		// test may have made one in kube-system).
+		cmd := exec.Command(ctlBinary, append([]string{"agent", "ctl-node", "--kubeconfig", kc, "--port", strconv.Itoa(port), "--ca-namespace", ns}, args...)...)
 		cmd.Dir = t.TempDir() // no ca.crt or ccm.crt lying around
 		cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 		out, err := cmd.CombinedOutput()
