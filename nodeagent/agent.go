@@ -480,21 +480,17 @@ func (a *Agent) Close(ctx context.Context) error {
 		a.opts.ControlPlane.close() // its heartbeats' callbacks take applyMu and mu
 	}
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	if a.redecide != nil {
 		a.redecide.Stop()
 	}
-	a.mu.Unlock()
-	// The monitor's callback takes mu: stop it before taking mu.
-	a.mu.Lock()
-	live := a.live
-	a.live = nil
-	a.mu.Unlock()
+	// A monitor's Close does not wait for a callback under way (which takes mu): closed
+	// under mu, as every retired monitor is.
 	var errs []error
-	if live != nil {
-		errs = append(errs, live.Close())
+	if a.live != nil {
+		errs = append(errs, a.live.Close())
+		a.live = nil
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.bgp != nil {
 		errs = append(errs, a.bgp.Shutdown(ctx))
 		a.bgp = nil
