@@ -110,7 +110,7 @@ func (a *Authority) serveViewer(ctx context.Context, csr *certificatesv1.Certifi
 	if !hasCondition(csr, certificatesv1.CertificateApproved) {
 		csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
 			Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "MayViewAgents",
-			Message: fmt.Sprintf("%s may get %s %s/%s", csr.Spec.Username, ViewerAccess.Group, ViewerAccess.Resource, ViewerAccess.Subresource),
+			Message:        fmt.Sprintf("%s may get %s %s/%s", csr.Spec.Username, ViewerAccess.Group, ViewerAccess.Resource, ViewerAccess.Subresource),
 			LastUpdateTime: metav1.Now(),
 		})
 		updated, err := a.client.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{})

@@ -75,7 +75,9 @@ func TestFault9AViewerReadsAnAgentWithoutTheCAKey(t *testing.T) {
 	if _, err := srv.Client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = srv.Client.RbacV1().ClusterRoles().Delete(context.Background(), role.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = srv.Client.RbacV1().ClusterRoles().Delete(context.Background(), role.Name, metav1.DeleteOptions{})
+	})
 	bind(t, srv, "viewer-bob", role.Name, "bob")
 
 	tmp := t.TempDir()
@@ -143,7 +145,9 @@ func bind(t *testing.T, srv *kubeapi.Server, name, role, user string) {
 	if _, err := srv.Client.RbacV1().ClusterRoleBindings().Create(context.Background(), b, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = srv.Client.RbacV1().ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = srv.Client.RbacV1().ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
 }
 
 // impersonating writes a kubeconfig of the admin acting as user (the API server then knows the
