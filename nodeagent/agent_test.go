@@ -490,21 +490,25 @@ func TestRestartResumesFromDisk(t *testing.T) {
 // Apply used to save first and fail INTERNAL, which the CCM counts as an unreachable node: its
 // VIPs moved, and the node, alive on its old state, answered beside their new owners. Now the
 // state is applied in memory, and the problem said (the Apply's problems, GetState, the
-// metalvip_agent_state_saved gauge) until a save succeeds again.
-func TestAStateThatCannotBeSavedIsAppliedAndSaid(t *testing.T) {
-	base := t.TempDir()
-	blocker := filepath.Join(base, "file")
-	if err := os.WriteFile(blocker, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(base, "state")
+// metalvip_agent_state_saved gauge) until a save succeeds again; once the disk can be written,
+// the held state is saved without waiting for the next Apply (the soak's seed 5: an agent
+// restarted minutes after its disk came back resumed the state of before and answered VIPs
+// that had moved).
+func TestAStateThatCannotBeSavedIsAppliedSaidAndSavedOnceItCanBe(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
 	h := serve(t, dir)
 	c := h.ccm(t)
 	if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(2, 1, l2VIP("203.0.113.10", "node-a"))}); err != nil {
 		t.Fatal(err)
 	}
-	// The disk goes bad: the state directory is now under a regular file.
-	h.agent.opts.StateDir = filepath.Join(blocker, "state")
+	// The disk goes bad: the state directory is away, a regular file in its place.
+	away := dir + ".away"
+	if err := os.Rename(dir, away); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	resp, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(2, 2, l2VIP("203.0.113.10", "node-a"), l2VIP("203.0.113.11", "node-a"))})
 	if err != nil {
 		t.Fatalf("Apply with a state directory that cannot be written: %v; want it applied", err)
@@ -518,13 +522,28 @@ func TestAStateThatCannotBeSavedIsAppliedAndSaid(t *testing.T) {
 	if h.agent.Gauges().StateSaved {
 		t.Error("the gauge says the state is saved")
 	}
-	h.agent.opts.StateDir = dir // the disk is fine again
-	resp, err = c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(2, 3, l2VIP("203.0.113.10", "node-a"))})
-	if err != nil || slices.ContainsFunc(resp.GetProblems(), func(p string) bool { return strings.Contains(p, "could not be saved") }) {
-		t.Errorf("once the disk is fine: %v, problems %v; want no problem", err, resp.GetProblems())
+	// The disk is fine again; no Apply comes.
+	if err := os.Remove(dir); err != nil {
+		t.Fatal(err)
 	}
-	if !h.agent.Gauges().StateSaved {
-		t.Error("the gauge says the state is not saved after a save")
+	if err := os.Rename(away, dir); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, _, err := loadState(dir)
+		if err == nil && st.GetGeneration() == 2 && h.agent.Gauges().StateSaved {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after the disk came back the saved state is %v (%v), saved gauge %v; want generation 2 saved",
+				st.GetGeneration(), err, h.agent.Gauges().StateSaved)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	got, err := c.GetState(ctx(t), &agentv1.GetStateRequest{})
+	if err != nil || slices.ContainsFunc(got.GetProblems(), func(p string) bool { return strings.Contains(p, "could not be saved") }) {
+		t.Errorf("once the disk is fine: %v, problems %v; want no problem", err, got.GetProblems())
 	}
 }
 
