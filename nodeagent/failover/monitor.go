@@ -359,13 +359,13 @@ func (m *Monitor) LastAlive(node string) (time.Time, bool) {
 	return p.proof, true
 }
 
-// AliveNodes returns the alive peers, sorted.
+// AliveNodes returns the peers Alive counts, sorted (a departing peer is not among them).
 func (m *Monitor) AliveNodes() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []string
 	for n, a := range m.alive {
-		if a {
+		if p := m.peers[n]; a && (p == nil || !p.departing) {
 			out = append(out, n)
 		}
 	}

@@ -1003,6 +1003,9 @@ func TestADepartingPeerHearsThisNodeButIsNeverShownAlive(t *testing.T) {
 	if kept.m.Alive(departing.name) || !kept.m.Sees(departing.name) {
 		t.Errorf("%s: the departing node alive %v, sees it %v; want not alive (it is neither yielded to nor waited for) though its heartbeats are taken", kept.name, kept.m.Alive(departing.name), kept.m.Sees(departing.name))
 	}
+	if slices.Contains(kept.m.AliveNodes(), departing.name) {
+		t.Errorf("%s: AliveNodes %v counts the departing node (metalvip_agent_heartbeat_peers_alive would)", kept.name, kept.m.AliveNodes())
+	}
 	kept.m.SetPeers([]Peer{departing.peer()})
 	waitUntil(t, 5*time.Second, "seen again once an ordinary peer", func() bool { return departing.m.Sees(kept.name) })
 }
