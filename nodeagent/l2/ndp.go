@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 
 	"github.com/mdlayher/ethernet"
 	"github.com/mdlayher/ndp"
@@ -198,7 +199,10 @@ func listenNDP(ifi *net.Interface, accept ...ipv6.ICMPType) (*ndpConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	raw, err := icmp.ListenPacket("ip6:ipv6-icmp", src.WithZone(ifi.Name).String())
+	// The zone by index, not name: Go resolves a zone's name through a cache shared by the
+	// whole process, which in a process with more than one network namespace (the lab's
+	// tests) may hold another namespace's interface of that name.
+	raw, err := icmp.ListenPacket("ip6:ipv6-icmp", src.WithZone(strconv.Itoa(ifi.Index)).String())
 	if err != nil {
 		return nil, err
 	}

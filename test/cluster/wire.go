@@ -16,9 +16,9 @@ import (
 	"github.com/metalvip/metalvip/test/harness"
 )
 
-// Owner returns the node whose agent answers ARP for vip at the client, or "".
+// Owner returns the node whose agent answers ARP or NDP for vip at the client, or "".
 func (c *Cluster) Owner(vip netip.Addr) string {
-	macs, err := c.Lab.Client.AskARP(vip, 500*time.Millisecond, true)
+	macs, err := c.Lab.Client.AskNeighbor(vip, 500*time.Millisecond, true)
 	if err != nil {
 		c.T.Fatalf("%v", err)
 	}
@@ -54,10 +54,10 @@ func (c *Cluster) WaitOwner(vip netip.Addr, want string, timeout time.Duration) 
 	harness.Eventually(c.T, timeout, fmt.Sprintf("%s answered by %s", vip, want), func() bool { return c.Owner(vip) == want })
 }
 
-// Answerers asks for vip once by ARP from the client and returns every node that answered
+// Answerers asks for vip once by ARP (NDP for IPv6) from the client and returns every node that answered
 // within 100 ms, sorted.
 func (c *Cluster) Answerers(vip netip.Addr) []string {
-	macs, err := c.Lab.Client.AskARP(vip, 100*time.Millisecond, false)
+	macs, err := c.Lab.Client.AskNeighbor(vip, 100*time.Millisecond, false)
 	if err != nil {
 		c.T.Fatalf("%v", err)
 	}

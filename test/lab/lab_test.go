@@ -239,3 +239,43 @@ func processesIn(inodes map[uint64]string) []string {
 	}
 	return out
 }
+
+// The wire's record asks by ARP for IPv4 and by NDP for IPv6, and names who answered: here the
+// nodes' kernels, for their own addresses; no one for an address no host holds.
+func TestNeighborWatchRecordsWhoAnswersByARPAndNDP(t *testing.T) {
+	l := New(t, Options{Nodes: 2})
+	n := l.Nodes[1]
+	unheld := []netip.Addr{netip.MustParseAddr("198.51.100.99"), netip.MustParseAddr("2001:db8:1::99")}
+	asked := append([]netip.Addr{n.IPv4, n.IPv6}, unheld...)
+	w, err := l.Client.WatchNeighbors(asked, 50*time.Millisecond, 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // 20 rounds of 50 ms, and room
+	w.Stop()
+	mac := n.MAC(t)
+	answered := map[netip.Addr]int{}
+	for _, r := range w.Rounds() {
+		if len(r.MACs) > 1 || (len(r.MACs) == 1 && r.MACs[0] != mac) {
+			t.Errorf("%s answered by %v; want %s only", r.VIP, r.MACs, mac)
+		}
+		if len(r.MACs) > 0 {
+			answered[r.VIP]++
+		}
+	}
+	for _, a := range []netip.Addr{n.IPv4, n.IPv6} {
+		if answered[a] < 15 {
+			t.Errorf("%s answered in %d of 20 rounds; want nearly all", a, answered[a])
+		}
+	}
+	for _, u := range unheld {
+		if answered[u] > 0 {
+			t.Errorf("%s, held by no host, answered in %d rounds", u, answered[u])
+		}
+	}
+	for _, a := range []netip.Addr{n.IPv4, n.IPv6} {
+		if macs, err := l.Client.AskNeighbor(a, time.Second, true); err != nil || len(macs) != 1 || macs[0] != mac {
+			t.Errorf("AskNeighbor(%s) = %v, %v; want [%s]", a, macs, err, mac)
+		}
+	}
+}
