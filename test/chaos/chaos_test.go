@@ -3,13 +3,16 @@
 // metalvip says of itself (issue 30):
 //
 //	I1  a live Service's address never changes;
-//	I2  no ARP request is answered by two MACs for longer than MaxDouble in a row;
+//	I2  no ARP or NDP request is answered by two MACs for longer than MaxDouble in a row;
 //	I3  every L2 VIP is answered again within a second of each fault's end, by one node, and
 //	    the BGP VIP has next hops at the router once the faults have settled;
-//	I4  no address that no Service holds is answered.
+//	I4  no address that no Service holds is answered, nor one of a BGP pool; no L2 VIP is
+//	    routed.
 //
-// The same seed replays the same schedule. `make test` runs a short schedule of two fixed seeds;
-// `make chaos DURATION=60m SEED=...` a long one (METALVIP_CHAOS_DURATION, METALVIP_CHAOS_SEEDS).
+// The same seed replays the same schedule. `make test` runs the short form (seed 1: every kind
+// of fault once); `make chaos DURATION=60m SEED=...` a long one (METALVIP_CHAOS_DURATION,
+// METALVIP_CHAOS_SEEDS; METALVIP_CHAOS_KINDS draws from the listed kinds only, to replay a
+// failure on the faults it suspects).
 package chaos
 
 import (
@@ -25,9 +28,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/internal/annotation"
 
 	"github.com/metalvip/metalvip/test/cluster"
@@ -71,10 +76,11 @@ func (f fault) String() string {
 	return fmt.Sprintf("%-11s %-6s held %-6s at +%s, healed +%s", f.Kind, f.Node, f.Hold, f.Began.Round(time.Millisecond), f.Healed.Round(time.Millisecond))
 }
 
-// kinds of fault. Those of the nodes apply to one node; the others to none.
+// kinds of fault. Most apply to one node; those in nodeless to none. (endpoints-move draws a node
+// to move the endpoints to.)
 var kinds = []string{
 	"agent-kill", "agent-pause", "node-death", "link-flap", "grpc-drop", "heartbeat-loss", "disk-readonly", // a node
-	"ccm-restart", "ccm-race", "api-down", "router-restart", "tenant-edit", "service-churn", // the cluster
+	"ccm-restart", "ccm-race", "api-down", "router-restart", "tenant-edit", "service-churn", "endpoints-move", // the cluster
 }
 
 // nodeless are the kinds that apply to no node.
@@ -82,15 +88,15 @@ var nodeless = map[string]bool{"ccm-restart": true, "ccm-race": true, "api-down"
 
 // schedule draws n faults from seed. With n 0 it is the short form: every kind once, in an
 // order drawn from seed.
-func schedule(seed uint64, n int, nodes []string) []fault {
+func schedule(seed uint64, n int, nodes, from []string) []fault {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	var order []string
 	if n == 0 {
-		order = slices.Clone(kinds)
+		order = slices.Clone(from)
 		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 	} else {
 		for range n {
-			order = append(order, kinds[rng.IntN(len(kinds))])
+			order = append(order, from[rng.IntN(len(from))])
 		}
 	}
 	out := make([]fault, 0, len(order))
@@ -129,6 +135,24 @@ func seeds(t *testing.T) []uint64 {
 	return out
 }
 
+// drawn are the kinds of fault the schedule draws from: METALVIP_CHAOS_KINDS (a list, to replay
+// a failure on the faults it suspects), or every kind.
+func drawn(t *testing.T) []string {
+	v := os.Getenv("METALVIP_CHAOS_KINDS")
+	if v == "" {
+		return kinds
+	}
+	var out []string
+	for _, k := range strings.Split(v, ",") {
+		k = strings.TrimSpace(k)
+		if !slices.Contains(kinds, k) {
+			t.Fatalf("METALVIP_CHAOS_KINDS=%q: no fault %q; the kinds are %s", v, k, strings.Join(kinds, ", "))
+		}
+		out = append(out, k)
+	}
+	return out
+}
+
 func duration(t *testing.T) time.Duration {
 	v := os.Getenv("METALVIP_CHAOS_DURATION")
 	if v == "" {
@@ -156,11 +180,23 @@ func soak(t *testing.T, seed uint64, d time.Duration) {
 		s.l2 = append(s.l2, name)
 		s.vips = append(s.vips, c.Service(name))
 	}
+	// Two addresses for one Service; ETP Local with endpoints on two nodes (endpoints-move moves
+	// them); a VIP answered per client (the client asks from one address: one node answers).
+	s.vips = append(s.vips, c.ServiceIPs("multi-0", 2, cluster.Annotate(annotation.VIPCount, "2"))...)
+	s.local = []string{"node1", "node2"}
+	c.Endpoints("local-0", s.local...)
+	s.vips = append(s.vips, c.Service("local-0", cluster.Local))
+	s.vips = append(s.vips, c.Service("perclient-0", cluster.InPool(c.PerClientPool("perclient"))))
+	// An IPv6 Service, answered by NDP.
+	c.Object(v1alpha1.IPPoolResource, "v6-"+c.NS, fmt.Sprintf(`{addresses: ["2001:db8:100::1-2001:db8:100::ff"], autoAssign: false, serviceAllocation: {namespaces: [%s]}}`, c.NS))
+	s.vips = append(s.vips, c.Service("v6-0", ipv6Only, cluster.InPool("v6-"+c.NS)))
 	s.bgpVIP = c.Service("bgp-0", cluster.InPool("bgp-"+c.NS))
-	// An address of the L2 pool (203.0.113.0/27) that no Service holds.
-	unheld := netip.MustParseAddr("203.0.113.30")
-	if slices.Contains(s.vips, unheld) {
-		t.Fatalf("%s is held; pick another unheld address", unheld)
+	// An address of each L2 pool (203.0.113.0/27, 2001:db8:100::/120) that no Service holds.
+	unheld := []netip.Addr{netip.MustParseAddr("203.0.113.30"), netip.MustParseAddr("2001:db8:100::fe")}
+	for _, u := range unheld {
+		if slices.Contains(s.vips, u) {
+			t.Fatalf("%s is held; pick another unheld address", u)
+		}
 	}
 	addresses := serviceAddresses(t, c)
 	harness.Eventually(t, 30*time.Second, "every L2 VIP answered by one node", s.settled)
@@ -169,19 +205,20 @@ func soak(t *testing.T, seed uint64, d time.Duration) {
 		nodes = append(nodes, n)
 	}
 	slices.Sort(nodes)
+	s.nodes = nodes
 	n := 0
 	if d > 0 {
 		n = int(d/(5*time.Second)) + 1 // more than fit: the run ends when d has passed
 	}
-	plan := schedule(seed, n, nodes)
+	plan := schedule(seed, n, nodes, drawn(t))
 	limit := d
 	if limit == 0 {
 		limit = 10 * time.Minute
 	}
-	// Asked by ARP: the L2 VIPs, the unheld address and the BGP VIP (an address of a BGP pool
-	// is never answered by ARP: I4).
-	asked := append(slices.Clone(s.vips), unheld, s.bgpVIP)
-	watch, err := c.Lab.Client.WatchARP(asked, askEvery, int((limit+5*time.Minute)/askEvery))
+	// Asked by ARP and NDP: the L2 VIPs, the unheld addresses and the BGP VIP (an address of a
+	// BGP pool is never answered by ARP: I4).
+	asked := append(slices.Concat(s.vips, unheld), s.bgpVIP)
+	watch, err := c.Lab.Client.WatchNeighbors(asked, askEvery, int((limit+5*time.Minute)/askEvery))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,13 +256,13 @@ func soak(t *testing.T, seed uint64, d time.Duration) {
 	}
 	worstDouble, worstOutage := time.Duration(0), time.Duration(0)
 	for _, v := range s.vips {
-		for _, run := range runs(rounds, v, func(r lab.ARPRound) bool { return len(r.MACs) >= 2 }) {
+		for _, run := range runs(rounds, v, func(r lab.NeighborRound) bool { return len(r.MACs) >= 2 }) {
 			worstDouble = max(worstDouble, run.length())
 			if run.length() > MaxDouble {
 				t.Errorf("I2: %s answered by two MACs for %s from +%s (longer than %s)\n%s", v, run.length(), run.from.Sub(start).Round(time.Millisecond), MaxDouble, context(rounds, v, run.from, start, plan))
 			}
 		}
-		for _, run := range runs(rounds, v, func(r lab.ARPRound) bool { return len(r.MACs) == 0 }) {
+		for _, run := range runs(rounds, v, func(r lab.NeighborRound) bool { return len(r.MACs) == 0 }) {
 			worstOutage = max(worstOutage, run.length())
 			if run.length() > LongOutage {
 				// Reported, not a violation: I3 speaks of the time after a fault ends. A
@@ -237,16 +274,16 @@ func soak(t *testing.T, seed uint64, d time.Duration) {
 		// I3: answered again within a second of each fault's end.
 		for _, f := range plan {
 			healed := start.Add(f.Healed)
-			i := slices.IndexFunc(rounds, func(r lab.ARPRound) bool { return r.VIP == v && !r.At.Before(healed) && len(r.MACs) > 0 })
+			i := slices.IndexFunc(rounds, func(r lab.NeighborRound) bool { return r.VIP == v && !r.At.Before(healed) && len(r.MACs) > 0 })
 			if i < 0 || rounds[i].At.Sub(healed) > reanswer {
 				t.Errorf("I3: %s not answered within %s of the end of %s\n%s", v, reanswer, f, context(rounds, v, healed, start, plan))
 			}
 		}
 	}
-	for _, never := range []netip.Addr{unheld, s.bgpVIP} {
+	for _, never := range append(slices.Clone(unheld), s.bgpVIP) {
 		for _, r := range rounds {
 			if r.VIP == never && len(r.MACs) > 0 {
-				t.Errorf("I4: %s answered by ARP (by %v) at +%s: no Service holds it, or its pool announces by BGP\n%s", never, r.MACs, r.At.Sub(start).Round(time.Millisecond), context(rounds, never, r.At, start, plan))
+				t.Errorf("I4: %s answered by ARP or NDP (by %v) at +%s: no Service holds it, or its pool announces by BGP\n%s", never, r.MACs, r.At.Sub(start).Round(time.Millisecond), context(rounds, never, r.At, start, plan))
 				break
 			}
 		}
@@ -254,7 +291,7 @@ func soak(t *testing.T, seed uint64, d time.Duration) {
 	if now := serviceAddresses(t, c); !equalAddresses(now, addresses) {
 		t.Errorf("I1: the Services' addresses changed: %v, then %v", addresses, now)
 	}
-	t.Logf("seed %d: %d faults in %s (%v); %d ARP requests; worst double answer %s, worst outage %s",
+	t.Logf("seed %d: %d faults in %s (%v); %d ARP and NDP requests; worst double answer %s, worst outage %s",
 		seed, len(plan), time.Since(start).Round(time.Second), byKind, len(rounds), worstDouble, worstOutage)
 	if t.Failed() {
 		var tl []string
@@ -265,6 +302,12 @@ func soak(t *testing.T, seed uint64, d time.Duration) {
 	}
 }
 
+// ipv6Only makes a Service single-stack IPv6.
+func ipv6Only(s *corev1.Service) {
+	policy := corev1.IPFamilyPolicySingleStack
+	s.Spec.IPFamilies, s.Spec.IPFamilyPolicy = []corev1.IPFamily{corev1.IPv6Protocol}, &policy
+}
+
 // soakRun is one seed's run: the cluster and what the faults act on.
 type soakRun struct {
 	t      *testing.T
@@ -272,6 +315,8 @@ type soakRun struct {
 	l2     []string     // the L2 Services
 	vips   []netip.Addr // their addresses
 	bgpVIP netip.Addr
+	nodes  []string
+	local  []string // the nodes of the ETP Local Service's endpoints
 	start  time.Time
 	churn  int // Services made by service-churn so far
 }
@@ -375,6 +420,17 @@ func (s *soakRun) inject(f fault) (heal func()) {
 			t.Fatalf("restart the router: %v", err)
 		}
 		return func() {}
+	case "endpoints-move":
+		// The ETP Local Service's endpoints move to the fault's node and the next, or if they
+		// are there already, one node on.
+		i := slices.Index(s.nodes, f.Node)
+		to := []string{f.Node, s.nodes[(i+1)%len(s.nodes)]}
+		if slices.Equal(to, s.local) {
+			to = []string{to[1], s.nodes[(i+2)%len(s.nodes)]}
+		}
+		c.Endpoints("local-0", to...)
+		s.local = to
+		return func() {}
 	case "tenant-edit":
 		return s.tenantEdit()
 	case "service-churn":
@@ -448,10 +504,10 @@ func (r run) length() time.Duration { return r.to.Sub(r.from) + askEvery }
 
 // runs returns the stretches of v's rounds for which match holds. The latest round is left
 // out (its answers may still be on the way).
-func runs(rounds []lab.ARPRound, v netip.Addr, match func(lab.ARPRound) bool) []run {
+func runs(rounds []lab.NeighborRound, v netip.Addr, match func(lab.NeighborRound) bool) []run {
 	var out []run
 	var cur *run
-	var mine []lab.ARPRound
+	var mine []lab.NeighborRound
 	for _, r := range rounds {
 		if r.VIP == v {
 			mine = append(mine, r)
@@ -478,7 +534,7 @@ func runs(rounds []lab.ARPRound, v netip.Addr, match func(lab.ARPRound) bool) []
 }
 
 // context prints v's rounds from a second before at to a second after, and the faults then.
-func context(rounds []lab.ARPRound, v netip.Addr, at, start time.Time, plan []fault) string {
+func context(rounds []lab.NeighborRound, v netip.Addr, at, start time.Time, plan []fault) string {
 	var b strings.Builder
 	for _, f := range plan {
 		if began, healed := start.Add(f.Began), start.Add(f.Healed); healed.After(at.Add(-5*time.Second)) && began.Before(at.Add(5*time.Second)) {
