@@ -214,7 +214,18 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 	klog.InfoS("Heartbeat identity", "boot", id.Boot(), "keys", len(id.PublicKeys()))
 
 	a.rememberClients() // before the restored state's first Set
-	if st, problem := a.restore(); st != nil {
+	st, problem := a.restore()
+	if problem != "" {
+		klog.ErrorS(nil, "Starting without the saved state", "problem", problem)
+		a.startProblems = append(a.startProblems, problem)
+	}
+	if st != nil && problem != "" {
+		// Only the saved term, to fence older leaders: nothing to answer.
+		a.mu.Lock()
+		a.state, a.checked = st, a.checkState(st)
+		a.mu.Unlock()
+		klog.InfoS("Kept only the saved term", "term", st.GetTerm())
+	} else if st != nil {
 		a.applyMu.Lock()
 		a.mu.Lock()
 		a.state, a.checked, a.restored = st, a.checkState(st), true
@@ -224,11 +235,8 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 		klog.InfoS("Resumed the saved state", "term", st.GetTerm(), "generation", st.GetGeneration(),
 			"announcements", len(st.GetAnnouncements()), "refused", len(a.checked.refused))
 		a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_APPLIED, Generation: st.GetGeneration(), Detail: "restored from disk"})
-	} else if problem != "" {
-		klog.ErrorS(nil, "Starting without the saved state", "problem", problem)
-		a.startProblems = append(a.startProblems, problem)
 	}
-	if a.state == nil {
+	if !a.restored {
 		// Nothing to answer for: stop receiving any virtual MAC a crashed run left received.
 		if err := opts.MACFilter.Set(nil); err != nil {
 			klog.ErrorS(err, "Virtual MACs left by an earlier run")
@@ -245,7 +253,7 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 }
 
 // restore reads the saved state. A file that cannot be used is moved aside, and the problem
-// returned.
+// returned. A state directory that cannot be written keeps only the saved term (see below).
 func (a *Agent) restore() (*agentv1.DesiredState, string) {
 	st, file, err := loadState(a.opts.StateDir)
 	if err == nil && st != nil {
@@ -262,8 +270,22 @@ func (a *Agent) restore() (*agentv1.DesiredState, string) {
 			err = fmt.Errorf("%w: it does not validate: %v", errUnusable, err)
 		}
 	}
-	if err == nil {
+	if err == nil && st != nil {
+		if werr := writable(a.opts.StateDir); werr != nil {
+			// The saved state may be older than the one this node held last: states applied
+			// while the disk could not be written are held in memory only. Answering from it
+			// would answer VIPs that moved meanwhile beside their new owners (the soak's seed
+			// 5: 3 s, until the CCM sent the current state). Without it, this node answers
+			// nothing and sends no heartbeats: its peers count it dead and answer its VIPs
+			// until the CCM sends a state. Only the term is kept, to fence older leaders.
+			return &agentv1.DesiredState{Node: st.GetNode(), Term: max(st.GetTerm(), 1)}, fmt.Sprintf(
+				"state directory: %v; the saved state (term %d, generation %d) may be older than the one last held and is not resumed: no announcements until the next Apply",
+				werr, st.GetTerm(), st.GetGeneration())
+		}
 		return st, ""
+	}
+	if err == nil {
+		return nil, ""
 	}
 	problem := fmt.Sprintf("%s: %v; no announcements from it until the next Apply", file, err)
 	if errors.Is(err, errUnusable) {

@@ -486,6 +486,48 @@ func TestRestartResumesFromDisk(t *testing.T) {
 	}
 }
 
+// The soak's seed 5: an agent whose state directory could not be written applied states in
+// memory only, was restarted, resumed the older state saved before and answered VIPs that had
+// moved beside their new owners, until the CCM sent the current state. An agent that starts on
+// a state directory it cannot write does not resume the saved state (it may be older than the
+// one last held): it answers nothing, so that its peers answer its VIPs, and keeps only the
+// term, which still fences older leaders; the CCM's next state is applied.
+func TestAnAgentStartingOnADiskItCannotWriteDoesNotResumeTheSavedState(t *testing.T) {
+	dir := t.TempDir()
+	h := serve(t, dir)
+	if _, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: state(2, 7, l2VIP("203.0.113.10", "node-a"), bgpVIP("203.0.113.20"))}); err != nil {
+		t.Fatal(err)
+	}
+	old := writable
+	writable = func(string) error { return errors.New("read-only file system") }
+	t.Cleanup(func() { writable = old })
+	h2 := serve(t, dir)
+	if got := h2.l2.last(); len(got) != 0 {
+		t.Errorf("an agent started on a disk it cannot write answers %v; want nothing until the CCM sends a state", got)
+	}
+	h2.bgp.mu.Lock()
+	routes := len(h2.bgp.routes)
+	h2.bgp.mu.Unlock()
+	if routes != 0 {
+		t.Errorf("it announces %d BGP routes; want none", routes)
+	}
+	st, err := h2.ccm(t).GetState(ctx(t), &agentv1.GetStateRequest{})
+	if err != nil || st.GetRestored() || st.GetTerm() != 2 || st.GetGeneration() != 0 ||
+		!slices.ContainsFunc(st.GetProblems(), func(p string) bool { return strings.Contains(p, "is not resumed") }) {
+		t.Errorf("its state %v, %v; want term 2 kept, generation 0, not restored, the problem said", st, err)
+	}
+	if _, err := h2.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: state(1, 9)}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("an older term: %v; want it fenced still", err)
+	}
+	// The leader's next state, even of a generation it sent before the restart, is applied.
+	if _, err := h2.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: state(2, 7, l2VIP("203.0.113.10", "node-a"))}); err != nil {
+		t.Fatal(err)
+	}
+	if got := h2.l2.last(); len(got) != 1 {
+		t.Errorf("after the CCM's state it answers %v; want its VIP", got)
+	}
+}
+
 // Issue 30, fault 3: a state directory that cannot be written (a full or read-only disk).
 // Apply used to save first and fail INTERNAL, which the CCM counts as an unreachable node: its
 // VIPs moved, and the node, alive on its old state, answered beside their new owners. Now the

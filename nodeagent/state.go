@@ -35,6 +35,21 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // cannot be read): it is moved aside.
 var errUnusable = errors.New("unusable")
 
+// probeFile is written and removed at start to learn whether the state directory can be written.
+const probeFile = ".write-probe"
+
+// writable says why dir cannot be written (a read-only or full disk); nil when it can. A
+// variable: tests stand in for a disk gone bad.
+var writable = func(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	if err := atomicfile.Write(dir, probeFile, []byte("metalvip\n")); err != nil {
+		return err
+	}
+	return os.Remove(filepath.Join(dir, probeFile))
+}
+
 // saveState writes the state atomically: a reader (the agent after a crash) sees the old file
 // or the new one, never a mix. The file may hold BGP passwords: it is readable by root only.
 func saveState(dir string, st *agentv1.DesiredState) error {
