@@ -7,7 +7,9 @@
 //	I3  every L2 VIP is answered again within a second of each fault's end, by one node, and
 //	    the BGP VIP has next hops at the router once the faults have settled;
 //	I4  no address that no Service holds is answered, nor one of a BGP pool; no L2 VIP is
-//	    routed.
+//	    routed;
+//	I5  no component exits on its own (the CCM may when it loses its Lease, but never twice
+//	    within a minute) or passes its chart's memory limit.
 //
 // The same seed replays the same schedule. `make test` runs the short form (seed 1: every kind
 // of fault once); `make chaos DURATION=60m SEED=...` a long one (METALVIP_CHAOS_DURATION,
@@ -37,6 +39,7 @@ import (
 
 	"github.com/metalvip/metalvip/test/cluster"
 	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/testenv"
@@ -208,7 +211,7 @@ func soak(t *testing.T, seed uint64, d time.Duration) {
 	s.nodes = nodes
 	n := 0
 	if d > 0 {
-		n = int(d/(5*time.Second)) + 1 // more than fit: the run ends when d has passed
+		n = int(d/time.Second) + 1 // more than fit (every fault holds a second at least): the run ends when d has passed
 	}
 	plan := schedule(seed, n, nodes, drawn(t))
 	limit := d
@@ -244,6 +247,7 @@ func soak(t *testing.T, seed uint64, d time.Duration) {
 				t.Errorf("I4: after fault %d (%s) the L2 VIP %s is routed at the router via %v", i+1, f, v, hops)
 			}
 		}
+		s.components(i, *f)
 	}
 	watch.Stop()
 	rounds := watch.Rounds()
@@ -291,14 +295,68 @@ func soak(t *testing.T, seed uint64, d time.Duration) {
 	if now := serviceAddresses(t, c); !equalAddresses(now, addresses) {
 		t.Errorf("I1: the Services' addresses changed: %v, then %v", addresses, now)
 	}
-	t.Logf("seed %d: %d faults in %s (%v); %d ARP and NDP requests; worst double answer %s, worst outage %s",
-		seed, len(plan), time.Since(start).Round(time.Second), byKind, len(rounds), worstDouble, worstOutage)
+	t.Logf("seed %d: %d faults in %s (%v); %d ARP and NDP requests; worst double answer %s, worst outage %s; peak memory: agent %.1f MiB, CCM %.1f MiB; CCM exits outside api-down: %d",
+		seed, len(plan), time.Since(start).Round(time.Second), byKind, len(rounds), worstDouble, worstOutage,
+		float64(s.peak["agent"])/(1<<20), float64(s.peak["ccm"])/(1<<20), s.ccmExits)
 	if t.Failed() {
 		var tl []string
 		for i, f := range plan {
 			tl = append(tl, fmt.Sprintf("  %d. %s", i+1, f))
 		}
 		t.Logf("seed %d, the fault timeline (replay: METALVIP_CHAOS_SEEDS=%d):\n%s", seed, seed, strings.Join(tl, "\n"))
+	}
+}
+
+// The chart's memory limits (I5).
+const (
+	agentMemoryLimit = 128 << 20
+	ccmMemoryLimit   = 512 << 20
+)
+
+// components checks I5 once fault i has settled: no agent exited on its own (each is started
+// again, as its DaemonSet would, so that one exit is told once); the CCM may exit when it
+// loses its Lease (it is started again, as its Deployment would, and counted) but not twice
+// within a minute, a crash loop; no process is past its chart's memory limit (the peak of its
+// resident memory).
+func (s *soakRun) components(i int, f fault) {
+	t, c := s.t, s.c
+	for _, n := range s.nodes {
+		a := c.Agents[n]
+		select {
+		case <-a.Proc.Done():
+			t.Errorf("I5: after fault %d (%s) %s's agent has exited on its own (%v); its last lines:\n%s", i+1, f, n, a.Proc.Err(), a.Proc.Tail(20))
+			c.StartAgent(a)
+			continue
+		default:
+		}
+		s.memory("agent", n, a.Proc, agentMemoryLimit, i, f)
+	}
+	select {
+	case <-c.CCM.Done():
+		s.ccmExits++
+		t.Logf("after fault %d (%s) the CCM has exited (%v), started again; its last lines:\n%s", i+1, f, c.CCM.Err(), c.CCM.Tail(10))
+		if !s.ccmStarted.IsZero() && time.Since(s.ccmStarted) < time.Minute {
+			t.Errorf("I5: after fault %d (%s) the CCM exited again %s after it was started again: a crash loop", i+1, f, time.Since(s.ccmStarted).Round(time.Second))
+		}
+		c.StartCCM()
+		s.ccmStarted = time.Now()
+	default:
+		s.memory("ccm", "", c.CCM, ccmMemoryLimit, i, f)
+	}
+}
+
+// memory keeps the peak of p's resident memory by kind, and tells one past limit.
+func (s *soakRun) memory(kind, node string, p *testenv.Proc, limit int64, i int, f fault) {
+	m, err := proc.MemoryOf(p.Cmd.Process.Pid)
+	if err != nil {
+		return // exited meanwhile: told at the next fault
+	}
+	if s.peak == nil {
+		s.peak = map[string]int64{}
+	}
+	s.peak[kind] = max(s.peak[kind], m.HWM)
+	if m.HWM > limit {
+		s.t.Errorf("I5: after fault %d (%s) the %s %s has used %.1f MiB, past its limit of %d MiB", i+1, f, kind, node, float64(m.HWM)/(1<<20), limit>>20)
 	}
 }
 
@@ -317,8 +375,12 @@ type soakRun struct {
 	bgpVIP netip.Addr
 	nodes  []string
 	local  []string // the nodes of the ETP Local Service's endpoints
-	start  time.Time
-	churn  int // Services made by service-churn so far
+	// I5
+	peak       map[string]int64 // the peak resident memory by kind of process
+	ccmExits   int              // the CCM's exits outside api-down
+	ccmStarted time.Time        // when the soak last started it again after one
+	start      time.Time
+	churn      int // Services made by service-churn so far
 }
 
 // settled: every L2 VIP answered by one node, the BGP VIP routed.
@@ -377,6 +439,12 @@ func (s *soakRun) inject(f fault) (heal func()) {
 		mounted := true
 		unmount := func() {
 			if mounted {
+				// The agent started meanwhile has a mount namespace of its own (ip netns exec
+				// makes one) holding a copy of the mount: unmounted there too, or its disk
+				// would stay read-only for its whole life.
+				if p := a.Proc.Cmd.Process; p != nil {
+					_ = exec.Command("nsenter", "-t", strconv.Itoa(p.Pid), "-m", "umount", a.State).Run()
+				}
 				_ = exec.Command("umount", a.State).Run()
 				mounted = false
 			}
