@@ -144,7 +144,7 @@ func bgpAnn(vip string) *agentv1.Announcement {
 // whoAnswers asks for vip by ARP from the client and returns the MAC that answered, or "".
 func whoAnswers(t *testing.T, client *lab.Host, vip netip.Addr) string {
 	t.Helper()
-	macs, err := client.AskARP(vip, time.Second, true)
+	macs, err := client.AskNeighbor(vip, time.Second, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func whoAnswers(t *testing.T, client *lab.Host, vip netip.Addr) string {
 // answerers asks for vip once and returns every MAC that answered within 100 ms.
 func answerers(t *testing.T, client *lab.Host, vip netip.Addr) []string {
 	t.Helper()
-	macs, err := client.AskARP(vip, 100*time.Millisecond, false)
+	macs, err := client.AskNeighbor(vip, 100*time.Millisecond, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,7 +53,7 @@ func lab2Answer(m *testenv.Main, r *report, c *cluster.Cluster) {
 // answers asks for vip once by ARP from the client and reports whether an answer came within
 // timeout.
 func answers(m *testenv.Main, c *cluster.Cluster, vip netip.Addr, timeout time.Duration) bool {
-	macs, err := c.Lab.Client.AskARP(vip, timeout, true)
+	macs, err := c.Lab.Client.AskNeighbor(vip, timeout, true)
 	if err != nil {
 		m.Fatalf("%v", err)
 	}

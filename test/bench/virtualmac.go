@@ -24,7 +24,7 @@ func virtualMACFailover(m *testenv.Main, r *report, c *cluster.Cluster) {
 	vip := c.Service("vmac", cluster.InPool(pool))
 	mac := pools.VirtualMAC(v1alpha1.VirtualMACLocal, vip).String()
 	harness.Eventually(m, 30*time.Second, "answered with the virtual MAC", func() bool {
-		macs, err := c.Lab.Client.AskARP(vip, 300*time.Millisecond, true)
+		macs, err := c.Lab.Client.AskNeighbor(vip, 300*time.Millisecond, true)
 		return err == nil && len(macs) == 1 && macs[0] == mac
 	})
 	if _, err := c.Lab.Client.Run(ctx, "ip", "neigh", "replace", vip.String(), "lladdr", mac, "dev", "eth0", "nud", "permanent"); err != nil {

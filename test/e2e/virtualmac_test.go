@@ -93,7 +93,7 @@ func TestAVirtualMACCarriesAClientThatIgnoresGratuitousARP(t *testing.T) {
 			t.Fatal(err)
 		}
 		harness.Eventually(t, 30*time.Second, "the VIP answered with its virtual MAC "+vmac.String(), func() bool {
-			macs, err := c.Lab.Client.AskARP(vip, 300*time.Millisecond, true)
+			macs, err := c.Lab.Client.AskNeighbor(vip, 300*time.Millisecond, true)
 			return err == nil && len(macs) == 1 && macs[0] == vmac.String()
 		})
 		permanent(vmac.String())

@@ -180,7 +180,7 @@ func (c *Cluster) Owner(vip netip.Addr) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	got, err := c.Lab.Client.AskARP(vip, 300*time.Millisecond, true)
+	got, err := c.Lab.Client.AskNeighbor(vip, 300*time.Millisecond, true)
 	if err != nil || len(got) == 0 {
 		return "", err
 	}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"slices"
 	"time"
 
 	"github.com/mdlayher/arp"
@@ -24,39 +23,27 @@ func (h *Host) DialARP() (*arp.Client, error) {
 	return c, err
 }
 
-// AskARP asks once for vip by ARP from the host and returns the MACs that answered within
-// wait, each once, in the order they answered; with first it returns at the first answer.
-// Announcements (gratuitous ARP, whose target is vip itself) are not answers.
-func (h *Host) AskARP(vip netip.Addr, wait time.Duration, first bool) ([]string, error) {
-	c, err := h.DialARP()
+// arpAsker asks for IPv4 addresses by ARP.
+type arpAsker struct{ c *arp.Client }
+
+func (a arpAsker) request(vip netip.Addr) error { return a.c.Request(vip) }
+
+// read returns the next ARP reply until deadline. Announcements (gratuitous ARP, whose target
+// is the address itself) are not answers: ok false.
+func (a arpAsker) read(deadline time.Time) (vip netip.Addr, mac string, ok bool, err error) {
+	_ = a.c.SetReadDeadline(deadline)
+	p, _, err := a.c.Read()
 	if err != nil {
-		return nil, err
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return netip.Addr{}, "", false, err
+		}
+		return netip.Addr{}, "", false, nil // a frame that is not ARP
 	}
-	defer c.Close()
-	if err := c.Request(vip); err != nil {
-		return nil, err
+	if p.Operation != arp.OperationReply || p.TargetIP == p.SenderIP {
+		return netip.Addr{}, "", false, nil
 	}
-	deadline := time.Now().Add(wait)
-	_ = c.SetReadDeadline(deadline)
-	var macs []string
-	for time.Now().Before(deadline) {
-		p, _, err := c.Read()
-		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				break
-			}
-			continue // a frame that is not ARP
-		}
-		if p.Operation != arp.OperationReply || p.SenderIP != vip || p.TargetIP == vip {
-			continue
-		}
-		if mac := p.SenderHardwareAddr.String(); !slices.Contains(macs, mac) {
-			macs = append(macs, mac)
-		}
-		if first {
-			break
-		}
-	}
-	return macs, nil
+	return p.SenderIP, p.SenderHardwareAddr.String(), true, nil
 }
+
+func (a arpAsker) close() error { return a.c.Close() }

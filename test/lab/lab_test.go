@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -277,5 +278,43 @@ func TestNeighborWatchRecordsWhoAnswersByARPAndNDP(t *testing.T) {
 		if macs, err := l.Client.AskNeighbor(a, time.Second, true); err != nil || len(macs) != 1 || macs[0] != mac {
 			t.Errorf("AskNeighbor(%s) = %v, %v; want [%s]", a, macs, err, mac)
 		}
+	}
+
+	// Two hosts answering with one MAC (as two nodes answering one virtual MAC would) are two
+	// answers: NeighborReplies and the watch count them, AskNeighbor names the MAC once.
+	both := netip.MustParseAddr("198.51.100.98")
+	other := l.Nodes[0]
+	for _, step := range []struct {
+		h    *Host
+		args []string
+	}{
+		{other, []string{"link", "set", "eth0", "address", mac}},
+		{other, []string{"addr", "add", both.String() + "/32", "dev", "eth0"}},
+		{n, []string{"addr", "add", both.String() + "/32", "dev", "eth0"}},
+	} {
+		if out, err := step.h.Run(t.Context(), "ip", step.args...); err != nil {
+			t.Fatalf("ip %s on %s: %v: %s", strings.Join(step.args, " "), step.h.Name, err, out)
+		}
+	}
+	if replies, err := l.Client.NeighborReplies(both, time.Second, false); err != nil || len(replies) != 2 || replies[0] != mac || replies[1] != mac {
+		t.Errorf("NeighborReplies(%s) = %v, %v; want [%s %s]", both, replies, err, mac, mac)
+	}
+	if macs, err := l.Client.AskNeighbor(both, time.Second, false); err != nil || len(macs) != 1 || macs[0] != mac {
+		t.Errorf("AskNeighbor(%s) = %v, %v; want [%s]", both, macs, err, mac)
+	}
+	w, err = l.Client.WatchNeighbors([]netip.Addr{both}, 50*time.Millisecond, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	w.Stop()
+	twice := 0
+	for _, r := range w.Rounds() {
+		if r.Replies == 2 && slices.Equal(r.MACs, []string{mac}) {
+			twice++
+		}
+	}
+	if twice < 7 {
+		t.Errorf("%s answered twice with %s in %d of 10 rounds; want nearly all: %v", both, mac, twice, w.Rounds())
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
 	"strconv"
 	"time"
 
@@ -124,37 +123,3 @@ func (a *ndpAsker) read(deadline time.Time) (vip netip.Addr, mac string, ok bool
 }
 
 func (a *ndpAsker) close() error { return a.raw.Close() }
-
-// AskNeighbor asks once for vip from the host, by ARP for IPv4 and NDP for IPv6, and returns
-// the MACs that answered within wait as AskARP does.
-func (h *Host) AskNeighbor(vip netip.Addr, wait time.Duration, first bool) ([]string, error) {
-	if vip.Is4() {
-		return h.AskARP(vip, wait, first)
-	}
-	a, err := h.dialNDP()
-	if err != nil {
-		return nil, err
-	}
-	defer a.close()
-	if err := a.request(vip); err != nil {
-		return nil, err
-	}
-	deadline := time.Now().Add(wait)
-	var macs []string
-	for time.Now().Before(deadline) {
-		got, mac, ok, err := a.read(deadline)
-		if err != nil {
-			break // the deadline
-		}
-		if !ok || got != vip {
-			continue
-		}
-		if !slices.Contains(macs, mac) {
-			macs = append(macs, mac)
-		}
-		if first {
-			break
-		}
-	}
-	return macs, nil
-}

@@ -1,14 +1,10 @@
 package lab
 
 import (
-	"errors"
-	"net"
 	"net/netip"
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/mdlayher/arp"
 )
 
 // NeighborRound is one request for a VIP (ARP for IPv4, NDP for IPv6) and the MACs that
@@ -16,7 +12,10 @@ import (
 type NeighborRound struct {
 	VIP  netip.Addr
 	At   time.Time
-	MACs []string
+	MACs []string // each once
+	// Replies counts the answers: more than one means more than one answerer, also when they
+	// answer with one MAC (a virtual MAC).
+	Replies int
 }
 
 // NeighborWatch asks for every one of its VIPs (by ARP or NDP) every interval from one host
@@ -24,8 +23,8 @@ type NeighborRound struct {
 // the wire's own record of who answers what, for checking invariants without trusting any
 // agent.
 type NeighborWatch struct {
-	arp      *arp.Client // nil without IPv4 VIPs
-	ndp      *ndpAsker   // nil without IPv6 VIPs
+	arp      asker // nil without IPv4 VIPs
+	ndp      asker // nil without IPv6 VIPs
 	vips     []netip.Addr
 	interval time.Duration
 
@@ -42,19 +41,21 @@ func (h *Host) WatchNeighbors(vips []netip.Addr, interval time.Duration, limit i
 	w := &NeighborWatch{vips: slices.Clone(vips), interval: interval, last: map[netip.Addr]int{}, stop: make(chan struct{})}
 	var err error
 	if slices.ContainsFunc(vips, netip.Addr.Is4) {
-		if w.arp, err = h.DialARP(); err != nil {
+		if w.arp, err = h.dialAsker(false); err != nil {
 			return nil, err
 		}
 		w.wg.Add(1)
-		go w.receive(w.readARP)
+		go w.receive(w.arp)
 	}
 	if slices.ContainsFunc(vips, netip.Addr.Is6) {
-		if w.ndp, err = h.dialNDP(); err != nil {
-			w.Stop()
+		if w.ndp, err = h.dialAsker(true); err != nil {
+			if w.arp != nil {
+				_ = w.arp.close()
+			}
 			return nil, err
 		}
 		w.wg.Add(1)
-		go w.receive(w.ndp.read)
+		go w.receive(w.ndp)
 	}
 	w.wg.Add(1)
 	go w.send(limit)
@@ -72,7 +73,7 @@ func (w *NeighborWatch) send(limit int) {
 			w.rounds = append(w.rounds, NeighborRound{VIP: vip, At: time.Now()})
 			w.mu.Unlock()
 			if vip.Is4() {
-				_ = w.arp.Request(vip)
+				_ = w.arp.request(vip)
 			} else {
 				_ = w.ndp.request(vip)
 			}
@@ -85,25 +86,7 @@ func (w *NeighborWatch) send(limit int) {
 	}
 }
 
-// readARP returns the next ARP reply until deadline. Announcements (gratuitous ARP, whose
-// target is the VIP itself) are not answers: ok false.
-func (w *NeighborWatch) readARP(deadline time.Time) (vip netip.Addr, mac string, ok bool, err error) {
-	_ = w.arp.SetReadDeadline(deadline)
-	p, _, err := w.arp.Read()
-	if err != nil {
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			return netip.Addr{}, "", false, err
-		}
-		return netip.Addr{}, "", false, nil // a frame that is not ARP
-	}
-	if p.Operation != arp.OperationReply || p.TargetIP == p.SenderIP {
-		return netip.Addr{}, "", false, nil
-	}
-	return p.SenderIP, p.SenderHardwareAddr.String(), true, nil
-}
-
-func (w *NeighborWatch) receive(read func(time.Time) (netip.Addr, string, bool, error)) {
+func (w *NeighborWatch) receive(a asker) {
 	defer w.wg.Done()
 	for {
 		select {
@@ -111,13 +94,16 @@ func (w *NeighborWatch) receive(read func(time.Time) (netip.Addr, string, bool, 
 			return
 		default:
 		}
-		vip, mac, ok, err := read(time.Now().Add(100 * time.Millisecond))
+		vip, mac, ok, err := a.read(time.Now().Add(100 * time.Millisecond))
 		if err != nil || !ok {
 			continue
 		}
 		w.mu.Lock()
-		if i, known := w.last[vip]; known && !slices.Contains(w.rounds[i].MACs, mac) {
-			w.rounds[i].MACs = append(w.rounds[i].MACs, mac)
+		if i, known := w.last[vip]; known {
+			w.rounds[i].Replies++
+			if !slices.Contains(w.rounds[i].MACs, mac) {
+				w.rounds[i].MACs = append(w.rounds[i].MACs, mac)
+			}
 		}
 		w.mu.Unlock()
 	}
@@ -130,7 +116,7 @@ func (w *NeighborWatch) Rounds() []NeighborRound {
 	defer w.mu.Unlock()
 	out := make([]NeighborRound, len(w.rounds))
 	for i, r := range w.rounds {
-		out[i] = NeighborRound{VIP: r.VIP, At: r.At, MACs: slices.Clone(r.MACs)}
+		out[i] = NeighborRound{VIP: r.VIP, At: r.At, MACs: slices.Clone(r.MACs), Replies: r.Replies}
 	}
 	return out
 }
@@ -146,7 +132,7 @@ func (w *NeighborWatch) Stop() {
 	close(w.stop)
 	w.wg.Wait()
 	if w.arp != nil {
-		w.arp.Close()
+		_ = w.arp.close()
 	}
 	if w.ndp != nil {
 		_ = w.ndp.close()
