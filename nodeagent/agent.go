@@ -223,6 +223,9 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 		// Only the saved term, to fence older leaders: nothing to answer.
 		a.mu.Lock()
 		a.state, a.checked = st, a.checkState(st)
+		// Held, and not on disk: saved (replacing the older state there) once the directory
+		// can be written, so that a restart then cannot resume the older state either.
+		a.unsaved = fmt.Sprintf("state directory: the term %d, held alone, is not saved yet; the older state on disk is replaced once the directory can be written", st.GetTerm())
 		a.mu.Unlock()
 		klog.InfoS("Kept only the saved term", "term", st.GetTerm())
 	} else if st != nil {

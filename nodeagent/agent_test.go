@@ -519,6 +519,23 @@ func TestAnAgentStartingOnADiskItCannotWriteDoesNotResumeTheSavedState(t *testin
 	if _, err := h2.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: state(1, 9)}); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("an older term: %v; want it fenced still", err)
 	}
+	if h2.agent.Gauges().StateSaved {
+		t.Error("the gauge says the state is saved; want not: the term it holds is not on disk")
+	}
+	// The disk can be written again, no Apply yet: the term held alone replaces the older
+	// state on disk, so that a restart cannot resume that either.
+	writable = old
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		saved, _, err := loadState(dir)
+		if err == nil && saved.GetTerm() == 2 && saved.GetGeneration() == 0 && len(saved.GetAnnouncements()) == 0 && h2.agent.Gauges().StateSaved {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after the disk came back the saved state is %v (%v), the gauge says saved %v; want term 2 alone", saved, err, h2.agent.Gauges().StateSaved)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	// The leader's next state, even of a generation it sent before the restart, is applied.
 	if _, err := h2.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: state(2, 7, l2VIP("203.0.113.10", "node-a"))}); err != nil {
 		t.Fatal(err)

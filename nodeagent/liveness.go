@@ -228,14 +228,19 @@ const rotationCheck = time.Minute
 // agent restarted minutes after its disk was writable again, on the state of before).
 const stateResaveInterval = time.Second
 
-// resaveState saves the held state if the last save of it failed.
+// resaveState saves the held state if the last save of it failed, once the state directory
+// passes the write probe.
 func (a *Agent) resaveState() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.unsaved == "" || a.state == nil {
 		return
 	}
-	a.noteSaved(saveState(a.opts.StateDir, a.state), a.state)
+	err := writable(a.opts.StateDir)
+	if err == nil {
+		err = saveState(a.opts.StateDir, a.state)
+	}
+	a.noteSaved(err, a.state)
 }
 
 func (a *Agent) retryLoop() {
