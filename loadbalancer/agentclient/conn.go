@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -267,13 +268,17 @@ func sameKeys(a, b [][]byte) bool {
 	return true
 }
 
-// watch relays the agent's events, reconnecting with backoff.
+// watch relays the agent's events, reconnecting with backoff. Each Watch waits for the
+// connection, which gRPC redials with its own backoff (at most 5 s): an agent back from a
+// restart is asked what it holds as soon as it answers (it may have resumed a saved state
+// older than the one it held), not after this loop's backoff, which grew while it was away.
 func (a *Agents) watch(ctx context.Context, c *agentConn) {
 	backoff := 500 * time.Millisecond
 	for ctx.Err() == nil {
-		stream, err := c.client.Watch(ctx, &agentv1.WatchRequest{})
+		stream, err := c.client.Watch(ctx, &agentv1.WatchRequest{}, grpc.WaitForReady(true))
 		if err == nil {
 			if _, herr := stream.Header(); herr == nil {
+				backoff = 500 * time.Millisecond
 				// The agent answers, perhaps after a restart: ask what it holds now (the
 				// state is sent again if it lost it) and check reachability.
 				select {

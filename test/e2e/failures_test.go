@@ -58,10 +58,12 @@ func TestAgentCrashDisturbsNoOtherNode(t *testing.T) {
 	a.Proc.Kill()
 	time.Sleep(500 * time.Millisecond)
 	c.StartAgent(a)
+	back := time.Now()
 	harness.Eventually(t, 30*time.Second, "node3's agent is back and in touch with the CCM", func() bool {
 		st, err := a.Client.GetState(context.Background(), &agentv1.GetStateRequest{})
 		return err == nil && !st.GetRestored()
 	})
+	t.Logf("node3's agent had the CCM's state %s after it started again", time.Since(back).Round(10*time.Millisecond))
 	harness.Eventually(t, 30*time.Second, "every VIP answered again", func() bool {
 		return !slices.Contains(cluster.ValuesOf(c.Owners(vips)), "")
 	})
