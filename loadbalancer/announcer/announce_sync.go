@@ -112,7 +112,13 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 		for _, v := range s.vips {
 			list = append(list, v)
 		}
-		s.planner.Reset(s.seed, list, s.plannerNodes(a.cfg.Drain))
+		nodes := s.plannerNodes(a.cfg.Drain)
+		for n, peers := range wouldBePeers(s.planner.Options(), s.seed, list, nodes) {
+			for _, m := range s.cutOff.lost(n, peers) {
+				r.nodes[m] = true
+			}
+		}
+		s.planner.Reset(s.seed, list, nodes)
 		s.seed, s.first = nil, false
 		for ip := range s.vips {
 			r.entry[ip] = true

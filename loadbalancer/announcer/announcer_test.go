@@ -92,6 +92,15 @@ type harness struct {
 
 func newHarness(t testing.TB, nodes int) *harness {
 	t.Helper()
+	h, reach := newUnplanned(t, nodes)
+	h.sync(changes{nodes: true, reach: reach})
+	return h
+}
+
+// newUnplanned is newHarness before its first plan: the nodes known, every one reachable (the
+// returned map) but not yet told.
+func newUnplanned(t testing.TB, nodes int) (*harness, map[string]bool) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	h := &harness{t: t, ctx: ctx, client: fake.NewClientset(), rec: record.NewFakeRecorder(1 << 20), objects: objects.NewObjects()}
@@ -117,8 +126,7 @@ func newHarness(t testing.TB, nodes int) *harness {
 		reach[n.Name] = true
 	}
 	h.a.loop.refreshNodes(h.a)
-	h.sync(changes{nodes: true, reach: reach})
-	return h
+	return h, reach
 }
 
 func (h *harness) add(inf cache.SharedIndexInformer, obj any) {
@@ -152,13 +160,18 @@ func (h *harness) sync(ch changes) {
 }
 
 func (h *harness) pool(name string, spec map[string]any) {
+	h.notePool(name, spec)
+	h.sync(changes{pools: map[string]bool{name: true}})
+}
+
+// notePool adds a pool without a round.
+func (h *harness) notePool(name string, spec map[string]any) {
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": v1alpha1.GroupVersion.String(), "kind": "IPPool",
 		"metadata": map[string]any{"name": name, "generation": int64(1), "creationTimestamp": time.Unix(1e9, 0).UTC().Format(time.RFC3339)},
 		"spec":     spec,
 	}}
 	h.objects.Note(u, false, objects.KindPool)
-	h.sync(changes{pools: map[string]bool{name: true}})
 }
 
 func (h *harness) service(name, pool string, local bool, ips ...string) *v1.Service {

@@ -4,6 +4,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/metalvip/metalvip/loadbalancer/planner"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
@@ -14,7 +15,8 @@ import (
 // counting it alive (the ordered hand-over then keeps it from answering anything it shared
 // with them). Its peers are the nodes it exchanged heartbeats with when it was cut off (its
 // last state names them), or, after a CCM restart, the reachable nodes whose held states name
-// it as a heartbeat peer. A node reachable again, or gone, has none.
+// it as a heartbeat peer and those it would share candidate lists with were it reachable
+// (wouldBePeers). A node reachable again, or gone, has none.
 type cutOff struct {
 	peers map[string]map[string]bool // cut-off node -> the nodes that heartbeat it
 }
@@ -62,6 +64,47 @@ func (c cutOff) seed(held map[string]*agentv1.DesiredState, reachable func(node 
 			}
 		}
 	}
+}
+
+// wouldBePeers returns, for each node whose agent is unreachable among nodes, the nodes it
+// would share L2 candidate lists with were it reachable: those of the plan from seed with every
+// node reachable. A node cut off before a new leader's first plan has no part in any plan of
+// this leader to take its peers from, and the reachable nodes' states may not name it either
+// (a node restarted on no saved state names no peer): without peers heartbeating it as
+// departing, it hears none of them, counts them dead and answers what it holds beside their
+// new owners (the soak's seed 7: an ETP Local VIP whose one other candidate had restarted on
+// a read-only disk, 3.3 s).
+func wouldBePeers(opts planner.Options, seed planner.Plan, vips []planner.VIP, nodes []planner.Node) map[string][]string {
+	var cut []string
+	all := slices.Clone(nodes)
+	for i := range all {
+		if !all[i].AgentReachable {
+			cut = append(cut, all[i].Name)
+			all[i].AgentReachable = true
+		}
+	}
+	if len(cut) == 0 {
+		return nil
+	}
+	p := planner.New(opts)
+	p.Reset(seed, vips, all)
+	out := map[string][]string{}
+	for _, e := range p.Plan() {
+		if e.Mode != planner.L2 {
+			continue
+		}
+		for _, n := range cut {
+			if !slices.Contains(e.Nodes, n) {
+				continue
+			}
+			for _, m := range e.Nodes {
+				if m != n && !slices.Contains(out[n], m) {
+					out[n] = append(out[n], m)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // departing returns the cut-off nodes that node heartbeats, sorted.

@@ -128,3 +128,37 @@ func TestFault1ANodeCutOffBeforeTheFirstPlanIsHeartbeatedByThePeersOfItsState(t 
 		t.Errorf("node4, no peer of node2's state, heartbeats %v as departing", got)
 	}
 }
+
+// Fault 1 at a new leader's first plan (the fault soak's seed 7): node2 cut off from the CCM
+// when it starts, and node3, node2's one fellow candidate of an ETP Local VIP, restarted on no
+// saved state, so that no state the new leader learns names node2 as a peer. node2 still holds
+// the VIP and answers it; node3 is made its first candidate. node3 must heartbeat node2 as
+// departing, or node2 hears no one and answers beside it (3.3 s, until the CCM reached node2).
+func TestFault1ANodeCutOffAtTheFirstPlanIsHeartbeatedByTheNodesItWouldShareCandidatesWith(t *testing.T) {
+	h, reach := newUnplanned(t, 4)
+	h.notePool("p", map[string]any{"addresses": []any{"203.0.113.0/28"}})
+	h.service("local", "p", true, "203.0.113.7")
+	h.endpoints("local", "node2", "node3")
+	reach["node2"] = false
+	h.sync(changes{nodes: true, reach: reach, pools: map[string]bool{"p": true}, services: map[string]bool{"ns/local": true}})
+	if got := h.nodesOf("203.0.113.7"); !slices.Equal(got, []string{"node3"}) {
+		t.Fatalf("candidates %v; want [node3] (node2 cut off)", got)
+	}
+	if got := h.a.loop.cutOff.departing("node3"); !slices.Equal(got, []string{"node2"}) {
+		t.Errorf("node3 heartbeats %v as departing; want [node2], the node it would share the VIP with", got)
+	}
+	var peers []string
+	for _, p := range h.a.loop.states["node3"].head.GetHeartbeatPeers() {
+		if p.GetDeparting() {
+			peers = append(peers, p.GetNode())
+		}
+	}
+	if !slices.Equal(peers, []string{"node2"}) {
+		t.Errorf("node3's state names %v as departing heartbeat peers; want [node2]", peers)
+	}
+	for _, n := range []string{"node1", "node4"} {
+		if got := h.a.loop.cutOff.departing(n); len(got) > 0 {
+			t.Errorf("%s, which shares nothing with node2, heartbeats %v as departing", n, got)
+		}
+	}
+}

@@ -27,6 +27,9 @@ func New(opts Options) *Planner {
 	return &Planner{opts: opts, byName: map[string]*Node{}, vips: map[netip.Addr]VIP{}, plan: Plan{}, load: map[string]int{}, groups: groups{}}
 }
 
+// Options returns the planner's options (defaults filled in).
+func (p *Planner) Options() Options { return p.opts }
+
 // Entry returns a VIP's entry.
 func (p *Planner) Entry(a netip.Addr) (Entry, bool) {
 	e, ok := p.plan[a]
