@@ -98,18 +98,26 @@ func (cs *Clients) closed(err error) bool {
 // Ask sends one ARP request for vip from each of addrs (every client when none are given).
 func (cs *Clients) Ask(vip netip.Addr, addrs ...netip.Addr) {
 	cs.c.T.Helper()
+	if err := cs.Send(vip, addrs...); err != nil {
+		cs.c.T.Fatalf("%v", err)
+	}
+}
+
+// Send is Ask for a goroutine other than the test's: it returns the first error.
+func (cs *Clients) Send(vip netip.Addr, addrs ...netip.Addr) error {
 	if len(addrs) == 0 {
 		addrs = cs.Addrs
 	}
 	for _, a := range addrs {
 		p, err := arp.NewPacket(arp.OperationRequest, cs.mac, a, ethernet.Broadcast, vip)
 		if err != nil {
-			cs.c.T.Fatalf("%v", err)
+			return err
 		}
 		if err := cs.arp.WriteTo(p, ethernet.Broadcast); err != nil {
-			cs.c.T.Fatalf("ARP request from %s: %v", a, err)
+			return fmt.Errorf("ARP request from %s: %w", a, err)
 		}
 	}
+	return nil
 }
 
 // Replies returns the replies for vip received since t.

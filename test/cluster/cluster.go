@@ -188,9 +188,16 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 	// later tests' CCMs would announce them in their labs.
 	t.Cleanup(c.deleteServices)
 	c.Object(v1alpha1.IPPoolResource, "l2-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.0/27"], avoidBuggyIPs: true, serviceAllocation: {namespaces: [%s]}}`, c.NS))
-	c.Object(v1alpha1.IPPoolResource, "bgp-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.64/27"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {mode: BGP}}`, c.NS))
+	bgpPool, bgpSpec := c.BGPPool()
+	c.Object(v1alpha1.IPPoolResource, bgpPool, bgpSpec)
 	c.Object(v1alpha1.BGPPeerResource, "router-"+c.NS, `{address: 198.51.100.1, peerASN: 64496, myASN: 64497, bfd: {enabled: true, minRxMilliseconds: 100, minTxMilliseconds: 100, multiplier: 3}}`)
 	return c
+}
+
+// BGPPool returns the name and spec of the cluster's BGP pool (203.0.113.64/27, only for the
+// cluster's namespace and only by name).
+func (c *Cluster) BGPPool() (name, spec string) {
+	return "bgp-" + c.NS, fmt.Sprintf(`{addresses: ["203.0.113.64/27"], autoAssign: false, serviceAllocation: {namespaces: [%s]}, announce: {mode: BGP}}`, c.NS)
 }
 
 // writeCCMConfig writes the CCM's cloud-config from the options.

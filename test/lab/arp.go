@@ -2,6 +2,7 @@ package lab
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"time"
@@ -23,13 +24,45 @@ func (h *Host) DialARP() (*arp.Client, error) {
 	return c, err
 }
 
-// arpAsker asks for IPv4 addresses by ARP.
-type arpAsker struct{ c *arp.Client }
+// arpAsker asks for IPv4 addresses by ARP, from self (the interface's first IPv4 address, as
+// the arp package sends from).
+type arpAsker struct {
+	c    *arp.Client
+	self netip.Addr
+}
+
+// dialARPAsker opens an arpAsker on the host's eth0.
+func (h *Host) dialARPAsker() (arpAsker, error) {
+	var a arpAsker
+	err := h.Do(func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		addrs, err := ifi.Addrs()
+		if err != nil {
+			return err
+		}
+		for _, ad := range addrs {
+			if p, err := netip.ParsePrefix(ad.String()); err == nil && p.Addr().Is4() {
+				a.self = p.Addr()
+				break
+			}
+		}
+		if !a.self.IsValid() {
+			return fmt.Errorf("ARP on %s: eth0 has no IPv4 address", h.Name)
+		}
+		a.c, err = arp.Dial(ifi)
+		return err
+	})
+	return a, err
+}
 
 func (a arpAsker) request(vip netip.Addr) error { return a.c.Request(vip) }
 
-// read returns the next ARP reply until deadline. Announcements (gratuitous ARP, whose target
-// is the address itself) are not answers: ok false.
+// read returns the next ARP reply to self until deadline. Announcements (gratuitous ARP, whose
+// target is the address itself) and answers to other addresses of the host (another asker's)
+// are not answers: ok false.
 func (a arpAsker) read(deadline time.Time) (vip netip.Addr, mac string, ok bool, err error) {
 	_ = a.c.SetReadDeadline(deadline)
 	p, _, err := a.c.Read()
@@ -40,8 +73,8 @@ func (a arpAsker) read(deadline time.Time) (vip netip.Addr, mac string, ok bool,
 		}
 		return netip.Addr{}, "", false, nil // a frame that is not ARP
 	}
-	if p.Operation != arp.OperationReply || p.TargetIP == p.SenderIP {
-		return netip.Addr{}, "", false, nil
+	if p.Operation != arp.OperationReply || p.TargetIP == p.SenderIP || p.TargetIP != a.self {
+		return netip.Addr{}, "", false, nil // an announcement, or an answer to another address
 	}
 	return p.SenderIP, p.SenderHardwareAddr.String(), true, nil
 }

@@ -22,17 +22,13 @@ func (h *Host) dialAsker(v6 bool) (asker, error) {
 	if v6 {
 		return h.dialNDP()
 	}
-	c, err := h.DialARP()
-	if err != nil {
-		return nil, err
-	}
-	return arpAsker{c}, nil
+	return h.dialARPAsker()
 }
 
 // NeighborReplies asks once for vip from the host, by ARP for IPv4 and NDP for IPv6, and
 // returns the MAC of every answer within wait, in the order they came: a MAC as often as it
-// answered (two nodes answering with one virtual MAC give it twice). With first it returns at
-// the first answer.
+// answered (two nodes answering with one virtual MAC give it twice; so does another asker on
+// the host asking at the same time). With first it returns at the first answer.
 func (h *Host) NeighborReplies(vip netip.Addr, wait time.Duration, first bool) ([]string, error) {
 	a, err := h.dialAsker(vip.Is6())
 	if err != nil {

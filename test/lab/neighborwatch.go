@@ -13,8 +13,10 @@ type NeighborRound struct {
 	VIP  netip.Addr
 	At   time.Time
 	MACs []string // each once
-	// Replies counts the answers: more than one means more than one answerer, also when they
-	// answer with one MAC (a virtual MAC).
+	// Replies counts the answers the host got for the VIP while this round was the latest:
+	// with no other asker on the host at once, more than one means more than one answerer,
+	// also when they answer with one MAC (a virtual MAC). (ARP and NDP answers carry no
+	// request id: another asker's answers count too.)
 	Replies int
 }
 
