@@ -139,6 +139,21 @@ func (l *Lab) RestartRouter() error {
 		_ = os.Remove(filepath.Join(l.Dir, d+".vty"))
 		_ = os.Remove(filepath.Join(l.Dir, d+".pid"))
 	}
+	// A reboot empties the kernel's table; killed FRR leaves its routes there, and the next
+	// zebra cannot adopt those whose nexthop groups it does not know ("failed to find the
+	// nexthop hash entry"), so it never sweeps them: a route withdrawn meanwhile stayed in the
+	// kernel (the soak's seed 8: a tenant's old BGP address routed 15 s after it moved).
+	// Deleting zebra's nexthop objects deletes the routes that use them (a route flush fails
+	// on those); then the routes without one.
+	for _, args := range [][]string{
+		{"nexthop", "flush", "proto", "11"}, // zebra's (iproute2 names it only for routes)
+		{"route", "flush", "proto", "bgp"},
+		{"-6", "route", "flush", "proto", "bgp"},
+	} {
+		if out, err := l.Router.Run(context.Background(), "ip", args...); err != nil {
+			return fmt.Errorf("ip %s on the router: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
 	return l.startFRR()
 }
 
