@@ -190,9 +190,10 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 }
 
 // poolFor returns the pool whose rules announce an address: for an address a Service holds,
-// the pool the allocator records it was given from (Records), while that pool still holds
-// it; for another (an externalIP) the pool whose ranges hold it. nil fails closed: the
-// address is announced from no node. Nothing a tenant writes on the Service decides it.
+// the pool the allocator records it was given from (Records) while that pool still holds it,
+// else the valid pool holding it (pools.Set.Governing); for another (an externalIP) the pool
+// whose ranges hold it. nil fails closed: the address is announced from no node. Nothing a
+// tenant writes on the Service decides it.
 func (a *Announcer) poolFor(ip netip.Addr) *pools.Pool {
 	s := &a.loop
 	if a.cfg.Records != nil {

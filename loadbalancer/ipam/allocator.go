@@ -355,16 +355,19 @@ func (a *Allocator) count(ip netip.Addr, usable *pool, delta int64) {
 	}
 }
 
-// orphaned reports whether h is held outside the pool it came from.
+// governing returns the pool whose rules govern a held address (Index.Governing), nil when no
+// valid pool holds it.
+func (a *Allocator) governing(h *holder) *pool {
+	if name, ok := a.index.Governing(h.pool, h.ip); ok {
+		return a.pools[name]
+	}
+	return nil
+}
+
+// orphaned reports whether no valid pool holds h: the pool it came from was deleted or shrank
+// and no other holds it.
 func (a *Allocator) orphaned(h *holder) bool {
-	if h.pool == "" {
-		return false
-	}
-	if p := a.poolOf(h.ip); p != nil && p.Name == h.pool {
-		return false // the common case, without a second lookup
-	}
-	p, ok := a.pools[h.pool]
-	return !ok || !p.contains(h.ip)
+	return h.pool != "" && a.governing(h) == nil
 }
 
 func (a *Allocator) trackOrphan(h *holder) {

@@ -1,6 +1,7 @@
 package ipam
 
 import (
+	"cmp"
 	"errors"
 	"net/netip"
 	"slices"
@@ -439,10 +440,10 @@ func TestSeveralAddressesPerFamily(t *testing.T) {
 
 // TestARestoredPoolNameIsAClaimCheckedAgainstThePools: after a restart the pool an address was
 // given from comes from an annotation anyone who may edit the Service can write. It is the
-// record only where it cannot give the address another pool's rules: a name of a valid pool
-// that does not hold the address is ignored, so a tenant cannot pick which pool's rules
-// announce their address. A name of a pool that is gone keeps the address an orphan (announced
-// from no node), as it was before the restart.
+// record only where it cannot give the address another pool's rules: a name of a pool that
+// does not hold the address (valid, gone or invalid) is ignored where a valid pool holds it, so
+// a tenant can neither pick which pool's rules announce their address nor make it an orphan
+// announced from no node. Only an address no valid pool holds keeps the name it shows.
 func TestARestoredPoolNameIsAClaimCheckedAgainstThePools(t *testing.T) {
 	a := newAlloc(t,
 		Pool{Name: "l2", Order: 1, Ranges: mustRanges(t, "203.0.113.0/28"), AutoAssign: true},
@@ -451,29 +452,100 @@ func TestARestoredPoolNameIsAClaimCheckedAgainstThePools(t *testing.T) {
 	)
 	for _, tc := range []struct {
 		name, key, claim, addr, want string
+		record                       string // the pool the record keeps, when not want
 	}{
-		{"the pool holding the address", "ns/a", "l2", "203.0.113.1", "l2"},
-		{"another pool's name is ignored", "ns/b", "bgp", "203.0.113.2", "l2"},
-		{"no name", "ns/c", "", "203.0.113.3", "l2"},
-		{"of overlapping pools, the one named when it holds the address", "ns/d", "wide", "203.0.113.4", "wide"},
-		{"a shadowed pool keeps what only it holds", "ns/e", "bgp", "203.0.113.20", "wide"},
-		{"an address in no valid pool keeps the name of a pool that is gone", "ns/f", "deleted", "198.51.100.7", "deleted"},
-		{"so does one another pool holds: it stays an orphan of the pool that is gone", "ns/h", "deleted", "203.0.113.5", "deleted"},
-		{"and the name of a pool that shrank: no valid pool holds the address", "ns/g", "bgp", "198.51.100.8", "bgp"},
+		{"the pool holding the address", "ns/a", "l2", "203.0.113.1", "l2", ""},
+		{"another pool's name is ignored", "ns/b", "bgp", "203.0.113.2", "l2", ""},
+		{"no name", "ns/c", "", "203.0.113.3", "l2", ""},
+		{"of overlapping pools, the one named when it holds the address", "ns/d", "wide", "203.0.113.4", "wide", ""},
+		{"a shadowed pool keeps what only it holds", "ns/e", "bgp", "203.0.113.20", "wide", ""},
+		{"an address in no valid pool keeps the name of a pool that is gone", "ns/f", "deleted", "198.51.100.7", "deleted", ""},
+		{"but not one a valid pool holds: that pool's rules, not an orphan", "ns/h", "deleted", "203.0.113.5", "l2", "deleted"},
+		{"and the name of a pool that shrank: no valid pool holds the address", "ns/g", "bgp", "198.51.100.8", "bgp", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := a.Restore(svc(tc.key), Allocation{Pool: tc.claim, IPs: []netip.Addr{ip(tc.addr)}}); err != nil {
 				t.Fatal(err)
 			}
-			if got, _ := a.Get(tc.key); got.Pool != tc.want {
-				t.Errorf("restored with pool %q, want %q", got.Pool, tc.want)
+			record := cmp.Or(tc.record, tc.want)
+			if got, _ := a.Get(tc.key); got.Pool != record {
+				t.Errorf("restored with pool %q, want %q", got.Pool, record)
 			}
-			if got, held := a.PoolOf(ip(tc.addr)); got != tc.want || !held {
-				t.Errorf("PoolOf(%s) = %q, %v; want %q, held", tc.addr, got, held, tc.want)
+			if got, held := a.PoolOf(ip(tc.addr)); got != record || !held {
+				t.Errorf("PoolOf(%s) = %q, %v; want %q, held", tc.addr, got, held, record)
+			}
+			gov := tc.want
+			if strings.HasPrefix(tc.addr, "198.51.100.") {
+				gov = "" // no pool holds it: announced from no node
+			}
+			if got := governs(a, ip(tc.addr)); got != gov {
+				t.Errorf("governed by %q, want %q", got, gov)
 			}
 		})
 	}
 	if got, held := a.PoolOf(ip("203.0.113.70")); got != "bgp" || held {
 		t.Errorf("PoolOf a free address = %q, %v; want the pool holding it, not held", got, held)
 	}
+}
+
+// TestAnAddressWhosePoolIsGoneIsGovernedByThePoolHoldingIt: the pool whose rules announce a held
+// address is one answer, the same while the CCM runs as after it restarts. When the pool an
+// address came from is deleted or shrinks and a valid pool holds the address (an overlapping
+// pool it shadowed), that pool's rules govern it; only an address no valid pool holds is an
+// orphan, announced from no node. The soak's seed 8: a tenant wrote the name of the BGP pool
+// on its L2 address while the BGP pool was deleted and the CCM restarted; the address stayed
+// dark after the BGP pool came back.
+func TestAnAddressWhosePoolIsGoneIsGovernedByThePoolHoldingIt(t *testing.T) {
+	l2 := Pool{Name: "l2", Order: 1, Ranges: mustRanges(t, "203.0.113.0/28"), AutoAssign: true}
+	bgp := Pool{Name: "bgp", Order: 2, Ranges: mustRanges(t, "203.0.113.64/28"), AutoAssign: true}
+	wide := Pool{Name: "wide", Order: 3, Ranges: mustRanges(t, "203.0.113.0/27")} // shadowed by l2
+	a := newAlloc(t, l2, wide)
+	held, err := a.Assign(svc("ns/a", withPool("l2")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := held.IPs[0]
+	if got := governs(a, addr); got != "l2" {
+		t.Fatalf("%s governed by %q, want l2", addr, got)
+	}
+	// Deleting l2 leaves wide, which holds the address: wide governs it, live.
+	rep := a.SetPools([]Pool{wide})
+	if got := governs(a, addr); got != "wide" {
+		t.Errorf("l2 deleted: %s governed by %q, want wide (the valid pool holding it)", addr, got)
+	}
+	if len(rep.Orphans) != 0 {
+		t.Errorf("l2 deleted: orphans %v; want none, wide holds the address", rep.Orphans)
+	}
+	// Still held by the Service that asked for l2: a pool change takes no address.
+	if again, err := a.Assign(svc("ns/a", withPool("l2"))); !slices.Equal(again.IPs, held.IPs) {
+		t.Errorf("after l2 went: %v, %v; want the Service to keep %v", again, err, held.IPs)
+	}
+	// And none holds it: an orphan of the pool it came from.
+	rep = a.SetPools([]Pool{bgp})
+	if got := governs(a, addr); got != "" {
+		t.Errorf("no pool holds it: %s governed by %q, want none (an orphan, announced from no node)", addr, got)
+	}
+	if len(rep.Orphans) != 1 || rep.Orphans[0].Pool != "l2" || !rep.Orphans[0].PoolDeleted {
+		t.Errorf("no pool holds it: orphans %v; want the address, of deleted pool l2", rep.Orphans)
+	}
+	// A CCM restart while the BGP pool is deleted, the Service's record forged to name it.
+	b := newAlloc(t, l2)
+	if errs := b.Rebuild([]Record{{Service: svc("ns/t"), Allocation: Allocation{Pool: "bgp", IPs: []netip.Addr{ip("203.0.113.1")}}}}); len(errs) != 0 {
+		t.Fatal(errs)
+	}
+	b.SetPools([]Pool{l2, bgp}) // the BGP pool back
+	if got := governs(b, ip("203.0.113.1")); got != "l2" {
+		t.Errorf("a forged record of a deleted pool: governed by %q after the pool came back, want l2", got)
+	}
+	if o := b.Orphans(); len(o) != 0 {
+		t.Errorf("a forged record of a deleted pool: orphans %v; want none", o)
+	}
+}
+
+// governs is the pool whose rules announce an address, as the announcer derives it: the
+// allocator's record through the pools' Index; "" when none.
+func governs(a *Allocator, addr netip.Addr) string {
+	from, _ := a.PoolOf(addr)
+	name, _ := a.Index().Governing(from, addr)
+	return name
 }

@@ -142,6 +142,44 @@ func (x *Index) PoolOf(a netip.Addr) (name string, ok bool) {
 	return x.pools[i].name, true
 }
 
+// Governing returns the pool whose rules govern an address given from the pool named from:
+// that pool while its ranges hold the address (of overlapping pools, the one it was given
+// from), else the usable pool holding it, else the oldest shadowed pool whose ranges hold it;
+// ok is false when no pool holds it (an orphan, announced from no node). A pool deleted or
+// shrunk under an address, or a name written on a Service, changes the answer only through
+// the pools' ranges: the same while the controller runs as after it restarts.
+func (x *Index) Governing(from string, a netip.Addr) (name string, ok bool) {
+	a = a.Unmap()
+	i := x.lookup(a)
+	if i >= 0 && x.pools[i].name == from {
+		return from, true // the common case, one lookup
+	}
+	if p := x.pool(from); p != nil && rangesHold(p.ranges, a) {
+		return from, true
+	}
+	if i >= 0 {
+		return x.pools[i].name, true
+	}
+	if x == nil {
+		return "", false
+	}
+	for _, p := range x.pools { // oldest first
+		if p.shadowedBy != "" && rangesHold(p.ranges, a) {
+			return p.name, true
+		}
+	}
+	return "", false
+}
+
+func rangesHold(rs []Range, a netip.Addr) bool {
+	for _, r := range rs {
+		if r.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
 // Shadowed returns the older pool that keeps the named pool from being used, or "" when the
 // pool is usable or unknown.
 func (x *Index) Shadowed(name string) string {

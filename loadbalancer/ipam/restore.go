@@ -77,30 +77,21 @@ func (a *Allocator) Fits(s Service, al Allocation) bool {
 	return err == nil && a.fits(&s, al, fams, false)
 }
 
-// restoredPool decides the pool of an address a Service's status shows, after a restart. The
-// Service's own record of it (recorded, an annotation anyone who may edit the Service can
-// write) is a claim, believed only where it cannot give the address another pool's rules:
-// when the named pool's ranges hold the address (of overlapping pools, the one it was given
-// from); when no valid pool of that name exists (deleted or invalid: the address stays an
-// orphan, announced from no node, as it was before the restart); and when no valid pool holds
-// the address (an orphan of the pool named, announced from no node either way). A name of a
-// valid pool that does not hold an address another pool holds is ignored: the usable pool
-// holding it, else the oldest shadowed one.
+// restoredPool decides the pool an address a Service's status shows was given from, after a
+// restart. The Service's own record of it (recorded, an annotation anyone who may edit the
+// Service can write) is a claim: believed when the named pool's ranges hold the address (of
+// overlapping pools, the one it was given from) and when no valid pool of that name exists
+// (deleted or invalid: the Service keeps the pool it asked for, as before the restart); a name
+// of a valid pool that does not hold the address is ignored: the usable pool holding it, else
+// the oldest shadowed one. Which pool's rules announce the address is not this record but
+// governing, from the pools' ranges: a name of a pool that is gone governs nothing, so a
+// tenant can neither pick another pool's rules nor make its address an orphan.
 func (a *Allocator) restoredPool(recorded string, addr netip.Addr) string {
-	p, exists := a.pools[recorded]
-	switch {
-	case exists && p.contains(addr):
-		return recorded
-	case !exists && recorded != "":
+	if _, exists := a.pools[recorded]; !exists && recorded != "" {
 		return recorded
 	}
-	if p := a.poolOf(addr); p != nil {
-		return p.Name
-	}
-	for _, p := range a.shadowed { // oldest first
-		if p.contains(addr) {
-			return p.Name
-		}
+	if name, ok := a.index.Governing(recorded, addr); ok {
+		return name
 	}
 	return recorded
 }

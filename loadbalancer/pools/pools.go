@@ -511,15 +511,19 @@ func (s *Set) PoolOf(addr netip.Addr) *Pool {
 }
 
 // Governing returns the pool whose rules announce an address the allocator records as given
-// from the named pool: that pool while it holds the address (an invalid pool too: it is
-// announced from no node); nil when the pool was deleted, or shrunk so that it no longer holds
-// the address, or name is "". nil fails closed: such an address is announced from no node.
+// from the named pool (ipam.Index.Governing): that pool while it holds the address, else the
+// valid pool holding it (the usable one, else the oldest shadowed one); an invalid pool of
+// that name when no valid pool holds it (announced from no node: the caller reports its
+// problems); else nil, which fails closed: the address is announced from no node.
 func (s *Set) Governing(name string, addr netip.Addr) *Pool {
-	p := s.pools[name]
-	if p == nil || !p.holds(addr.Unmap()) {
-		return nil
+	addr = addr.Unmap()
+	if n, ok := s.index.Governing(name, addr); ok {
+		return s.pools[n]
 	}
-	return p
+	if p := s.pools[name]; p != nil && p.holds(addr) {
+		return p
+	}
+	return nil
 }
 
 // holds reports whether one of the pool's ranges holds addr (the ranges that decoded, for an

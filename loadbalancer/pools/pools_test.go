@@ -102,26 +102,35 @@ func TestPoolOfIsThePoolWhoseRangesHoldTheAddress(t *testing.T) {
 	}
 }
 
-// TestGoverningIsTheRecordedPoolOnlyWhileItHoldsTheAddress: the allocator's record names the
-// pool an address was given from; a pool deleted, or shrunk so that it no longer holds the
-// address, governs nothing (the address is announced from no node), and no other pool is
-// taken in its place.
-func TestGoverningIsTheRecordedPoolOnlyWhileItHoldsTheAddress(t *testing.T) {
-	older := DecodePool(pool("older", time.Hour, v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.0/24")}))
+// TestGoverningIsTheRecordedPoolWhileItHoldsTheAddressElseThePoolsRanges: the allocator's record
+// names the pool an address was given from, which governs it while it holds it; a pool
+// deleted, or shrunk so that it no longer holds the address, governs nothing, and the valid
+// pool holding the address does (a name a tenant wrote on the Service cannot make it dark);
+// an address no valid pool holds is announced from no node.
+func TestGoverningIsTheRecordedPoolWhileItHoldsTheAddressElseThePoolsRanges(t *testing.T) {
+	older := DecodePool(pool("older", time.Hour, v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.0/25")}))
 	younger := DecodePool(pool("younger", 0, v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.0/28")}))
-	set := NewSet([]*Pool{younger, older}, nil)
-	ip := netip.MustParseAddr("203.0.113.5")
-	if got := set.Governing("younger", ip); got != younger {
-		t.Errorf("the record names younger, which holds %s: got %v", ip, got)
+	broken := DecodePool(pool("broken", 0, v1alpha1.IPPoolSpec{Addresses: addrs("203.0.113.200/29", "not-a-range")}))
+	if broken.Valid() {
+		t.Fatal("the broken pool decoded valid")
 	}
-	if got := set.Governing("younger", netip.MustParseAddr("203.0.113.100")); got != nil {
-		t.Errorf("younger does not hold 203.0.113.100: got %v, want nil (fail closed)", got)
-	}
-	if got := set.Governing("gone", ip); got != nil {
-		t.Errorf("a deleted pool: got %v, want nil (fail closed), not the pool holding the range", got)
-	}
-	if got := set.Governing("", ip); got != nil {
-		t.Errorf("no record: got %v, want nil", got)
+	set := NewSet([]*Pool{younger, older, broken}, nil)
+	for _, tc := range []struct {
+		name, from, addr string
+		want             *Pool
+	}{
+		{"the record names younger, which holds it", "younger", "203.0.113.5", younger},
+		{"younger no longer holds it: older does", "younger", "203.0.113.100", older},
+		{"a deleted pool: the pool holding it", "gone", "203.0.113.5", older},
+		{"no record: the pool holding it", "", "203.0.113.5", older},
+		{"no valid pool holds it: nil (fail closed)", "gone", "203.0.113.130", nil},
+		{"an invalid pool holding it: that pool (the caller reports its problems)", "broken", "203.0.113.201", broken},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := set.Governing(tc.from, netip.MustParseAddr(tc.addr)); got != tc.want {
+				t.Errorf("Governing(%q, %s) = %v, want %v", tc.from, tc.addr, got, tc.want)
+			}
+		})
 	}
 }
 

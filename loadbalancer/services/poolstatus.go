@@ -59,10 +59,10 @@ func (a *Allocations) applyPoolsLocked() {
 					"Address %s came from IP pool %s, which is invalid now (%s); the Service keeps the address, which no node announces until the pool is fixed", o.IP, o.Pool, pools.Problems(set.Pool(o.Pool).Problems))
 			case o.PoolDeleted:
 				a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, report.ReasonPoolDeleted,
-					"Address %s came from IP pool %s, which was deleted; the Service keeps it, which no node announces, until it is deleted or asks for another address (or a pool named %s holds it again)", o.IP, o.Pool, o.Pool)
+					"Address %s came from IP pool %s, which was deleted, and no other pool holds it; the Service keeps it, which no node announces, until it is deleted or asks for another address (or a pool holds it again)", o.IP, o.Pool)
 			default:
 				a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, report.ReasonPoolShrunk,
-					"Address %s is no longer in IP pool %s (removed from its spec.addresses); the Service keeps it, which no node announces, until it is deleted or asks for another address (or the pool holds it again)", o.IP, o.Pool)
+					"Address %s is no longer in IP pool %s (removed from its spec.addresses), and no other pool holds it; the Service keeps it, which no node announces, until it is deleted or asks for another address (or a pool holds it again)", o.IP, o.Pool)
 			}
 		}
 	}
@@ -169,9 +169,9 @@ func fillStatus(st *poolStatus, conds *[]metav1.Condition, gen int64, s ipam.Sta
 			examples = append(examples, fmt.Sprintf("%s (%s)", o.IP, strings.Join(o.Services, ", ")))
 		}
 		report.SetCondition(conds, gen, v1alpha1.PoolAddressesInUseRemoved, metav1.ConditionTrue, "InUse",
-			fmt.Sprintf("%d addresses removed from spec.addresses are still held: %s; Services keep them until deleted or given others", len(s.Orphans), strings.Join(examples, ", ")))
+			fmt.Sprintf("%d addresses removed from spec.addresses are still held and in no other pool: %s; Services keep them, announced from no node, until deleted or given others", len(s.Orphans), strings.Join(examples, ", ")))
 	} else {
-		report.SetCondition(conds, gen, v1alpha1.PoolAddressesInUseRemoved, metav1.ConditionFalse, "None", "Every held address is in spec.addresses")
+		report.SetCondition(conds, gen, v1alpha1.PoolAddressesInUseRemoved, metav1.ConditionFalse, "None", "Every held address given from this pool is in spec.addresses or another pool's")
 	}
 }
 
