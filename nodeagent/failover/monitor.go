@@ -9,7 +9,10 @@
 // A heartbeat counts for liveness only when it echoes the random nonce of one of the
 // receiver's own recent heartbeats to that sender: a captured heartbeat, replayed later in any
 // order, echoes an old one and keeps no dead node alive, and a third node never sees the
-// nonces of a pair. Heartbeats are sent with TTL 255 and taken only with TTL 255 (on-link). A
+// nonces of a pair. A verified heartbeat that echoes nothing still tells whether its sender
+// counts this node alive; a peer that says it does not dissents and counts alive (Alive): with
+// heartbeats lost one way it answers the VIPs it shares with this node, which must yield to it
+// (such a heartbeat may make this node yield, never take over). Heartbeats are sent with TTL 255 and taken only with TTL 255 (on-link). A
 // datagram meets the cheap checks first (size, TTL, a known peer's source address, the frame's
 // keys, replay and freshness pre-checks) and only then the MAC, which costs less than the
 // kernel's delivery of the datagram (BenchmarkRefusingAFlood), so every datagram that passes the
@@ -155,7 +158,9 @@ type peer struct {
 	usesOK   bool
 	proof    time.Time // the peer was alive then, by a fresh echo
 	proven   bool
-	sees     bool // the last proven heartbeat says the peer counts this node alive
+	sees     bool   // the last proven heartbeat says the peer counts this node alive
+	dissent  bool   // the last verified heartbeat, proven or not, says it does not (dissents)
+	boot     uint64 // the boot counter of the last verified heartbeat
 	// departing: this node's heartbeats never show the peer alive (Peer.Departing)
 	departing bool
 
@@ -316,7 +321,8 @@ func (m *Monitor) pairOf(p *peer, mine *ownKey, theirs peerKey) *pair {
 }
 
 // Alive reports whether a node is alive; this node always is. A peer not heard from yet counts
-// as alive for Misses intervals after it was added, unless it has no key. A departing peer
+// as alive for Misses intervals after it was added, unless it has no key; one heard but not
+// proven alive counts so while its heartbeats say it does not count this node alive (dissents). A departing peer
 // never is (Peer.Departing): heard or not, it answers nothing this node shares with it, so
 // this node neither yields to it nor waits for it.
 func (m *Monitor) Alive(node string) bool {
@@ -510,8 +516,10 @@ func (m *Monitor) evaluate(now time.Time) time.Time {
 			next[n] = true
 		case waking && m.alive[n] && (p.proven && m.stalledAt.Sub(p.proof) <= deadline || !p.proven && m.stalledAt.Sub(p.added) <= deadline):
 			next[n] = true
+		case dissents(p, now, deadline):
+			next[n] = true
 		}
-		if next[n] && p.proven && p.sees {
+		if next[n] && p.proven && p.sees && !p.dissent {
 			seesMe[n] = true
 		}
 		if p.lapsed > 0 {
@@ -521,6 +529,9 @@ func (m *Monitor) evaluate(now time.Time) time.Time {
 			at := p.added.Add(deadline)
 			if p.proven {
 				at = p.proof.Add(deadline)
+			}
+			if dissents(p, now, deadline) && p.verified.Add(deadline).After(at) {
+				at = p.verified.Add(deadline)
 			}
 			if at.After(now) && (expires.IsZero() || at.Before(expires)) {
 				expires = at
@@ -554,6 +565,17 @@ func (m *Monitor) evaluate(now time.Time) time.Time {
 		}
 	}
 	return expires
+}
+
+// dissents reports whether a peer without fresh proof is still heard, its heartbeats saying it
+// does not count this node alive: heartbeats lost one way (or mostly one way) leave it unable
+// to prove this node or to be proven, and it then answers, as the first live candidate, the
+// VIPs it shares with this node. It counts alive while heard, so that this node yields to it
+// and waits for it (owns), never answering beside it; counting it dead, both would answer for
+// as long as the loss lasts. Believing it errs only towards answering less: a heartbeat that
+// does not prove its sender alive may make this node yield, never take over.
+func dissents(p *peer, now time.Time, deadline time.Duration) bool {
+	return p.dissent && p.verified.After(p.added) && now.Sub(p.verified) <= deadline
 }
 
 func sameSet(a, b map[string]bool) bool {

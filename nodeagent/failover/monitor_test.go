@@ -1056,3 +1056,71 @@ func TestCloseDoesNotWaitForAnOnChangeUnderWay(t *testing.T) {
 		t.Errorf("%d OnChange calls; want the one under way at Close, none after", n)
 	}
 }
+
+// TestAPeerHeardButUnableToProveThisNodeCountsAliveWhileItDissents: heartbeats lost one way
+// (the soak's heartbeat-loss, a one-way filter) leave a peer that hears nothing of this node
+// unable to echo its nonces. That peer counts this node dead and answers, as the first live
+// candidate, the VIPs they share; this node must count it alive and not seeing it (so that it
+// yields to it and waits for it) for as long as it hears it say so, not dead (then both would
+// answer for as long as the loss lasts). A peer heard saying it does see this node, without
+// proof, gains nothing: a heartbeat that proves nothing may make this node yield, never take
+// over.
+func TestAPeerHeardButUnableToProveThisNodeCountsAliveWhileItDissents(t *testing.T) {
+	port := freePort(t)
+	meID, bID := memIdentity(t), memIdentity(t)
+	rec := &recorder{}
+	// A deadline of 200 ms, so that a busy machine's pauses between the sends below never
+	// outlast it.
+	me, err := New(Config{Node: "me", Listen: netip.AddrPortFrom(loop(1), port), Interval: 20 * time.Millisecond, Misses: 10, Identity: meID, sent: rec.hook})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer me.Close()
+	me.SetPeers([]Peer{{Node: "b", Addr: loop(2), PublicKeys: bID.PublicKeys()}})
+	fromB := newSender(t, loop(2), 255)
+	boot, seq := uint64(1), uint64(0)
+	// b hears none of me: it echoes nothing, and says whether it counts me alive.
+	send := func(flags byte) {
+		t.Helper()
+		before := me.Counters().Unproven
+		seq++
+		fromB.send(t, craft(t, bID, "b", bID, meID, "me", frame{at: seqKey{boot, seq}, flags: flags}), netip.AddrPortFrom(loop(1), port))
+		waitUntil(t, 2*time.Second, "taken, unproven", func() bool { return me.Counters().Unproven > before })
+	}
+	// Past the grace of a peer not heard yet (a deadline), b says it does not see me: the
+	// first heartbeat of its boot is no dissent (a starting peer's says nothing yet), the next is.
+	waitUntil(t, 2*time.Second, "b dead, never heard", func() bool { return !me.Alive("b") })
+	send(0)
+	time.Sleep(20 * time.Millisecond) // an evaluation
+	if me.Alive("b") {
+		t.Fatal("b counts alive after the first heartbeat of its boot; want dead (a starting peer's first heartbeat is no dissent)")
+	}
+	send(0)
+	waitUntil(t, 2*time.Second, "b, heard dissenting, alive and not seeing me", func() bool { return me.Alive("b") && !me.Sees("b") })
+	for range 10 {
+		send(0)
+		if !me.Alive("b") || me.Sees("b") {
+			t.Fatalf("b heard dissenting without proof: alive %v, sees me %v; want alive and not seeing me", me.Alive("b"), me.Sees("b"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Silent: dead once a deadline passed since it was last heard.
+	waitUntil(t, 2*time.Second, "b dead once no longer heard", func() bool { return !me.Alive("b") })
+	// Heard saying it sees me, without proof: still dead.
+	for range 5 {
+		send(flagAlive)
+		time.Sleep(20 * time.Millisecond)
+		if me.Alive("b") {
+			t.Fatal("b heard saying it sees me, without proof, counts alive; want dead (unproven heartbeats never keep a node alive)")
+		}
+	}
+	// b restarts: the first heartbeat of its new boot is no dissent either.
+	boot, seq = 2, 0
+	send(0)
+	time.Sleep(20 * time.Millisecond)
+	if me.Alive("b") {
+		t.Fatal("b counts alive after the first heartbeat of a new boot; want dead")
+	}
+	send(0)
+	waitUntil(t, 2*time.Second, "b dissenting again", func() bool { return me.Alive("b") && !me.Sees("b") })
+}

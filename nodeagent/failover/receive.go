@@ -94,6 +94,15 @@ func (m *Monitor) handle(dgs []datagram, now time.Time) bool {
 			}
 			p.theirLapses, p.heardLapses = l, true
 		}
+		// Whatever the echo, the peer is running and says whether it counts this node alive:
+		// one that does not may answer what this node would (dissents). The first heartbeat
+		// of a peer's boot is sent before it has decided anything and is no dissent.
+		firstOfBoot := f.at.boot != p.boot
+		p.boot = f.at.boot
+		if dissent := f.flags&flagAlive == 0 && !firstOfBoot; dissent != p.dissent {
+			p.dissent = dissent
+			proved = true
+		}
 		if echoed.IsZero() {
 			m.unproven.Add(1)
 			continue
