@@ -83,7 +83,7 @@ func (f fault) String() string {
 // kinds of fault. Most apply to one node; those in nodeless to none. (endpoints-move draws a node
 // to move the endpoints to.)
 var kinds = []string{
-	"agent-kill", "agent-pause", "node-death", "link-flap", "grpc-drop", "heartbeat-loss", "disk-readonly", "disk-full", // a node
+	"agent-kill", "agent-pause", "node-death", "link-flap", "grpc-drop", "heartbeat-loss", "heartbeat-oneway", "disk-readonly", "disk-full", // a node
 	"ccm-restart", "ccm-race", "api-down", "router-restart", "tenant-edit", "tenant-move", "service-churn", "pool-delete", "endpoints-move", // the cluster
 }
 
@@ -110,7 +110,7 @@ func schedule(seed uint64, n int, nodes, from []string) []fault {
 		switch f.Kind {
 		case "grpc-drop":
 			f.Hold = 12 * time.Second // the CCM probes an idle agent every 10 s
-		case "heartbeat-loss":
+		case "heartbeat-loss", "heartbeat-oneway":
 			f.Hold = 5 * time.Second
 		case "api-down":
 			f.Hold = time.Minute
@@ -389,6 +389,7 @@ type soakRun struct {
 	churn      int          // Services made by service-churn so far
 	tenant     []netip.Addr // tenant-move's Service's addresses
 	moves      int          // tenant-move's moves so far
+	oneway     int          // heartbeat-oneway faults so far
 }
 
 // settled: every L2 VIP answered by one node, the BGP VIP routed.
@@ -437,6 +438,15 @@ func (s *soakRun) inject(f fault) (heal func()) {
 		// A fifth of the heartbeats lost, both ways (no netem on these machines: nftables
 		// drops at random).
 		return s.nft(f.Node, "udp dport 7473 numgen random mod 5 0 drop", "udp sport 7473 numgen random mod 5 0 drop")
+	case "heartbeat-oneway":
+		// Every heartbeat lost one way: out of the node, then (its next time) into it. The node
+		// hearing nothing takes over; the other must yield to it, not answer beside it.
+		s.oneway++
+		chain := "output"
+		if s.oneway%2 == 0 {
+			chain = "input"
+		}
+		return s.nftChains(f.Node, []string{chain}, "udp dport 7473 drop")
 	case "disk-full":
 		// The state folder's file system full, and the agent restarted on it.
 		a := c.Agents[f.Node]
@@ -535,9 +545,14 @@ func (s *soakRun) inject(f fault) (heal func()) {
 
 // nft drops, on node, what rules match (input and output) until healed.
 func (s *soakRun) nft(node string, rules ...string) (heal func()) {
+	return s.nftChains(node, []string{"input", "output"}, rules...)
+}
+
+// nftChains drops, on node, what rules match in the chains given (input, output) until healed.
+func (s *soakRun) nftChains(node string, chains []string, rules ...string) (heal func()) {
 	h := s.c.Agents[node].Host
 	var b strings.Builder
-	for _, chain := range []string{"input", "output"} {
+	for _, chain := range chains {
 		fmt.Fprintf(&b, " chain %s {\n  type filter hook %s priority 0; policy accept;\n", chain, chain)
 		for _, r := range rules {
 			fmt.Fprintf(&b, "  %s\n", r)
