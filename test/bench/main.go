@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -265,9 +266,36 @@ func write(m *testenv.Main, r *report) {
 	for _, s := range r.sections {
 		b.WriteString(s + "\n")
 	}
+	if t := soakTable(filepath.Join(filepath.Dir(*out), "chaos.md")); t != "" {
+		b.WriteString("## Fault soak (`make chaos`)\n\nThe soak's runs, as [chaos.md](chaos.md#figures) records them (`make chaos DURATION=60m SEED=n`; what each violation was and what fixed it is there):\n\n" + t + "\n")
+	}
 	if err := os.WriteFile(*out, []byte(b.String()), 0o644); err != nil {
 		m.Fatalf("%v", err)
 	}
+}
+
+// soakTable returns the table of runs under chaos.md's "## Figures" (the soak writes its figures
+// in its own test output; chaos.md keeps them with their analysis), "" when there is none.
+func soakTable(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	_, figures, ok := strings.Cut(string(b), "\n## Figures\n")
+	if !ok {
+		return ""
+	}
+	figures, _, _ = strings.Cut(figures, "\n## ")
+	var t strings.Builder
+	for line := range strings.SplitSeq(figures, "\n") {
+		switch {
+		case strings.HasPrefix(line, "|"):
+			t.WriteString(line + "\n")
+		case t.Len() > 0:
+			return t.String() // the first table only
+		}
+	}
+	return t.String()
 }
 
 func ptr[T any](v T) *T { return &v }
