@@ -12,7 +12,8 @@
 // nonces of a pair. A verified heartbeat that echoes nothing still tells whether its sender
 // counts this node alive; a peer that says it does not dissents and counts alive (Alive): with
 // heartbeats lost one way it answers the VIPs it shares with this node, which must yield to it
-// (such a heartbeat may make this node yield, never take over). Heartbeats are sent with TTL 255 and taken only with TTL 255 (on-link). A
+// (such a heartbeat may make this node yield, never take over). Heartbeats are sent with TTL
+// 255 and taken only with TTL 255 (on-link). A
 // datagram meets the cheap checks first (size, TTL, a known peer's source address, the frame's
 // keys, replay and freshness pre-checks) and only then the MAC, which costs less than the
 // kernel's delivery of the datagram (BenchmarkRefusingAFlood), so every datagram that passes the
@@ -322,9 +323,9 @@ func (m *Monitor) pairOf(p *peer, mine *ownKey, theirs peerKey) *pair {
 
 // Alive reports whether a node is alive; this node always is. A peer not heard from yet counts
 // as alive for Misses intervals after it was added, unless it has no key; one heard but not
-// proven alive counts so while its heartbeats say it does not count this node alive (dissents). A departing peer
-// never is (Peer.Departing): heard or not, it answers nothing this node shares with it, so
-// this node neither yields to it nor waits for it.
+// proven alive counts so while its heartbeats say it does not count this node alive (dissents).
+// A departing peer never is (Peer.Departing): heard or not, it answers nothing this node shares
+// with it, so this node neither yields to it nor waits for it.
 func (m *Monitor) Alive(node string) bool {
 	if node == m.cfg.Node {
 		return true
@@ -505,6 +506,7 @@ func (m *Monitor) evaluate(now time.Time) time.Time {
 	var expires time.Time
 	rotated := len(mine) > 1
 	for n, p := range m.peers {
+		dissenting := dissents(p, now, deadline)
 		switch {
 		case len(p.keys) == 0:
 			// Cannot be heard: dead.
@@ -516,7 +518,7 @@ func (m *Monitor) evaluate(now time.Time) time.Time {
 			next[n] = true
 		case waking && m.alive[n] && (p.proven && m.stalledAt.Sub(p.proof) <= deadline || !p.proven && m.stalledAt.Sub(p.added) <= deadline):
 			next[n] = true
-		case dissents(p, now, deadline):
+		case dissenting:
 			next[n] = true
 		}
 		if next[n] && p.proven && p.sees && !p.dissent {
@@ -530,7 +532,7 @@ func (m *Monitor) evaluate(now time.Time) time.Time {
 			if p.proven {
 				at = p.proof.Add(deadline)
 			}
-			if dissents(p, now, deadline) && p.verified.Add(deadline).After(at) {
+			if dissenting && p.verified.Add(deadline).After(at) {
 				at = p.verified.Add(deadline)
 			}
 			if at.After(now) && (expires.IsZero() || at.Before(expires)) {
