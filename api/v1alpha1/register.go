@@ -13,6 +13,8 @@ var GroupVersion = schema.GroupVersion{Group: "metalvip.io", Version: "v1alpha1"
 var (
 	IPPoolResource  = GroupVersion.WithResource("ippools")
 	BGPPeerResource = GroupVersion.WithResource("bgppeers")
+	// ServiceAnnouncementResource is namespaced.
+	ServiceAnnouncementResource = GroupVersion.WithResource("serviceannouncements")
 )
 
 var (
@@ -23,7 +25,7 @@ var (
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &IPPool{}, &IPPoolList{}, &BGPPeer{}, &BGPPeerList{})
+	s.AddKnownTypes(GroupVersion, &IPPool{}, &IPPoolList{}, &BGPPeer{}, &BGPPeerList{}, &ServiceAnnouncement{}, &ServiceAnnouncementList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

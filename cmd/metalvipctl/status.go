@@ -14,9 +14,12 @@ import (
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -54,7 +57,9 @@ type ServiceStatus struct {
 	Addresses   []string `json:"addresses"`
 	Pool        string   `json:"pool,omitempty"`
 	AnnouncedBy string   `json:"announcedBy,omitempty"`
-	Pending     string   `json:"pending,omitempty"`
+	// Announced is who announces each address, as the CCM's ServiceAnnouncement says.
+	Announced []v1alpha1.AnnouncedAddress `json:"announced,omitempty"`
+	Pending   string                      `json:"pending,omitempty"`
 }
 
 // AgentStatus is one node's agent, as the CCM sees it.
@@ -72,8 +77,8 @@ func statusCommand() *cobra.Command {
 		Short: "Show pools, Services with their addresses and announcing nodes, and agent health",
 		Long: `status reads the cluster (like kubectl: --kubeconfig, else $KUBECONFIG, else ~/.kube/config)
 and shows the IP pools (used and free), every LoadBalancer Service with its addresses and the
-nodes announcing them (from the Service's metalvip.io/Announced condition, which the CCM keeps
-up to date), and whether the CCM reaches each node's agent (from the Node's
+nodes announcing them (from the Service's ServiceAnnouncement, the record the CCM keeps up to
+date), and whether the CCM reaches each node's agent (from the Node's
 metalvip.io/AgentReachable condition). An announcing node whose agent the CCM cannot reach is
 marked stale. For what one node does right now, ask its agent: metalvipctl agent NODE.`,
 		Args: cobra.NoArgs,
@@ -128,6 +133,45 @@ func announcedBy(a desired.Address) string {
 		by += "; refused by " + strings.Join(a.RefusedBy, ", ")
 	}
 	return by
+}
+
+// recordOf reports whether rec is the record of the Service of uid (not one left by an
+// earlier Service of the same name).
+func recordOf(rec *v1alpha1.ServiceAnnouncement, uid types.UID) bool {
+	return slices.ContainsFunc(rec.OwnerReferences, func(o metav1.OwnerReference) bool {
+		return o.Kind == "Service" && o.UID == uid
+	})
+}
+
+// describeRecord says who announces each address of svc, from its record, and marks what may
+// be stale: a node whose agent the CCM cannot reach, a spec the CCM has not seen.
+func describeRecord(rec *v1alpha1.ServiceAnnouncement, svc *corev1.Service, unreachable map[string]string) string {
+	addrs, err := desired.FromRecord(rec.Addresses)
+	if err != nil {
+		return "unreadable ServiceAnnouncement: " + err.Error()
+	}
+	var by []string
+	stale := map[string]bool{}
+	for _, a := range addrs {
+		who := announcedBy(a)
+		if len(addrs) > 1 {
+			who = a.Addr.String() + ": " + who
+		}
+		by = append(by, who)
+		for _, n := range a.Nodes {
+			if _, down := unreachable[n]; down {
+				stale[n] = true
+			}
+		}
+	}
+	out := strings.Join(by, "; ")
+	for _, n := range slices.Sorted(maps.Keys(stale)) {
+		out += fmt.Sprintf(" [stale: the agent of %s is unreachable since %s, it may have stopped]", n, unreachable[n])
+	}
+	if rec.ObservedGeneration < svc.Generation {
+		out += " [stale: the CCM has not seen the Service's latest spec]"
+	}
+	return out
 }
 
 func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface, serves desired.Serves) (*Status, error) {
@@ -203,6 +247,23 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 			pending[k] = e
 		}
 	}
+	// Who announces what: the CCM's ServiceAnnouncements (typed; the Announced condition says
+	// the same in words, for kubectl describe, and is not read here).
+	recList, err := dyn.Resource(v1alpha1.ServiceAnnouncementResource).List(ctx, metav1.ListOptions{})
+	noRecords := ""
+	switch {
+	case apierrors.IsNotFound(err):
+		recList, noRecords = &unstructured.UnstructuredList{}, "unknown: the ServiceAnnouncement CRD is not installed (apply charts/metalvip/crds)"
+	case err != nil:
+		return nil, fmt.Errorf("list ServiceAnnouncements: %w", err)
+	}
+	records := map[string]*v1alpha1.ServiceAnnouncement{}
+	for i := range recList.Items {
+		var rec v1alpha1.ServiceAnnouncement
+		if runtime.DefaultUnstructuredConverter.FromUnstructured(recList.Items[i].Object, &rec) == nil {
+			records[rec.Namespace+"/"+rec.Name] = &rec
+		}
+	}
 	svcs, err := client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("list Services: %w", err)
@@ -224,34 +285,11 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 				ss.Pool = p.Name
 			}
 		}
-		if c := meta.FindStatusCondition(s.Status.Conditions, desired.ConditionAnnounced); c != nil {
-			addrs, err := desired.ParseAddresses(c.Message)
-			if err != nil {
-				ss.AnnouncedBy = c.Message
-			}
-			var by []string
-			stale := map[string]bool{}
-			for _, a := range addrs {
-				who := announcedBy(a)
-				if len(addrs) > 1 {
-					who = a.Addr.String() + ": " + who
-				}
-				by = append(by, who)
-				for _, n := range a.Nodes {
-					if _, down := unreachable[n]; down {
-						stale[n] = true
-					}
-				}
-			}
-			if len(by) > 0 {
-				ss.AnnouncedBy = strings.Join(by, "; ")
-			}
-			for _, n := range slices.Sorted(maps.Keys(stale)) {
-				ss.AnnouncedBy += fmt.Sprintf(" [stale: the agent of %s is unreachable since %s, it may have stopped]", n, unreachable[n])
-			}
-			if c.ObservedGeneration < s.Generation {
-				ss.AnnouncedBy += " [stale: the CCM has not seen the Service's latest spec]"
-			}
+		if rec, ok := records[s.Namespace+"/"+s.Name]; ok && recordOf(rec, s.UID) {
+			ss.Announced = rec.Addresses
+			ss.AnnouncedBy = describeRecord(rec, s, unreachable)
+		} else if len(ss.Addresses) > 0 {
+			ss.AnnouncedBy = noRecords
 		}
 		if len(ss.Addresses) == 0 {
 			ss.Pending = "waiting for an address"

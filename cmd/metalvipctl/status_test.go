@@ -5,31 +5,54 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-
 	"time"
-
-	"github.com/metalvip/metalvip/loadbalancer/desired"
-	"sigs.k8s.io/yaml"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/yaml"
+
+	"github.com/metalvip/metalvip/api/v1alpha1"
 )
 
-func TestAnnouncedByReadsTheCondition(t *testing.T) {
-	msg := "203.0.113.5 (L2): node-a, standby node-b, node-c; 203.0.113.128 (L2 per client): node1, node2, node3; " +
-		"203.0.113.64 (BGP): node1, node2; 203.0.113.65 (L2): no eligible node; 203.0.113.66 (BGP): node1, refused by node2"
-	addrs, err := desired.ParseAddresses(msg)
-	if err != nil {
-		t.Fatal(err)
+// TestStatusDescribesTheRecord: who announces each address comes from the CCM's
+// ServiceAnnouncement, with what may be stale marked; a record left by an earlier Service of
+// the same name, or one that cannot be read, says nothing of this one.
+func TestStatusDescribesTheRecord(t *testing.T) {
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front", UID: "u2", Generation: 4}}
+	rec := func(gen int64, uid types.UID, addrs ...v1alpha1.AnnouncedAddress) *v1alpha1.ServiceAnnouncement {
+		return &v1alpha1.ServiceAnnouncement{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front",
+			OwnerReferences: []metav1.OwnerReference{{Kind: "Service", UID: uid}}}, ObservedGeneration: gen, Addresses: addrs}
 	}
-	want := []string{"node-a (standby node-b, node-c)", "node1, node2, node3 (per client)", "node1, node2", "no eligible node", "node1; refused by node2"}
-	if len(addrs) != len(want) {
-		t.Fatalf("%d addresses, want %d", len(addrs), len(want))
+	l2 := v1alpha1.AnnouncedAddress{Address: "203.0.113.5", Mode: v1alpha1.AnnouncedL2, Nodes: []string{"node-a", "node-b", "node-c"}}
+	for _, tc := range []struct {
+		name        string
+		rec         *v1alpha1.ServiceAnnouncement
+		unreachable map[string]string
+		want        string
+	}{
+		{"L2 with standbys", rec(4, "u2", l2), nil, "node-a (standby node-b, node-c)"},
+		{"per client", rec(4, "u2", v1alpha1.AnnouncedAddress{Address: "203.0.113.128", Mode: v1alpha1.AnnouncedL2PerClient, Nodes: []string{"node3", "node1"}}), nil, "node3, node1 (per client)"},
+		{"two addresses, BGP refused by one, none eligible", rec(4, "u2",
+			v1alpha1.AnnouncedAddress{Address: "203.0.113.66", Mode: v1alpha1.AnnouncedBGP, Nodes: []string{"node1"}, RefusedBy: []string{"node2"}},
+			v1alpha1.AnnouncedAddress{Address: "2001:db8::65", Mode: v1alpha1.AnnouncedL2}), nil,
+			"203.0.113.66: node1; refused by node2; 2001:db8::65: no eligible node"},
+		{"an unreachable node is marked", rec(4, "u2", l2), map[string]string{"node-b": "2026-12-05T04:00:00Z"},
+			"node-a (standby node-b, node-c) [stale: the agent of node-b is unreachable since 2026-12-05T04:00:00Z, it may have stopped]"},
+		{"an older generation is marked", rec(3, "u2", l2), nil, "node-a (standby node-b, node-c) [stale: the CCM has not seen the Service's latest spec]"},
+		{"an unreadable record says so", rec(4, "u2", v1alpha1.AnnouncedAddress{Address: "node-a", Mode: v1alpha1.AnnouncedL2}), nil, `unreadable ServiceAnnouncement: address "node-a"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if !recordOf(tc.rec, svc.UID) {
+				t.Fatal("the record of the Service's UID is not taken as its record")
+			}
+			if got := describeRecord(tc.rec, svc, tc.unreachable); !strings.HasPrefix(got, tc.want) {
+				t.Errorf("%q, want %q", got, tc.want)
+			}
+		})
 	}
-	for i, a := range addrs {
-		if got := announcedBy(a); got != want[i] {
-			t.Errorf("%s: %q, want %q", a.Addr, got, want[i])
-		}
+	if recordOf(rec(4, "u1", l2), svc.UID) {
+		t.Error("the record of an earlier Service of the same name is taken as this one's")
 	}
 }
 

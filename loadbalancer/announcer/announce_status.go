@@ -48,10 +48,16 @@ func (a *Announcer) addresses(key string) []desired.Address {
 	return out
 }
 
-// writeCondition sets a Service's Announced condition when it changed; the writer applies it.
+// writeCondition sets a Service's Announced condition and its ServiceAnnouncement when they
+// changed; the writer applies them.
 func (a *Announcer) writeCondition(key string) {
 	s := &a.loop
 	svc := a.service(key)
+	addrs := a.addresses(key)
+	if svc == nil {
+		addrs = nil
+	}
+	a.writeRecord(key, svc, addrs)
 	if svc == nil || !a.cfg.Serves.Ours(svc) {
 		delete(s.conds, key)
 		if svc == nil {
@@ -59,7 +65,6 @@ func (a *Announcer) writeCondition(key string) {
 		}
 	}
 	cur := meta.FindStatusCondition(svc.Status.Conditions, desired.ConditionAnnounced)
-	addrs := a.addresses(key)
 	if len(addrs) == 0 {
 		if cur != nil && s.conds[key] != "none" {
 			s.conds[key] = "none"

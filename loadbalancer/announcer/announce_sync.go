@@ -166,6 +166,9 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 		}
 	}
 
+	for key := range ch.records {
+		r.conds[key] = true
+	}
 	for key := range r.conds {
 		a.writeCondition(key)
 	}

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
+	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/loadbalancer/agentclient"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/loadbalancer/objects"
@@ -93,6 +94,7 @@ type Announcer struct {
 	nodes     corelisters.NodeLister
 	endpoints discoverylisters.EndpointSliceLister
 	secrets   corelisters.SecretLister
+	records   cache.GenericLister // ServiceAnnouncements (record.go); nil: none written
 	synced    []cache.InformerSynced
 	secretsF  informers.SharedInformerFactory
 
@@ -108,6 +110,7 @@ type Announcer struct {
 type changes struct {
 	services  map[string]bool
 	pools     map[string]bool
+	records   map[string]bool // Services whose ServiceAnnouncement changed
 	nodes     bool
 	peers     bool // peers or their password Secrets
 	keys      bool // a node's heartbeat keys
@@ -132,7 +135,7 @@ type tookOver struct {
 }
 
 func newChanges() changes {
-	return changes{services: map[string]bool{}, pools: map[string]bool{}, reach: map[string]bool{}, applied: map[string]bool{}, refused: map[string]refusal{}, sessions: map[string][]*agentv1.PeerStatus{},
+	return changes{services: map[string]bool{}, pools: map[string]bool{}, records: map[string]bool{}, reach: map[string]bool{}, applied: map[string]bool{}, refused: map[string]refusal{}, sessions: map[string][]*agentv1.PeerStatus{},
 		controlPlane: map[string]netip.Addr{}}
 }
 
@@ -223,6 +226,20 @@ func (a *Announcer) Register(factory informers.SharedInformerFactory, dyn dynami
 		DeleteFunc: func(any) { a.note(func(c *changes) { c.nodes = true }) },
 	})
 	synced := []cache.InformerSynced{svc.Informer().HasSynced, nodes.Informer().HasSynced, eps.Informer().HasSynced, a.cfg.Objects.HasSynced}
+	// ServiceAnnouncements only where their CRD is installed: Helm installs a chart's CRDs on
+	// the first install alone, and an upgrade that missed this one must still announce.
+	if served, err := recordsServed(a.cfg.Client.Discovery()); served {
+		rec := dyn.ForResource(v1alpha1.ServiceAnnouncementResource)
+		a.records = rec.Lister()
+		_, _ = rec.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    a.recordChanged,
+			UpdateFunc: func(_, o any) { a.recordChanged(o) },
+			DeleteFunc: a.recordChanged,
+		})
+		synced = append(synced, rec.Informer().HasSynced)
+	} else {
+		klog.ErrorS(err, "The ServiceAnnouncement CRD is not installed: no Service's record of who announces it is written (metalvipctl status shows none) until it is and the CCM restarts; apply charts/metalvip/crds")
+	}
 	if a.cfg.PasswordNamespace != "" {
 		a.secretsF = informers.NewSharedInformerFactoryWithOptions(a.cfg.Client, 0, informers.WithNamespace(a.cfg.PasswordNamespace))
 		sec := a.secretsF.Core().V1().Secrets()
@@ -254,6 +271,14 @@ func (a *Announcer) take() changes {
 	c := a.pending
 	a.pending = newChanges()
 	return c
+}
+
+// recordChanged notes a Service whose ServiceAnnouncement changed: the round compares it with
+// the plan (nothing is planned again).
+func (a *Announcer) recordChanged(o any) {
+	if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(o); err == nil {
+		a.note(func(c *changes) { c.records[key] = true })
+	}
 }
 
 func (a *Announcer) serviceChanged(o any) {

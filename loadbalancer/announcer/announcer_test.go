@@ -106,7 +106,7 @@ func newUnplanned(t testing.TB, nodes int) (*harness, map[string]bool) {
 	h := &harness{t: t, ctx: ctx, client: fake.NewClientset(), rec: record.NewFakeRecorder(1 << 20), objects: objects.NewObjects()}
 	scheme := runtime.NewScheme()
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
-		v1alpha1.IPPoolResource: "IPPoolList", v1alpha1.BGPPeerResource: "BGPPeerList",
+		v1alpha1.IPPoolResource: "IPPoolList", v1alpha1.BGPPeerResource: "BGPPeerList", v1alpha1.ServiceAnnouncementResource: "ServiceAnnouncementList",
 	})
 	h.factory = informers.NewSharedInformerFactory(h.client, 0)
 	dynF := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)

@@ -8,6 +8,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/loadbalancer/planner"
 )
 
@@ -78,7 +79,7 @@ func Condition(addrs []Address, generation int64) metav1.Condition {
 //
 //	203.0.113.1 (L2): node1, standby node2, node3; 203.0.113.9 (BGP): node1, node2
 //
-// ParseAddresses reads it back; the two are the only codec of that text.
+// It is for people; programs read the ServiceAnnouncement (Record).
 func FormatAddresses(addrs []Address) string {
 	parts := make([]string, 0, len(addrs))
 	for _, a := range addrs {
@@ -99,41 +100,35 @@ func FormatAddresses(addrs []Address) string {
 	return strings.Join(parts, "; ")
 }
 
-// ParseAddresses reads what FormatAddresses wrote.
-func ParseAddresses(msg string) ([]Address, error) {
-	if msg == "" {
-		return nil, nil
+// Record is what a Service's ServiceAnnouncement says of its addresses: the typed twin of
+// the condition's message, which is for people (kubectl describe) and is never parsed.
+func Record(addrs []Address) []v1alpha1.AnnouncedAddress {
+	out := make([]v1alpha1.AnnouncedAddress, 0, len(addrs))
+	for _, a := range addrs {
+		out = append(out, v1alpha1.AnnouncedAddress{Address: a.Addr.String(), Mode: recordModes[a.Mode],
+			Nodes: slices.Clone(a.Nodes), RefusedBy: slices.Clone(a.RefusedBy)})
 	}
-	var out []Address
-	for clause := range strings.SplitSeq(msg, "; ") {
-		head, who, ok := strings.Cut(clause, "): ")
-		if !ok {
-			return nil, fmt.Errorf("clause %q: no \"(mode): nodes\"", clause)
-		}
-		ip, mode, ok := strings.Cut(head, " (")
-		if !ok {
-			return nil, fmt.Errorf("clause %q: no mode", clause)
-		}
-		addr, err := netip.ParseAddr(ip)
+	return out
+}
+
+// FromRecord reads what Record wrote; an address it cannot read is an error.
+func FromRecord(rec []v1alpha1.AnnouncedAddress) ([]Address, error) {
+	out := make([]Address, 0, len(rec))
+	for _, r := range rec {
+		addr, err := netip.ParseAddr(r.Address)
 		if err != nil {
-			return nil, fmt.Errorf("clause %q: %w", clause, err)
+			return nil, fmt.Errorf("address %q: %w", r.Address, err)
 		}
-		if mode != ModeL2 && mode != ModeL2PerClient && mode != ModeBGP {
-			return nil, fmt.Errorf("clause %q: mode %q", clause, mode)
+		mode, ok := conditionModes[r.Mode]
+		if !ok {
+			return nil, fmt.Errorf("address %s: mode %q", addr, r.Mode)
 		}
-		a := Address{Addr: addr, Mode: mode}
-		if w, refused, ok := strings.Cut(who, ", refused by "); ok {
-			who = w
-			a.RefusedBy = strings.Split(refused, " and ")
-		}
-		if who != "no eligible node" {
-			first, standby, _ := strings.Cut(who, ", standby ")
-			a.Nodes = strings.Split(first, ", ")
-			if standby != "" {
-				a.Nodes = append(a.Nodes, strings.Split(standby, ", ")...)
-			}
-		}
-		out = append(out, a)
+		out = append(out, Address{Addr: addr, Mode: mode, Nodes: slices.Clone(r.Nodes), RefusedBy: slices.Clone(r.RefusedBy)})
 	}
 	return out, nil
 }
+
+var (
+	recordModes    = map[string]v1alpha1.AnnounceKind{ModeL2: v1alpha1.AnnouncedL2, ModeL2PerClient: v1alpha1.AnnouncedL2PerClient, ModeBGP: v1alpha1.AnnouncedBGP}
+	conditionModes = map[v1alpha1.AnnounceKind]string{v1alpha1.AnnouncedL2: ModeL2, v1alpha1.AnnouncedL2PerClient: ModeL2PerClient, v1alpha1.AnnouncedBGP: ModeBGP}
+)

@@ -17,9 +17,12 @@ import (
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
-func TestConditionTextReadsBackAsWritten(t *testing.T) {
+// TestARecordReadsBackAsWritten: what the CCM writes in a ServiceAnnouncement, metalvipctl
+// reads back as it was, whatever the node names hold (the condition's text, which it parsed
+// before, split on ", ").
+func TestARecordReadsBackAsWritten(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		node := rapid.StringMatching(`[a-z][a-z0-9-]{0,12}`)
+		node := rapid.StringMatching(`[a-z][a-z0-9., -]{0,12}`)
 		n := rapid.IntRange(1, 5).Draw(t, "addresses")
 		var in []Address
 		for i := range n {
@@ -36,9 +39,9 @@ func TestConditionTextReadsBackAsWritten(t *testing.T) {
 			}
 			in = append(in, a)
 		}
-		out, err := ParseAddresses(FormatAddresses(in))
+		out, err := FromRecord(Record(in))
 		if err != nil {
-			t.Fatalf("%q: %v", FormatAddresses(in), err)
+			t.Fatalf("%+v: %v", Record(in), err)
 		}
 		if len(out) != len(in) {
 			t.Fatalf("%d addresses back, want %d", len(out), len(in))
@@ -49,6 +52,17 @@ func TestConditionTextReadsBackAsWritten(t *testing.T) {
 			}
 		}
 	})
+}
+
+func TestARecordThatCannotBeReadIsAnError(t *testing.T) {
+	for _, rec := range [][]v1alpha1.AnnouncedAddress{
+		{{Address: "203.0.113.300", Mode: v1alpha1.AnnouncedL2}},
+		{{Address: "203.0.113.1", Mode: "Anycast"}},
+	} {
+		if out, err := FromRecord(rec); err == nil {
+			t.Errorf("%+v read as %+v, want an error", rec, out)
+		}
+	}
 }
 
 func TestConditionSaysWhyAnAddressIsNotAnnounced(t *testing.T) {

@@ -11,9 +11,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
@@ -133,6 +135,42 @@ func TestAnnouncingCCMRunsWithTheManifestsRBAC(t *testing.T) {
 			}
 		}
 		return false
+	})
+	// The record of who announces the Service: written with an owner reference to it, written
+	// again when deleted by hand, deleted when the Service is no longer a LoadBalancer.
+	svc, err := srv.Client.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := e.dyn.Resource(v1alpha1.ServiceAnnouncementResource).Namespace(ns)
+	record := func() (*v1alpha1.ServiceAnnouncement, error) {
+		u, err := records.Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		var rec v1alpha1.ServiceAnnouncement
+		return &rec, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &rec)
+	}
+	written := func() bool {
+		rec, err := record()
+		return err == nil && len(rec.OwnerReferences) == 1 && rec.OwnerReferences[0].UID == svc.UID &&
+			len(rec.Addresses) == 1 && rec.Addresses[0].Address == svc.Status.LoadBalancer.Ingress[0].IP && rec.ObservedGeneration == svc.Generation
+	}
+	harness.Eventually(t, 30*time.Second, "the Service's ServiceAnnouncement is written, owned by it", written)
+	if err := records.Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 30*time.Second, "a ServiceAnnouncement deleted by hand is written again", written)
+	svc.Spec.Type = corev1.ServiceTypeClusterIP
+	for i := range svc.Spec.Ports {
+		svc.Spec.Ports[i].NodePort = 0
+	}
+	if _, err := srv.Client.CoreV1().Services(ns).Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 30*time.Second, "the ServiceAnnouncement of a Service turned ClusterIP is deleted", func() bool {
+		_, err := record()
+		return apierrors.IsNotFound(err)
 	})
 	harness.Eventually(t, 30*time.Second, "the Node's AgentReachable condition is written", func() bool {
 		n, err := srv.Client.CoreV1().Nodes().Get(ctx, "rbac-announce-node", metav1.GetOptions{})

@@ -1,0 +1,124 @@
+package announcer
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery"
+
+	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/loadbalancer/desired"
+	"github.com/metalvip/metalvip/loadbalancer/report"
+)
+
+// A Service's ServiceAnnouncement (same namespace and name) is the typed record of who
+// announces its addresses, which `metalvipctl status` reads; the Announced condition says the
+// same in words. The announcer alone writes it, from the plan, when it differs from what the
+// informer holds: a record deleted by hand comes back, and one whose Service holds no address
+// (or is gone) is deleted.
+
+// recordsServed reports whether the API server serves ServiceAnnouncements, and if not, why.
+func recordsServed(d discovery.DiscoveryInterface) (bool, error) {
+	gv := v1alpha1.GroupVersion.String()
+	list, err := d.ServerResourcesForGroupVersion(gv)
+	if err != nil {
+		return false, fmt.Errorf("discover %s: %w", gv, err)
+	}
+	for _, r := range list.APIResources {
+		if r.Name == v1alpha1.ServiceAnnouncementResource.Resource {
+			return true, nil
+		}
+	}
+	return false, fmt.Errorf("%s has no %s", gv, v1alpha1.ServiceAnnouncementResource.Resource)
+}
+
+// recordFor is the record of svc's addresses; nil when it has none.
+func recordFor(svc *v1.Service, addrs []desired.Address) *v1alpha1.ServiceAnnouncement {
+	if svc == nil || len(addrs) == 0 {
+		return nil
+	}
+	return &v1alpha1.ServiceAnnouncement{
+		TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "ServiceAnnouncement"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: svc.Namespace, Name: svc.Name,
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: svc.Name, UID: svc.UID, Controller: new(true)}}},
+		ObservedGeneration: svc.Generation,
+		Addresses:          desired.Record(addrs),
+	}
+}
+
+// sameRecord reports whether the record held says what want says, owned by want's Service.
+func sameRecord(have, want *v1alpha1.ServiceAnnouncement) bool {
+	if have == nil || want == nil {
+		return have == want
+	}
+	return have.ObservedGeneration == want.ObservedGeneration && ownedBy(have, want.OwnerReferences[0].UID) &&
+		slices.EqualFunc(have.Addresses, want.Addresses, func(a, b v1alpha1.AnnouncedAddress) bool {
+			return a.Address == b.Address && a.Mode == b.Mode && slices.Equal(a.Nodes, b.Nodes) && slices.Equal(a.RefusedBy, b.RefusedBy)
+		})
+}
+
+// ownedBy reports whether rec belongs to the Service of uid (and not to an earlier Service of
+// the same name).
+func ownedBy(rec *v1alpha1.ServiceAnnouncement, uid types.UID) bool {
+	return slices.ContainsFunc(rec.OwnerReferences, func(o metav1.OwnerReference) bool {
+		return o.Kind == "Service" && o.UID == uid && o.Controller != nil && *o.Controller
+	})
+}
+
+// heldRecord is the record of key as the informer holds it; nil when there is none or it
+// cannot be read (then it is rewritten).
+func (a *Announcer) heldRecord(key string) *v1alpha1.ServiceAnnouncement {
+	if a.records == nil {
+		return nil
+	}
+	obj, err := a.records.Get(key)
+	if err != nil {
+		return nil
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return nil
+	}
+	var rec v1alpha1.ServiceAnnouncement
+	if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &rec) != nil {
+		return &v1alpha1.ServiceAnnouncement{ObjectMeta: metav1.ObjectMeta{Namespace: u.GetNamespace(), Name: u.GetName()}}
+	}
+	return &rec
+}
+
+// writeRecord makes key's ServiceAnnouncement say who announces addrs (svc nil: the Service is
+// gone), creating, updating or deleting it when the one held differs.
+func (a *Announcer) writeRecord(key string, svc *v1.Service, addrs []desired.Address) {
+	have, want := a.heldRecord(key), recordFor(svc, addrs)
+	if a.records == nil || sameRecord(have, want) {
+		return
+	}
+	res := a.cfg.Dynamic.Resource(v1alpha1.ServiceAnnouncementResource)
+	if want == nil {
+		ns, name := have.Namespace, have.Name
+		a.writer.SetPaced("record/"+key, func(ctx context.Context) error {
+			err := res.Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{})
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return err
+		})
+		return
+	}
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(want)
+	if err != nil {
+		return // cannot happen: a typed object converts
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	a.writer.SetPaced("record/"+key, func(ctx context.Context) error {
+		_, err := res.Namespace(u.GetNamespace()).Apply(ctx, u.GetName(), u, metav1.ApplyOptions{FieldManager: report.ManagerAnnouncer, Force: true})
+		return err
+	})
+}

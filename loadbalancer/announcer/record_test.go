@@ -1,0 +1,78 @@
+package announcer
+
+import (
+	"net/netip"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/loadbalancer/desired"
+)
+
+// TestARecordIsWrittenWhenItDiffersFromThePlan: the ServiceAnnouncement held is rewritten
+// when anything it says differs from the plan, including its owner (a record left by an
+// earlier Service of the same name), and deleted when the Service holds no address.
+func TestARecordIsWrittenWhenItDiffersFromThePlan(t *testing.T) {
+	svc := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front", UID: "u2", Generation: 3}}
+	addr := desired.Address{Addr: netip.MustParseAddr("203.0.113.7"), Mode: desired.ModeL2, Nodes: []string{"node1", "node2"}}
+	want := recordFor(svc, []desired.Address{addr})
+	changed := func(f func(r *v1alpha1.ServiceAnnouncement)) *v1alpha1.ServiceAnnouncement {
+		r := want.DeepCopy()
+		f(r)
+		return r
+	}
+	for _, tc := range []struct {
+		name        string
+		have, want  *v1alpha1.ServiceAnnouncement
+		writesAgain bool
+	}{
+		{"none held, none wanted", nil, nil, false},
+		{"the same", want.DeepCopy(), want, false},
+		{"none held", nil, want, true},
+		{"another order of nodes", changed(func(r *v1alpha1.ServiceAnnouncement) { r.Addresses[0].Nodes = []string{"node2", "node1"} }), want, true},
+		{"another mode", changed(func(r *v1alpha1.ServiceAnnouncement) { r.Addresses[0].Mode = v1alpha1.AnnouncedBGP }), want, true},
+		{"a refusal gone", changed(func(r *v1alpha1.ServiceAnnouncement) { r.Addresses[0].RefusedBy = []string{"node3"} }), want, true},
+		{"an older generation", changed(func(r *v1alpha1.ServiceAnnouncement) { r.ObservedGeneration = 2 }), want, true},
+		{"an earlier Service's", changed(func(r *v1alpha1.ServiceAnnouncement) { r.OwnerReferences[0].UID = "u1" }), want, true},
+		{"an address more", changed(func(r *v1alpha1.ServiceAnnouncement) {
+			r.Addresses = append(r.Addresses, v1alpha1.AnnouncedAddress{Address: "2001:db8::7", Mode: v1alpha1.AnnouncedL2})
+		}), want, true},
+		{"held, the Service holds no address", want.DeepCopy(), recordFor(svc, nil), true},
+		{"held, the Service is gone", want.DeepCopy(), recordFor(nil, []desired.Address{addr}), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := !sameRecord(tc.have, tc.want); got != tc.writesAgain {
+				t.Errorf("written again: %v, want %v", got, tc.writesAgain)
+			}
+		})
+	}
+	if o := want.OwnerReferences[0]; o.Kind != "Service" || o.APIVersion != "v1" || o.UID != svc.UID || o.Controller == nil || !*o.Controller {
+		t.Errorf("owner %+v: want the Service, as its controller, so that it is deleted with it", o)
+	}
+}
+
+// TestRecordsOnlyWhereTheirCRDIsServed: an upgrade by Helm leaves out a new CRD; the announcer
+// then writes no records (and announces all the same) instead of waiting for an informer
+// that cannot list.
+func TestRecordsOnlyWhereTheirCRDIsServed(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		resources []*metav1.APIResourceList
+		want      bool
+	}{
+		{"served", []*metav1.APIResourceList{{GroupVersion: v1alpha1.GroupVersion.String(), APIResources: []metav1.APIResource{{Name: "ippools"}, {Name: "serviceannouncements"}}}}, true},
+		{"the group without it", []*metav1.APIResourceList{{GroupVersion: v1alpha1.GroupVersion.String(), APIResources: []metav1.APIResource{{Name: "ippools"}}}}, false},
+		{"no group", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fake.NewClientset()
+			c.Resources = tc.resources
+			if got, err := recordsServed(c.Discovery()); got != tc.want || (err == nil) != tc.want {
+				t.Errorf("served %v (%v), want %v", got, err, tc.want)
+			}
+		})
+	}
+}
