@@ -17,14 +17,7 @@ var drainsOnly = flag.Bool("drains-only", false, "only the drain sections, in a 
 // drainsAlone measures the drains alone and writes their sections into the report in place
 // of the ones of the same titles (a whole make bench takes an hour; the drains take minutes).
 func drainsAlone(m *testenv.Main, r *report) {
-	harness.Step("building the binaries")
-	ccm, agent, err := cluster.Build(m.TempDir())
-	if err != nil {
-		m.Fatalf("%v", err)
-	}
-	harness.Step("starting etcd and kube-apiserver")
-	srv := kubeapi.Own(m)
-	srv.InstallCRDs(m)
+	ccm, agent, srv := buildAndServe(m)
 	harness.Step("the lab: API server, CCM, agents, FRR")
 	c := cluster.New(m, srv, cluster.Options{CCMBinary: ccm, AgentBinary: agent})
 	for _, n := range c.Lab.Nodes {
@@ -74,4 +67,18 @@ func replaceSection(doc, sec string) string {
 		return doc[:end] + sec + doc[end:]
 	}
 	return strings.TrimRight(doc, "\n") + "\n\n" + sec
+}
+
+// buildAndServe builds the CCM and the agent and starts an API server of the bench's own,
+// with metalvip's CRDs.
+func buildAndServe(m *testenv.Main) (ccm, agent string, srv *kubeapi.Server) {
+	harness.Step("building the binaries")
+	ccm, agent, err := cluster.Build(m.TempDir())
+	if err != nil {
+		m.Fatalf("%v", err)
+	}
+	harness.Step("starting etcd and kube-apiserver")
+	srv = kubeapi.Own(m)
+	srv.InstallCRDs(m)
+	return ccm, agent, srv
 }

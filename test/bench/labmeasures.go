@@ -82,12 +82,7 @@ func perClient(m *testenv.Main, r *report, c *cluster.Cluster) {
 	var outages []float64
 	for i := range trials {
 		victim := c.Lab.Nodes[i%len(c.Lab.Nodes)].Name
-		var moved []netip.Addr
-		for a, n := range owners {
-			if n == victim {
-				moved = append(moved, a)
-			}
-		}
+		moved := cluster.ClientsOf(owners, victim)
 		killed := time.Now()
 		c.Kill(victim)
 		var told map[netip.Addr]time.Time

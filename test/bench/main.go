@@ -28,7 +28,6 @@ import (
 	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/figure"
 	"github.com/metalvip/metalvip/test/harness/proc"
-	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
@@ -99,14 +98,7 @@ func main() {
 		goBenchmarks(m, r)
 	}
 
-	harness.Step("building the binaries")
-	ccm, agent, err := cluster.Build(m.TempDir())
-	if err != nil {
-		m.Fatalf("%v", err)
-	}
-	harness.Step("starting etcd and kube-apiserver")
-	srv := kubeapi.Own(m)
-	srv.InstallCRDs(m)
+	ccm, agent, srv := buildAndServe(m)
 	// One Ready node, as a cluster has, with an agent (the real agent logic without speakers,
 	// on a loopback address): the CCM plans and pushes as for a real node and writes each
 	// Service's Announced condition, so the writes counted are those of create to announced.

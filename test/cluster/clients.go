@@ -189,6 +189,18 @@ func Shares(owners map[netip.Addr]string) map[string]int {
 	return out
 }
 
+// ClientsOf returns the clients node answers, sorted.
+func ClientsOf(owners map[netip.Addr]string, node string) []netip.Addr {
+	var out []netip.Addr
+	for a, n := range owners {
+		if n == node {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
 // ClientAddrs returns every IPv4 address of the on-link client: its own, then the extra ones
 // (Options.ClientAddrs).
 func (c *Cluster) ClientAddrs() []netip.Addr {

@@ -29,6 +29,15 @@ func (c *Cluster) Owner(vip netip.Addr) string {
 		return n
 	}
 	// A virtual MAC names no node: the agent that says it answers is the owner.
+	if owners := c.ActiveOwners(vip); len(owners) == 1 {
+		return owners[0]
+	}
+	return ""
+}
+
+// ActiveOwners returns the nodes whose agents say they answer vip (those that answer GetState
+// within a second).
+func (c *Cluster) ActiveOwners(vip netip.Addr) []string {
 	var owners []string
 	for name, a := range c.Agents {
 		ctx, cancel := context.WithTimeout(c.ctx, time.Second)
@@ -43,10 +52,7 @@ func (c *Cluster) Owner(vip netip.Addr) string {
 			}
 		}
 	}
-	if len(owners) != 1 {
-		return ""
-	}
-	return owners[0]
+	return owners
 }
 
 func (c *Cluster) WaitOwner(vip netip.Addr, want string, timeout time.Duration) {

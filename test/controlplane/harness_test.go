@@ -531,6 +531,22 @@ func (w *arpWatch) answerers(from, to time.Time) map[string]int {
 	return out
 }
 
+// newHolder returns the node that answered from moveBound after t0 until t1, with the answers
+// by node, failing the test unless exactly one node other than victim did (after what, such as
+// "the fault").
+func (w *arpWatch) newHolder(t *testing.T, t0, t1 time.Time, victim, what string) (string, map[string]int) {
+	t.Helper()
+	after := w.answerers(t0.Add(moveBound), t1)
+	var holder string
+	for n := range after {
+		holder = n
+	}
+	if len(after) != 1 || holder == victim {
+		t.Errorf("from %s after %s, the VIP was answered by %v; want exactly one node, not %s", moveBound, what, after, victim)
+	}
+	return holder, after
+}
+
 // first returns when node first answered in [from, to), and last when it last did.
 func (w *arpWatch) span(node string, from, to time.Time) (first, last time.Time) {
 	w.mu.Lock()

@@ -134,12 +134,7 @@ func TestPerClientSpreading(t *testing.T) {
 // that nobody else moves, revives it and checks that its clients, and only those, move back.
 func killAndRevive(t *testing.T, c *cluster.Cluster, clients *cluster.Clients, vip netip.Addr, owners map[netip.Addr]string, victim string) {
 	t.Helper()
-	var moved []netip.Addr
-	for a, n := range owners {
-		if n == victim {
-			moved = append(moved, a)
-		}
-	}
+	moved := cluster.ClientsOf(owners, victim)
 	killed := time.Now()
 	c.Kill(victim)
 	// The survivors tell each of the victim's clients, unasked.

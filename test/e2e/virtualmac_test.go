@@ -214,20 +214,7 @@ func activeOwner(t *testing.T, c *cluster.Cluster, vip netip.Addr) string {
 	t.Helper()
 	var owners []string
 	harness.Eventually(t, 10*time.Second, "one node answers "+vip.String(), func() bool {
-		owners = owners[:0]
-		for name, a := range c.Agents {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			st, err := a.Client.GetState(ctx, &agentv1.GetStateRequest{})
-			cancel()
-			if err != nil {
-				continue
-			}
-			for _, v := range st.GetAnnounced() {
-				if v.GetVip() == vip.String() && v.GetActive() {
-					owners = append(owners, name)
-				}
-			}
-		}
+		owners = c.ActiveOwners(vip)
 		return len(owners) == 1
 	})
 	return owners[0]

@@ -43,11 +43,7 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	srv := kubeapi.Get(t)
-	srv.InstallCRDs(t)
-	dyn, err := dynamic.NewForConfig(srv.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := srv.InstallCRDs(t)
 	return &env{t: t, srv: srv, dyn: dyn, ctx: context.Background()}
 }
 

@@ -10,7 +10,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/dynamic"
 	"pgregory.net/rapid"
 
 	"github.com/metalvip/metalvip/loadbalancer/pools"
@@ -24,11 +23,7 @@ import (
 // to a real BGP speaker of the agent, whose own validation must take it.
 func TestBGPPeerCRDValidation(t *testing.T) {
 	srv := kubeapi.Get(t)
-	srv.InstallCRDs(t)
-	dyn, err := dynamic.NewForConfig(srv.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := srv.InstallCRDs(t)
 	speaker := newValidatingSpeaker(t)
 	const peer = `address: 198.51.100.1, peerASN: 64496, myASN: 64497`
 	cases := []crdCase{
@@ -194,11 +189,7 @@ var genPeerAddress = mostly(
 // own BGP speaker, converted as the CCM and the agent convert it.
 func TestPeersTheCRDAcceptsAreAcceptedByTheCCMAndTheAgent(t *testing.T) {
 	srv := kubeapi.Get(t)
-	srv.InstallCRDs(t)
-	dyn, err := dynamic.NewForConfig(srv.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := srv.InstallCRDs(t)
 	speaker := newValidatingSpeaker(t)
 	asn := mostly(rapid.OneOf(rapid.SampledFrom([]int64{1, 64496, 65535, 4294967295}), rapid.Int64Range(1, 4294967295)), rapid.SampledFrom([]int64{0, -1, 4294967296}))
 	var tried, accepted int

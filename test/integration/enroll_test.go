@@ -42,27 +42,14 @@ import (
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
-var (
-	agentBuild    sync.Once
-	agentBinary   string
-	agentBuildErr error
-)
-
-func agentBin(t *testing.T) string {
-	t.Helper()
-	agentBuild.Do(func() {
-		dir, err := os.MkdirTemp("", "metalvip-integration-agent-")
-		if err != nil {
-			agentBuildErr = err
-			return
-		}
-		agentBinary, agentBuildErr = testenv.GoBuild(dir, "./cmd/metalvip-agent")
-	})
-	if agentBuildErr != nil {
-		t.Fatal(agentBuildErr)
+// agentBin is metalvip-agent, built for the tests that run one.
+var agentBin = testenv.Lazy(func() (string, error) {
+	dir, err := os.MkdirTemp("", "metalvip-integration-agent-")
+	if err != nil {
+		return "", err
 	}
-	return agentBinary
-}
+	return testenv.GoBuild(dir, "./cmd/metalvip-agent")
+})
 
 // enrollEnv is one namespace holding what enrollment needs: the agents' ServiceAccount, the
 // CA, and a Node per name.

@@ -73,11 +73,7 @@ func checkRefusal(t *testing.T, tc crdCase, err error) {
 // converted here as they convert it.
 func TestIPPoolCRDValidation(t *testing.T) {
 	srv := kubeapi.Get(t)
-	srv.InstallCRDs(t)
-	dyn, err := dynamic.NewForConfig(srv.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := srv.InstallCRDs(t)
 	cases := []crdCase{
 		{"an IPv4 CIDR is accepted", `addresses: [203.0.113.0/24]`, ""},
 		{"IPv4 and IPv6 CIDRs and ranges in one pool are accepted",
@@ -280,11 +276,7 @@ func poolParseErrors(p *v1alpha1.IPPool) []error {
 
 func TestIPPoolCRDDefaults(t *testing.T) {
 	srv := kubeapi.Get(t)
-	srv.InstallCRDs(t)
-	dyn, err := dynamic.NewForConfig(srv.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := srv.InstallCRDs(t)
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": v1alpha1.GroupVersion.String(), "kind": "IPPool",
 		"metadata": map[string]any{"name": "defaults"},
@@ -306,11 +298,7 @@ func TestIPPoolCRDDefaults(t *testing.T) {
 
 func TestDocumentedPoolExampleIsAcceptedByTheCRD(t *testing.T) {
 	srv := kubeapi.Get(t)
-	srv.InstallCRDs(t)
-	dyn, err := dynamic.NewForConfig(srv.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := srv.InstallCRDs(t)
 	data, err := os.ReadFile("../../docs/examples/ippool.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -476,11 +464,7 @@ func genAddressRange(t *rapid.T) string {
 // the agents parse it.
 func TestPoolsTheCRDAcceptsAreAcceptedByTheCCMAndTheAgents(t *testing.T) {
 	srv := kubeapi.Get(t)
-	srv.InstallCRDs(t)
-	dyn, err := dynamic.NewForConfig(srv.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := srv.InstallCRDs(t)
 	var tried, accepted int
 	rapid.Check(t, func(rt *rapid.T) {
 		spec := map[string]any{}

@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/metalvip/metalvip/test/kubeapi"
 )
@@ -15,11 +14,7 @@ import (
 // give two of the pool's addresses one MAC; what they accept, the CCM's decoder takes whole.
 func TestIPPoolCRDVirtualMAC(t *testing.T) {
 	srv := kubeapi.Get(t)
-	srv.InstallCRDs(t)
-	dyn, err := dynamic.NewForConfig(srv.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := srv.InstallCRDs(t)
 	pool := func(addrs, vm string) string {
 		return fmt.Sprintf(`{addresses: [%s], announce: {l2: {virtualMAC: %s}}}`, addrs, vm)
 	}

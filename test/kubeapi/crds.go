@@ -19,14 +19,19 @@ import (
 
 var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
-// InstallCRDs creates the CRDs in the repository's manifests/crds (once per server) and waits
-// until the API server serves them.
-func (s *Server) InstallCRDs(t testenv.TB) {
+// InstallCRDs creates the CRDs in the repository's manifests/crds (once per server), waits
+// until the API server serves them and returns an admin dynamic client.
+func (s *Server) InstallCRDs(t testenv.TB) dynamic.Interface {
 	t.Helper()
 	s.crdOnce.Do(func() { s.crdErr = s.installCRDs() })
 	if s.crdErr != nil {
 		t.Fatalf("install CRDs: %v", s.crdErr)
 	}
+	dyn, err := dynamic.NewForConfig(s.Config)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	return dyn
 }
 
 func (s *Server) installCRDs() error {
@@ -34,9 +39,15 @@ func (s *Server) installCRDs() error {
 	if err != nil {
 		return err
 	}
-	files, err := filepath.Glob(filepath.Join(root, "manifests", "crds", "*.yaml"))
+	return s.CreateCRDs(filepath.Join(root, "manifests", "crds"), "metalvip.io")
+}
+
+// CreateCRDs creates the CRDs of the YAML files in dir (those that exist already are left)
+// and waits until the API server serves group.
+func (s *Server) CreateCRDs(dir, group string) error {
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil || len(files) == 0 {
-		return fmt.Errorf("no CRDs in manifests/crds (%v)", err)
+		return fmt.Errorf("no CRDs in %s (%v)", dir, err)
 	}
 	dyn, err := dynamic.NewForConfig(s.Config)
 	if err != nil {
@@ -74,11 +85,11 @@ func (s *Server) installCRDs() error {
 	// Discovery can lag behind the Established condition; wait until the resources list.
 	for {
 		lists, err := s.Client.Discovery().ServerPreferredResources()
-		if err == nil && len(lists) > 0 && hasGroup(lists, "metalvip.io") {
+		if err == nil && len(lists) > 0 && hasGroup(lists, group) {
 			return nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("metalvip.io not in discovery: %v", err)
+			return fmt.Errorf("%s not in discovery: %v", group, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

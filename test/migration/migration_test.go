@@ -17,12 +17,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -45,109 +43,33 @@ type tools struct {
 	ctl, ccm, metalLBCRDs string
 }
 
-var (
-	toolsOnce sync.Once
-	built     tools
-	buildErr  error
-)
-
 // build builds metalvipctl and the CCM, and generates MetalLB's CRDs from its Go API module
-// (hack/tools/metallb pins it) with controller-gen.
-func build(t *testing.T) tools {
-	t.Helper()
-	toolsOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "metalvip-migration-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		if built.ctl, buildErr = testenv.GoBuild(dir, "./cmd/metalvipctl"); buildErr != nil {
-			return
-		}
-		if built.ccm, buildErr = testenv.GoBuild(dir, "./cmd/metalvip-cloud-controller-manager"); buildErr != nil {
-			return
-		}
-		root, err := testenv.RepoRoot()
-		if err != nil {
-			buildErr = err
-			return
-		}
-		built.metalLBCRDs = filepath.Join(dir, "metallb-crds")
-		start := time.Now()
-		cmd := exec.Command("go", "tool", "controller-gen", "crd", "paths=go.universe.tf/metallb/api/...", "output:crd:dir="+built.metalLBCRDs)
-		cmd.Dir = filepath.Join(root, "hack", "tools", "metallb")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("generate MetalLB's CRDs with controller-gen: %v\n%s", err, out)
-			return
-		}
-		fmt.Fprintf(os.Stderr, "MetalLB's CRDs generated from its Go API module in %s\n", time.Since(start).Round(time.Millisecond))
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+// (hack/tools/metallb pins it) with controller-gen, once.
+var build = testenv.Lazy(func() (built tools, err error) {
+	dir, err := os.MkdirTemp("", "metalvip-migration-")
+	if err != nil {
+		return built, err
 	}
-	return built
-}
-
-var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-
-// installCRDs creates the CRDs in dir and waits until the API server serves them.
-func installCRDs(t *testing.T, srv *kubeapi.Server, dyn dynamic.Interface, dir string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no CRDs in %s (%v)", dir, err)
+	if built.ctl, err = testenv.GoBuild(dir, "./cmd/metalvipctl"); err != nil {
+		return built, err
 	}
-	var names []string
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		obj := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal(data, &obj.Object); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		if _, err := dyn.Resource(crdResource).Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatalf("create CRD %s: %v", obj.GetName(), err)
-		}
-		names = append(names, obj.GetName())
+	if built.ccm, err = testenv.GoBuild(dir, "./cmd/metalvip-cloud-controller-manager"); err != nil {
+		return built, err
 	}
-	for _, name := range names {
-		for {
-			obj, err := dyn.Resource(crdResource).Get(ctx, name, metav1.GetOptions{})
-			if err == nil && established(obj) {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("CRD %s not established: %v", name, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		return built, err
 	}
-	for {
-		_, err := srv.Client.Discovery().ServerResourcesForGroupVersion("metallb.io/v1beta2")
-		if err == nil {
-			return
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("metallb.io/v1beta2 not in discovery: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	built.metalLBCRDs = filepath.Join(dir, "metallb-crds")
+	start := time.Now()
+	cmd := exec.Command("go", "tool", "controller-gen", "crd", "paths=go.universe.tf/metallb/api/...", "output:crd:dir="+built.metalLBCRDs)
+	cmd.Dir = filepath.Join(root, "hack", "tools", "metallb")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return built, fmt.Errorf("generate MetalLB's CRDs with controller-gen: %v\n%s", err, out)
 	}
-}
-
-func established(obj *unstructured.Unstructured) bool {
-	conds, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
-	for _, c := range conds {
-		m, _ := c.(map[string]any)
-		if m["type"] == "Established" && m["status"] == "True" {
-			return true
-		}
-	}
-	return false
-}
+	fmt.Fprintf(os.Stderr, "MetalLB's CRDs generated from its Go API module in %s\n", time.Since(start).Round(time.Millisecond))
+	return built, nil
+})
 
 // metalLBResource maps MetalLB's kinds to their resources.
 func metalLBResource(u *unstructured.Unstructured) schema.GroupVersionResource {
@@ -215,7 +137,9 @@ func TestMigrationFromMetalLB(t *testing.T) {
 			t.Errorf("exit %v, stdout %q, stderr %q; want a failure saying MetalLB's CRDs are not installed", err, stdout.String(), stderr.String())
 		}
 	})
-	installCRDs(t, srv, dyn, bins.metalLBCRDs)
+	if err := srv.CreateCRDs(bins.metalLBCRDs, "metallb.io"); err != nil {
+		t.Fatal(err)
+	}
 	for _, ns := range []string{"metallb-system", "apps", "team-c"} {
 		if _, err := srv.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)

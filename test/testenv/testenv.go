@@ -127,3 +127,18 @@ func BuildMain(name string, pkgs ...string) (bins []string, cleanup func()) {
 	}
 	return bins, func() { os.RemoveAll(dir) }
 }
+
+// Lazy returns what runs build once, on the first call, and then gives its result to every
+// caller, failing the test that asks when it failed: for what only some tests of a binary
+// need (a TestMain's BuildMain builds for every test).
+func Lazy[T any](build func() (T, error)) func(TB) T {
+	once := sync.OnceValues(build)
+	return func(t TB) T {
+		t.Helper()
+		v, err := once()
+		if err != nil {
+			t.Fatalf("%v", err)
+		}
+		return v
+	}
+}
