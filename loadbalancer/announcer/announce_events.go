@@ -1,15 +1,12 @@
 package announcer
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/loadbalancer/planner"
 	"github.com/metalvip/metalvip/loadbalancer/report"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
@@ -74,53 +71,24 @@ func (a *Announcer) refusedRound(node string, rf refusal, r *round) {
 }
 
 // warnOnce runs emit unless the same warning (key, what) was the last given.
-func (a *Announcer) warnOnce(key, what string, emit func()) {
-	if a.loop.warned[key] == what {
-		return
+func (a *Announcer) warnOnce(key, what string, emit func()) { a.tell.once(key, what, emit) }
+
+// servicesOf returns a lookup of the Services that show ip, made only when an Event is told.
+func (a *Announcer) servicesOf(ip netip.Addr) func() []*v1.Service {
+	return func() []*v1.Service {
+		var out []*v1.Service
+		for _, k := range a.loop.vipSvcs[ip] {
+			if svc := a.service(k); svc != nil {
+				out = append(out, svc)
+			}
+		}
+		return out
 	}
-	a.loop.warned[key] = what
-	emit()
 }
 
 // moveEvents tells a VIP's Services when its primary moves, and when no node may announce it.
 func (a *Announcer) moveEvents(ip netip.Addr, e planner.Entry, ok bool) {
-	s := &a.loop
-	svcs := s.vipSvcs[ip]
-	if !ok {
-		delete(s.primaries, ip)
-		delete(s.noNode, ip)
-		return
-	}
-	if len(e.Nodes) == 0 {
-		if !s.noNode[ip] {
-			s.noNode[ip] = true
-			for _, k := range svcs {
-				if svc := a.service(k); svc != nil {
-					a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, report.ReasonNoEligibleNode,
-						"No node may announce %s: none is eligible (the pool's node selector, nodes labelled %s, unreachable agents, or no ready local endpoint); see the pool's NodesEligible condition", ip, desired.LabelExcludeLB)
-				}
-			}
-		}
-		return
-	}
-	delete(s.noNode, ip)
-	if e.Mode != planner.L2 {
-		return
-	}
-	prev, next := s.primaries[ip], e.Primary()
-	s.primaries[ip] = next
-	if prev == "" || prev == next {
-		return
-	}
-	why := "to keep the nodes balanced"
-	if !slices.Contains(e.Nodes, prev) {
-		why = prev + " may no longer announce it: excluded, its agent unreachable, or no local endpoint"
-	}
-	for _, k := range svcs {
-		if svc := a.service(k); svc != nil {
-			a.cfg.Recorder.Eventf(svc, v1.EventTypeNormal, report.ReasonMoved, "%s moved from %s to %s: %s", ip, prev, next, why)
-		}
-	}
+	a.tell.placed(ip, e, ok, a.servicesOf(ip))
 }
 
 // groupEvents says, once per change, when a Service's several addresses of one family share
@@ -128,53 +96,17 @@ func (a *Announcer) moveEvents(ip netip.Addr, e planner.Entry, ok bool) {
 func (a *Announcer) groupEvents(g string) {
 	s := &a.loop
 	ips := slices.Clone(s.groups[g])
-	if len(ips) == 0 {
-		delete(s.groupMsg, g)
-		return
-	}
 	slices.SortFunc(ips, netip.Addr.Compare)
-	byNode := map[string][]string{}
-	var nodes []string
-	for _, ip := range ips {
+	primaries := make([]string, len(ips))
+	for i, ip := range ips {
 		e, _ := s.planner.Entry(ip)
-		pr := e.Primary()
-		if pr == "" {
-			continue
-		}
-		if byNode[pr] == nil {
-			nodes = append(nodes, pr)
-		}
-		byNode[pr] = append(byNode[pr], ip.String())
+		primaries[i] = e.Primary()
 	}
-	slices.Sort(nodes)
-	var shared []string
-	for _, n := range nodes {
-		if len(byNode[n]) > 1 {
-			shared = append(shared, strings.Join(byNode[n], " and ")+" on "+n)
-		}
+	var first func() []*v1.Service
+	if len(ips) > 0 {
+		first = a.servicesOf(ips[0])
 	}
-	msg, reason, kind := "", "", v1.EventTypeNormal
-	switch {
-	case len(shared) > 0:
-		reason, kind = report.ReasonVIPsShareNodes, v1.EventTypeWarning
-		msg = fmt.Sprintf("%d addresses on %d nodes: fewer nodes are eligible than addresses, so some share a node (%s); they spread when more nodes become eligible", len(ips), len(nodes), strings.Join(shared, "; "))
-	case s.groupMsg[g] != "":
-		reason = report.ReasonVIPsSpread
-		msg = fmt.Sprintf("%d addresses on %d distinct nodes", len(ips), len(nodes))
-	}
-	if msg == "" || s.groupMsg[g] == msg {
-		return
-	}
-	if reason == report.ReasonVIPsSpread {
-		delete(s.groupMsg, g)
-	} else {
-		s.groupMsg[g] = msg
-	}
-	if keys := s.vipSvcs[ips[0]]; len(keys) > 0 {
-		if svc := a.service(keys[0]); svc != nil {
-			a.cfg.Recorder.Eventf(svc, kind, reason, "%s", msg)
-		}
-	}
+	a.tell.spread(g, ips, primaries, first)
 }
 
 // tookOverEvent turns an agent's take-over into an Event on the Services of the VIP, when it

@@ -47,13 +47,9 @@ type loopState struct {
 	cpVIPs   map[string]netip.Addr // node -> the control-plane VIP its agent reports serving
 
 	conds       map[string]string                          // Service -> condition last set (its text form)
-	primaries   map[netip.Addr]string                      // last primary per L2 VIP, for Moved Events
-	noNode      map[netip.Addr]bool                        // VIPs told to have no eligible node
-	groupMsg    map[string]string                          // last VIPsShareNodes message per group
 	refused     map[string]map[netip.Addr]*agentv1.Refusal // node -> VIP -> refusal
 	peerRefused map[string]map[string]*agentv1.Refusal     // node -> peer address -> refusal
 	whole       map[string]string                          // node -> why its whole state was refused
-	warned      map[string]string                          // "kind/key" -> last warning given
 	passwords   map[string]string                          // peer -> last password read
 	statusSet   map[string]string                          // pool/peer/node status last set (text form)
 	conflicts   map[string][]desired.PeerConflict          // node -> peers left off it
@@ -126,13 +122,9 @@ func newLoopState(maxCandidates int) loopState {
 		cutOff:      newCutOff(),
 		cpVIPs:      map[string]netip.Addr{},
 		conds:       map[string]string{},
-		primaries:   map[netip.Addr]string{},
-		noNode:      map[netip.Addr]bool{},
-		groupMsg:    map[string]string{},
 		refused:     map[string]map[netip.Addr]*agentv1.Refusal{},
 		peerRefused: map[string]map[string]*agentv1.Refusal{},
 		whole:       map[string]string{},
-		warned:      map[string]string{},
 		passwords:   map[string]string{},
 		statusSet:   map[string]string{},
 		conflicts:   map[string][]desired.PeerConflict{},

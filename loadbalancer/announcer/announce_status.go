@@ -220,7 +220,7 @@ func (a *Announcer) writePoolConditions() {
 				a.cfg.Recorder.Eventf(obj, v1.EventTypeWarning, report.ReasonNoEligibleNode, "%s", elig.Message)
 			})
 		} else {
-			delete(s.warned, "pool-eligible/"+p.Name)
+			a.tell.forget("pool-eligible/" + p.Name)
 		}
 	}
 }

@@ -103,6 +103,7 @@ type Announcer struct {
 	kick    chan struct{}
 
 	writer *report.Writer
+	tell   *teller   // the Events of the plan's changes; the run goroutine's
 	loop   loopState // report.Owned by the run goroutine
 }
 
@@ -149,6 +150,7 @@ func New(cfg Config) *Announcer {
 	}
 	a := &Announcer{cfg: cfg, pending: newChanges(), kick: make(chan struct{}, 1), writer: report.NewWriter("metalvip-announcer-status", cfg.Pacer)}
 	a.loop = newLoopState(cfg.MaxCandidates)
+	a.tell = newTeller(cfg.Recorder)
 	return a
 }
 

@@ -35,27 +35,34 @@ type arpAsker struct {
 func (h *Host) dialARPAsker() (arpAsker, error) {
 	var a arpAsker
 	err := h.Do(func() error {
-		ifi, err := net.InterfaceByName("eth0")
+		ifi, self, err := eth0Address(netip.Addr.Is4)
 		if err != nil {
-			return err
+			return fmt.Errorf("ARP on %s: %w", h.Name, err)
 		}
-		addrs, err := ifi.Addrs()
-		if err != nil {
-			return err
-		}
-		for _, ad := range addrs {
-			if p, err := netip.ParsePrefix(ad.String()); err == nil && p.Addr().Is4() {
-				a.self = p.Addr()
-				break
-			}
-		}
-		if !a.self.IsValid() {
-			return fmt.Errorf("ARP on %s: eth0 has no IPv4 address", h.Name)
-		}
+		a.self = self
 		a.c, err = arp.Dial(ifi)
 		return err
 	})
 	return a, err
+}
+
+// eth0Address returns eth0 (of the namespace the caller runs in) and its first address that
+// is, such as netip.Addr.Is4.
+func eth0Address(is func(netip.Addr) bool) (*net.Interface, netip.Addr, error) {
+	ifi, err := net.InterfaceByName("eth0")
+	if err != nil {
+		return nil, netip.Addr{}, err
+	}
+	addrs, err := ifi.Addrs()
+	if err != nil {
+		return nil, netip.Addr{}, err
+	}
+	for _, ad := range addrs {
+		if p, err := netip.ParsePrefix(ad.String()); err == nil && is(p.Addr()) {
+			return ifi, p.Addr(), nil
+		}
+	}
+	return nil, netip.Addr{}, fmt.Errorf("eth0 has no such address (%v)", addrs)
 }
 
 func (a arpAsker) request(vip netip.Addr) error { return a.c.Request(vip) }

@@ -29,24 +29,9 @@ type ndpAsker struct {
 func (h *Host) dialNDP() (*ndpAsker, error) {
 	var a *ndpAsker
 	err := h.Do(func() error {
-		ifi, err := net.InterfaceByName("eth0")
+		ifi, src, err := eth0Address(func(a netip.Addr) bool { return a.Is6() && a.IsLinkLocalUnicast() })
 		if err != nil {
-			return err
-		}
-		addrs, err := ifi.Addrs()
-		if err != nil {
-			return err
-		}
-		var src netip.Addr
-		for _, ad := range addrs {
-			if n, ok := ad.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Is6() && ip.IsLinkLocalUnicast() {
-					src = ip
-				}
-			}
-		}
-		if !src.IsValid() {
-			return fmt.Errorf("NDP on %s: eth0 has no link-local address", h.Name)
+			return fmt.Errorf("NDP on %s: no link-local address: %w", h.Name, err)
 		}
 		// The zone by index: Go resolves a zone's name through a cache shared by every
 		// namespace of the process, which may hold another namespace's eth0.
