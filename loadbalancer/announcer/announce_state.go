@@ -4,7 +4,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/google/btree"
 	"google.golang.org/protobuf/proto"
@@ -54,9 +53,6 @@ type loopState struct {
 	statusSet   map[string]string                          // pool/peer/node status last set (text form)
 	conflicts   map[string][]desired.PeerConflict          // node -> peers left off it
 	sessions    map[string][]*agentv1.PeerStatus           // node -> its BGP sessions, as its agent reported them
-	drainSince  map[string]time.Time                       // node -> when its drain began (as this CCM saw it)
-	drainEnded  map[string]bool                            // nodes whose drain delay is over
-	drainTimers map[string]*time.Timer                     // wake the loop at the end of a drain's delay
 }
 
 // nodePart is one node's announcements, ordered by VIP in a copy-on-write tree (a snapshot
@@ -129,9 +125,6 @@ func newLoopState(maxCandidates int) loopState {
 		statusSet:   map[string]string{},
 		conflicts:   map[string][]desired.PeerConflict{},
 		sessions:    map[string][]*agentv1.PeerStatus{},
-		drainSince:  map[string]time.Time{},
-		drainEnded:  map[string]bool{},
-		drainTimers: map[string]*time.Timer{},
 	}
 }
 

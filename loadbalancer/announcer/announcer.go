@@ -104,6 +104,7 @@ type Announcer struct {
 
 	writer *report.Writer
 	tell   *teller   // the Events of the plan's changes; the run goroutine's
+	drains *drains   // the nodes being drained; the run goroutine's
 	loop   loopState // report.Owned by the run goroutine
 }
 
@@ -151,6 +152,7 @@ func New(cfg Config) *Announcer {
 	a := &Announcer{cfg: cfg, pending: newChanges(), kick: make(chan struct{}, 1), writer: report.NewWriter("metalvip-announcer-status", cfg.Pacer)}
 	a.loop = newLoopState(cfg.MaxCandidates)
 	a.tell = newTeller(cfg.Recorder)
+	a.drains = newDrains(cfg.Drain.Delay, func() { a.note(func(c *changes) { c.nodes = true }) })
 	return a
 }
 
@@ -322,11 +324,7 @@ func (a *Announcer) Run(ctx context.Context, fence Fence) {
 	a.fence = fence
 	a.agents = a.newAgents(fence.Term())
 	defer a.agents.Close()
-	defer func() {
-		for node := range a.loop.drainTimers {
-			a.endDrain(node) // no timer outlives the loop
-		}
-	}()
+	defer a.drains.stop()
 	if a.secretsF != nil {
 		a.secretsF.Start(ctx.Done())
 		defer a.secretsF.Shutdown()
