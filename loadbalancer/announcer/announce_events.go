@@ -9,49 +9,19 @@ import (
 
 	"github.com/metalvip/metalvip/loadbalancer/planner"
 	"github.com/metalvip/metalvip/loadbalancer/report"
-	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
-// refusalsChanged says whether what the agents said they refused may differ from what they
-// said before. Every Apply answered reports its refusals, most often none after none: that is
-// no change, and must not rebuild every node's state (after a node's death at 1,000 nodes the
-// pushed agents' answers did so, 40% of the CCM's CPU, make bench-scale).
-func (a *Announcer) refusalsChanged(ch map[string]refusal) bool {
-	s := &a.loop
-	for node, rf := range ch {
-		if len(rf.items) > 0 || rf.whole != "" || len(s.refused[node]) > 0 || len(s.peerRefused[node]) > 0 || s.whole[node] != "" {
-			return true
-		}
-	}
-	return false
-}
-
-// refusedRound records what a node's agent refused.
+// refusedRound records what a node's agent refused, and rewrites the conditions of the
+// Services of the addresses it refused before or refuses now; it warns once per refusal.
 func (a *Announcer) refusedRound(node string, rf refusal, r *round) {
 	s := &a.loop
-	prev := s.refused[node]
-	next := map[netip.Addr]*agentv1.Refusal{}
-	peers := map[string]*agentv1.Refusal{}
-	for _, it := range rf.items {
-		switch it.GetKind() {
-		case agentv1.Refusal_KIND_ANNOUNCEMENT:
-			if ip, err := netip.ParseAddr(it.GetKey()); err == nil {
-				next[ip] = it
-			}
-		case agentv1.Refusal_KIND_BGP_PEER:
-			peers[it.GetKey()] = it
-		}
-	}
-	for ip := range prev {
-		if _, still := next[ip]; !still {
-			for _, k := range s.vipSvcs[ip] {
-				r.conds[k] = true
-			}
-		}
-	}
-	for ip, it := range next {
+	for _, ip := range a.refusals.record(node, rf) {
+		it := a.refusals.vips[node][ip]
 		for _, k := range s.vipSvcs[ip] {
 			r.conds[k] = true
+			if it == nil {
+				continue
+			}
 			a.warnOnce("svc-refused/"+k+"/"+ip.String()+"/"+node, it.GetField()+it.GetReason(), func() {
 				if svc := a.service(k); svc != nil {
 					a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, report.ReasonAnnouncementRefused,
@@ -60,13 +30,8 @@ func (a *Announcer) refusedRound(node string, rf refusal, r *round) {
 			})
 		}
 	}
-	s.refused[node] = next
-	s.peerRefused[node] = peers
 	if rf.whole != "" {
-		s.whole[node] = rf.whole
 		klog.ErrorS(nil, "Agent refused the whole state", "node", node, "reason", rf.whole)
-	} else {
-		delete(s.whole, node)
 	}
 }
 

@@ -45,14 +45,11 @@ type loopState struct {
 	cutOff   cutOff                // unreachable nodes and the nodes that heartbeat them as departing
 	cpVIPs   map[string]netip.Addr // node -> the control-plane VIP its agent reports serving
 
-	conds       map[string]string                          // Service -> condition last set (its text form)
-	refused     map[string]map[netip.Addr]*agentv1.Refusal // node -> VIP -> refusal
-	peerRefused map[string]map[string]*agentv1.Refusal     // node -> peer address -> refusal
-	whole       map[string]string                          // node -> why its whole state was refused
-	passwords   map[string]string                          // peer -> last password read
-	statusSet   map[string]string                          // pool/peer/node status last set (text form)
-	conflicts   map[string][]desired.PeerConflict          // node -> peers left off it
-	sessions    map[string][]*agentv1.PeerStatus           // node -> its BGP sessions, as its agent reported them
+	conds     map[string]string                 // Service -> condition last set (its text form)
+	passwords map[string]string                 // peer -> last password read
+	statusSet map[string]string                 // pool/peer/node status last set (text form)
+	conflicts map[string][]desired.PeerConflict // node -> peers left off it
+	sessions  map[string][]*agentv1.PeerStatus  // node -> its BGP sessions, as its agent reported them
 }
 
 // nodePart is one node's announcements, ordered by VIP in a copy-on-write tree (a snapshot
@@ -97,34 +94,31 @@ type pushed struct {
 
 func newLoopState(maxCandidates int) loopState {
 	return loopState{
-		first:       true,
-		planner:     planner.New(planner.Options{MaxCandidates: maxCandidates}),
-		byName:      map[string]*v1.Node{},
-		addrs:       map[string]netip.Addr{},
-		reachable:   map[string]bool{},
-		svcAddrs:    map[string][]netip.Addr{},
-		extIPs:      map[string][]netip.Addr{},
-		extWant:     map[string]bool{},
-		extSaid:     map[string]string{},
-		vipSvcs:     map[netip.Addr][]string{},
-		vips:        map[netip.Addr]planner.VIP{},
-		vipPool:     map[netip.Addr]*pools.Pool{},
-		weights:     map[netip.Addr]map[string]uint32{},
-		anns:        map[netip.Addr]*agentv1.Announcement{},
-		annNodes:    map[netip.Addr][]string{},
-		parts:       map[string]*nodePart{},
-		groups:      map[string][]netip.Addr{},
-		states:      map[string]pushed{},
-		cutOff:      newCutOff(),
-		cpVIPs:      map[string]netip.Addr{},
-		conds:       map[string]string{},
-		refused:     map[string]map[netip.Addr]*agentv1.Refusal{},
-		peerRefused: map[string]map[string]*agentv1.Refusal{},
-		whole:       map[string]string{},
-		passwords:   map[string]string{},
-		statusSet:   map[string]string{},
-		conflicts:   map[string][]desired.PeerConflict{},
-		sessions:    map[string][]*agentv1.PeerStatus{},
+		first:     true,
+		planner:   planner.New(planner.Options{MaxCandidates: maxCandidates}),
+		byName:    map[string]*v1.Node{},
+		addrs:     map[string]netip.Addr{},
+		reachable: map[string]bool{},
+		svcAddrs:  map[string][]netip.Addr{},
+		extIPs:    map[string][]netip.Addr{},
+		extWant:   map[string]bool{},
+		extSaid:   map[string]string{},
+		vipSvcs:   map[netip.Addr][]string{},
+		vips:      map[netip.Addr]planner.VIP{},
+		vipPool:   map[netip.Addr]*pools.Pool{},
+		weights:   map[netip.Addr]map[string]uint32{},
+		anns:      map[netip.Addr]*agentv1.Announcement{},
+		annNodes:  map[netip.Addr][]string{},
+		parts:     map[string]*nodePart{},
+		groups:    map[string][]netip.Addr{},
+		states:    map[string]pushed{},
+		cutOff:    newCutOff(),
+		cpVIPs:    map[string]netip.Addr{},
+		conds:     map[string]string{},
+		passwords: map[string]string{},
+		statusSet: map[string]string{},
+		conflicts: map[string][]desired.PeerConflict{},
+		sessions:  map[string][]*agentv1.PeerStatus{},
 	}
 }
 

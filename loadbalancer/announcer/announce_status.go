@@ -37,13 +37,7 @@ func (a *Announcer) addresses(key string) []desired.Address {
 	for _, ip := range s.svcAddrs[key] {
 		e, _ := s.planner.Entry(ip)
 		pool := s.vipPool[ip]
-		var refusedBy []string
-		for node, m := range s.refused {
-			if m[ip] != nil {
-				refusedBy = append(refusedBy, node)
-			}
-		}
-		out = append(out, desired.AddressOf(ip, e, pool != nil && pool.Announce.PerClient, refusedBy))
+		out = append(out, desired.AddressOf(ip, e, pool != nil && pool.Announce.PerClient, a.refusals.refusedBy(ip)))
 	}
 	return out
 }
@@ -199,8 +193,8 @@ func (a *Announcer) writePoolConditions() {
 		elig := a.eligibility(p)
 		accept := metav1.Condition{Type: PoolAgentsAccept, Status: metav1.ConditionTrue, Reason: "Accepted", Message: "No agent refused an announcement of this pool", ObservedGeneration: p.Generation}
 		var refusals []string
-		for _, node := range slices.Sorted(maps.Keys(s.refused)) {
-			for ip, it := range s.refused[node] {
+		for _, node := range slices.Sorted(maps.Keys(a.refusals.vips)) {
+			for ip, it := range a.refusals.vips[node] {
 				if s.vipPool[ip] == p {
 					refusals = append(refusals, fmt.Sprintf("%s refused %s: %s: %s", node, ip, it.GetField(), it.GetReason()))
 				}
@@ -301,7 +295,7 @@ func (a *Announcer) writePeerConditions() {
 		}
 		var refused []string
 		for _, node := range nodes {
-			if it := s.peerRefused[node][p.Session.GetAddress()]; it != nil {
+			if it := a.refusals.peers[node][p.Session.GetAddress()]; it != nil {
 				refused = append(refused, fmt.Sprintf("%s: %s: %s", node, it.GetField(), it.GetReason()))
 			}
 		}

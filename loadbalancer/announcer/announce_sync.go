@@ -131,7 +131,7 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 	for ip := range r.entry {
 		a.entryRound(ip, &r)
 	}
-	if ch.peers || ch.keys || a.refusalsChanged(ch.refused) {
+	if ch.peers || ch.keys || a.refusals.mayChange(ch.refused) {
 		for _, n := range s.nodeList {
 			r.nodes[n.Name] = true
 		}

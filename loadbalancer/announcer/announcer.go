@@ -102,10 +102,11 @@ type Announcer struct {
 	pending changes
 	kick    chan struct{}
 
-	writer *report.Writer
-	tell   *teller   // the Events of the plan's changes; the run goroutine's
-	drains *drains   // the nodes being drained; the run goroutine's
-	loop   loopState // report.Owned by the run goroutine
+	writer   *report.Writer
+	tell     *teller   // the Events of the plan's changes; the run goroutine's
+	drains   *drains   // the nodes being drained; the run goroutine's
+	refusals *refusals // what the agents refuse; the run goroutine's
+	loop     loopState // report.Owned by the run goroutine
 }
 
 // changes are what the handlers noted since the last round.
@@ -152,6 +153,7 @@ func New(cfg Config) *Announcer {
 	a := &Announcer{cfg: cfg, pending: newChanges(), kick: make(chan struct{}, 1), writer: report.NewWriter("metalvip-announcer-status", cfg.Pacer)}
 	a.loop = newLoopState(cfg.MaxCandidates)
 	a.tell = newTeller(cfg.Recorder)
+	a.refusals = newRefusals()
 	a.drains = newDrains(cfg.Drain.Delay, func() { a.note(func(c *changes) { c.nodes = true }) })
 	return a
 }
