@@ -34,6 +34,33 @@ func (a *Announcer) lbHolder(ip netip.Addr, key string) string {
 	return ""
 }
 
+// externalIPsCondition is the ExternalIPsAnnounced condition of a Service of generation gen
+// whose externalIPs ext are announced and refused are not; asks is false when it asks for none
+// (ext and refused empty: the condition goes).
+func externalIPsCondition(gen int64, ext []netip.Addr, refused []desired.ExternalIPRefusal) (c metav1.Condition, asks bool) {
+	if len(ext) == 0 && len(refused) == 0 {
+		return c, false
+	}
+	c = metav1.Condition{Type: ConditionExternalIPs, Status: metav1.ConditionTrue, Reason: "Announced", ObservedGeneration: gen}
+	var ips []string
+	for _, ip := range ext {
+		ips = append(ips, ip.String())
+	}
+	c.Message = "Announced: " + strings.Join(ips, ", ")
+	if len(ext) == 0 {
+		c.Message = "None announced"
+	}
+	if len(refused) > 0 {
+		var why []string
+		for _, r := range refused {
+			why = append(why, fmt.Sprintf("%s: %s", r.IP, r.Reason))
+		}
+		c.Status, c.Reason = metav1.ConditionFalse, "Refused"
+		c.Message += "; refused: " + strings.Join(why, "; ")
+	}
+	return c, true
+}
+
 // externalIPsStatus warns once per refusal with an Event and sets the Service's
 // ExternalIPsAnnounced condition when it changed. ext and refused both empty: the Service no
 // longer asks, and the condition goes.
@@ -46,27 +73,7 @@ func (a *Announcer) externalIPsStatus(svc *v1.Service, ext []netip.Addr, refused
 			a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, report.ReasonExternalIPRefused, "externalIP %s is not announced: %s", r.IP, r.Reason)
 		})
 	}
-	asks := len(ext) > 0 || len(refused) > 0
-	var c metav1.Condition
-	if asks {
-		c = metav1.Condition{Type: ConditionExternalIPs, Status: metav1.ConditionTrue, Reason: "Announced", ObservedGeneration: svc.Generation}
-		var ips []string
-		for _, ip := range ext {
-			ips = append(ips, ip.String())
-		}
-		c.Message = "Announced: " + strings.Join(ips, ", ")
-		if len(ext) == 0 {
-			c.Message = "None announced"
-		}
-		if len(refused) > 0 {
-			var why []string
-			for _, r := range refused {
-				why = append(why, fmt.Sprintf("%s: %s", r.IP, r.Reason))
-			}
-			c.Status, c.Reason = metav1.ConditionFalse, "Refused"
-			c.Message += "; refused: " + strings.Join(why, "; ")
-		}
-	}
+	c, asks := externalIPsCondition(svc.Generation, ext, refused)
 	text := string(c.Status) + "|" + c.Reason + "|" + c.Message + "|" + fmt.Sprint(c.ObservedGeneration)
 	if s.extSaid[key] == text {
 		return
