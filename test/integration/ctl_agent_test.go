@@ -129,7 +129,7 @@ func heldState(node string, n int) *agentv1.GetStateResponse {
 			if c == i%3 {
 				name = node
 			}
-			an.L2.Candidates = append(an.L2.Candidates, &agentv1.Candidate{Node: name, Address: fmt.Sprintf("192.0.2.%d", 1+(i+c)%250)})
+			an.L2.Candidates = append(an.L2.Candidates, &agentv1.Candidate{Node: name, Address: fmt.Sprintf("198.51.100.%d", 1+(i+c)%250)})
 		}
 		av := &agentv1.AnnouncedVIP{Vip: vip, Mode: an.Mode, Active: i%3 == 0, Reason: "first candidate", Interfaces: []string{"bond0"}}
 		if !av.Active {
@@ -142,9 +142,9 @@ func heldState(node string, n int) *agentv1.GetStateResponse {
 	return resp
 }
 
-// vipOf is the i-th VIP of heldState, from 10.0.0.1 up.
+// vipOf is the i-th VIP of heldState, from 2001:db8::1 up (documentation addresses).
 func vipOf(i int) string {
-	return fmt.Sprintf("10.0.%d.%d", (i+1)>>8, (i+1)&0xff)
+	return fmt.Sprintf("2001:db8::%x", i+1)
 }
 
 // TestMetalvipctlAgentShowsANodeHoldingTwentyThousandVIPs: `metalvipctl agent NODE` reads an
@@ -173,7 +173,7 @@ func TestMetalvipctlAgentShowsANodeHoldingTwentyThousandVIPs(t *testing.T) {
 	}
 	var vips []string
 	for _, line := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "10.0.") {
+		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "2001:db8::") {
 			vips = append(vips, f[0])
 		}
 	}
