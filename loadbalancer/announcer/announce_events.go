@@ -17,7 +17,7 @@ func (a *Announcer) refusedRound(node string, rf refusal, r *round) {
 	s := &a.loop
 	for _, ip := range a.refusals.record(node, rf) {
 		it := a.refusals.vips[node][ip]
-		for _, k := range s.vipSvcs[ip] {
+		for _, k := range s.shown.services[ip] {
 			r.conds[k] = true
 			if it == nil {
 				continue
@@ -42,7 +42,7 @@ func (a *Announcer) warnOnce(key, what string, emit func()) { a.tell.once(key, w
 func (a *Announcer) servicesOf(ip netip.Addr) func() []*v1.Service {
 	return func() []*v1.Service {
 		var out []*v1.Service
-		for _, k := range a.loop.vipSvcs[ip] {
+		for _, k := range a.loop.shown.services[ip] {
 			if svc := a.service(k); svc != nil {
 				out = append(out, svc)
 			}
@@ -85,7 +85,7 @@ func (a *Announcer) tookOverEvent(t tookOver) {
 	if e, ok := a.loop.planner.Entry(vip); ok && (e.Mode != planner.L2 || e.Primary() == t.node || a.loop.vipPool[vip] != nil && a.loop.vipPool[vip].Announce.PerClient) {
 		return
 	}
-	for _, k := range a.loop.vipSvcs[vip] {
+	for _, k := range a.loop.shown.services[vip] {
 		if svc := a.service(k); svc != nil {
 			a.cfg.Recorder.Eventf(svc, v1.EventTypeNormal, report.ReasonTookOver, "Node %s answers for %s now: %s", t.node, vip, t.ev.GetDetail())
 		}

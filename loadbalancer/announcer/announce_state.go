@@ -29,11 +29,10 @@ type loopState struct {
 	reachable map[string]bool
 	planner   *planner.Planner
 
-	svcAddrs map[string][]netip.Addr          // Service -> addresses its status shows, and its externalIPs announced
+	shown    shown                            // which addresses each Service shows, and the reverse
 	extIPs   map[string][]netip.Addr          // Service -> its externalIPs announced (also in svcAddrs)
 	extWant  map[string]bool                  // Services that ask for their externalIPs to be announced
 	extSaid  map[string]string                // Service -> its ExternalIPs condition last set (text form)
-	vipSvcs  map[netip.Addr][]string          // address -> Services showing it, sorted
 	vips     map[netip.Addr]planner.VIP       // what the planner was given
 	vipPool  map[netip.Addr]*pools.Pool       // the address's pool (nil: none)
 	weights  map[netip.Addr]map[string]uint32 // BGP VIPs weighted by endpoints: node -> weight
@@ -99,11 +98,10 @@ func newLoopState(maxCandidates int) loopState {
 		byName:    map[string]*v1.Node{},
 		addrs:     map[string]netip.Addr{},
 		reachable: map[string]bool{},
-		svcAddrs:  map[string][]netip.Addr{},
+		shown:     newShown(),
 		extIPs:    map[string][]netip.Addr{},
 		extWant:   map[string]bool{},
 		extSaid:   map[string]string{},
-		vipSvcs:   map[netip.Addr][]string{},
 		vips:      map[netip.Addr]planner.VIP{},
 		vipPool:   map[netip.Addr]*pools.Pool{},
 		weights:   map[netip.Addr]map[string]uint32{},

@@ -34,7 +34,7 @@ const (
 func (a *Announcer) addresses(key string) []desired.Address {
 	s := &a.loop
 	var out []desired.Address
-	for _, ip := range s.svcAddrs[key] {
+	for _, ip := range s.shown.addrs[key] {
 		e, _ := s.planner.Entry(ip)
 		pool := s.vipPool[ip]
 		out = append(out, desired.AddressOf(ip, e, pool != nil && pool.Announce.PerClient, a.refusals.refusedBy(ip)))

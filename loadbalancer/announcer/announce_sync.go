@@ -58,7 +58,7 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 	}
 	// Pools: the addresses whose pool, or whose pool's spec, changed.
 	if len(ch.pools) > 0 {
-		for ip := range s.vipSvcs {
+		for ip := range s.shown.services {
 			p := a.poolFor(ip)
 			if p != s.vipPool[ip] || p != nil && ch.pools[p.Name] {
 				r.spec[ip] = true
@@ -244,27 +244,8 @@ func (a *Announcer) serviceRound(key string, r *round) {
 			delete(s.extSaid, key)
 		}
 	}
-	old := s.svcAddrs[key]
-	for _, ip := range old {
+	for _, ip := range s.shown.set(key, now) {
 		r.spec[ip] = true
-		if !slices.Contains(now, ip) {
-			s.vipSvcs[ip] = slices.DeleteFunc(s.vipSvcs[ip], func(k string) bool { return k == key })
-			if len(s.vipSvcs[ip]) == 0 {
-				delete(s.vipSvcs, ip)
-			}
-		}
-	}
-	for _, ip := range now {
-		r.spec[ip] = true
-		if !slices.Contains(s.vipSvcs[ip], key) {
-			s.vipSvcs[ip] = append(s.vipSvcs[ip], key)
-			slices.Sort(s.vipSvcs[ip])
-		}
-	}
-	if len(now) == 0 {
-		delete(s.svcAddrs, key)
-	} else {
-		s.svcAddrs[key] = now
 	}
 	r.conds[key] = true
 }
@@ -272,7 +253,7 @@ func (a *Announcer) serviceRound(key string, r *round) {
 // specRound derives the planner input of one address and gives it to the planner.
 func (a *Announcer) specRound(ip netip.Addr, r *round) {
 	s := &a.loop
-	keys := s.vipSvcs[ip]
+	keys := s.shown.services[ip]
 	old, had := s.vips[ip]
 	if had && old.Group != "" {
 		r.grps[old.Group] = true
@@ -351,7 +332,7 @@ func (a *Announcer) removeFromGroup(g string, ip netip.Addr) {
 // nodes it leaves or joins.
 func (a *Announcer) entryRound(ip netip.Addr, r *round) {
 	s := &a.loop
-	for _, k := range s.vipSvcs[ip] {
+	for _, k := range s.shown.services[ip] {
 		r.conds[k] = true
 	}
 	old := s.anns[ip]
@@ -363,7 +344,7 @@ func (a *Announcer) entryRound(ip netip.Addr, r *round) {
 	}
 	var next *agentv1.Announcement
 	if v, known := s.vips[ip]; ok && known {
-		next = desired.Announcement(e, v, s.vipPool[ip], s.vipSvcs[ip], s.addrOf, s.weights[ip])
+		next = desired.Announcement(e, v, s.vipPool[ip], s.shown.services[ip], s.addrOf, s.weights[ip])
 	}
 	if old != nil && next != nil && proto.Equal(old, next) && slices.Equal(s.annNodes[ip], e.Nodes) {
 		return // (a BGP announcement does not name its nodes: compare them apart)

@@ -26,7 +26,7 @@ const ConditionExternalIPs = "metalvip.io/ExternalIPsAnnounced"
 // lbHolder returns the Service (not key) whose LoadBalancer status shows ip, or "".
 func (a *Announcer) lbHolder(ip netip.Addr, key string) string {
 	s := &a.loop
-	for _, k := range s.vipSvcs[ip] {
+	for _, k := range s.shown.services[ip] {
 		if k != key && !slices.Contains(s.extIPs[k], ip) {
 			return k
 		}
