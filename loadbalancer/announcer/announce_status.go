@@ -19,6 +19,7 @@ import (
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/loadbalancer/objects"
+	"github.com/metalvip/metalvip/loadbalancer/planner"
 	"github.com/metalvip/metalvip/loadbalancer/pools"
 	"github.com/metalvip/metalvip/loadbalancer/report"
 )
@@ -222,6 +223,11 @@ func (a *Announcer) writePoolConditions() {
 // eligibility says which nodes may announce a pool's addresses, and if none why.
 func (a *Announcer) eligibility(p *pools.Pool) metav1.Condition {
 	s := &a.loop
+	return eligibilityOf(p, s.nodeList, func(n *v1.Node) planner.Node { return s.plannerNode(n, a.cfg.Drain) })
+}
+
+// eligibilityOf is a pool's NodesEligible condition among nodes, each as the planner knows it.
+func eligibilityOf(p *pools.Pool, nodes []*v1.Node, plan func(*v1.Node) planner.Node) metav1.Condition {
 	c := metav1.Condition{Type: PoolNodesEligible, ObservedGeneration: p.Generation}
 	if !p.Valid() {
 		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "InvalidSpec", "The pool is announced from no node: "+pools.Problems(p.Problems)
@@ -229,12 +235,12 @@ func (a *Announcer) eligibility(p *pools.Pool) metav1.Condition {
 	}
 	var eligible, excluded, unreachable []string
 	matching := 0
-	for _, n := range s.nodeList {
+	for _, n := range nodes {
 		if sel := p.Announce.NodeSelector; sel != nil && !sel.Matches(labels.Set(n.Labels)) {
 			continue
 		}
 		matching++
-		pn := s.plannerNode(n, a.cfg.Drain)
+		pn := plan(n)
 		switch {
 		case pn.Excluded:
 			excluded = append(excluded, n.Name)
@@ -247,13 +253,13 @@ func (a *Announcer) eligibility(p *pools.Pool) metav1.Condition {
 	switch {
 	case len(eligible) > 0:
 		c.Status, c.Reason = metav1.ConditionTrue, "Eligible"
-		c.Message = fmt.Sprintf("%d of %d nodes may announce: %s", len(eligible), len(s.nodeList), short(eligible))
+		c.Message = fmt.Sprintf("%d of %d nodes may announce: %s", len(eligible), len(nodes), short(eligible))
 		if len(excluded) > 0 {
 			c.Message += fmt.Sprintf("; excluded (label %s, being deleted or drained): %s", desired.LabelExcludeLB, short(excluded))
 		}
 	case matching == 0:
 		c.Status, c.Reason = metav1.ConditionFalse, "NoNodeMatches"
-		c.Message = fmt.Sprintf("No node matches spec.announce.nodeSelector (%d nodes); its addresses are given out but answered by no one", len(s.nodeList))
+		c.Message = fmt.Sprintf("No node matches spec.announce.nodeSelector (%d nodes); its addresses are given out but answered by no one", len(nodes))
 	default:
 		c.Status, c.Reason = metav1.ConditionFalse, report.ReasonNoEligibleNode
 		var why []string
