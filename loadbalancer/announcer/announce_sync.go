@@ -169,6 +169,12 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 	for key := range ch.records {
 		r.conds[key] = true
 	}
+	if ch.allRecords {
+		svcs, _ := a.services.List(labels.Everything())
+		for _, svc := range svcs {
+			r.conds[desired.Key(svc)] = true
+		}
+	}
 	for key := range r.conds {
 		a.writeCondition(key)
 	}

@@ -95,8 +95,11 @@ type Announcer struct {
 	endpoints discoverylisters.EndpointSliceLister
 	secrets   corelisters.SecretLister
 	records   cache.GenericLister // ServiceAnnouncements (record.go); nil: none written
-	synced    []cache.InformerSynced
-	secretsF  informers.SharedInformerFactory
+	// recordsSynced reports whether the records are listed (their CRD served): none is
+	// written before.
+	recordsSynced cache.InformerSynced
+	synced        []cache.InformerSynced
+	secretsF      informers.SharedInformerFactory
 
 	mu      sync.Mutex // guards pending
 	pending changes
@@ -111,18 +114,21 @@ type Announcer struct {
 
 // changes are what the handlers noted since the last round.
 type changes struct {
-	services  map[string]bool
-	pools     map[string]bool
-	records   map[string]bool // Services whose ServiceAnnouncement changed
-	nodes     bool
-	peers     bool // peers or their password Secrets
-	keys      bool // a node's heartbeat keys
-	reach     map[string]bool
-	applied   map[string]bool // nodes whose agents acknowledged a state of this leader
-	refused   map[string]refusal
-	tookOver  []tookOver
-	newerTerm uint64
-	sessions  map[string][]*agentv1.PeerStatus // node -> its BGP sessions, as reported
+	services map[string]bool
+	pools    map[string]bool
+	records  map[string]bool // Services whose ServiceAnnouncement changed
+	// allRecords: the records are listed (at start, or once their CRD is served): every
+	// Service's is compared with the plan.
+	allRecords bool
+	nodes      bool
+	peers      bool // peers or their password Secrets
+	keys       bool // a node's heartbeat keys
+	reach      map[string]bool
+	applied    map[string]bool // nodes whose agents acknowledged a state of this leader
+	refused    map[string]refusal
+	tookOver   []tookOver
+	newerTerm  uint64
+	sessions   map[string][]*agentv1.PeerStatus // node -> its BGP sessions, as reported
 	// controlPlane: node -> the control-plane VIP its agent reports serving (invalid: none)
 	controlPlane map[string]netip.Addr
 }
@@ -232,20 +238,16 @@ func (a *Announcer) Register(factory informers.SharedInformerFactory, dyn dynami
 		DeleteFunc: func(any) { a.note(func(c *changes) { c.nodes = true }) },
 	})
 	synced := []cache.InformerSynced{svc.Informer().HasSynced, nodes.Informer().HasSynced, eps.Informer().HasSynced, a.cfg.Objects.HasSynced}
-	// ServiceAnnouncements only where their CRD is installed: Helm installs a chart's CRDs on
-	// the first install alone, and an upgrade that missed this one must still announce.
-	if served, err := recordsServed(a.cfg.Client.Discovery()); served {
-		rec := dyn.ForResource(v1alpha1.ServiceAnnouncementResource)
-		a.records = rec.Lister()
-		_, _ = rec.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    a.recordChanged,
-			UpdateFunc: func(_, o any) { a.recordChanged(o) },
-			DeleteFunc: a.recordChanged,
-		})
-		synced = append(synced, rec.Informer().HasSynced)
-	} else {
-		klog.ErrorS(err, "The ServiceAnnouncement CRD is not installed: no Service's record of who announces it is written (metalvipctl status shows none) until it is and the CCM restarts; apply charts/metalvip/crds")
-	}
+	// ServiceAnnouncements: not a condition of the plan. Where their CRD is not served yet (an
+	// install that applies it with the CCM; an upgrade by Helm, which leaves out a chart's new
+	// CRDs) the loop announces all the same and writes the records once it is.
+	rec := dyn.ForResource(v1alpha1.ServiceAnnouncementResource)
+	a.records, a.recordsSynced = rec.Lister(), rec.Informer().HasSynced
+	_, _ = rec.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    a.recordChanged,
+		UpdateFunc: func(_, o any) { a.recordChanged(o) },
+		DeleteFunc: a.recordChanged,
+	})
 	if a.cfg.PasswordNamespace != "" {
 		a.secretsF = informers.NewSharedInformerFactoryWithOptions(a.cfg.Client, 0, informers.WithNamespace(a.cfg.PasswordNamespace))
 		sec := a.secretsF.Core().V1().Secrets()
@@ -347,6 +349,10 @@ func (a *Announcer) Run(ctx context.Context, fence Fence) {
 	wg.Add(1)
 	go func() { defer wg.Done(); a.writer.Run(ctx, 2) }()
 	defer wg.Wait()
+	if a.recordsSynced != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.awaitRecords(ctx) }()
+	}
 
 	// Nothing is pushed before the agents said what they hold: a plan made without it could
 	// move VIPs that are well placed, or withdraw them while agents seem unreachable.

@@ -2,8 +2,8 @@ package announcer
 
 import (
 	"context"
-	"fmt"
 	"slices"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/discovery"
+	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
@@ -24,19 +24,25 @@ import (
 // informer holds: a record deleted by hand comes back, and one whose Service holds no address
 // (or is gone) is deleted.
 
-// recordsServed reports whether the API server serves ServiceAnnouncements, and if not, why.
-func recordsServed(d discovery.DiscoveryInterface) (bool, error) {
-	gv := v1alpha1.GroupVersion.String()
-	list, err := d.ServerResourcesForGroupVersion(gv)
-	if err != nil {
-		return false, fmt.Errorf("discover %s: %w", gv, err)
-	}
-	for _, r := range list.APIResources {
-		if r.Name == v1alpha1.ServiceAnnouncementResource.Resource {
-			return true, nil
+// awaitRecords waits until the ServiceAnnouncements are listed, saying once when their CRD
+// seems missing, then has every Service's record written.
+func (a *Announcer) awaitRecords(ctx context.Context) {
+	said := false
+	for !a.recordsSynced() {
+		if !said {
+			klog.InfoS("ServiceAnnouncements are not listed yet (is their CRD installed? apply charts/metalvip/crds): Services are announced all the same, their records are written once it is")
+			said = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
 		}
 	}
-	return false, fmt.Errorf("%s has no %s", gv, v1alpha1.ServiceAnnouncementResource.Resource)
+	if said {
+		klog.InfoS("ServiceAnnouncements listed: writing every Service's record")
+	}
+	a.note(func(c *changes) { c.allRecords = true })
 }
 
 // recordFor is the record of svc's addresses; nil when it has none.
@@ -97,7 +103,7 @@ func (a *Announcer) heldRecord(key string) *v1alpha1.ServiceAnnouncement {
 // gone), creating, updating or deleting it when the one held differs.
 func (a *Announcer) writeRecord(key string, svc *v1.Service, addrs []desired.Address) {
 	have, want := a.heldRecord(key), recordFor(svc, addrs)
-	if a.records == nil || sameRecord(have, want) {
+	if a.records == nil || !a.recordsSynced() || sameRecord(have, want) {
 		return
 	}
 	res := a.cfg.Dynamic.Resource(v1alpha1.ServiceAnnouncementResource)

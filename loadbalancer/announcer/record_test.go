@@ -6,7 +6,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
@@ -51,28 +50,5 @@ func TestARecordIsWrittenWhenItDiffersFromThePlan(t *testing.T) {
 	}
 	if o := want.OwnerReferences[0]; o.Kind != "Service" || o.APIVersion != "v1" || o.UID != svc.UID || o.Controller == nil || !*o.Controller {
 		t.Errorf("owner %+v: want the Service, as its controller, so that it is deleted with it", o)
-	}
-}
-
-// TestRecordsOnlyWhereTheirCRDIsServed: an upgrade by Helm leaves out a new CRD; the announcer
-// then writes no records (and announces all the same) instead of waiting for an informer
-// that cannot list.
-func TestRecordsOnlyWhereTheirCRDIsServed(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		resources []*metav1.APIResourceList
-		want      bool
-	}{
-		{"served", []*metav1.APIResourceList{{GroupVersion: v1alpha1.GroupVersion.String(), APIResources: []metav1.APIResource{{Name: "ippools"}, {Name: "serviceannouncements"}}}}, true},
-		{"the group without it", []*metav1.APIResourceList{{GroupVersion: v1alpha1.GroupVersion.String(), APIResources: []metav1.APIResource{{Name: "ippools"}}}}, false},
-		{"no group", nil, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := fake.NewClientset()
-			c.Resources = tc.resources
-			if got, err := recordsServed(c.Discovery()); got != tc.want || (err == nil) != tc.want {
-				t.Errorf("served %v (%v), want %v", got, err, tc.want)
-			}
-		})
 	}
 }

@@ -1,0 +1,78 @@
+package integration
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/loadbalancer/desired"
+	"github.com/metalvip/metalvip/test/harness"
+	"github.com/metalvip/metalvip/test/testenv"
+)
+
+// TestRecordsAreWrittenOnceTheirCRDIsInstalled: an upgrade by Helm leaves out a chart's new
+// CRDs, and install.yaml applies the CRDs and the CCM at once. Without the ServiceAnnouncement
+// CRD the CCM allocates and announces all the same (the Announced condition is written); once
+// the CRD is applied, the records are written, without a restart.
+func TestRecordsAreWrittenOnceTheirCRDIsInstalled(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	crds := e.dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
+	const crd = "serviceannouncements.metalvip.io"
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	install := func() {
+		if err := e.srv.CreateCRDs(filepath.Join(root, "manifests", "crds"), v1alpha1.GroupVersion.Group); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(install) // for the tests after this one
+	if err := crds.Delete(ctx, crd, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 60*time.Second, "the ServiceAnnouncement CRD is gone", func() bool {
+		_, err := crds.Get(ctx, crd, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+
+	e.pool("records-pool", `{addresses: ["203.0.113.200/30"], serviceAllocation: {namespaces: [records]}}`)
+	ns := e.namespace("records")
+	createNode(t, e.srv, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "records-node"},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.32"}}}})
+	ccm := startCCM(t, e.srv, fastConfig+"agent:\n  insecure: true\n  port: 1\n  timeout: 1s\n")
+	e.service(ns, "web")
+	e.waitIPs(ns, "web", 1, 60*time.Second)
+	harness.Eventually(t, 60*time.Second, "the Service's Announced condition is written without the CRD", func() bool {
+		s, err := e.srv.Client.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		for _, c := range s.Status.Conditions {
+			if c.Type == desired.ConditionAnnounced {
+				return true
+			}
+		}
+		return false
+	})
+
+	install()
+	records := e.dyn.Resource(v1alpha1.ServiceAnnouncementResource).Namespace(ns)
+	harness.Eventually(t, 90*time.Second, "the ServiceAnnouncement is written once its CRD is installed, without a restart", func() bool {
+		_, err := records.Get(ctx, "web", metav1.GetOptions{})
+		return err == nil
+	})
+	select {
+	case <-ccm.Done():
+		t.Fatalf("the CCM exited: %v\n%s", ccm.Err(), ccm.Tail(20))
+	default:
+	}
+}
