@@ -2,7 +2,9 @@ package integration
 
 import (
 	"context"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,11 +66,27 @@ func TestRecordsAreWrittenOnceTheirCRDIsInstalled(t *testing.T) {
 		return false
 	})
 
+	// metalvipctl status says why it cannot tell who announces, and shows the rest.
+	kc := e.srv.Kubeconfig(t, nil)
+	status := func() string {
+		out, err := exec.Command(ctlBinary, "status", "--kubeconfig", kc).CombinedOutput()
+		if err != nil {
+			t.Fatalf("metalvipctl status: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	if out := status(); !strings.Contains(out, ns+"/web") || !strings.Contains(out, "the ServiceAnnouncement CRD is not installed") {
+		t.Errorf("metalvipctl status without the CRD:\n%s", out)
+	}
+
 	install()
 	records := e.dyn.Resource(v1alpha1.ServiceAnnouncementResource).Namespace(ns)
 	harness.Eventually(t, 90*time.Second, "the ServiceAnnouncement is written once its CRD is installed, without a restart", func() bool {
 		_, err := records.Get(ctx, "web", metav1.GetOptions{})
 		return err == nil
+	})
+	harness.Eventually(t, 30*time.Second, "metalvipctl status shows who announces once the record is there", func() bool {
+		return !strings.Contains(status(), "CRD is not installed")
 	})
 	select {
 	case <-ccm.Done():
