@@ -95,6 +95,15 @@ func (a *Announcer) writeCondition(key string) {
 	})
 }
 
+// reachability is a node's AgentReachable condition: status, reason and message.
+func reachability(node string, ok bool, port int) (v1.ConditionStatus, string, string) {
+	if ok {
+		return v1.ConditionTrue, report.ReasonAgentReachable, "The CCM reaches metalvip-agent on " + node
+	}
+	return v1.ConditionFalse, report.ReasonAgentUnreachable,
+		fmt.Sprintf("The CCM cannot reach metalvip-agent on %s; the node takes no new VIPs until it can (check the agent pod, its TLS certificate and port %d)", node, port)
+}
+
 // writeReachability tells a node's reachability with an Event and its AgentReachable
 // condition.
 func (a *Announcer) writeReachability(node string, ok bool) {
@@ -108,11 +117,7 @@ func (a *Announcer) writeReachability(node string, ok bool) {
 	if n == nil {
 		return
 	}
-	status, reason, msg := v1.ConditionTrue, report.ReasonAgentReachable, "The CCM reaches metalvip-agent on "+node
-	if !ok {
-		status, reason = v1.ConditionFalse, report.ReasonAgentUnreachable
-		msg = fmt.Sprintf("The CCM cannot reach metalvip-agent on %s; the node takes no new VIPs until it can (check the agent pod, its TLS certificate and port %d)", node, a.cfg.Agents.Port)
-	}
+	status, reason, msg := reachability(node, ok, a.cfg.Agents.Port)
 	key := "node/" + node
 	if s.statusSet[key] == string(status) {
 		return

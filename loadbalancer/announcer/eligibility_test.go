@@ -61,3 +61,27 @@ func TestAPoolsEligibleNodesAreSaidWithWhyNone(t *testing.T) {
 		})
 	}
 }
+
+// TestANodesReachabilityConditionSaysWhatToCheck: the AgentReachable condition names the node,
+// and when unreachable what to check, with the agents' port.
+func TestANodesReachabilityConditionSaysWhatToCheck(t *testing.T) {
+	for _, tc := range []struct {
+		ok     bool
+		status v1.ConditionStatus
+		reason string
+		says   []string
+	}{
+		{true, v1.ConditionTrue, "AgentReachable", []string{"reaches metalvip-agent on node7"}},
+		{false, v1.ConditionFalse, "AgentUnreachable", []string{"cannot reach metalvip-agent on node7", "takes no new VIPs", "port 7472"}},
+	} {
+		status, reason, msg := reachability("node7", tc.ok, 7472)
+		if status != tc.status || reason != tc.reason {
+			t.Errorf("reachable %v: %s %s, want %s %s", tc.ok, status, reason, tc.status, tc.reason)
+		}
+		for _, s := range tc.says {
+			if !strings.Contains(msg, s) {
+				t.Errorf("reachable %v: %q does not say %q", tc.ok, msg, s)
+			}
+		}
+	}
+}
