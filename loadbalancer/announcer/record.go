@@ -125,6 +125,9 @@ func (a *Announcer) writeRecord(key string, svc *v1.Service, addrs []desired.Add
 	u := &unstructured.Unstructured{Object: obj}
 	a.writer.SetPaced("record/"+key, func(ctx context.Context) error {
 		_, err := res.Namespace(u.GetNamespace()).Apply(ctx, u.GetName(), u, metav1.ApplyOptions{FieldManager: report.ManagerAnnouncer, Force: true})
+		if apierrors.HasStatusCause(err, v1.NamespaceTerminatingCause) {
+			return nil // the namespace is being deleted, with its Services: nothing to record
+		}
 		return err
 	})
 }
