@@ -19,7 +19,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -133,14 +132,6 @@ func announcedBy(a desired.Address) string {
 		by += "; refused by " + strings.Join(a.RefusedBy, ", ")
 	}
 	return by
-}
-
-// recordOf reports whether rec is the record of the Service of uid (not one left by an
-// earlier Service of the same name).
-func recordOf(rec *v1alpha1.ServiceAnnouncement, uid types.UID) bool {
-	return slices.ContainsFunc(rec.OwnerReferences, func(o metav1.OwnerReference) bool {
-		return o.Kind == "Service" && o.UID == uid
-	})
 }
 
 // describeRecord says who announces each address of svc, from its record, and marks what may
@@ -285,7 +276,7 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 				ss.Pool = p.Name
 			}
 		}
-		if rec, ok := records[s.Namespace+"/"+s.Name]; ok && recordOf(rec, s.UID) {
+		if rec, ok := records[s.Namespace+"/"+s.Name]; ok && desired.RecordOf(rec, s.UID) {
 			ss.Announced = rec.Addresses
 			ss.AnnouncedBy = describeRecord(rec, s, unreachable)
 		} else if len(ss.Addresses) > 0 {

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/loadbalancer/desired"
 )
 
 // TestStatusDescribesTheRecord: who announces each address comes from the CCM's
@@ -22,7 +23,7 @@ func TestStatusDescribesTheRecord(t *testing.T) {
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front", UID: "u2", Generation: 4}}
 	rec := func(gen int64, uid types.UID, addrs ...v1alpha1.AnnouncedAddress) *v1alpha1.ServiceAnnouncement {
 		return &v1alpha1.ServiceAnnouncement{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front",
-			OwnerReferences: []metav1.OwnerReference{{Kind: "Service", UID: uid}}}, ObservedGeneration: gen, Addresses: addrs}
+			OwnerReferences: []metav1.OwnerReference{{Kind: "Service", UID: uid, Controller: new(true)}}}, ObservedGeneration: gen, Addresses: addrs}
 	}
 	l2 := v1alpha1.AnnouncedAddress{Address: "203.0.113.5", Mode: v1alpha1.AnnouncedL2, Nodes: []string{"node-a", "node-b", "node-c"}}
 	for _, tc := range []struct {
@@ -43,7 +44,7 @@ func TestStatusDescribesTheRecord(t *testing.T) {
 		{"an unreadable record says so", rec(4, "u2", v1alpha1.AnnouncedAddress{Address: "node-a", Mode: v1alpha1.AnnouncedL2}), nil, `unreadable ServiceAnnouncement: address "node-a"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if !recordOf(tc.rec, svc.UID) {
+			if !desired.RecordOf(tc.rec, svc.UID) {
 				t.Fatal("the record of the Service's UID is not taken as its record")
 			}
 			if got := describeRecord(tc.rec, svc, tc.unreachable); !strings.HasPrefix(got, tc.want) {
@@ -51,7 +52,7 @@ func TestStatusDescribesTheRecord(t *testing.T) {
 			}
 		})
 	}
-	if recordOf(rec(4, "u1", l2), svc.UID) {
+	if desired.RecordOf(rec(4, "u1", l2), svc.UID) {
 		t.Error("the record of an earlier Service of the same name is taken as this one's")
 	}
 }

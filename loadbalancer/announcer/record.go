@@ -10,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
@@ -25,7 +24,8 @@ import (
 // (or is gone) is deleted.
 
 // awaitRecords waits until the ServiceAnnouncements are listed, saying once when their CRD
-// seems missing, then has every Service's record written.
+// seems missing, and then has every Service's record written (when they were listed from the
+// start, the first plan does that).
 func (a *Announcer) awaitRecords(ctx context.Context) {
 	said := false
 	for !a.recordsSynced() {
@@ -39,9 +39,10 @@ func (a *Announcer) awaitRecords(ctx context.Context) {
 		case <-time.After(time.Second):
 		}
 	}
-	if said {
-		klog.InfoS("ServiceAnnouncements listed: writing every Service's record")
+	if !said {
+		return // listed from the start: the first plan writes every Service's record
 	}
+	klog.InfoS("ServiceAnnouncements listed: writing every Service's record")
 	a.note(func(c *changes) { c.allRecords = true })
 }
 
@@ -64,18 +65,10 @@ func sameRecord(have, want *v1alpha1.ServiceAnnouncement) bool {
 	if have == nil || want == nil {
 		return have == want
 	}
-	return have.ObservedGeneration == want.ObservedGeneration && ownedBy(have, want.OwnerReferences[0].UID) &&
+	return have.ObservedGeneration == want.ObservedGeneration && desired.RecordOf(have, want.OwnerReferences[0].UID) &&
 		slices.EqualFunc(have.Addresses, want.Addresses, func(a, b v1alpha1.AnnouncedAddress) bool {
 			return a.Address == b.Address && a.Mode == b.Mode && slices.Equal(a.Nodes, b.Nodes) && slices.Equal(a.RefusedBy, b.RefusedBy)
 		})
-}
-
-// ownedBy reports whether rec belongs to the Service of uid (and not to an earlier Service of
-// the same name).
-func ownedBy(rec *v1alpha1.ServiceAnnouncement, uid types.UID) bool {
-	return slices.ContainsFunc(rec.OwnerReferences, func(o metav1.OwnerReference) bool {
-		return o.Kind == "Service" && o.UID == uid && o.Controller != nil && *o.Controller
-	})
 }
 
 // heldRecord is the record of key as the informer holds it; nil when there is none or it

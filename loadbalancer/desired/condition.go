@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/loadbalancer/planner"
@@ -126,6 +127,14 @@ func FromRecord(rec []v1alpha1.AnnouncedAddress) ([]Address, error) {
 		out = append(out, Address{Addr: addr, Mode: mode, Nodes: slices.Clone(r.Nodes), RefusedBy: slices.Clone(r.RefusedBy)})
 	}
 	return out, nil
+}
+
+// RecordOf reports whether rec is the record of the Service of uid (its controller), and not
+// one left by an earlier Service of the same name.
+func RecordOf(rec *v1alpha1.ServiceAnnouncement, uid types.UID) bool {
+	return slices.ContainsFunc(rec.OwnerReferences, func(o metav1.OwnerReference) bool {
+		return o.Kind == "Service" && o.UID == uid && o.Controller != nil && *o.Controller
+	})
 }
 
 var (

@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -124,18 +125,7 @@ func TestAnnouncingCCMRunsWithTheManifestsRBAC(t *testing.T) {
 	e.service(ns, "web")
 	e.waitIPs(ns, "web", 1, 60*time.Second)
 	ctx := context.Background()
-	harness.Eventually(t, 60*time.Second, "the Service's Announced condition is written", func() bool {
-		s, err := srv.Client.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		for _, c := range s.Status.Conditions {
-			if c.Type == desired.ConditionAnnounced {
-				return true
-			}
-		}
-		return false
-	})
+	waitAnnounced(t, srv, ns, "web", "the Service's Announced condition is written")
 	// The record of who announces the Service: written with an owner reference to it, written
 	// again when deleted by hand, deleted when the Service is no longer a LoadBalancer.
 	svc, err := srv.Client.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
@@ -161,6 +151,10 @@ func TestAnnouncingCCMRunsWithTheManifestsRBAC(t *testing.T) {
 		t.Fatal(err)
 	}
 	harness.Eventually(t, 30*time.Second, "a ServiceAnnouncement deleted by hand is written again", written)
+	if _, err := records.Patch(ctx, "web", types.MergePatchType, []byte(`{"addresses":[{"address":"203.0.113.99","mode":"L2","nodes":["elsewhere"]}]}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 30*time.Second, "a ServiceAnnouncement edited by hand is written again", written)
 	svc.Spec.Type = corev1.ServiceTypeClusterIP
 	for i := range svc.Spec.Ports {
 		svc.Spec.Ports[i].NodePort = 0
@@ -193,4 +187,21 @@ func TestAnnouncingCCMRunsWithTheManifestsRBAC(t *testing.T) {
 		}
 		t.Errorf("the announcing CCM was refused something:\n%s", strings.Join(lines[:min(5, len(lines))], "\n"))
 	}
+}
+
+// waitAnnounced waits until the Service ns/name carries the Announced condition.
+func waitAnnounced(t *testing.T, srv *kubeapi.Server, ns, name, what string) {
+	t.Helper()
+	harness.Eventually(t, 60*time.Second, what, func() bool {
+		s, err := srv.Client.CoreV1().Services(ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		for _, c := range s.Status.Conditions {
+			if c.Type == desired.ConditionAnnounced {
+				return true
+			}
+		}
+		return false
+	})
 }

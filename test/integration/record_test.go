@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
-	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/testenv"
 )
@@ -53,18 +52,7 @@ func TestRecordsAreWrittenOnceTheirCRDIsInstalled(t *testing.T) {
 	ccm := startCCM(t, e.srv, fastConfig+"agent:\n  insecure: true\n  port: 1\n  timeout: 1s\n")
 	e.service(ns, "web")
 	e.waitIPs(ns, "web", 1, 60*time.Second)
-	harness.Eventually(t, 60*time.Second, "the Service's Announced condition is written without the CRD", func() bool {
-		s, err := e.srv.Client.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		for _, c := range s.Status.Conditions {
-			if c.Type == desired.ConditionAnnounced {
-				return true
-			}
-		}
-		return false
-	})
+	waitAnnounced(t, e.srv, ns, "web", "the Service's Announced condition is written without the CRD")
 
 	// metalvipctl status says why it cannot tell who announces, and shows the rest.
 	kc := e.srv.Kubeconfig(t, nil)
