@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/yaml"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
@@ -45,6 +46,24 @@ func newEnv(t *testing.T) *env {
 	srv := kubeapi.Get(t)
 	dyn := srv.InstallCRDs(t)
 	return &env{t: t, srv: srv, dyn: dyn, ctx: context.Background()}
+}
+
+// setPoolAddresses sets an IPPool's spec.addresses, again on a conflict (the CCM writes the
+// pool's status meanwhile).
+func (e *env) setPoolAddresses(name string, addrs []string) {
+	e.t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		u, err := e.dyn.Resource(v1alpha1.IPPoolResource).Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		_ = unstructured.SetNestedStringSlice(u.Object, addrs, "spec", "addresses")
+		_, err = e.dyn.Resource(v1alpha1.IPPoolResource).Update(e.ctx, u, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		e.t.Fatalf("set %s's addresses: %v", name, err)
+	}
 }
 
 // pool creates an IPPool from YAML for spec; it is deleted when the test ends.
@@ -491,14 +510,7 @@ func TestRequestsConflictsAndExhaustion(t *testing.T) {
 	// The pool is full again; growing it lets a fourth in, without a restart.
 	e.service(tiny, "four")
 	e.waitEvent(tiny, "four", "PoolExhausted", 30*time.Second, "tiny-pool")
-	u, err := e.dyn.Resource(v1alpha1.IPPoolResource).Get(e.ctx, "tiny-pool", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = unstructured.SetNestedStringSlice(u.Object, []string{"10.31.0.1-10.31.0.3"}, "spec", "addresses")
-	if _, err := e.dyn.Resource(v1alpha1.IPPoolResource).Update(e.ctx, u, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	e.setPoolAddresses("tiny-pool", []string{"10.31.0.1-10.31.0.3"})
 	if got := e.waitIPs(tiny, "four", 1, 30*time.Second); got[0] != netip.MustParseAddr("10.31.0.3") {
 		t.Errorf("after the pool grew the pending Service got %s, want 10.31.0.3", got[0])
 	}
@@ -530,14 +542,7 @@ func TestPoolChangesNeverTakeAnAddress(t *testing.T) {
 	held := e.waitIPs(ns, "first", 1, 30*time.Second)[0]
 
 	// Shrink the pool under the address: the Service keeps it, is told, and so is the pool.
-	u, err := e.dyn.Resource(v1alpha1.IPPoolResource).Get(e.ctx, "shrink-pool", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = unstructured.SetNestedStringSlice(u.Object, []string{"10.40.0.2/31"}, "spec", "addresses")
-	if _, err := e.dyn.Resource(v1alpha1.IPPoolResource).Update(e.ctx, u, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	e.setPoolAddresses("shrink-pool", []string{"10.40.0.2/31"})
 	e.waitEvent(ns, "first", "PoolShrunk", 30*time.Second, held.String(), "shrink-pool")
 	deadline := time.Now().Add(15 * time.Second)
 	for {
