@@ -82,7 +82,7 @@ func (a *Announcer) tookOverEvent(t tookOver) {
 	if err != nil {
 		return
 	}
-	if e, ok := a.loop.planner.Entry(vip); ok && (e.Mode != planner.L2 || e.Primary() == t.node || a.loop.vipPool[vip] != nil && a.loop.vipPool[vip].Announce.PerClient) {
+	if e, ok := a.loop.planner.Entry(vip); ok && (e.Mode != planner.L2 || e.Primary() == t.node || a.loop.pools.of(vip) != nil && a.loop.pools.of(vip).Announce.PerClient) {
 		return
 	}
 	for _, k := range a.loop.shown.services[vip] {

@@ -34,13 +34,13 @@ type loopState struct {
 	extWant  map[string]bool                  // Services that ask for their externalIPs to be announced
 	extSaid  map[string]string                // Service -> its ExternalIPs condition last set (text form)
 	vips     map[netip.Addr]planner.VIP       // what the planner was given
-	vipPool  map[netip.Addr]*pools.Pool       // the address's pool (nil: none)
+	pools    addrPools                        // which pool's rules announce each address
 	weights  map[netip.Addr]map[string]uint32 // BGP VIPs weighted by endpoints: node -> weight
 	anns     map[netip.Addr]*agentv1.Announcement
 	annNodes map[netip.Addr][]string // the nodes each announcement was given to
 	parts    map[string]*nodePart    // node -> its announcements
 	groups   map[string][]netip.Addr // group -> member addresses
-	states   map[string]pushed
+	pushes   pushes
 	cutOff   cutOff                // unreachable nodes and the nodes that heartbeat them as departing
 	cpVIPs   map[string]netip.Addr // node -> the control-plane VIP its agent reports serving
 
@@ -85,13 +85,7 @@ func (n nodeState) Build() *agentv1.DesiredState {
 	return st
 }
 
-// pushed is what a node was last pushed.
-type pushed struct {
-	head    *agentv1.DesiredState
-	version uint64
-}
-
-func newLoopState(maxCandidates int) loopState {
+func newLoopState(maxCandidates int, records Records) loopState {
 	return loopState{
 		first:     true,
 		planner:   planner.New(planner.Options{MaxCandidates: maxCandidates}),
@@ -103,13 +97,13 @@ func newLoopState(maxCandidates int) loopState {
 		extWant:   map[string]bool{},
 		extSaid:   map[string]string{},
 		vips:      map[netip.Addr]planner.VIP{},
-		vipPool:   map[netip.Addr]*pools.Pool{},
+		pools:     newAddrPools(records),
 		weights:   map[netip.Addr]map[string]uint32{},
 		anns:      map[netip.Addr]*agentv1.Announcement{},
 		annNodes:  map[netip.Addr][]string{},
 		parts:     map[string]*nodePart{},
 		groups:    map[string][]netip.Addr{},
-		states:    map[string]pushed{},
+		pushes:    pushes{},
 		cutOff:    newCutOff(),
 		cpVIPs:    map[string]netip.Addr{},
 		conds:     map[string]string{},

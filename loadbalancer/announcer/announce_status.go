@@ -37,7 +37,7 @@ func (a *Announcer) addresses(key string) []desired.Address {
 	var out []desired.Address
 	for _, ip := range s.shown.addrs[key] {
 		e, _ := s.planner.Entry(ip)
-		pool := s.vipPool[ip]
+		pool := s.pools.of(ip)
 		out = append(out, desired.AddressOf(ip, e, pool != nil && pool.Announce.PerClient, a.refusals.refusedBy(ip)))
 	}
 	return out
@@ -201,7 +201,7 @@ func (a *Announcer) writePoolConditions() {
 		var refusals []string
 		for _, node := range slices.Sorted(maps.Keys(a.refusals.vips)) {
 			for ip, it := range a.refusals.vips[node] {
-				if s.vipPool[ip] == p {
+				if s.pools.of(ip) == p {
 					refusals = append(refusals, fmt.Sprintf("%s refused %s: %s: %s", node, ip, it.GetField(), it.GetReason()))
 				}
 			}

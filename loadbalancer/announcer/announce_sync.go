@@ -58,43 +58,15 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 	}
 	// Pools: the addresses whose pool, or whose pool's spec, changed.
 	if len(ch.pools) > 0 {
-		for ip := range s.shown.services {
-			p := a.poolFor(ip)
-			if p != s.vipPool[ip] || p != nil && ch.pools[p.Name] {
-				r.spec[ip] = true
-			}
+		for _, ip := range s.pools.replan(s.set, s.shown.services, ch.pools) {
+			r.spec[ip] = true
 		}
 	}
 	// Nodes and reachability. A change of reachability alone replans, but rebuilds only the
 	// states of the nodes whose part the replan changes (entryRound marks them): no Node
 	// object changed, so no other node's head did. Rebuilding and comparing all of them cost
-	// 58% of the CCM's CPU over a node's death at 1,000 nodes (make bench-scale).
-	reach := false
-	for n, ok := range ch.reach {
-		if s.reachable[n] != ok {
-			s.reachable[n] = ok
-			reach = true
-			// A node cut off keeps as peers, heartbeating it as departing (cutoff.go), the
-			// nodes it may take heartbeats from: those of the plan and those of the state it
-			// holds (before the first plan, or when the plan already dropped them).
-			if !ok {
-				peers := append(slices.Collect(maps.Keys(s.part(n).peers)), a.heldPeers(n)...)
-				for _, m := range s.cutOff.lost(n, peers) {
-					r.nodes[m] = true
-				}
-			}
-		}
-		a.writeReachability(n, ok)
-	}
-	// A node is back only once it holds a state of this leader: reachable again, it may still
-	// hold its old one (a push to it can fail, its port filtered again).
-	for n := range ch.applied {
-		if s.reachable[n] {
-			for _, m := range s.cutOff.back(n) {
-				r.nodes[m] = true
-			}
-		}
-	}
+	// the most of the CCM's CPU over a node's death (make bench-scale).
+	reach := a.reachRound(ch, &r)
 	if ch.nodes {
 		s.refreshNodes(a)
 		a.agents.SetNodes(ctx, s.addrs)
@@ -107,27 +79,7 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 	for ip := range r.spec {
 		a.specRound(ip, &r)
 	}
-	if s.first {
-		list := make([]planner.VIP, 0, len(s.vips))
-		for _, v := range s.vips {
-			list = append(list, v)
-		}
-		nodes := s.plannerNodes(a.cfg.Drain)
-		for n, peers := range wouldBePeers(s.planner.Options(), s.seed, list, nodes) {
-			for _, m := range s.cutOff.lost(n, peers) {
-				r.nodes[m] = true
-			}
-		}
-		s.planner.Reset(s.seed, list, nodes)
-		s.seed, s.first = nil, false
-		for ip := range s.vips {
-			r.entry[ip] = true
-		}
-	} else if ch.nodes || reach {
-		for _, ip := range s.planner.SetNodes(s.plannerNodes(a.cfg.Drain)) {
-			r.entry[ip] = true
-		}
-	}
+	a.planRound(ch.nodes || reach, &r)
 	for ip := range r.entry {
 		a.entryRound(ip, &r)
 	}
@@ -144,73 +96,9 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 		r.nodes[m] = true
 	}
 
-	// Push the nodes whose state changed.
-	for _, n := range s.nodeList {
-		if !r.nodes[n.Name] {
-			continue
-		}
-		head, cs := a.nodeHead(n)
-		s.conflicts[n.Name] = cs
-		p := s.part(n.Name)
-		if last, ok := s.states[n.Name]; ok && last.version == p.version && proto.Equal(last.head, head) {
-			continue // rebuilt for its peers or keys, which did not change
-		}
-		s.states[n.Name] = pushed{head, p.version}
-		a.agents.Push(n.Name, nodeState{head: head, anns: p.anns.Clone()})
-	}
-	for name := range s.states {
-		if _, ok := s.byName[name]; !ok {
-			delete(s.states, name)
-			delete(s.parts, name)
-			delete(s.conflicts, name)
-		}
-	}
+	a.pushRound(&r)
 
-	for key := range ch.records {
-		r.conds[key] = true
-	}
-	if ch.allRecords {
-		svcs, _ := a.services.List(labels.Everything())
-		for _, svc := range svcs {
-			r.conds[desired.Key(svc)] = true
-		}
-	}
-	for key := range r.conds {
-		a.writeCondition(key)
-	}
-	for g := range r.grps {
-		a.groupEvents(g)
-	}
-	if ch.nodes || len(ch.pools) > 0 || len(ch.reach) > 0 {
-		a.writePoolConditions()
-	}
-	if ch.peers || ch.nodes || reach || len(ch.refused) > 0 {
-		a.writePeerConditions()
-	}
-	for node, ss := range ch.sessions {
-		s.sessions[node] = ss
-	}
-	if ch.peers || ch.nodes || len(ch.reach) > 0 || len(ch.sessions) > 0 {
-		a.writePeerSessions()
-	}
-	for _, t := range ch.tookOver {
-		a.tookOverEvent(t)
-	}
-}
-
-// poolFor returns the pool whose rules announce an address: for an address a Service holds,
-// the pool the allocator records it was given from (Records) while that pool still holds it,
-// else the valid pool holding it (pools.Set.Governing); for another (an externalIP) the pool
-// whose ranges hold it. nil fails closed: the address is announced from no node. Nothing a
-// tenant writes on the Service decides it.
-func (a *Announcer) poolFor(ip netip.Addr) *pools.Pool {
-	s := &a.loop
-	if a.cfg.Records != nil {
-		if name, held := a.cfg.Records.PoolOf(ip); held {
-			return s.set.Governing(name, ip)
-		}
-	}
-	return s.set.PoolOf(ip)
+	a.statusRound(ch, reach, &r)
 }
 
 func (a *Announcer) service(key string) *v1.Service {
@@ -266,7 +154,7 @@ func (a *Announcer) specRound(ip netip.Addr, r *round) {
 	}
 	if len(keys) == 0 {
 		delete(s.vips, ip)
-		delete(s.vipPool, ip)
+		s.pools.plan(ip, nil)
 		delete(s.weights, ip)
 		if had {
 			a.removeFromGroup(old.Group, ip)
@@ -292,14 +180,14 @@ func (a *Announcer) specRound(ip netip.Addr, r *round) {
 		}
 		sharers = append(sharers, sh)
 	}
-	pool := a.poolFor(ip)
+	pool := s.pools.resolve(s.set, ip)
 	v := desired.VIP(ip, sharers, pool)
 	if w := desired.Weights(v, sharers, pool); w != nil {
 		s.weights[ip] = w
 	} else {
 		delete(s.weights, ip)
 	}
-	s.vipPool[ip] = pool
+	s.pools.plan(ip, pool)
 	s.vips[ip] = v
 	if v.Group != old.Group || !had {
 		if had {
@@ -344,13 +232,13 @@ func (a *Announcer) entryRound(ip netip.Addr, r *round) {
 	old := s.anns[ip]
 	e, ok := s.planner.Entry(ip)
 	if ok {
-		pool := s.vipPool[ip]
+		pool := s.pools.of(ip)
 		e = desired.Linger(e, s.vips[ip], s.annNodes[ip], a.lingering,
 			pool != nil && pool.Announce.PerClient, pool != nil && pool.VirtualMAC(ip) != "")
 	}
 	var next *agentv1.Announcement
 	if v, known := s.vips[ip]; ok && known {
-		next = desired.Announcement(e, v, s.vipPool[ip], s.shown.services[ip], s.addrOf, s.weights[ip])
+		next = desired.Announcement(e, v, s.pools.of(ip), s.shown.services[ip], s.addrOf, s.weights[ip])
 	}
 	if old != nil && next != nil && proto.Equal(old, next) && slices.Equal(s.annNodes[ip], e.Nodes) {
 		return // (a BGP announcement does not name its nodes: compare them apart)
@@ -370,6 +258,122 @@ func (a *Announcer) entryRound(ip netip.Addr, r *round) {
 	for _, n := range e.Nodes {
 		s.part(n).set(ip, next)
 		r.nodes[n], r.parts[n] = true, true
+	}
+}
+
+// planRound makes the first plan (keeping what the agents held at start), or replans over
+// the nodes when they or their reachability changed.
+func (a *Announcer) planRound(nodesChanged bool, r *round) {
+	s := &a.loop
+	if s.first {
+		list := make([]planner.VIP, 0, len(s.vips))
+		for _, v := range s.vips {
+			list = append(list, v)
+		}
+		nodes := s.plannerNodes(a.cfg.Drain)
+		for n, peers := range wouldBePeers(s.planner.Options(), s.seed, list, nodes) {
+			for _, m := range s.cutOff.lost(n, peers) {
+				r.nodes[m] = true
+			}
+		}
+		s.planner.Reset(s.seed, list, nodes)
+		s.seed, s.first = nil, false
+		for ip := range s.vips {
+			r.entry[ip] = true
+		}
+	} else if nodesChanged {
+		for _, ip := range s.planner.SetNodes(s.plannerNodes(a.cfg.Drain)) {
+			r.entry[ip] = true
+		}
+	}
+}
+
+// statusRound writes what the round changed: Services' conditions and records, groups'
+// Events, pools' and peers' conditions, and the Events of takeovers.
+func (a *Announcer) statusRound(ch changes, reach bool, r *round) {
+	s := &a.loop
+	for key := range ch.records {
+		r.conds[key] = true
+	}
+	if ch.allRecords {
+		svcs, _ := a.services.List(labels.Everything())
+		for _, svc := range svcs {
+			r.conds[desired.Key(svc)] = true
+		}
+	}
+	for key := range r.conds {
+		a.writeCondition(key)
+	}
+	for g := range r.grps {
+		a.groupEvents(g)
+	}
+	if ch.nodes || len(ch.pools) > 0 || len(ch.reach) > 0 {
+		a.writePoolConditions()
+	}
+	if ch.peers || ch.nodes || reach || len(ch.refused) > 0 {
+		a.writePeerConditions()
+	}
+	for node, ss := range ch.sessions {
+		s.sessions[node] = ss
+	}
+	if ch.peers || ch.nodes || len(ch.reach) > 0 || len(ch.sessions) > 0 {
+		a.writePeerSessions()
+	}
+	for _, t := range ch.tookOver {
+		a.tookOverEvent(t)
+	}
+}
+
+// reachRound takes the agents' reachability as the connections found it, and reports whether
+// it changed.
+func (a *Announcer) reachRound(ch changes, r *round) (changed bool) {
+	s := &a.loop
+	for n, ok := range ch.reach {
+		if s.reachable[n] != ok {
+			s.reachable[n] = ok
+			changed = true
+			// A node cut off keeps as peers, heartbeating it as departing (cutoff.go), the
+			// nodes it may take heartbeats from: those of the plan and those of the state it
+			// holds (before the first plan, or when the plan already dropped them).
+			if !ok {
+				peers := append(slices.Collect(maps.Keys(s.part(n).peers)), a.heldPeers(n)...)
+				for _, m := range s.cutOff.lost(n, peers) {
+					r.nodes[m] = true
+				}
+			}
+		}
+		a.writeReachability(n, ok)
+	}
+	// A node is back only once it holds a state of this leader: reachable again, it may still
+	// hold its old one (a push to it can fail, its port filtered again).
+	for n := range ch.applied {
+		if s.reachable[n] {
+			for _, m := range s.cutOff.back(n) {
+				r.nodes[m] = true
+			}
+		}
+	}
+	return changed
+}
+
+// pushRound rebuilds the states of the nodes the round marked and pushes those that changed;
+// it forgets the nodes that are gone.
+func (a *Announcer) pushRound(r *round) {
+	s := &a.loop
+	for _, n := range s.nodeList {
+		if !r.nodes[n.Name] {
+			continue
+		}
+		head, cs := a.nodeHead(n)
+		s.conflicts[n.Name] = cs
+		p := s.part(n.Name)
+		if s.pushes.due(n.Name, head, p.version) {
+			a.agents.Push(n.Name, nodeState{head: head, anns: p.anns.Clone()})
+		}
+	}
+	for _, name := range s.pushes.forget(func(n string) bool { return s.byName[n] != nil }) {
+		delete(s.parts, name)
+		delete(s.conflicts, name)
 	}
 }
 

@@ -157,7 +157,7 @@ func New(cfg Config) *Announcer {
 		cfg.Discover = 6 * time.Second
 	}
 	a := &Announcer{cfg: cfg, pending: newChanges(), kick: make(chan struct{}, 1), writer: report.NewWriter("metalvip-announcer-status", cfg.Pacer)}
-	a.loop = newLoopState(cfg.MaxCandidates)
+	a.loop = newLoopState(cfg.MaxCandidates, cfg.Records)
 	a.tell = newTeller(cfg.Recorder)
 	a.refusals = newRefusals()
 	a.drains = newDrains(cfg.Drain.Delay, func() { a.note(func(c *changes) { c.nodes = true }) })

@@ -78,7 +78,7 @@ func (f *fixedFence) Raise(_ context.Context, above uint64) (uint64, error) {
 }
 
 // harness runs an announcer on fake clients, one sync at a time, without agents: what it
-// would push is in loop.states, what it would write is counted.
+// would push is in loop.pushes, what it would write is counted.
 type harness struct {
 	t       testing.TB
 	ctx     context.Context
@@ -258,7 +258,7 @@ func TestOneServiceChangeRebuildsOnlyItsNodes(t *testing.T) {
 	keys["ns/local"] = true
 	h.sync(changes{services: keys})
 	before := map[string]pushed{}
-	for n, st := range h.a.loop.states {
+	for n, st := range h.a.loop.pushes {
 		before[n] = st
 	}
 	if got := h.nodesOf("203.0.113.100"); !slices.Equal(got, []string{"node1"}) {
@@ -269,7 +269,7 @@ func TestOneServiceChangeRebuildsOnlyItsNodes(t *testing.T) {
 	if got := h.nodesOf("203.0.113.100"); !slices.Equal(got, []string{"node4"}) {
 		t.Fatalf("the Local VIP is on %v after its endpoint moved, want node4", got)
 	}
-	for n, st := range h.a.loop.states {
+	for n, st := range h.a.loop.pushes {
 		changed := st != before[n]
 		if want := n == "node1" || n == "node4"; changed != want {
 			t.Errorf("%s: state rebuilt %v, want %v", n, changed, want)

@@ -66,7 +66,7 @@ func TestAnUnreachableNodeStaysTheDepartingPeerOfItsCandidates(t *testing.T) {
 	owner := cands[0]
 	departing := func(node string) []string {
 		var out []string
-		for _, p := range h.a.loop.states[node].head.GetHeartbeatPeers() {
+		for _, p := range h.a.loop.pushes[node].head.GetHeartbeatPeers() {
 			if p.GetDeparting() {
 				out = append(out, p.GetNode())
 			}
@@ -148,7 +148,7 @@ func TestFault1ANodeCutOffAtTheFirstPlanIsHeartbeatedByTheNodesItWouldShareCandi
 		t.Errorf("node3 heartbeats %v as departing; want [node2], the node it would share the VIP with", got)
 	}
 	var peers []string
-	for _, p := range h.a.loop.states["node3"].head.GetHeartbeatPeers() {
+	for _, p := range h.a.loop.pushes["node3"].head.GetHeartbeatPeers() {
 		if p.GetDeparting() {
 			peers = append(peers, p.GetNode())
 		}
