@@ -85,12 +85,11 @@ type Options struct {
 	Observer Observer
 }
 
-// Liveness is the seam to the heartbeat exchange.
+// Liveness is the seam to the heartbeat exchange. It tells its changes through
+// failover.Config.OnChange, with the view they are about.
 type Liveness interface {
-	LivenessFacts
-	// Lapses reports how many times node's heartbeats showed it had stopped counting this
-	// node alive, however briefly (it may have answered this node's VIPs meanwhile).
-	Lapses(node string) uint64
+	// View is what the heartbeats say now (after SetPeers: the monitor does not tell it).
+	View() failover.View
 	SetPeers([]failover.Peer)
 	Counters() failover.Counters
 	Close() error
@@ -132,6 +131,9 @@ type Agent struct {
 	bgpCfg  bgp.Config
 	live    Liveness
 	liveGen uint64 // the generation of live: each new monitor, one more
+	// facts is the latest view of live, the one every decision reads: handed over by its
+	// OnChange, or taken after SetPeers, whichever is later (failover.View.Seq).
+	facts   failover.View
 	liveCfg failover.Config
 	hbBase  failover.Counters // of the heartbeat monitors closed so far
 	// macs are the virtual MACs the MAC filter takes, by interface; l2Problems what went

@@ -50,10 +50,29 @@ type toggledLiveness struct {
 	fakeLiveness
 	mu   sync.Mutex
 	dead bool
-	cfg  failover.Config
 }
 
-func (f *toggledLiveness) Alive(string) bool { f.mu.Lock(); defer f.mu.Unlock(); return !f.dead }
+// View says every peer is dead or alive, and sees this node when alive.
+func (f *toggledLiveness) View() failover.View {
+	v := f.fakeLiveness.View()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for n := range v.Peers {
+		v.Peers[n] = failover.PeerView{Alive: !f.dead, Sees: !f.dead}
+	}
+	return v
+}
+
+// toggle turns the peers dead or alive and tells the agent, as a monitor would.
+func (f *toggledLiveness) toggle() {
+	f.mu.Lock()
+	f.dead = !f.dead
+	f.mu.Unlock()
+	f.fakeLiveness.mu.Lock()
+	f.seq++
+	f.fakeLiveness.mu.Unlock()
+	f.cfg.OnChange(f.View())
+}
 
 // discardARP is an ARP connection that sends nowhere and receives nothing until closed.
 type discardARP struct{ closed chan struct{} }
@@ -94,10 +113,7 @@ func BenchmarkALivenessChangeMovesAThousandVIPs(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		live.mu.Lock()
-		live.dead = !live.dead
-		live.mu.Unlock()
-		live.cfg.OnChange()
+		live.toggle()
 	}
 }
 

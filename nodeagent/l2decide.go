@@ -151,7 +151,7 @@ func (a *Agent) decideL2(checked checkedAnnouncement, view *agentv1.AnnouncedVIP
 	}
 	var live LivenessFacts
 	if a.live != nil {
-		live = a.live
+		live = a.facts
 	}
 	d := decideL2(a.opts.Node, cands, an.GetPerClient(), live)
 	if live != nil {
@@ -173,7 +173,7 @@ func (a *Agent) decideL2(checked checkedAnnouncement, view *agentv1.AnnouncedVIP
 		return l2.VIP{}, false
 	}
 	if live != nil {
-		if t, ok := a.deadAheadLocked(cands, live); ok {
+		if t, ok := a.deadAheadLocked(cands, a.facts); ok {
 			a.deadAhead[vip] = t
 		}
 	}
@@ -281,7 +281,7 @@ func (a *Agent) redecideLocked(at time.Time) {
 	a.redecideAt = at
 	d := max(time.Until(at), time.Millisecond)
 	if a.redecide == nil {
-		a.redecide = time.AfterFunc(d, a.livenessChanged)
+		a.redecide = time.AfterFunc(d, a.redecideL2)
 		return
 	}
 	a.redecide.Reset(d)

@@ -16,17 +16,35 @@ import (
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
-// livenessChanged re-decides every L2 VIP when the set of live candidates changes. It runs
-// before this node's heartbeats show the change (see failover.Config.OnChange).
-func (a *Agent) livenessChanged() { a.livenessChangedFor(0) }
-
-// livenessChangedFor is livenessChanged for the monitor of generation gen (0: whatever the
-// current one is). A retired monitor's last OnChange may run after a new one replaced it
-// (failover.Monitor.Close does not wait for it): it decides nothing.
-func (a *Agent) livenessChangedFor(gen uint64) {
+// livenessChanged re-decides every L2 VIP when what the heartbeats of the monitor of
+// generation gen say changed, from the view it hands over (or a later one). It runs before
+// this node's heartbeats show the change (see failover.Config.OnChange). A retired monitor's
+// last OnChange may run after a new one replaced it (failover.Monitor.Close does not wait for
+// it): it decides nothing.
+func (a *Agent) livenessChanged(gen uint64, v failover.View) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.state == nil || a.closing() || gen != 0 && (gen != a.liveGen || a.live == nil) {
+	if gen != a.liveGen || a.live == nil {
+		return
+	}
+	if v.Seq > a.facts.Seq {
+		a.facts = v
+	}
+	a.redecideL2Locked()
+}
+
+// redecideL2 decides every L2 VIP again from the latest view: a wait a decision set is over
+// (redecideLocked).
+func (a *Agent) redecideL2() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.redecideL2Locked()
+}
+
+// redecideL2Locked decides every L2 VIP again, and announces again those a candidate's change
+// may have drawn clients from. The caller holds mu.
+func (a *Agent) redecideL2Locked() {
+	if a.state == nil || a.closing() {
 		return
 	}
 	views := map[netip.Addr]*agentv1.AnnouncedVIP{}
@@ -87,7 +105,7 @@ func (a *Agent) heardChangedLocked() map[string]bool {
 	for _, an := range a.checked.announcements {
 		for _, c := range an.GetL2().GetCandidates() {
 			if n := c.GetNode(); n != a.opts.Node {
-				now[n] = heard{alive: a.live.Alive(n), sees: a.live.Sees(n), lapses: a.live.Lapses(n)}
+				now[n] = heard{alive: a.facts.Alive(n), sees: a.facts.Sees(n), lapses: a.facts.Lapses(n)}
 			}
 		}
 	}
@@ -165,7 +183,7 @@ func (a *Agent) applyLivenessLocked(st *agentv1.DesiredState) error {
 		Interval: time.Duration(opts.GetHeartbeatIntervalMs()) * time.Millisecond,
 		Misses:   int(opts.GetHeartbeatMisses()),
 		Identity: a.identity,
-		OnChange: func() { a.livenessChangedFor(gen) },
+		OnChange: func(v failover.View) { a.livenessChanged(gen, v) },
 		OnRTT:    a.opts.Observer.HeartbeatRTT,
 	}
 	if a.live != nil && (a.liveCfg.Listen != cfg.Listen || a.liveCfg.Interval != cfg.Interval || a.liveCfg.Misses != cfg.Misses) {
@@ -183,6 +201,7 @@ func (a *Agent) applyLivenessLocked(st *agentv1.DesiredState) error {
 		list = append(list, p)
 	}
 	a.live.SetPeers(list)
+	a.facts = a.live.View()
 	a.hbPeers = len(list)
 	return nil
 }
@@ -195,7 +214,7 @@ func (a *Agent) closeLivenessLocked() {
 		return
 	}
 	live := a.live
-	a.live = nil
+	a.live, a.facts = nil, failover.View{}
 	a.hbBase = addCounters(a.hbBase, live.Counters())
 	_ = live.Close()
 }

@@ -19,16 +19,25 @@ type fakeLiveness struct {
 	mu    sync.Mutex
 	cfg   failover.Config
 	peers []failover.Peer
+	seq   uint64
 }
 
 func (f *fakeLiveness) SetPeers(p []failover.Peer) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.peers = slices.Clone(p)
+	f.seq++
 }
-func (f *fakeLiveness) Alive(string) bool    { return true }
-func (f *fakeLiveness) Sees(string) bool     { return true }
-func (f *fakeLiveness) Lapses(string) uint64 { return 0 }
+
+func (f *fakeLiveness) View() failover.View {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v := failover.View{Node: f.cfg.Node, Seq: f.seq, Peers: map[string]failover.PeerView{}}
+	for _, p := range f.peers {
+		v.Peers[p.Node] = failover.PeerView{Alive: true, Sees: true}
+	}
+	return v
+}
 func (f *fakeLiveness) Counters() failover.Counters {
 	return failover.Counters{Sent: 3, Accepted: 2, Refused: map[string]uint64{failover.RefusedMAC: 1}}
 }

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/metalvip/metalvip/nodeagent/failover"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
@@ -31,19 +32,10 @@ func (noObserver) TookOver(netip.Addr, time.Duration) {}
 func (noObserver) Released(netip.Addr)                {}
 func (noObserver) HeartbeatRTT(time.Duration)         {}
 
-// lastAliver is the part of a heartbeat monitor that dates a peer's death.
-type lastAliver interface {
-	LastAlive(node string) (time.Time, bool)
-}
-
 // deadAheadLocked returns, for a VIP this node now answers, when the latest of the dead
 // candidates ranked ahead of it was last proven alive: a takeover after that node's death.
 // The caller holds mu.
-func (a *Agent) deadAheadLocked(cands []string, live LivenessFacts) (time.Time, bool) {
-	la, ok := live.(lastAliver)
-	if !ok {
-		return time.Time{}, false
-	}
+func (a *Agent) deadAheadLocked(cands []string, live failover.View) (time.Time, bool) {
 	var latest time.Time
 	for _, c := range cands {
 		if c == a.opts.Node {
@@ -52,7 +44,7 @@ func (a *Agent) deadAheadLocked(cands []string, live LivenessFacts) (time.Time, 
 		if live.Alive(c) {
 			continue
 		}
-		if t, ok := la.LastAlive(c); ok && t.After(latest) {
+		if t, ok := live.LastAlive(c); ok && t.After(latest) {
 			latest = t
 		}
 	}
@@ -104,9 +96,7 @@ func (a *Agent) Gauges() Gauges {
 	}
 	if a.live != nil {
 		g.HeartbeatPeers = a.hbPeers
-		if an, ok := a.live.(interface{ AliveNodes() []string }); ok {
-			g.HeartbeatPeersAlive = len(an.AliveNodes())
-		}
+		g.HeartbeatPeersAlive = len(a.facts.AliveNodes())
 	}
 	if a.bgp != nil {
 		for _, s := range a.bgp.Sessions() {

@@ -12,19 +12,6 @@ import (
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
-// datedLiveness is a switchLiveness that also dates each peer's last proof of life.
-type datedLiveness struct {
-	*switchLiveness
-	last map[string]time.Time
-}
-
-func (d *datedLiveness) LastAlive(n string) (time.Time, bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	t, ok := d.last[n]
-	return t, ok
-}
-
 type recordedObserver struct {
 	mu       sync.Mutex
 	applied  []int
@@ -54,7 +41,7 @@ func (o *recordedObserver) HeartbeatRTT(time.Duration) {}
 
 func TestTheObserverDatesATakeoverFromTheDeadOwnersLastSign(t *testing.T) {
 	obs := &recordedObserver{tookOver: map[netip.Addr][]time.Duration{}}
-	live := &datedLiveness{&switchLiveness{alive: map[string]bool{"node-b": true}, sees: map[string]bool{"node-b": true}}, map[string]time.Time{}}
+	live := &switchLiveness{alive: map[string]bool{"node-b": true}, sees: map[string]bool{"node-b": true}, last: map[string]time.Time{}}
 	h := serve(t, t.TempDir(), func(o *Options) {
 		o.Observer = obs
 		o.NewLiveness = func(c failover.Config) (Liveness, error) {

@@ -218,7 +218,7 @@ func (cp *ControlPlane) openLocked() error {
 	}
 	cfg := func(port uint16, misses int) failover.Config {
 		return failover.Config{Node: s.Self.Name, Listen: netip.AddrPortFrom(s.Self.Addr, port),
-			Interval: s.Interval, Misses: misses, Identity: cp.identity, OnChange: cp.reconsider}
+			Interval: s.Interval, Misses: misses, Identity: cp.identity, OnChange: func(failover.View) { cp.reconsider() }}
 	}
 	q, err := cp.opts.NewLiveness(cfg(s.QuorumPort, s.Misses))
 	if err != nil {
@@ -433,14 +433,15 @@ func (cp *ControlPlane) decideLocked(now time.Time) cpDecision {
 		ready: cp.health.Ready(), detail: cp.detail, standby: s.Standby,
 	}
 	if cp.quorum != nil {
+		q := cp.quorum.View()
 		for _, m := range s.Others() {
-			if cp.quorum.Alive(m.Name) && cp.quorum.Sees(m.Name) {
+			if q.Alive(m.Name) && q.Sees(m.Name) {
 				f.seen++
 			}
 		}
 	}
 	if cp.inCands {
-		f.cands = cp.cands
+		f.cands = cp.cands.View()
 	}
 	changed := false
 	if f.ready && cp.record.APIServerReady.IsZero() {
@@ -535,8 +536,9 @@ func (cp *ControlPlane) status() *agentv1.ControlPlaneStatus {
 		st.Majority = uint32(s.Majority())
 	}
 	if cp.quorum != nil {
+		q := cp.quorum.View()
 		for _, m := range s.Others() {
-			if cp.quorum.Alive(m.Name) && cp.quorum.Sees(m.Name) {
+			if q.Alive(m.Name) && q.Sees(m.Name) {
 				st.Seen = append(st.Seen, m.Name)
 			}
 		}

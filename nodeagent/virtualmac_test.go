@@ -81,46 +81,69 @@ func (l loggedL2) Close() error {
 	return nil
 }
 
-// switchLiveness is a heartbeat exchange whose facts a test sets.
+// switchLiveness is a heartbeat exchange whose facts a test sets; last dates each peer's last
+// proof of life.
 type switchLiveness struct {
 	mu       sync.Mutex
 	alive    map[string]bool
 	sees     map[string]bool
 	lapses   map[string]uint64
-	onChange func()
+	last     map[string]time.Time
+	seq      uint64
+	onChange func(failover.View)
 }
 
-func (s *switchLiveness) Alive(n string) bool { s.mu.Lock(); defer s.mu.Unlock(); return s.alive[n] }
-func (s *switchLiveness) Sees(n string) bool  { s.mu.Lock(); defer s.mu.Unlock(); return s.sees[n] }
-func (s *switchLiveness) Lapses(n string) uint64 {
+func (s *switchLiveness) View() failover.View {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.lapses[n]
+	return s.viewLocked()
 }
-func (s *switchLiveness) SetPeers([]failover.Peer)    {}
+
+func (s *switchLiveness) viewLocked() failover.View {
+	v := failover.View{Node: "node-a", Seq: s.seq, Peers: map[string]failover.PeerView{}}
+	for _, facts := range []map[string]bool{s.alive, s.sees} {
+		for n := range facts {
+			v.Peers[n] = failover.PeerView{Alive: s.alive[n], Sees: s.sees[n], Lapses: s.lapses[n], Proven: s.last[n]}
+		}
+	}
+	for n, l := range s.lapses {
+		v.Peers[n] = failover.PeerView{Alive: s.alive[n], Sees: s.sees[n], Lapses: l, Proven: s.last[n]}
+	}
+	return v
+}
+
+func (s *switchLiveness) SetPeers([]failover.Peer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seq++
+}
 func (s *switchLiveness) Counters() failover.Counters { return failover.Counters{} }
 func (s *switchLiveness) Close() error                { return nil }
 
 // set changes what the heartbeats say of node and tells the agent, as the monitor would.
 func (s *switchLiveness) set(node string, alive, sees bool) {
-	s.mu.Lock()
-	s.alive[node], s.sees[node] = alive, sees
-	fn := s.onChange
-	s.mu.Unlock()
-	fn()
+	s.change(func() { s.alive[node], s.sees[node] = alive, sees })
 }
 
 // lapse counts a lapse of node's (it took this node for dead for a moment no heartbeat
 // showed) and tells the agent, as the monitor would.
 func (s *switchLiveness) lapse(node string) {
+	s.change(func() {
+		if s.lapses == nil {
+			s.lapses = map[string]uint64{}
+		}
+		s.lapses[node]++
+	})
+}
+
+// change makes a change and hands the view after it to the agent, outside the lock.
+func (s *switchLiveness) change(f func()) {
 	s.mu.Lock()
-	if s.lapses == nil {
-		s.lapses = map[string]uint64{}
-	}
-	s.lapses[node]++
-	fn := s.onChange
+	f()
+	s.seq++
+	v, fn := s.viewLocked(), s.onChange
 	s.mu.Unlock()
-	fn()
+	fn(v)
 }
 
 const vmacA = "02:00:cb:00:71:0a"

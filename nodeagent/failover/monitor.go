@@ -63,10 +63,11 @@ type Config struct {
 	// Identity holds this node's keys and boot counter; nil makes one in memory (tests).
 	Identity *Identity
 	// OnChange is called, never concurrently, after the set of alive nodes, or of the nodes
-	// that see this one, changed; the heartbeats this node sends show the change only after
-	// OnChange returns, so a node that stops answering for a VIP in OnChange has stopped
-	// before its peers learn that it sees the new node.
-	OnChange func()
+	// that see this one, changed, with what the heartbeats say now; the heartbeats this node
+	// sends show the change only after OnChange returns, so a node that stops answering for
+	// a VIP in OnChange has stopped before its peers learn that it sees the new node. A view
+	// SetPeers made meanwhile (Monitor.View) may be later: see View.Seq.
+	OnChange func(View)
 	// OnRTT, when set, is given the round trip of each heartbeat that echoes one this node
 	// sent: the time from sending it to hearing the echo (metrics). It is called with the
 	// monitor locked: it must not block or call the monitor.
@@ -125,6 +126,7 @@ type Monitor struct {
 	seesMe    map[string]bool   // peers whose heartbeats say they count this node alive
 	lapsed    map[string]uint64 // per peer, its lapses as OnChange last saw them (Lapses)
 	newPeers  bool              // SetPeers added a peer since the last evaluation
+	seq       uint64            // counts the changes of the above: View.Seq
 	announced map[string]bool   // alive nodes this node's heartbeats show
 	evaluated time.Time         // the last evaluation
 	resumed   time.Time         // when this node last ran again after a stall
@@ -197,7 +199,7 @@ func New(cfg Config) (*Monitor, error) {
 		cfg.Misses = 3
 	}
 	if cfg.OnChange == nil {
-		cfg.OnChange = func() {}
+		cfg.OnChange = func(View) {}
 	}
 	id := cfg.Identity
 	if id == nil {
@@ -275,6 +277,7 @@ func (m *Monitor) SetPeers(peers []Peer) {
 		next[p.Node] = np
 	}
 	m.peers = next
+	m.seq++
 	m.byAddr = make(map[netip.Addr]*peer, len(next))
 	for _, p := range next {
 		m.byAddr[p.addr] = p
@@ -321,64 +324,21 @@ func (m *Monitor) pairOf(p *peer, mine *ownKey, theirs peerKey) *pair {
 	return pr
 }
 
-// Alive reports whether a node is alive; this node always is. A peer not heard from yet counts
-// as alive for Misses intervals after it was added, unless it has no key; one heard but not
-// proven alive counts so while its heartbeats say it does not count this node alive (dissents).
-// A departing peer never is (Peer.Departing): heard or not, it answers nothing this node shares
-// with it, so this node neither yields to it nor waits for it.
-func (m *Monitor) Alive(node string) bool {
-	if node == m.cfg.Node {
-		return true
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if p := m.peers[node]; p != nil && p.departing {
-		return false
-	}
-	return m.alive[node]
-}
+// Alive reports whether node is alive (View.Alive); this node always is.
+func (m *Monitor) Alive(node string) bool { return m.View().Alive(node) }
 
-// Sees reports whether node's latest heartbeat says it counts this node alive.
-func (m *Monitor) Sees(node string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.seesMe[node]
-}
+// Sees reports whether node's latest heartbeat says it counts this node alive (View.Sees).
+func (m *Monitor) Sees(node string) bool { return m.View().Sees(node) }
 
 // Lapses returns how many times node's heartbeats showed that it had stopped counting this
-// node alive, as OnChange last saw it, however short each lapse: the peer may have answered
-// this node's VIPs meanwhile and drawn their clients, which this node then draws back.
-func (m *Monitor) Lapses(node string) uint64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.lapsed[node]
-}
+// node alive, as OnChange last saw it (View.Lapses).
+func (m *Monitor) Lapses(node string) uint64 { return m.View().Lapses(node) }
 
-// LastAlive returns when node was last proven alive by a heartbeat echoing one of this node's;
-// false if it never was since it became a peer.
-func (m *Monitor) LastAlive(node string) (time.Time, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	p := m.peers[node]
-	if p == nil || !p.proven {
-		return time.Time{}, false
-	}
-	return p.proof, true
-}
+// LastAlive returns when node was last proven alive (View.LastAlive).
+func (m *Monitor) LastAlive(node string) (time.Time, bool) { return m.View().LastAlive(node) }
 
-// AliveNodes returns the peers Alive counts, sorted (a departing peer is not among them).
-func (m *Monitor) AliveNodes() []string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []string
-	for n, a := range m.alive {
-		if p := m.peers[n]; a && (p == nil || !p.departing) {
-			out = append(out, n)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
+// AliveNodes returns the peers Alive counts, sorted (View.AliveNodes).
+func (m *Monitor) AliveNodes() []string { return m.View().AliveNodes() }
 
 // Counters returns what the monitor sent, took and refused.
 func (m *Monitor) Counters() Counters {
@@ -547,9 +507,14 @@ func (m *Monitor) evaluate(now time.Time) time.Time {
 	// before this node's heartbeats show them, as for any other change.
 	changed := !sameSet(next, m.alive) || !sameSet(seesMe, m.seesMe) || !maps.Equal(lapsed, m.lapsed) || m.newPeers
 	m.alive, m.seesMe, m.lapsed, m.newPeers = next, seesMe, lapsed, false
+	var view View
+	if changed {
+		m.seq++
+		view = m.viewLocked()
+	}
 	m.mu.Unlock()
 	if changed {
-		m.cfg.OnChange()
+		m.cfg.OnChange(view)
 	}
 	m.mu.Lock()
 	for n := range m.announced {

@@ -183,7 +183,7 @@ func TestChangesShowOnlyAfterOnChange(t *testing.T) {
 	var firstDone atomic.Bool
 	nodes := cluster(t, freePort(t), 2, func(i int, c *Config) {
 		if i == 0 {
-			c.OnChange = func() {
+			c.OnChange = func(View) {
 				if !firstDone.Load() {
 					time.Sleep(200 * time.Millisecond) // ten intervals
 					firstDone.Store(true)
@@ -870,7 +870,7 @@ func TestAPeerIsDeadWhenItsTimeRunsOutNotAtTheNextTick(t *testing.T) {
 			default:
 			}
 		},
-		OnChange: func() {
+		OnChange: func(View) {
 			if m := mp.Load(); m != nil && lateDead(m) {
 				select {
 				case died <- time.Now():
@@ -944,7 +944,7 @@ func TestALapseReachesThePeerThoughNoHeartbeatShowedIt(t *testing.T) {
 		rec := &recorder{}
 		var changes atomic.Int64
 		me, err := New(Config{Node: "me", Listen: netip.AddrPortFrom(loop(1), port), Interval: 20 * time.Millisecond, Identity: meID, sent: rec.hook,
-			OnChange: func() { changes.Add(1) }})
+			OnChange: func(View) { changes.Add(1) }})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1017,7 +1017,7 @@ func TestCloseDoesNotWaitForAnOnChangeUnderWay(t *testing.T) {
 	entered, release := make(chan struct{}, 1), make(chan struct{})
 	var calls atomic.Int64
 	m, err := New(Config{Node: "me", Listen: netip.AddrPortFrom(loop(1), freePort(t)), Interval: 10 * time.Millisecond, Identity: memIdentity(t),
-		OnChange: func() {
+		OnChange: func(View) {
 			calls.Add(1)
 			select {
 			case entered <- struct{}{}:

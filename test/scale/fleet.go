@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,7 +95,7 @@ func (f *fleet) start(a *simAgent) error {
 	defer a.mu.Unlock()
 	agent, err := nodeagent.New(context.Background(), nodeagent.Options{
 		Node: a.name, StateDir: filepath.Join(a.dir, "state"),
-		NewLiveness: func(c failover.Config) (nodeagent.Liveness, error) { return f.live.join(c.OnChange), nil },
+		NewLiveness: func(c failover.Config) (nodeagent.Liveness, error) { return f.live.join(c.Node, c.OnChange), nil },
 	})
 	if err != nil {
 		return fmt.Errorf("agent %s: %w", a.name, err)
@@ -228,8 +230,8 @@ func newLiveTable() *liveTable {
 	return &liveTable{dead: map[string]bool{}, members: map[*simLive]struct{}{}}
 }
 
-func (t *liveTable) join(onChange func()) *simLive {
-	l := &simLive{t: t, onChange: onChange}
+func (t *liveTable) join(node string, onChange func(failover.View)) *simLive {
+	l := &simLive{t: t, node: node, onChange: onChange}
 	t.mu.Lock()
 	t.members[l] = struct{}{}
 	t.mu.Unlock()
@@ -244,18 +246,18 @@ func (t *liveTable) set(node string, dead bool) {
 	} else {
 		delete(t.dead, node)
 	}
-	var tell []func()
+	var tell []*simLive
 	for l := range t.members {
 		l.mu.Lock()
 		if l.peers[node] && l.onChange != nil {
-			tell = append(tell, l.onChange)
+			tell = append(tell, l)
 		}
 		l.mu.Unlock()
 	}
 	t.mu.Unlock()
 	// Outside the locks: OnChange takes the agent's lock, which SetPeers is called under.
-	for _, f := range tell {
-		f()
+	for _, l := range tell {
+		l.onChange(l.View())
 	}
 }
 
@@ -268,15 +270,30 @@ func (t *liveTable) isDead(node string) bool {
 // simLive is one agent's view of the table (nodeagent.Liveness).
 type simLive struct {
 	t        *liveTable
-	onChange func()
+	node     string
+	onChange func(failover.View)
 	mu       sync.Mutex
 	peers    map[string]bool
+	seq      uint64
 }
 
 var _ nodeagent.Liveness = (*simLive)(nil)
 
-func (l *simLive) Alive(node string) bool { return !l.t.isDead(node) }
-func (l *simLive) Sees(node string) bool  { return !l.t.isDead(node) }
+// View says every live peer is alive and sees this node; no peer lapses (a simulated node's
+// liveness changes only when the fleet kills or revives one).
+func (l *simLive) View() failover.View {
+	l.mu.Lock()
+	l.seq++
+	v := failover.View{Node: l.node, Seq: l.seq, Peers: make(map[string]failover.PeerView, len(l.peers))}
+	peers := slices.Collect(maps.Keys(l.peers))
+	l.mu.Unlock()
+	for _, n := range peers {
+		if !l.t.isDead(n) {
+			v.Peers[n] = failover.PeerView{Alive: true, Sees: true}
+		}
+	}
+	return v
+}
 
 func (l *simLive) SetPeers(ps []failover.Peer) {
 	m := make(map[string]bool, len(ps))
@@ -287,9 +304,6 @@ func (l *simLive) SetPeers(ps []failover.Peer) {
 	l.peers = m
 	l.mu.Unlock()
 }
-
-// Lapses is 0: a simulated node's liveness changes only when the fleet kills or revives one.
-func (l *simLive) Lapses(string) uint64 { return 0 }
 
 func (l *simLive) Counters() failover.Counters {
 	return failover.Counters{Refused: map[string]uint64{}}
