@@ -7,7 +7,6 @@ import (
 	"io"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -222,22 +221,6 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 		st.Agents = append(st.Agents, as)
 	}
 
-	// Events only for why a Service has no address yet: their reason, and their message as
-	// written; who announces what comes from the Services' conditions.
-	events, err := client.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Service"})
-	if err != nil {
-		return nil, fmt.Errorf("list Events: %w", err)
-	}
-	pending := map[string]corev1.Event{} // namespace/name -> newest
-	for _, e := range events.Items {
-		if !slices.Contains(report.PendingReasons, e.Reason) {
-			continue
-		}
-		k := e.InvolvedObject.Namespace + "/" + e.InvolvedObject.Name
-		if old, ok := pending[k]; !ok || newer(e, old) {
-			pending[k] = e
-		}
-	}
 	// Who announces what: the CCM's ServiceAnnouncements (typed; the Announced condition says
 	// the same in words, for kubectl describe, and is not read here).
 	recList, err := dyn.Resource(v1alpha1.ServiceAnnouncementResource).List(ctx, metav1.ListOptions{})
@@ -283,9 +266,11 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 			ss.AnnouncedBy = noRecords
 		}
 		if len(ss.Addresses) == 0 {
+			// Why it waits: the allocator's Allocated condition (typed, durable), never an
+			// Event (they expire).
 			ss.Pending = "waiting for an address"
-			if e, ok := pending[s.Namespace+"/"+s.Name]; ok {
-				ss.Pending = e.Reason + ": " + e.Message
+			if c := meta.FindStatusCondition(s.Status.Conditions, desired.ConditionAllocated); c != nil && c.Status == metav1.ConditionFalse {
+				ss.Pending = c.Reason + ": " + c.Message
 			}
 		}
 		st.Services = append(st.Services, ss)
@@ -294,29 +279,6 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
 	return st, nil
-}
-
-// newer reports whether a happened after b. Event times have whole seconds: within one second
-// the later write wins, by resourceVersion (etcd's revision, which grows with every write).
-func newer(a, b corev1.Event) bool {
-	ta, tb := eventTime(a), eventTime(b)
-	if !ta.Equal(tb) {
-		return ta.After(tb)
-	}
-	ra, errA := strconv.ParseUint(a.ResourceVersion, 10, 64)
-	rb, errB := strconv.ParseUint(b.ResourceVersion, 10, 64)
-	return errA == nil && errB == nil && ra > rb
-}
-
-func eventTime(e corev1.Event) time.Time {
-	switch {
-	case !e.LastTimestamp.IsZero():
-		return e.LastTimestamp.Time
-	case !e.EventTime.IsZero():
-		return e.EventTime.Time
-	default:
-		return e.CreationTimestamp.Time
-	}
 }
 
 func printTable(out io.Writer, st *Status) {

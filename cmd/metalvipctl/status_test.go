@@ -5,7 +5,6 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -54,20 +53,6 @@ func TestStatusDescribesTheRecord(t *testing.T) {
 	}
 	if desired.RecordOf(rec(4, "u1", l2), svc.UID) {
 		t.Error("the record of an earlier Service of the same name is taken as this one's")
-	}
-}
-
-func TestNewerBreaksSameSecondTiesByResourceVersion(t *testing.T) {
-	at := metav1.NewTime(time.Date(2026, 11, 30, 13, 0, 0, 0, time.UTC))
-	ev := func(rv string, ts metav1.Time) corev1.Event {
-		return corev1.Event{ObjectMeta: metav1.ObjectMeta{ResourceVersion: rv}, LastTimestamp: ts}
-	}
-	if !newer(ev("120", at), ev("99", at)) || newer(ev("99", at), ev("120", at)) {
-		t.Error("within one second, the higher resourceVersion must win")
-	}
-	later := metav1.NewTime(at.Add(time.Second))
-	if !newer(ev("5", later), ev("120", at)) {
-		t.Error("a later timestamp must win whatever the resourceVersions")
 	}
 }
 

@@ -18,6 +18,11 @@ import (
 // written only when it changes.
 const ConditionAnnounced = "metalvip.io/Announced"
 
+// ConditionAllocated is the type of the Service condition that says why it has no address
+// yet: False, with the reason and message of the Warning Event that said so. The allocator sets it when an allocation fails and removes it once
+// the Service has its addresses; a Service that never waited has none.
+const ConditionAllocated = "metalvip.io/Allocated"
+
 // Reasons of the Announced condition.
 const (
 	// ReasonAnnounced: every address has a node announcing it.

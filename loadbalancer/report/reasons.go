@@ -33,6 +33,3 @@ const (
 	ReasonAgentReachable   = "AgentReachable"
 	ReasonAgentUnreachable = "AgentUnreachable"
 )
-
-// PendingReasons are the Service Events that say why it has no address yet.
-var PendingReasons = []string{ReasonPoolExhausted, ReasonIPInUse, ReasonSharingConflict, ReasonNoPool, ReasonInvalidRequest, ReasonInvalidAnnotation}

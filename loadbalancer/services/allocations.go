@@ -1,4 +1,4 @@
-// Package loadbalancer decides, for Services of type LoadBalancer, which addresses they get
+// Package services decides, for Services of type LoadBalancer, which addresses they get
 // (through the pure ipam package) and keeps that decision in step with the cluster: it rebuilds
 // the allocator from every Service before answering anything, watches IP pools, reports on
 // Services with Events and on pools with status. It knows nothing of the cloud-provider
@@ -280,7 +280,7 @@ func (a *Allocations) Assign(ctx context.Context, svc *v1.Service) (ipam.Allocat
 	}
 	req, err := a.request(svc)
 	if err != nil {
-		a.warnOnce(svc, report.ReasonInvalidAnnotation, err.Error()+"; fix the annotation")
+		a.pending(ctx, svc, report.ReasonInvalidAnnotation, err.Error()+"; fix the annotation")
 		return ipam.Allocation{}, err
 	}
 	a.annotationWarnings(svc)
@@ -297,13 +297,13 @@ func (a *Allocations) Assign(ctx context.Context, svc *v1.Service) (ipam.Allocat
 		if why := a.reservedAsked(req.IPs); why != "" {
 			reason, told = report.ReasonAddressReserved, why
 		}
-		a.warnOnce(svc, reason, told)
+		a.pending(ctx, svc, reason, told)
 		if retry {
 			return ipam.Allocation{}, &RetryError{Err: err, After: a.cfg.PendingRetry}
 		}
 		return ipam.Allocation{}, err
 	}
-	a.clearWarning(svc)
+	a.allocated(ctx, svc)
 	return al, nil
 }
 
@@ -375,8 +375,8 @@ func (a *Allocations) Withdraw(ctx context.Context, svc *v1.Service) error {
 	a.mu.Lock()
 	a.ipam.Withdraw(serviceKey(svc), statusIPs(svc))
 	a.dirty = true
-	delete(a.warned, svc.UID)
 	a.mu.Unlock()
+	a.allocated(ctx, svc)
 	return nil
 }
 
@@ -457,19 +457,3 @@ func (a *Allocations) annotationWarnings(svc *v1.Service) {
 	}
 }
 
-// warnOnce emits a Warning Event unless the same one was the last given to the Service.
-func (a *Allocations) warnOnce(svc *v1.Service, reason, msg string) {
-	a.mu.Lock()
-	last := a.warned[svc.UID]
-	a.warned[svc.UID] = reason + "|" + msg
-	a.mu.Unlock()
-	if last != reason+"|"+msg {
-		a.cfg.Recorder.Event(svc, v1.EventTypeWarning, reason, msg)
-	}
-}
-
-func (a *Allocations) clearWarning(svc *v1.Service) {
-	a.mu.Lock()
-	delete(a.warned, svc.UID)
-	a.mu.Unlock()
-}

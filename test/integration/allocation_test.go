@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
@@ -22,6 +24,7 @@ import (
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/internal/annotation"
+	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/testenv"
@@ -501,11 +504,43 @@ func TestRequestsConflictsAndExhaustion(t *testing.T) {
 	e.waitIPs(tiny, "two", 1, 30*time.Second)
 	e.service(tiny, "three")
 	e.waitEvent(tiny, "three", "PoolExhausted", 30*time.Second, "tiny-pool")
+	// Why it waits is also its Allocated condition (Events expire), which metalvipctl reads.
+	allocated := func(name string) *metav1.Condition {
+		svc, err := e.srv.Client.CoreV1().Services(tiny).Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return meta.FindStatusCondition(svc.Status.Conditions, desired.ConditionAllocated)
+	}
+	harness.Eventually(t, 30*time.Second, "the waiting Service's Allocated condition says why", func() bool {
+		c := allocated("three")
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == "PoolExhausted" && strings.Contains(c.Message, "tiny-pool")
+	})
+	out, err := exec.Command(ctlBinary, "status", "--kubeconfig", e.srv.Kubeconfig(t, nil), "-o", "yaml").Output()
+	var st struct {
+		Services []struct{ Namespace, Name, Pending string }
+	}
+	if err != nil || yaml.Unmarshal(out, &st) != nil {
+		t.Fatalf("metalvipctl status -o yaml: %v\n%s", err, out)
+	}
+	said := "(not listed)"
+	for _, svc := range st.Services {
+		if svc.Namespace == tiny && svc.Name == "three" {
+			said = svc.Pending
+		}
+	}
+	if !strings.HasPrefix(said, "PoolExhausted: ") {
+		t.Errorf("metalvipctl status says %s/three is pending for %q; want PoolExhausted: ...", tiny, said)
+	}
 	if err := e.srv.Client.CoreV1().Services(tiny).Delete(e.ctx, "one", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	got := e.waitIPs(tiny, "three", 1, 30*time.Second)
 	t.Logf("pending Service got %s after an address was freed", got[0])
+	harness.Eventually(t, 30*time.Second, "the Allocated condition removed once the Service has its address", func() bool { return allocated("three") == nil })
+	if c := allocated("two"); c != nil {
+		t.Errorf("a Service that never waited has an Allocated condition: %+v", c)
+	}
 
 	// The pool is full again; growing it lets a fourth in, without a restart.
 	e.service(tiny, "four")
