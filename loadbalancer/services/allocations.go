@@ -456,4 +456,3 @@ func (a *Allocations) annotationWarnings(svc *v1.Service) {
 		a.cfg.Recorder.Event(svc, v1.EventTypeWarning, report.ReasonAnnotationIgnored, msg)
 	}
 }
-
