@@ -20,8 +20,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/internal/certs"
@@ -32,11 +32,12 @@ import (
 
 func agentCommand() *cobra.Command {
 	var (
-		kubeconfig, address, output string
-		port                        int
-		tlsFiles                    certs.Files
-		tlsSecret, caNamespace      string
-		plaintext                   bool
+		address, output        string
+		kube                   *genericclioptions.ConfigFlags
+		port                   int
+		tlsFiles               certs.Files
+		tlsSecret, caNamespace string
+		plaintext              bool
 	)
 	cmd := &cobra.Command{
 		Use:   "agent NODE",
@@ -54,8 +55,8 @@ key. Otherwise it reads the viewer's identity from its Secret (--tls-secret,
 kube-system/metalvip-viewer-tls) through the kubeconfig, which takes the right to read that
 Secret; or give the files "metalvipctl certs --out DIR" wrote with --tls-ca, --tls-cert and
 --tls-key (viewer.crt and viewer.key by default; ccm.crt and ccm.key work too). The agent's address is the node's InternalIP, read from the
-cluster (like kubectl: --kubeconfig, else $KUBECONFIG, else ~/.kube/config), unless --address
-gives it.`,
+cluster (with kubectl's flags: --kubeconfig, else $KUBECONFIG, else ~/.kube/config; --context),
+unless --address gives it.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			node := args[0]
@@ -71,8 +72,8 @@ gives it.`,
 			var client kubernetes.Interface
 			if address == "" || (!plaintext && !fromFiles) {
 				var err error
-				if client, err = kubeClient(kubeconfig); err != nil {
-					return err
+				if client, _, _, err = kubeClients(kube); err != nil {
+					return fmt.Errorf("%w (or give --address and the --tls-* files)", err)
 				}
 			}
 			addr, err := agentAddress(ctx, client, node, address)
@@ -133,8 +134,8 @@ gives it.`,
 			return nil
 		},
 	}
+	kube = kubeFlags(cmd)
 	f := cmd.Flags()
-	f.StringVar(&kubeconfig, "kubeconfig", "", "path of the kubeconfig, to find the node's address (default: $KUBECONFIG, else ~/.kube/config)")
 	f.StringVar(&address, "address", "", "the agent's IP address (default: the node's InternalIP)")
 	f.IntVar(&port, "port", config.DefaultAgentPort, "the agent's gRPC port")
 	f.StringVar(&tlsSecret, "tls-secret", "kube-system/metalvip-viewer-tls", "NAMESPACE/NAME of the TLS Secret to read the client identity from (the viewer's by default; the CCM's, metalvip-ccm-tls, works too), through the kubeconfig, unless the --tls-* files are given")
@@ -145,16 +146,6 @@ gives it.`,
 	f.BoolVar(&plaintext, "insecure", false, "talk plaintext, to an agent started with --insecure")
 	f.StringVarP(&output, "output", "o", "table", "table or json")
 	return cmd
-}
-
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig (or give --address and the --tls-* files): %w", err)
-	}
-	return kubernetes.NewForConfig(cfg)
 }
 
 // agentAddress is the address given, else the node's InternalIP from the cluster.

@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 
 	"github.com/metalvip/metalvip/migrate/metallb"
 	"github.com/metalvip/metalvip/provider/config"
@@ -20,14 +20,16 @@ func migrateCommand() *cobra.Command {
 }
 
 func migrateMetalLBCommand() *cobra.Command {
-	var kubeconfig, namespace, passwordNamespace string
+	var passwordNamespace string
+	var kube *genericclioptions.ConfigFlags
 	var files []string
 	cmd := &cobra.Command{
 		Use:   "metallb",
 		Short: "Print IPPools and BGPPeers made from MetalLB's configuration",
 		Long: `metallb reads MetalLB's configuration (IPAddressPools, L2Advertisements, BGPAdvertisements,
-BGPPeers, Communities and BFDProfiles in MetalLB's namespace) from the cluster (like kubectl:
---kubeconfig, else $KUBECONFIG, else ~/.kube/config) or from YAML files (-f), and prints the
+BGPPeers, Communities and BFDProfiles in MetalLB's namespace, --namespace, default
+metallb-system) from the cluster (with kubectl's flags: --kubeconfig, else $KUBECONFIG, else
+~/.kube/config; --context) or from YAML files (-f), and prints the
 IPPools and BGPPeers that do the same in metalvip, ready for kubectl apply. Each IPPool is named
 as its MetalLB pool, so Services annotated metallb.io/address-pool keep finding it. A comment
 starting CHECK: marks every place where metalvip will not do exactly what MetalLB did.
@@ -36,6 +38,10 @@ Nothing in the cluster is changed. See docs/migrating-from-metallb.md.`,
   metalvipctl migrate metallb -f metallb-config.yaml -f more/ > metalvip-config.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			namespace := namespaceFlag(cmd, kube)
+			if namespace == "" {
+				namespace = "metallb-system"
+			}
 			in := metallb.Config{Namespace: namespace}
 			var skipped []string
 			if len(files) > 0 {
@@ -44,11 +50,9 @@ Nothing in the cluster is changed. See docs/migrating-from-metallb.md.`,
 					return err
 				}
 			} else {
-				rules := clientcmd.NewDefaultClientConfigLoadingRules()
-				rules.ExplicitPath = kubeconfig
-				cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+				_, _, cfg, err := kubeClients(kube)
 				if err != nil {
-					return fmt.Errorf("kubeconfig: %w", err)
+					return err
 				}
 				if skipped, err = in.ReadCluster(cmd.Context(), cfg); err != nil {
 					return err
@@ -73,8 +77,9 @@ Nothing in the cluster is changed. See docs/migrating-from-metallb.md.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "path of the kubeconfig (default: $KUBECONFIG, else ~/.kube/config)")
-	cmd.Flags().StringVarP(&namespace, "namespace", "n", "metallb-system", "MetalLB's namespace: it reads its configuration there only")
+	kube = kubeFlags(cmd)
+	// --namespace is MetalLB's: its configuration is read there only.
+	cmd.Flags().Lookup("namespace").Usage = "MetalLB's namespace: its configuration is read there only (default metallb-system)"
 	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, "read MetalLB's objects from this YAML file, folder (its .yaml, .yml and .json files) or - (standard input) instead of the cluster; repeatable")
 	cmd.Flags().StringVar(&passwordNamespace, "password-namespace", config.DefaultPasswordNamespace, "the namespace the CCM reads BGP passwords from (cloud-config bgp.passwordSecretNamespace)")
 	return cmd

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -18,10 +17,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
-	"sigs.k8s.io/yaml"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
@@ -69,48 +67,39 @@ type AgentStatus struct {
 }
 
 func statusCommand() *cobra.Command {
-	var kubeconfig, kubeContext, output, class string
+	var class string
+	var kube *genericclioptions.ConfigFlags
+	var out *printFlags
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show pools, Services with their addresses and announcing nodes, and agent health",
-		Long: `status reads the cluster (like kubectl: --kubeconfig, else $KUBECONFIG, else ~/.kube/config)
-and shows the IP pools (used and free), every LoadBalancer Service with its addresses and the
+		Long: `status reads the cluster (with kubectl's flags: --kubeconfig, else $KUBECONFIG, else
+~/.kube/config; --context, --namespace to show one namespace's Services) and shows the IP pools (used and free), every LoadBalancer Service with its addresses and the
 nodes announcing them (from the Service's ServiceAnnouncement, the record the CCM keeps up to
 date), and whether the CCM reaches each node's agent (from the Node's
 metalvip.io/AgentReachable condition). An announcing node whose agent the CCM cannot reach is
 marked stale. For what one node does right now, ask its agent: metalvipctl agent NODE.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !slices.Contains(outputs, output) {
-				return fmt.Errorf("-o %q: give one of %s", output, strings.Join(outputs, ", "))
-			}
-			rules := clientcmd.NewDefaultClientConfigLoadingRules()
-			rules.ExplicitPath = kubeconfig
-			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext}).ClientConfig()
-			if err != nil {
-				return fmt.Errorf("kubeconfig: %w", err)
-			}
-			client, err := kubernetes.NewForConfig(cfg)
-			if err != nil {
+			if err := out.check(); err != nil {
 				return err
 			}
-			dyn, err := dynamic.NewForConfig(cfg)
+			client, dyn, _, err := kubeClients(kube)
 			if err != nil {
 				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 			defer cancel()
-			st, err := gather(ctx, client, dyn, desired.Serves{Class: class, Classless: true})
+			st, err := gather(ctx, client, dyn, desired.Serves{Class: class, Classless: true}, namespaceFlag(cmd, kube))
 			if err != nil {
 				return err
 			}
-			return writeStatus(cmd.OutOrStdout(), st, output)
+			return writeStatus(cmd.OutOrStdout(), st, out)
 		},
 	}
-	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "path of the kubeconfig (default: $KUBECONFIG, else ~/.kube/config)")
-	cmd.Flags().StringVar(&kubeContext, "context", "", "the kubeconfig context to use (default: its current context)")
+	kube = kubeFlags(cmd)
+	out = addPrintFlags(cmd)
 	cmd.Flags().StringVar(&class, "class", desired.DefaultServes.Class, "the loadBalancerClass metalvip serves (its cloud-config services.loadBalancerClass); class-less Services are shown too")
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "table, json or yaml")
 	return cmd
 }
 
@@ -164,7 +153,9 @@ func describeRecord(rec *v1alpha1.ServiceAnnouncement, svc *corev1.Service, unre
 	return out
 }
 
-func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface, serves desired.Serves) (*Status, error) {
+// gather reads what status shows: every pool and agent, and the Services of namespace ("":
+// of every namespace).
+func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface, serves desired.Serves, namespace string) (*Status, error) {
 	st := &Status{Pools: []PoolStatus{}, Services: []ServiceStatus{}, Agents: []AgentStatus{}}
 	list, err := dyn.Resource(v1alpha1.IPPoolResource).List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -223,7 +214,7 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 
 	// Who announces what: the CCM's ServiceAnnouncements (typed; the Announced condition says
 	// the same in words, for kubectl describe, and is not read here).
-	recList, err := dyn.Resource(v1alpha1.ServiceAnnouncementResource).List(ctx, metav1.ListOptions{})
+	recList, err := dyn.Resource(v1alpha1.ServiceAnnouncementResource).Namespace(namespace).List(ctx, metav1.ListOptions{})
 	noRecords := ""
 	switch {
 	case apierrors.IsNotFound(err):
@@ -238,7 +229,7 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 			records[rec.Namespace+"/"+rec.Name] = &rec
 		}
 	}
-	svcs, err := client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+	svcs, err := client.CoreV1().Services(namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("list Services: %w", err)
 	}
@@ -281,7 +272,7 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 	return st, nil
 }
 
-func printTable(out io.Writer, st *Status) {
+func printTable(out io.Writer, st *Status, wide bool) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "POOL\tMODE\tIPV4 USED\tIPV4 FREE\tIPV6 USED\tIPV6 FREE\tREADY")
 	for _, p := range st.Pools {
@@ -292,14 +283,27 @@ func printTable(out io.Writer, st *Status) {
 		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%s\n", p.Name, p.Mode, p.AllocatedIPv4, p.AvailableIPv4, p.AllocatedIPv6, p.AvailableIPv6, ready)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "SERVICE\tADDRESSES\tPOOL\tANNOUNCED BY")
+	if wide {
+		fmt.Fprintln(w, "SERVICE\tADDRESSES\tPOOL\tMODE\tREFUSED BY\tANNOUNCED BY")
+	} else {
+		fmt.Fprintln(w, "SERVICE\tADDRESSES\tPOOL\tANNOUNCED BY")
+	}
 	for _, s := range st.Services {
 		addrs := strings.Join(s.Addresses, ",")
 		by := s.AnnouncedBy
 		if s.Pending != "" {
 			addrs, by = "<pending>", s.Pending
 		}
-		fmt.Fprintf(w, "%s/%s\t%s\t%s\t%s\n", s.Namespace, s.Name, addrs, s.Pool, by)
+		if !wide {
+			fmt.Fprintf(w, "%s/%s\t%s\t%s\t%s\n", s.Namespace, s.Name, addrs, s.Pool, by)
+			continue
+		}
+		var modes, refused []string
+		for _, a := range s.Announced {
+			modes = append(modes, string(a.Mode))
+			refused = append(refused, a.RefusedBy...)
+		}
+		fmt.Fprintf(w, "%s/%s\t%s\t%s\t%s\t%s\t%s\n", s.Namespace, s.Name, addrs, s.Pool, orNone(joinUniq(modes)), orNone(joinUniq(refused)), by)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "NODE\tADDRESS\tAGENT\tSINCE")
@@ -309,25 +313,16 @@ func printTable(out io.Writer, st *Status) {
 	w.Flush()
 }
 
-// outputs are the forms status prints.
-var outputs = []string{"table", "json", "yaml"}
-
-// writeStatus prints st as output says: a table, or the Status object as JSON or YAML (the
-// same fields, named as the json tags say).
-func writeStatus(w io.Writer, st *Status, output string) error {
-	switch output {
-	case "json":
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(st)
-	case "yaml":
-		b, err := yaml.Marshal(st)
-		if err != nil {
-			return err
-		}
-		_, err = w.Write(b)
-		return err
+func orNone(s string) string {
+	if s == "" {
+		return "-"
 	}
-	printTable(w, st)
-	return nil
+	return s
+}
+
+// writeStatus prints st as out says: a table (or its wide form), or the Status object as JSON
+// or YAML (the same fields, named as the json tags say), or through a jsonpath or go-template
+// over those fields.
+func writeStatus(w io.Writer, st *Status, out *printFlags) error {
+	return out.print(w, st, func(w io.Writer, wide bool) { printTable(w, st, wide) })
 }

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"sigs.k8s.io/yaml"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
@@ -74,7 +75,7 @@ func TestStatusPrintsTheSameObjectAsJSONAndYAML(t *testing.T) {
 		{"yaml", &fromYAML, func(b []byte, v any) error { return yaml.UnmarshalStrict(b, v) }},
 	} {
 		var b strings.Builder
-		if err := writeStatus(&b, st, tc.output); err != nil {
+		if err := writeStatus(&b, st, &printFlags{output: tc.output}); err != nil {
 			t.Fatalf("-o %s: %v", tc.output, err)
 		}
 		if err := tc.decode([]byte(b.String()), tc.into); err != nil {
@@ -86,5 +87,46 @@ func TestStatusPrintsTheSameObjectAsJSONAndYAML(t *testing.T) {
 	}
 	if !reflect.DeepEqual(fromJSON, *st) || !reflect.DeepEqual(fromYAML, *st) {
 		t.Errorf("json %+v, yaml %+v; want %+v", fromJSON, fromYAML, *st)
+	}
+}
+
+// TestStatusPrintsWideAndThroughTemplates: -o wide adds the modes and refusals to the table;
+// -o jsonpath and go-template read the fields as -o json names them; a format no printer takes
+// is refused before anything is read.
+func TestStatusPrintsWideAndThroughTemplates(t *testing.T) {
+	st := &Status{
+		Services: []ServiceStatus{{Namespace: "web", Name: "front", Addresses: []string{"203.0.113.1"}, Pool: "l2", AnnouncedBy: "node1 (standby node2)",
+			Announced: []v1alpha1.AnnouncedAddress{{Address: "203.0.113.1", Mode: v1alpha1.AnnouncedL2, Nodes: []string{"node1", "node2"}, RefusedBy: []string{"node3"}}}},
+			{Namespace: "web", Name: "waits", Addresses: []string{}, Pending: "PoolExhausted: no free address in pool l2"}},
+	}
+	for _, tc := range []struct {
+		output string
+		want   []string
+	}{
+		{"", []string{"SERVICE ADDRESSES POOL ANNOUNCED BY", "web/front 203.0.113.1 l2 node1", "web/waits <pending> PoolExhausted: no free address"}},
+		{"wide", []string{"SERVICE ADDRESSES POOL MODE REFUSED BY ANNOUNCED BY", "web/front 203.0.113.1 l2 L2 node3 node1 (standby node2)"}},
+		{"jsonpath={.services[*].name}", []string{"front waits"}},
+		{`go-template={{range .services}}{{.namespace}}/{{.name}}={{.pending}};{{end}}`, []string{"web/front=<no value>;web/waits=PoolExhausted: no free address in pool l2;"}},
+	} {
+		p := &printFlags{output: tc.output, templates: genericclioptions.NewKubeTemplatePrintFlags()}
+		if err := p.check(); err != nil {
+			t.Fatalf("-o %q refused: %v", tc.output, err)
+		}
+		var b strings.Builder
+		if err := writeStatus(&b, st, p); err != nil {
+			t.Fatalf("-o %q: %v", tc.output, err)
+		}
+		flat := strings.Join(strings.Fields(b.String()), " ") // columns apart by any spaces
+		for _, w := range tc.want {
+			if !strings.Contains(flat, strings.Join(strings.Fields(w), " ")) {
+				t.Errorf("-o %q does not print %q:\n%s", tc.output, w, b.String())
+			}
+		}
+	}
+	for _, bad := range []string{"xml", "jsonpath={.services[", "name"} {
+		p := &printFlags{output: bad, templates: genericclioptions.NewKubeTemplatePrintFlags()}
+		if err := p.check(); err == nil {
+			t.Errorf("-o %q taken", bad)
+		}
 	}
 }

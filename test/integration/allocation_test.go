@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/yaml"
 
@@ -516,12 +519,20 @@ func TestRequestsConflictsAndExhaustion(t *testing.T) {
 		c := allocated("three")
 		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == "PoolExhausted" && strings.Contains(c.Message, "tiny-pool")
 	})
-	out, err := exec.Command(ctlBinary, "status", "--kubeconfig", e.srv.Kubeconfig(t, nil), "-o", "yaml").Output()
+	// kubectl's flags: a kubeconfig whose current context leads nowhere, the right one named
+	// by --context, one namespace by -n.
+	kc := elsewhereKubeconfig(t, e.srv.Kubeconfig(t, nil), "metalvip-test")
+	out, err := exec.Command(ctlBinary, "status", "--kubeconfig", kc, "--context", "metalvip-test", "-n", tiny, "-o", "yaml").Output()
 	var st struct {
 		Services []struct{ Namespace, Name, Pending string }
 	}
 	if err != nil || yaml.Unmarshal(out, &st) != nil {
 		t.Fatalf("metalvipctl status -o yaml: %v\n%s", err, out)
+	}
+	for _, svc := range st.Services {
+		if svc.Namespace != tiny {
+			t.Errorf("metalvipctl status -n %s shows %s/%s", tiny, svc.Namespace, svc.Name)
+		}
 	}
 	said := "(not listed)"
 	for _, svc := range st.Services {
@@ -648,4 +659,26 @@ func findCondition(p *v1alpha1.IPPool, typ string) *metav1.Condition {
 
 func fromUnstructured(u *unstructured.Unstructured, into any) error {
 	return runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, into)
+}
+
+// elsewhereKubeconfig writes a copy of the kubeconfig at path whose current context points at
+// no API server, and whose working context is named name.
+func elsewhereKubeconfig(t *testing.T, path, name string) string {
+	t.Helper()
+	cfg, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n, c := range cfg.Contexts {
+		delete(cfg.Contexts, n)
+		cfg.Contexts[name] = c
+	}
+	cfg.Clusters["nowhere"] = &clientcmdapi.Cluster{Server: "https://127.0.0.1:1"}
+	cfg.Contexts["elsewhere"] = &clientcmdapi.Context{Cluster: "nowhere", AuthInfo: "nobody"}
+	cfg.CurrentContext = "elsewhere"
+	out := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, out); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
