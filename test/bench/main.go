@@ -191,7 +191,7 @@ func main() {
 }
 
 func goBenchmarks(m *testenv.Main, r *report) {
-	cmd := exec.Command("go", "test", "-run", "XXX", "-bench", ".", "-benchmem", "-count", "3", "./loadbalancer/ipam/", "./loadbalancer/planner/", "./loadbalancer/")
+	cmd := exec.Command("go", "test", "-run", "XXX", "-bench", ".", "-benchmem", "-count", "3", "./loadbalancer/ipam/", "./loadbalancer/planner/", "./loadbalancer/announcer/")
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	if err := cmd.Run(); err != nil {
@@ -241,7 +241,7 @@ func goBenchmarks(m *testenv.Main, r *report) {
 		rows = append(rows, []string{name, fmt.Sprintf("%s (%s-%s)", figure.Duration(time.Duration(figure.Median(x.ns))), figure.Duration(time.Duration(slices.Min(x.ns))), figure.Duration(time.Duration(slices.Max(x.ns)))), mem, per, writes})
 	}
 	r.add("Allocator, planner and announcer (Go benchmarks)",
-		"`go test -run XXX -bench . -benchmem -count 3 ./loadbalancer/ipam/ ./loadbalancer/planner/ ./loadbalancer/`. The allocator keeps free addresses as intervals in a B-tree (O(log n) a Service, however large the pool; `avoidBuggyIPs` by arithmetic, so a /8 or a /0 costs what a /24 does; before this wave a pool of 0.0.0.0/0 with avoidBuggyIPs built 16.7 million ranges: SetPools took 48.8 s and 1.7 GiB, and the CCM's 512 MiB limit killed it at every start; BenchmarkPoolSize/v4-slash0/SetPools below gives the figure now); the planner places one changed VIP alone and replans everything only when nodes change. BenchmarkOneServiceChange is one announcer round after one Service's endpoint moved, with 100 and with 10,000 Services in the informers on 3 nodes (each node's state holds every VIP): the round re-plans that Service alone and rebuilds the two nodes concerned by copy-on-write, so its cost does not grow with the Services; the state is put together when sent (one build per burst, on the node's connection). API writes per op: the Service's condition and one Moved Event.",
+		"`go test -run XXX -bench . -benchmem -count 3 ./loadbalancer/ipam/ ./loadbalancer/planner/ ./loadbalancer/announcer/`. The allocator keeps free addresses as intervals in a B-tree (O(log n) a Service, however large the pool; `avoidBuggyIPs` by arithmetic, so a /8 or a /0 costs what a /24 does; before this wave a pool of 0.0.0.0/0 with avoidBuggyIPs built 16.7 million ranges: SetPools took 48.8 s and 1.7 GiB, and the CCM's 512 MiB limit killed it at every start; BenchmarkPoolSize/v4-slash0/SetPools below gives the figure now); the planner places one changed VIP alone and replans everything only when nodes change. BenchmarkOneServiceChange is one announcer round after one Service's endpoint moved, with 100 and with 10,000 Services in the informers on 3 nodes (each node's state holds every VIP): the round re-plans that Service alone and rebuilds the two nodes concerned by copy-on-write, so its cost does not grow with the Services; the state is put together when sent (one build per burst, on the node's connection). API writes per op: the Service's condition and one Moved Event.",
 		rows)
 }
 
