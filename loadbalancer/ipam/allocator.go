@@ -22,9 +22,6 @@
 // O(1) and its orphans O(k log k) for k orphans; a pool change (SetPools) costs
 // O((r + h) log(r + h)) for r ranges and h held addresses. No cost grows with the number of
 // addresses a range spans: .0 and .255 are skipped by arithmetic, never by splitting ranges.
-//
-// The package must not touch the Kubernetes API or any clock: the caller converts objects
-// to Pool and Service values and serialises calls.
 package ipam
 
 import (

@@ -1,25 +1,15 @@
 // Package failover tells an agent which other candidate nodes are alive, by authenticated UDP
 // heartbeats over the data-plane network, every few tens of milliseconds. It decides nothing
-// about VIPs (the agent ranks candidates); it only answers "is node X alive" and "does node X
-// see me", the two facts an ordered hand-over needs. The CCM is not in this loop. It must not
-// touch anything but its own socket and its identity file.
+// about VIPs (the agent ranks candidates); it answers "is node X alive" and "does node X see
+// me", the two facts an ordered hand-over needs, and hands them over as a View on each
+// change. The CCM is not in this loop. It touches nothing but its own socket and its identity
+// file.
 //
-// Every node has keys of its own (Identity); a heartbeat from A to B is signed with the MAC key
-// of the pair A→B, derived from A's and B's X25519 keys, so that no node can speak for another.
-// A heartbeat counts for liveness only when it echoes the random nonce of one of the
-// receiver's own recent heartbeats to that sender: a captured heartbeat, replayed later in any
-// order, echoes an old one and keeps no dead node alive, and a third node never sees the
-// nonces of a pair. A verified heartbeat that echoes nothing still tells whether its sender
-// counts this node alive; a peer that says it does not dissents and counts alive (Alive): with
-// heartbeats lost one way it answers the VIPs it shares with this node, which must yield to it
-// (such a heartbeat may make this node yield, never take over). Heartbeats are sent with TTL
-// 255 and taken only with TTL 255 (on-link). A
-// datagram meets the cheap checks first (size, TTL, a known peer's source address, the frame's
-// keys, replay and freshness pre-checks) and only then the MAC, which costs less than the
-// kernel's delivery of the datagram (BenchmarkRefusingAFlood), so every datagram that passes the
-// pre-checks is verified: a per-source budget of MAC checks would let anyone who spoofs a
-// peer's address crowd out that peer's real heartbeats, the very failover it must not cause.
-// Refusals are counted by reason.
+// A heartbeat from A to B is signed with the MAC key of the pair A→B (from A's and B's X25519
+// keys, Identity), so no node speaks for another, and counts for liveness only when it echoes
+// the nonce of one of B's recent heartbeats to A, so a replayed one keeps no dead node alive.
+// Why a peer that says it does not see this node still counts alive: PeerView.Alive. The order
+// of the checks on a datagram, and why no per-source budget: Monitor.handle.
 package failover
 
 import (

@@ -36,6 +36,16 @@ func (m *Monitor) refuse(reason int) { m.refused[reason].Add(1) }
 
 // handle checks a batch of datagrams, cheapest checks first, and records what the verified
 // ones prove. It reports whether any proved something.
+//
+// Heartbeats are sent with TTL 255 and taken only with TTL 255 (on-link). A datagram meets the
+// cheap checks first (size, TTL, a known peer's source address, the frame's keys, replay and
+// freshness pre-checks) and only then the MAC, which costs less than the kernel's delivery of
+// the datagram (BenchmarkRefusingAFlood), so every datagram that passes the pre-checks is
+// verified: a per-source budget of MAC checks would let anyone who spoofs a peer's address
+// crowd out that peer's real heartbeats, the very failover it must not cause. Refusals are
+// counted by reason. A verified heartbeat that echoes nothing still tells whether its sender
+// counts this node alive (dissent, see PeerView.Alive): such a heartbeat may make this node
+// yield, never take over.
 func (m *Monitor) handle(dgs []datagram, now time.Time) bool {
 	mine := m.id.current()
 	proved := false
