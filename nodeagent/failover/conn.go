@@ -69,8 +69,8 @@ func listen(addr netip.AddrPort) (*hbConn, error) {
 	c.msgs = make([]ipv4.Message, batch)
 	c.bufs, c.oobs = make([][]byte, batch), make([][]byte, batch)
 	for i := range c.msgs {
-		// One byte more than a heartbeat, so that a longer datagram shows as longer.
-		c.bufs[i] = make([]byte, frameSize+1)
+		// One byte more than the longest heartbeat, so that a longer datagram shows as longer.
+		c.bufs[i] = make([]byte, maxFrameSize+1)
 		c.oobs[i] = make([]byte, 64)
 		c.msgs[i].Buffers = [][]byte{c.bufs[i]}
 		c.msgs[i].OOB = c.oobs[i]

@@ -33,11 +33,19 @@ import (
 // The MAC key of a direction is HKDF-SHA256 of the X25519 shared secret of the two nodes'
 // keys, bound to the two names in order: a node holding only its own key can make the keys
 // of its own pairs, never those between two other nodes.
+//
+// Compatibility, so that agents of two versions side by side (a rolling update) never count
+// each other dead: a later version keeps every field above at its place and meaning, puts new
+// fields between flags and mac (the mac covers them), keeps the key derivation, and writes its
+// number in version. A receiver takes a heartbeat of its own version or a later one, reads the
+// fields it knows, and checks the mac over the whole body; a heartbeat of version 2 is exactly
+// frameSize long, a later one at most maxFrameSize.
 const (
-	version   = 2
-	macSize   = sha256.Size
-	bodySize  = 1 + 4 + 4 + 8 + 8 + 8 + 8 + 1
-	frameSize = bodySize + macSize
+	version      = 2
+	macSize      = sha256.Size
+	bodySize     = 1 + 4 + 4 + 8 + 8 + 8 + 8 + 1
+	frameSize    = bodySize + macSize
+	maxFrameSize = 512
 )
 
 const (
@@ -65,27 +73,38 @@ type macKey [32]byte
 // appendFrame appends the frame, signed with mac (an HMAC-SHA256 of the pair's key), to b.
 func appendFrame(b []byte, f frame, mac hash.Hash) []byte {
 	start := len(b)
-	b = append(b, version)
+	b = appendBody(b, version, f)
+	mac.Reset()
+	mac.Write(b[start:])
+	return mac.Sum(b)
+}
+
+// appendBody appends the fields of version 2 to b, as heartbeat version v.
+func appendBody(b []byte, v byte, f frame) []byte {
+	b = append(b, v)
 	b = append(b, f.from[:]...)
 	b = append(b, f.to[:]...)
 	b = binary.BigEndian.AppendUint64(b, f.at.boot)
 	b = binary.BigEndian.AppendUint64(b, f.at.seq)
 	b = binary.BigEndian.AppendUint64(b, f.nonce)
 	b = binary.BigEndian.AppendUint64(b, f.echo)
-	b = append(b, f.flags)
-	mac.Reset()
-	mac.Write(b[start:])
-	return mac.Sum(b)
+	return append(b, f.flags)
 }
 
 var errFormat = errors.New("malformed heartbeat")
 
-// parseFrame reads a frame's fields without checking its MAC; b is frameSize long.
-func parseFrame(b []byte) (frame, error) {
-	if len(b) != frameSize {
-		return frame{}, errFormat
+// sizeOK reports whether b is as long as a heartbeat of its version may be.
+func sizeOK(b []byte) bool {
+	if len(b) == 0 || b[0] <= version {
+		return len(b) == frameSize
 	}
-	if b[0] != version {
+	return len(b) >= frameSize && len(b) <= maxFrameSize
+}
+
+// parseFrame reads the fields of version 2 of a frame of that version or a later one, without
+// checking its MAC; sizeOK(b) holds.
+func parseFrame(b []byte) (frame, error) {
+	if !sizeOK(b) || b[0] < version {
 		return frame{}, errFormat
 	}
 	var f frame
@@ -98,12 +117,13 @@ func parseFrame(b []byte) (frame, error) {
 	return f, nil
 }
 
-// macOK checks a frame's MAC in constant time; mac is an HMAC-SHA256 of the pair's key, scratch
-// room for the sum (so that a flood allocates nothing).
+// macOK checks a frame's MAC, over its whole body, in constant time; mac is an HMAC-SHA256 of
+// the pair's key, scratch room for the sum (so that a flood allocates nothing).
 func macOK(b []byte, mac hash.Hash, scratch []byte) bool {
+	body := len(b) - macSize
 	mac.Reset()
-	mac.Write(b[:bodySize])
-	return hmac.Equal(mac.Sum(scratch[:0]), b[bodySize:])
+	mac.Write(b[:body])
+	return hmac.Equal(mac.Sum(scratch[:0]), b[body:])
 }
 
 func newMAC(k macKey) hash.Hash { return hmac.New(sha256.New, k[:]) }

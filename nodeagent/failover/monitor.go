@@ -72,7 +72,7 @@ const (
 	RefusedSize    = "size"    // not the size of a heartbeat
 	RefusedTTL     = "ttl"     // arrived with a TTL (hop limit) under 255: not from the segment
 	RefusedSource  = "source"  // not from the address of a peer
-	RefusedVersion = "version" // not a heartbeat of this version
+	RefusedVersion = "version" // a heartbeat of an earlier version than this one takes
 	RefusedKey     = "key"     // made with a key the peer does not have, or this node does not
 	RefusedReplay  = "replay"  // not newer than the last verified from that peer and key
 	RefusedStale   = "stale"   // echoes no nonce this node sent that peer recently

@@ -287,6 +287,25 @@ func craft(t *testing.T, signer *Identity, signerName string, from *Identity, me
 	return appendFrame(nil, f, newMAC(send))
 }
 
+// later is what an agent of a later heartbeat version would send from b to me: version 3, the
+// fields of version 2 at their places, then ext, all under the MAC.
+func later(t *testing.T, b *Identity, me *Identity, f frame, ext []byte) []byte {
+	t.Helper()
+	pub, err := ecdhPublic(me.current()[0].pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send, _, err := pairKeys(b.current()[0].priv, pub, "b", "me")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.from, f.to = b.current()[0].id, me.current()[0].id
+	body := append(appendBody(nil, version+1, f), ext...)
+	mac := newMAC(send)
+	mac.Write(body)
+	return mac.Sum(body)
+}
+
 func ecdhPublic(b []byte) (*ecdh.PublicKey, error) { return ecdh.X25519().NewPublicKey(b) }
 
 func TestEachCheckRefusesWhatItShouldAndCountsIt(t *testing.T) {
@@ -328,6 +347,13 @@ func TestEachCheckRefusesWhatItShouldAndCountsIt(t *testing.T) {
 		fromB.send(t, good(), dst)
 		waitUntil(t, 2*time.Second, "accepted", func() bool { return accepted() > before })
 	})
+	t.Run("a later version's heartbeat, with fields this one does not know, is accepted", func(t *testing.T) {
+		// A rolling update runs two versions side by side: neither may take the other for dead.
+		before := accepted()
+		seq++
+		fromB.send(t, later(t, bID, meID, frame{at: seqKey{1, seq}, echo: rec.lastEcho(t, loop(2))}, []byte("new fields")), dst)
+		waitUntil(t, 2*time.Second, "accepted", func() bool { return accepted() > before })
+	})
 	replayed := good()
 	before := accepted()
 	fromB.send(t, replayed, dst)
@@ -340,7 +366,17 @@ func TestEachCheckRefusesWhatItShouldAndCountsIt(t *testing.T) {
 		{"a datagram of another size is refused", RefusedSize, func() []byte { return append(good(), 0) }, fromB},
 		{"a datagram that crossed a router (TTL 64) is refused", RefusedTTL, good, newSender(t, loop(2), 64)},
 		{"a datagram from an address that is no peer's is refused", RefusedSource, good, newSender(t, loop(4), 255)},
-		{"a datagram of another version is refused", RefusedVersion, func() []byte { b := good(); b[0] = 1; return b }, fromB},
+		{"a datagram of an earlier version is refused", RefusedVersion, func() []byte { b := good(); b[0] = 1; return b }, fromB},
+		{"a datagram longer than any heartbeat is refused", RefusedSize, func() []byte {
+			seq++
+			return later(t, bID, meID, frame{at: seqKey{1, seq}, echo: rec.lastEcho(t, loop(2))}, make([]byte, maxFrameSize))
+		}, fromB},
+		{"a later version's heartbeat with a flipped bit in what this one does not read is refused", RefusedMAC, func() []byte {
+			seq++
+			b := later(t, bID, meID, frame{at: seqKey{1, seq}, echo: rec.lastEcho(t, loop(2))}, []byte("new fields"))
+			b[bodySize+2] ^= 1
+			return b
+		}, fromB},
 		{"a heartbeat made with a key the peer does not have is refused", RefusedKey, func() []byte {
 			return craft(t, memIdentity(t), "b", memIdentity(t), meID, "me", frame{at: seqKey{1, 500}, echo: rec.lastEcho(t, loop(2))})
 		}, fromB},

@@ -53,7 +53,7 @@ func (m *Monitor) handle(dgs []datagram, now time.Time) bool {
 	defer m.mu.Unlock()
 	freshFor := m.deadline() + maxEchoAgeRatio*m.cfg.Interval
 	for _, d := range dgs {
-		if len(d.data) != frameSize {
+		if !sizeOK(d.data) {
 			m.refuse(iSize)
 			continue
 		}
