@@ -35,6 +35,7 @@ type arpProbe struct {
 	replies []arpReply
 
 	stop chan struct{}
+	once sync.Once // closes stop
 	wg   sync.WaitGroup
 }
 
@@ -100,15 +101,12 @@ func (p *arpProbe) receive() {
 
 // Stop stops probing; answers in flight for one more interval are waited for.
 func (p *arpProbe) Stop() {
-	select {
-	case <-p.stop:
-		return
-	default:
-	}
-	time.Sleep(p.interval)
-	close(p.stop)
-	p.wg.Wait()
-	p.c.Close()
+	p.once.Do(func() {
+		time.Sleep(p.interval)
+		close(p.stop)
+		p.wg.Wait()
+		p.c.Close()
+	})
 }
 
 // replyWindow is how long after a request its reply may be read: a reader the scheduler

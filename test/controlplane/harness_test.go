@@ -316,6 +316,7 @@ type lister struct {
 	mu   sync.Mutex
 	reqs []request
 	stop chan struct{}
+	once sync.Once // closes stop
 	wg   sync.WaitGroup
 }
 
@@ -374,13 +375,10 @@ func (e *env) startLister() *lister {
 }
 
 func (l *lister) Stop() {
-	select {
-	case <-l.stop:
-		return
-	default:
-	}
-	close(l.stop)
-	l.wg.Wait()
+	l.once.Do(func() {
+		close(l.stop)
+		l.wg.Wait()
+	})
 }
 
 // between returns the requests started in [from, to), by start.
@@ -451,6 +449,7 @@ type arpWatch struct {
 	mu      sync.Mutex
 	replies []arpReply
 	stop    chan struct{}
+	once    sync.Once // closes stop
 	wg      sync.WaitGroup
 }
 
@@ -508,14 +507,11 @@ func (e *env) watchARP() *arpWatch {
 }
 
 func (w *arpWatch) Stop() {
-	select {
-	case <-w.stop:
-		return
-	default:
-	}
-	close(w.stop)
-	w.wg.Wait()
-	w.c.Close()
+	w.once.Do(func() {
+		close(w.stop)
+		w.wg.Wait()
+		w.c.Close()
+	})
 }
 
 // answerers counts the answers in [from, to) by node.

@@ -35,6 +35,7 @@ type NeighborWatch struct {
 	last   map[netip.Addr]int // VIP -> index of its latest round
 
 	stop chan struct{}
+	once sync.Once // closes stop
 	wg   sync.WaitGroup
 }
 
@@ -125,18 +126,15 @@ func (w *NeighborWatch) Rounds() []NeighborRound {
 
 // Stop stops asking; answers in flight for one more interval are waited for.
 func (w *NeighborWatch) Stop() {
-	select {
-	case <-w.stop:
-		return
-	default:
-	}
-	time.Sleep(w.interval)
-	close(w.stop)
-	w.wg.Wait()
-	if w.arp != nil {
-		_ = w.arp.close()
-	}
-	if w.ndp != nil {
-		_ = w.ndp.close()
-	}
+	w.once.Do(func() {
+		time.Sleep(w.interval)
+		close(w.stop)
+		w.wg.Wait()
+		if w.arp != nil {
+			_ = w.arp.close()
+		}
+		if w.ndp != nil {
+			_ = w.ndp.close()
+		}
+	})
 }

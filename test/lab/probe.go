@@ -29,6 +29,7 @@ type Prober struct {
 	replied []bool
 
 	stop chan struct{}
+	once sync.Once // closes stop
 	done sync.WaitGroup
 }
 
@@ -102,15 +103,12 @@ func (p *Prober) receive() {
 
 // Stop stops probing; replies still in flight for the last 200 ms are waited for.
 func (p *Prober) Stop() {
-	select {
-	case <-p.stop:
-		return
-	default:
-	}
-	close(p.stop)
-	time.Sleep(200 * time.Millisecond)
-	p.conn.Close()
-	p.done.Wait()
+	p.once.Do(func() {
+		close(p.stop)
+		time.Sleep(200 * time.Millisecond)
+		p.conn.Close()
+		p.done.Wait()
+	})
 }
 
 // Answered reports whether the last probe sent at least 100 ms ago was answered (a reply

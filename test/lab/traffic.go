@@ -17,6 +17,7 @@ type Traffic struct {
 	ResetAt []time.Time // per long connection; zero while it lives
 	News    []NewConn
 	stop    chan struct{}
+	once    sync.Once // closes stop
 	wg      sync.WaitGroup
 }
 
@@ -91,11 +92,7 @@ func StartTraffic(t testenv.TB, from *Host, addr netip.AddrPort, long int) *Traf
 
 // Stop ends the traffic and closes the long connections; later calls do nothing.
 func (d *Traffic) Stop() {
-	select {
-	case <-d.stop:
-	default:
-		close(d.stop)
-	}
+	d.once.Do(func() { close(d.stop) })
 	d.wg.Wait()
 	for _, c := range d.Long {
 		c.Close()

@@ -92,6 +92,7 @@ type HTTP struct {
 
 	tick chan int
 	stop chan struct{}
+	once sync.Once // closes stop
 	done sync.WaitGroup
 	errs chan error
 }
@@ -169,20 +170,16 @@ func (p *HTTP) finish(i int, body string, err error) {
 
 // Stop stops probing and waits for the attempts under way (at most the timeout); it returns an
 // error if a worker could not enter the namespace.
-func (p *HTTP) Stop() error {
-	select {
-	case <-p.stop:
-		return nil
-	default:
-	}
-	close(p.stop)
-	p.done.Wait()
-	select {
-	case err := <-p.errs:
-		return err
-	default:
-		return nil
-	}
+func (p *HTTP) Stop() (err error) {
+	p.once.Do(func() {
+		close(p.stop)
+		p.done.Wait()
+		select {
+		case err = <-p.errs:
+		default:
+		}
+	})
+	return err
 }
 
 // Answered reports whether the last attempt whose outcome is known was answered.
