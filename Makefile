@@ -16,7 +16,7 @@ LDFLAGS   := -X github.com/metalvip/metalvip/internal/version.version=$(VERSION)
              -X k8s.io/component-base/version.gitCommit=$(COMMIT)
 BINARIES  := metalvip-cloud-controller-manager metalvip-agent metalvipctl
 # The release tools' own packages (module hack/tools), tested and linted with the rest.
-TOOLS_PACKAGES := ./images/ ./render/
+TOOLS_PACKAGES := ./images/ ./render/ ./protocompat/
 # Whole packages run in parallel; the e2e and lab packages bound their own times.
 TEST_FLAGS ?= -count=1 -timeout 40m
 
@@ -143,6 +143,10 @@ generate: ## Regenerate deepcopy code, CRD manifests and the agent's protobuf co
 	cd proto && $(GO) tool -modfile=../hack/tools/go.mod buf generate
 	cp manifests/crds/*.yaml charts/metalvip/crds/
 	cd hack/tools && $(GO) run ./render -dir ../../manifests -o ../../manifests/install.yaml
+
+.PHONY: proto-baseline
+proto-baseline: ## At a release: take the agent API as the baseline later versions must stay compatible with (hack/tools/protocompat).
+	cd proto && $(GO) tool -modfile=../hack/tools/go.mod buf build -o breaking-baseline.binpb
 
 .PHONY: verify-generate
 verify-generate: generate ## Fail if generated files are stale.
