@@ -57,6 +57,18 @@ func startAgent(t *testing.T, h *lab.Host, tlsDir, stateDir string, wrap ...stri
 	return a
 }
 
+// startAgents starts an agent (under wrap, if given) on each of hosts, with certificates
+// for them all and a state directory of its own.
+func startAgents(t *testing.T, hosts []*lab.Host, wrap ...string) []*agent {
+	t.Helper()
+	tlsDir := pki.AgentsDir(t, lab.Names(hosts)...)
+	var agents []*agent
+	for _, h := range hosts {
+		agents = append(agents, startAgent(t, h, tlsDir, filepath.Join(t.TempDir(), "state"), wrap...))
+	}
+	return agents
+}
+
 // ccmClient dials the agent at addr inside h's namespace with the CCM's certificate.
 func ccmClient(t *testing.T, h *lab.Host, tlsDir string, addr netip.AddrPort) agentv1.AgentServiceClient {
 	t.Helper()
@@ -106,7 +118,16 @@ func (a *agent) waitServing() {
 	}
 }
 
+// apply applies st on a's node, which must report no problem.
 func (a *agent) apply(st *agentv1.DesiredState) {
+	a.t.Helper()
+	if problems := a.applyProblems(st); len(problems) > 0 {
+		a.t.Fatalf("Apply to %s: problems %v", a.host.Name, problems)
+	}
+}
+
+// applyProblems applies st on a's node and returns the problems the agent reports.
+func (a *agent) applyProblems(st *agentv1.DesiredState) []string {
 	a.t.Helper()
 	st.Node = a.host.Name
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -115,9 +136,7 @@ func (a *agent) apply(st *agentv1.DesiredState) {
 	if err != nil {
 		a.t.Fatalf("Apply to %s: %v", a.host.Name, err)
 	}
-	if len(resp.GetProblems()) > 0 {
-		a.t.Fatalf("Apply to %s: problems %v", a.host.Name, resp.GetProblems())
-	}
+	return resp.GetProblems()
 }
 
 func desired(gen uint64, l *lab.Lab, anns ...*agentv1.Announcement) *agentv1.DesiredState {
@@ -166,11 +185,7 @@ func answerers(t *testing.T, client *lab.Host, vip netip.Addr) []string {
 
 func TestAgentsAnnounceOnTheWireAndResumeWithoutTheCCM(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
-	var agents []*agent
-	for _, n := range l.Nodes {
-		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
-	}
+	agents := startAgents(t, l.Nodes)
 	const l2VIP, bgpVIP = "203.0.113.10", "203.0.113.20"
 	for i, a := range agents {
 		a.apply(desired(1, l, l2Ann(l2VIP, l.Nodes[0], l.Nodes[1]), bgpAnn(bgpVIP)))

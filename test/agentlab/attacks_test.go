@@ -255,11 +255,7 @@ func failoverTime(t *testing.T, probe *arpProbe, killed time.Time, newOwner stri
 // candidates in order, and waits until the first answers.
 func heartbeatCluster(t *testing.T, l *lab.Lab, hosts []*lab.Host, vip netip.Addr) []*agent {
 	t.Helper()
-	tlsDir := pki.AgentsDir(t, lab.Names(hosts)...)
-	var agents []*agent
-	for _, n := range hosts {
-		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
-	}
+	agents := startAgents(t, hosts)
 	gen := uint64(0)
 	applyAll := func() {
 		gen++

@@ -1,7 +1,6 @@
 package agentlab
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -12,7 +11,6 @@ import (
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/harness"
-	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
 )
@@ -48,12 +46,8 @@ func TestTheAgentNeedsOnlyNetRaw(t *testing.T) {
 		"-c", "address-family ipv4 unicast", "-c", fmt.Sprintf("neighbor %s activate", n1)).CombinedOutput(); err != nil {
 		t.Fatalf("configure FRR: %v: %s", err, out)
 	}
-	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
 	netRawOnly := []string{"/usr/bin/setpriv", "--bounding-set=-all,+net_raw", "--inh-caps=-all", "--ambient-caps=-all", "--"}
-	var agents []*agent
-	for _, n := range l.Nodes {
-		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state"), netRawOnly...))
-	}
+	agents := startAgents(t, l.Nodes, netRawOnly...)
 	for _, a := range agents {
 		if got := capEff(t, a); got != capNetRaw {
 			t.Fatalf("%s's agent runs with capabilities %#x; want CAP_NET_RAW (%#x) alone", a.host.Name, got, capNetRaw)
@@ -95,20 +89,12 @@ func TestTheAgentNeedsOnlyNetRaw(t *testing.T) {
 			a.proc.Kill()
 		}
 		none := []string{"/usr/bin/setpriv", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--"}
-		a := startAgent(t, l.Nodes[0], tlsDir, filepath.Join(t.TempDir(), "state"), none...)
+		a := startAgent(t, l.Nodes[0], agents[0].tls, filepath.Join(t.TempDir(), "state"), none...)
 		if got := capEff(t, a); got != 0 {
 			t.Fatalf("the agent runs with capabilities %#x; want none", got)
 		}
-		st := desired(1, l, l2Ann(vip4.String(), l.Nodes[0]))
-		st.Node = l.Nodes[0].Name
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		resp, err := a.client.Apply(ctx, &agentv1.ApplyRequest{State: st})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.Contains(strings.Join(resp.GetProblems(), "; "), "operation not permitted") {
-			t.Errorf("problems %v; want the ARP socket refused", resp.GetProblems())
+		if problems := a.applyProblems(desired(1, l, l2Ann(vip4.String(), l.Nodes[0]))); !strings.Contains(strings.Join(problems, "; "), "operation not permitted") {
+			t.Errorf("problems %v; want the ARP socket refused", problems)
 		}
 		if got := whoAnswers(t, l.Client, vip4); got != "" {
 			t.Errorf("ARP answered by %s without NET_RAW", got)

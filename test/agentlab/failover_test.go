@@ -3,7 +3,6 @@ package agentlab
 import (
 	"context"
 	"net/netip"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -13,7 +12,6 @@ import (
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 	"github.com/metalvip/metalvip/test/harness"
-	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -22,11 +20,7 @@ import (
 // candidate answers; then brings the node back and checks the hand-over back to it.
 func TestL2FailoverAmongAgents(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
-	var agents []*agent
-	for _, n := range l.Nodes {
-		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
-	}
+	agents := startAgents(t, l.Nodes)
 	vip := netip.MustParseAddr("203.0.113.30")
 	macs := map[string]string{}
 	for _, n := range l.Nodes {
@@ -195,11 +189,7 @@ func TestAStallOfEveryAgentMovesNothing(t *testing.T) {
 // its own heartbeats in turn: seconds of VIPs moving back and forth over all three nodes.
 func TestAStallAmongAThousandVIPsMovesThemOnceEachWay(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
-	var agents []*agent
-	for _, n := range l.Nodes {
-		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
-	}
+	agents := startAgents(t, l.Nodes)
 	// Documentation addresses only: 254 IPv4 VIPs, the rest IPv6. Node i+1 ranks first for VIP
 	// i modulo 3.
 	const n = 1000

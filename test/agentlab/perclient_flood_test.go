@@ -40,11 +40,9 @@ import (
 func TestPerClientTableKeepsRealClientsThroughAFlood(t *testing.T) {
 	const realClients, randomForged, claimsForged, repeatForged = 100, 10000, 1000, 1000
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
-	var agents []*agent
+	agents := startAgents(t, l.Nodes)
 	names := map[string]string{} // node MAC to name
 	for _, n := range l.Nodes {
-		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
 		names[n.MAC(t)] = n.Name
 	}
 	vip := netip.MustParseAddr("203.0.113.40")
@@ -383,12 +381,7 @@ func sample(t *testing.T, agents []*agent, vip netip.Addr) []figures {
 	for i, a := range agents {
 		out[i].rss, out[i].hwm = memory(a)
 		out[i].file = fileSize(a)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		st, err := a.client.GetState(ctx, &agentv1.GetStateRequest{})
-		cancel()
-		if err != nil {
-			t.Fatalf("GetState %s: %v", a.host.Name, err)
-		}
+		st := a.getState(t)
 		for _, v := range st.GetAnnounced() {
 			if v.GetVip() == vip.String() {
 				out[i].known, out[i].answered = v.GetClientsKnown(), v.GetClientsAnswered()
@@ -440,12 +433,7 @@ func arpRequests(t *testing.T, agents []*agent) []uint64 {
 	t.Helper()
 	out := make([]uint64, len(agents))
 	for i, a := range agents {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		st, err := a.client.GetState(ctx, &agentv1.GetStateRequest{})
-		cancel()
-		if err != nil {
-			t.Fatalf("GetState %s: %v", a.host.Name, err)
-		}
+		st := a.getState(t)
 		out[i] = st.GetL2().GetArpRequests()
 	}
 	return out
@@ -455,12 +443,7 @@ func targeted(t *testing.T, agents []*agent) map[string]uint64 {
 	t.Helper()
 	out := map[string]uint64{}
 	for _, a := range agents {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		st, err := a.client.GetState(ctx, &agentv1.GetStateRequest{})
-		cancel()
-		if err != nil {
-			t.Fatalf("GetState %s: %v", a.host.Name, err)
-		}
+		st := a.getState(t)
 		out[a.host.Name] = st.GetL2().GetTargetedReplies()
 	}
 	return out

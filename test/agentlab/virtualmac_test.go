@@ -40,15 +40,7 @@ func TestAVirtualMACWithoutNetAdminIsAnsweredWithTheNodesMAC(t *testing.T) {
 	netRawOnly := []string{"/usr/bin/setpriv", "--bounding-set=-all,+net_raw", "--inh-caps=-all", "--ambient-caps=-all", "--"}
 	a := startAgent(t, l.Nodes[0], tlsDir, filepath.Join(t.TempDir(), "state"), netRawOnly...)
 	vip := netip.MustParseAddr("203.0.113.60")
-	st := desired(1, l, vmacAnn(vip, l.Nodes[0]))
-	st.Node = l.Nodes[0].Name
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := a.client.Apply(ctx, &agentv1.ApplyRequest{State: st})
-	if err != nil {
-		t.Fatal(err)
-	}
-	problems := strings.Join(resp.GetProblems(), "; ")
+	problems := strings.Join(a.applyProblems(desired(1, l, vmacAnn(vip, l.Nodes[0]))), "; ")
 	if !strings.Contains(problems, "virtual MACs: ") || !strings.Contains(problems, "operation not permitted; answering with the interfaces' own MACs") {
 		t.Errorf("problems %q; want the filter's refusal and what the agent does instead", problems)
 	}
@@ -64,11 +56,7 @@ func TestAVirtualMACWithoutNetAdminIsAnsweredWithTheNodesMAC(t *testing.T) {
 // nftables transaction, from its log).
 func TestTakingOverManyVirtualMACs(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 2})
-	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
-	var agents []*agent
-	for _, n := range l.Nodes {
-		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
-	}
+	agents := startAgents(t, l.Nodes)
 	const n = 50
 	var vips []netip.Addr
 	var anns []*agentv1.Announcement
@@ -161,11 +149,7 @@ func fdbPort(t *testing.T, l *lab.Lab, mac string) string {
 // it back only after the other stopped.
 func TestAVirtualMACMovesInOrderAcrossQuickRestarts(t *testing.T) {
 	l := lab.New(t, lab.Options{Nodes: 3})
-	tlsDir := pki.AgentsDir(t, lab.Names(l.Nodes)...)
-	var agents []*agent
-	for _, n := range l.Nodes {
-		agents = append(agents, startAgent(t, n, tlsDir, filepath.Join(t.TempDir(), "state")))
-	}
+	agents := startAgents(t, l.Nodes)
 	vip := netip.MustParseAddr("203.0.113.61")
 	mac := pools.VirtualMAC(v1alpha1.VirtualMACLocal, vip)
 	for _, a := range agents {
