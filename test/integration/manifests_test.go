@@ -186,13 +186,7 @@ func TestCCMRunsWithTheManifestsRBAC(t *testing.T) {
 	}
 	// No permission was refused along the way.
 	if out := ccm.Output(); strings.Contains(out, "forbidden") {
-		var lines []string
-		for _, l := range strings.Split(out, "\n") {
-			if strings.Contains(l, "forbidden") {
-				lines = append(lines, l)
-			}
-		}
-		t.Errorf("the CCM was refused something:\n%s", strings.Join(lines[:min(5, len(lines))], "\n"))
+		t.Errorf("the CCM was refused something:\n%s", grepLines(out, "forbidden", 5))
 	}
 }
 
@@ -224,6 +218,25 @@ func typed(t *testing.T, docs []*unstructured.Unstructured, kind, name string, o
 
 func node(name string, labels map[string]string, taints ...corev1.Taint) *corev1.Node {
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}, Spec: corev1.NodeSpec{Taints: taints}}
+}
+
+// placement is a node and whether a pod of the spec under test may run there.
+type placement struct {
+	name string
+	node *corev1.Node
+	want bool
+}
+
+// checkPlacements checks, a subtest each, whether spec's pods may run on each case's node.
+func checkPlacements(t *testing.T, spec corev1.PodSpec, cases []placement) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := schedulable(t, spec, tc.node); got != tc.want {
+				t.Errorf("schedulable = %v, want %v", got, tc.want)
+			}
+		})
+	}
 }
 
 // schedulable: the pod's required affinity and node selector admit the node and it tolerates
@@ -265,24 +278,14 @@ func TestTheCCMRunsOnAFreshControlPlane(t *testing.T) {
 	var d appsv1.Deployment
 	typed(t, manifestDocs(t), "Deployment", "metalvip-cloud-controller-manager", &d)
 	spec := d.Spec.Template.Spec
-	for _, tc := range []struct {
-		name string
-		node *corev1.Node
-		want bool
-	}{
+	checkPlacements(t, spec, []placement{
 		{"a kubeadm control-plane node, uninitialised and not ready, takes it", node("kubeadm-cp", withLabels(linux, "node-role.kubernetes.io/control-plane", ""), uninitialized, notReady, controlPlaneTnt), true},
 		{"a k3s server node takes it", node("k3s-server", withLabels(linux, "node-role.kubernetes.io/control-plane", "true", "node-role.kubernetes.io/master", "true"), uninitialized), true},
 		{"an RKE2 server node with the control-plane taint takes it", node("rke2-server", withLabels(linux, "node-role.kubernetes.io/control-plane", "true"), uninitialized, controlPlaneTnt), true},
 		{"a worker does not", node("worker", linux, uninitialized), false},
 		{"a control-plane node labelled false does not", node("odd", withLabels(linux, "node-role.kubernetes.io/control-plane", "false")), false},
 		{"a Windows control-plane node does not", node("win", map[string]string{"kubernetes.io/os": "windows", "node-role.kubernetes.io/control-plane": ""}), false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := schedulable(t, spec, tc.node); got != tc.want {
-				t.Errorf("schedulable = %v, want %v", got, tc.want)
-			}
-		})
-	}
+	})
 	if !spec.HostNetwork {
 		t.Error("the CCM is not on the host's network: it would wait for a CNI")
 	}
@@ -322,21 +325,11 @@ func TestTheAgentRunsOnEveryLinuxNode(t *testing.T) {
 	var ds appsv1.DaemonSet
 	typed(t, manifestDocs(t), "DaemonSet", "metalvip-agent", &ds)
 	spec := ds.Spec.Template.Spec
-	for _, tc := range []struct {
-		name string
-		node *corev1.Node
-		want bool
-	}{
+	checkPlacements(t, spec, []placement{
 		{"a tainted, uninitialised worker takes it", node("w", linux, uninitialized, notReady, corev1.Taint{Key: "example.com/dedicated", Value: "db", Effect: corev1.TaintEffectNoExecute}), true},
 		{"a control-plane node takes it", node("cp", withLabels(linux, "node-role.kubernetes.io/control-plane", ""), controlPlaneTnt), true},
 		{"a Windows node does not", node("win", map[string]string{"kubernetes.io/os": "windows"}), false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := schedulable(t, spec, tc.node); got != tc.want {
-				t.Errorf("schedulable = %v, want %v", got, tc.want)
-			}
-		})
-	}
+	})
 	c := spec.Containers[0]
 	if !spec.HostNetwork || spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
 		t.Errorf("hostNetwork %v, automountServiceAccountToken %v", spec.HostNetwork, spec.AutomountServiceAccountToken)

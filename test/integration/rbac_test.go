@@ -51,44 +51,35 @@ func TestCCMReadsOnlyTheSecretsAndLeasesItNames(t *testing.T) {
 		_, _ = srv.Client.CoreV1().Secrets(s.ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: s.ns, Name: s.name}, StringData: map[string]string{"password": "x"}}, metav1.CreateOptions{})
 	}
 	_, client := ccmClient(t, srv)
+	getSecret := func(ns, name string) func() error {
+		return func() error { _, err := client.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{}); return err }
+	}
+	listSecrets := func(ns string) func() error {
+		return func() error { _, err := client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); return err }
+	}
+	getLease := func(name string) func() error {
+		return func() error {
+			_, err := client.CoordinationV1().Leases("kube-system").Get(ctx, name, metav1.GetOptions{})
+			return err
+		}
+	}
 	for _, tc := range []struct {
 		what    string
 		call    func() error
 		allowed bool
 	}{
-		{"get a Secret of kube-system", func() error {
-			_, err := client.CoreV1().Secrets("kube-system").Get(ctx, "some-secret", metav1.GetOptions{})
-			return err
-		}, false},
-		{"list the Secrets of kube-system", func() error {
-			_, err := client.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{})
-			return err
-		}, false},
-		{"get a Secret of another namespace", func() error {
-			_, err := client.CoreV1().Secrets("default").Get(ctx, "some-secret", metav1.GetOptions{})
-			return err
-		}, false},
-		{"list every Secret", func() error { _, err := client.CoreV1().Secrets("").List(ctx, metav1.ListOptions{}); return err }, false},
-		{"get another Lease of kube-system", func() error {
-			_, err := client.CoordinationV1().Leases("kube-system").Get(ctx, "kube-controller-manager", metav1.GetOptions{})
-			return err
-		}, false},
+		{"get a Secret of kube-system", getSecret("kube-system", "some-secret"), false},
+		{"list the Secrets of kube-system", listSecrets("kube-system"), false},
+		{"get a Secret of another namespace", getSecret("default", "some-secret"), false},
+		{"list every Secret", listSecrets(""), false},
+		{"get another Lease of kube-system", getLease("kube-controller-manager"), false},
 		{"update another Lease of kube-system", func() error {
 			_, err := client.CoordinationV1().Leases("kube-system").Update(ctx, leaseNamed("kube-scheduler"), metav1.UpdateOptions{})
 			return err
 		}, false},
-		{"read a BGP password Secret", func() error {
-			_, err := client.CoreV1().Secrets("metalvip-bgp-secrets").Get(ctx, "router-password", metav1.GetOptions{})
-			return err
-		}, true},
-		{"watch the BGP password Secrets", func() error {
-			_, err := client.CoreV1().Secrets("metalvip-bgp-secrets").List(ctx, metav1.ListOptions{})
-			return err
-		}, true},
-		{"get its own Lease", func() error {
-			_, err := client.CoordinationV1().Leases("kube-system").Get(ctx, "metalvip-cloud-controller-manager", metav1.GetOptions{})
-			return err
-		}, true},
+		{"read a BGP password Secret", getSecret("metalvip-bgp-secrets", "router-password"), true},
+		{"watch the BGP password Secrets", listSecrets("metalvip-bgp-secrets"), true},
+		{"get its own Lease", getLease("metalvip-cloud-controller-manager"), true},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
 			err := tc.call()
@@ -179,13 +170,7 @@ func TestAnnouncingCCMRunsWithTheManifestsRBAC(t *testing.T) {
 		return false
 	})
 	if out := ccm.Output(); strings.Contains(out, "forbidden") {
-		var lines []string
-		for _, l := range strings.Split(out, "\n") {
-			if strings.Contains(l, "forbidden") {
-				lines = append(lines, l)
-			}
-		}
-		t.Errorf("the announcing CCM was refused something:\n%s", strings.Join(lines[:min(5, len(lines))], "\n"))
+		t.Errorf("the announcing CCM was refused something:\n%s", grepLines(out, "forbidden", 5))
 	}
 }
 
