@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"pgregory.net/rapid"
 	"sigs.k8s.io/yaml"
@@ -31,6 +32,35 @@ type crdCase struct {
 	want string // "" to accept, else a substring of the refusal
 }
 
+// crdObject is an object of kind (IPPool or BGPPeer) named name with spec, and the resource
+// it belongs to.
+func crdObject(kind, name string, spec map[string]any) (schema.GroupVersionResource, *unstructured.Unstructured) {
+	res := v1alpha1.IPPoolResource
+	if kind == "BGPPeer" {
+		res = v1alpha1.BGPPeerResource
+	}
+	return res, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(), "kind": kind,
+		"metadata": map[string]any{"name": name}, "spec": spec,
+	}}
+}
+
+// checkCRDCases creates each case's object of kind (named prefix-index), a subtest each: the
+// API server must accept or refuse it as the case says, and what it accepts must pass
+// accepted.
+func checkCRDCases(t *testing.T, dyn dynamic.Interface, kind, prefix string, cases []crdCase, accepted func(t *testing.T, got *unstructured.Unstructured)) {
+	t.Helper()
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := createSpec(t, dyn, kind, fmt.Sprintf("%s-%d", prefix, i), tc.spec)
+			checkRefusal(t, tc, err)
+			if err == nil {
+				accepted(t, got)
+			}
+		})
+	}
+}
+
 // createSpec creates an object of kind with the YAML spec, and deletes it when the test ends.
 // It returns the object the API server stored, or its refusal.
 func createSpec(t *testing.T, dyn dynamic.Interface, kind, name, spec string) (*unstructured.Unstructured, error) {
@@ -39,14 +69,7 @@ func createSpec(t *testing.T, dyn dynamic.Interface, kind, name, spec string) (*
 	if err := yaml.Unmarshal([]byte(spec), &m); err != nil {
 		t.Fatalf("test spec: %v", err)
 	}
-	res := v1alpha1.IPPoolResource
-	if kind == "BGPPeer" {
-		res = v1alpha1.BGPPeerResource
-	}
-	obj := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": v1alpha1.GroupVersion.String(), "kind": kind,
-		"metadata": map[string]any{"name": name}, "spec": m,
-	}}
+	res, obj := crdObject(kind, name, m)
 	got, err := dyn.Resource(res).Create(context.Background(), obj, metav1.CreateOptions{})
 	if err == nil {
 		t.Cleanup(func() { _ = dyn.Resource(res).Delete(context.Background(), name, metav1.DeleteOptions{}) })
@@ -174,15 +197,7 @@ announce:
 			cases = append(cases, crdCase{at.field + ": " + sc.name, fmt.Sprintf(at.wrap, sc.spec), want})
 		}
 	}
-	for i, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := createSpec(t, dyn, "IPPool", fmt.Sprintf("validation-%d", i), tc.spec)
-			checkRefusal(t, tc, err)
-			if err == nil {
-				acceptedPoolParses(t, got)
-			}
-		})
-	}
+	checkCRDCases(t, dyn, "IPPool", "validation", cases, acceptedPoolParses)
 }
 
 // selectorCases are label selectors the API server must accept or refuse wherever a
@@ -334,17 +349,32 @@ func TestTheCRDRefusesTheSelectorsTheParserRefuses(t *testing.T) {
 	}
 }
 
+// checkCRDParity submits objects of kind with specs from gen to the API server (each created
+// and deleted at once): every spec it accepts must pass accepted, and it may refuse one only
+// as invalid. It logs how many it took of how many.
+func checkCRDParity(t *testing.T, dyn dynamic.Interface, kind string, gen func(rt *rapid.T) map[string]any, accepted func(rt *rapid.T, spec map[string]any, got *unstructured.Unstructured)) {
+	t.Helper()
+	var tried, took int
+	rapid.Check(t, func(rt *rapid.T) {
+		spec := gen(rt)
+		tried++
+		got, err := createAndDelete(context.Background(), dyn, kind, fmt.Sprintf("parity-%d", tried), spec)
+		if err != nil {
+			if !apierrors.IsInvalid(err) {
+				rt.Fatalf("create: %v", err)
+			}
+			return
+		}
+		took++
+		accepted(rt, spec, got)
+	})
+	t.Logf("%ss tried: %d; accepted by the API server and by the CCM's and the agents' own checks: %d; refused by the API server: %d", kind, tried, took, tried-took)
+}
+
 // createAndDelete creates an object of kind with spec and deletes it at once: what the API
 // server stored, or its refusal.
 func createAndDelete(ctx context.Context, dyn dynamic.Interface, kind, name string, spec map[string]any) (*unstructured.Unstructured, error) {
-	res := v1alpha1.IPPoolResource
-	if kind == "BGPPeer" {
-		res = v1alpha1.BGPPeerResource
-	}
-	obj := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": v1alpha1.GroupVersion.String(), "kind": kind,
-		"metadata": map[string]any{"name": name}, "spec": spec,
-	}}
+	res, obj := crdObject(kind, name, spec)
 	got, err := dyn.Resource(res).Create(ctx, obj, metav1.CreateOptions{})
 	if err == nil {
 		if err := dyn.Resource(res).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
@@ -465,8 +495,7 @@ func genAddressRange(t *rapid.T) string {
 func TestPoolsTheCRDAcceptsAreAcceptedByTheCCMAndTheAgents(t *testing.T) {
 	srv := kubeapi.Get(t)
 	dyn := srv.InstallCRDs(t)
-	var tried, accepted int
-	rapid.Check(t, func(rt *rapid.T) {
+	checkCRDParity(t, dyn, "IPPool", func(rt *rapid.T) map[string]any {
 		spec := map[string]any{}
 		var addrs []any
 		for range rapid.IntRange(1, 2).Draw(rt, "addresses") {
@@ -511,16 +540,8 @@ func TestPoolsTheCRDAcceptsAreAcceptedByTheCCMAndTheAgents(t *testing.T) {
 		if rapid.Bool().Draw(rt, "serviceAllocation") {
 			spec["serviceAllocation"] = map[string]any{"namespaceSelector": genSelector(rt, "namespaceSelector"), "serviceSelector": genSelector(rt, "serviceSelector")}
 		}
-
-		tried++
-		got, err := createAndDelete(context.Background(), dyn, "IPPool", fmt.Sprintf("parity-%d", tried), spec)
-		if err != nil {
-			if !apierrors.IsInvalid(err) {
-				rt.Fatalf("create: %v", err)
-			}
-			return
-		}
-		accepted++
+		return spec
+	}, func(rt *rapid.T, spec map[string]any, got *unstructured.Unstructured) {
 		p := &v1alpha1.IPPool{}
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, p); err != nil {
 			rt.Fatal(err)
@@ -529,5 +550,4 @@ func TestPoolsTheCRDAcceptsAreAcceptedByTheCCMAndTheAgents(t *testing.T) {
 			rt.Fatalf("the API server accepted %v, which the CCM or the agents refuse: %v", spec, errors.Join(errs...))
 		}
 	})
-	t.Logf("pools tried: %d; accepted by the API server and by the CCM's and the agents' parsing: %d; refused by the API server: %d", tried, accepted, tried-accepted)
 }

@@ -48,15 +48,7 @@ func TestIPPoolCRDVirtualMAC(t *testing.T) {
 			`{addresses: [203.0.113.0/24], announce: {mode: BGP, l2: {virtualMAC: {}}}}`, "l2 options apply only to mode L2"},
 		{"wide pools without virtualMAC are still accepted", `{addresses: ["2001:db8::/32", 0.0.0.0/0]}`, ""},
 	}
-	for i, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := createSpec(t, dyn, "IPPool", fmt.Sprintf("vmac-%d", i), tc.spec)
-			checkRefusal(t, tc, err)
-			if err == nil {
-				acceptedPoolParses(t, got)
-			}
-		})
-	}
+	checkCRDCases(t, dyn, "IPPool", "vmac", cases, acceptedPoolParses)
 	t.Run("an empty virtualMAC gets scheme Local", func(t *testing.T) {
 		got, err := createSpec(t, dyn, "IPPool", "vmac-default", pool(`203.0.113.0/24`, `{}`))
 		if err != nil {
