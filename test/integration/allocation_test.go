@@ -346,7 +346,7 @@ func TestAllocationAgainstTheRealAPIServer(t *testing.T) {
 
 	// A deleted Service's address is given out again (lowest free first).
 	victim := "svc-001"
-	victimIP := ingressIPs(mustGet(t, e, nsB, victim))[0]
+	victimIP := ingressIPs(serviceOf(t, e, nsB, victim))[0]
 	if err := e.srv.Client.CoreV1().Services(nsB).Delete(e.ctx, victim, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -433,15 +433,6 @@ func (e *env) waitGone(ns, name string) {
 	e.t.Fatalf("%s/%s not deleted within 30s (finalizer not removed?)", ns, name)
 }
 
-func mustGet(t *testing.T, e *env, ns, name string) *corev1.Service {
-	t.Helper()
-	s, err := e.srv.Client.CoreV1().Services(ns).Get(e.ctx, name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
 func inAny(a netip.Addr, ps []netip.Prefix) bool {
 	for _, p := range ps {
 		if p.Contains(a) {
@@ -476,7 +467,7 @@ func TestRequestsConflictsAndExhaustion(t *testing.T) {
 	e.service(ns, "wants-5-too", annotate(annotation.IPs, "10.30.0.5"))
 	e.waitEvent(ns, "wants-5-too", "IPInUse", 30*time.Second, "10.30.0.5", ns+"/wants-5")
 	time.Sleep(2 * time.Second) // two retries
-	if s := mustGet(t, e, ns, "wants-5-too"); len(s.Status.LoadBalancer.Ingress) != 0 {
+	if s := serviceOf(t, e, ns, "wants-5-too"); len(s.Status.LoadBalancer.Ingress) != 0 {
 		t.Errorf("a Service asking for a taken address got %v", s.Status.LoadBalancer.Ingress)
 	}
 	assertEventCount(t, e, ns, "wants-5-too", "IPInUse", 1)
@@ -603,7 +594,7 @@ func TestPoolChangesNeverTakeAnAddress(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	// A Service update re-runs the allocation: still the same address.
-	s := mustGet(t, e, ns, "first")
+	s := serviceOf(t, e, ns, "first")
 	s.Labels = map[string]string{"touched": "yes"}
 	if s.Annotations == nil { // the allocation record may not be written yet
 		s.Annotations = map[string]string{}
@@ -617,7 +608,7 @@ func TestPoolChangesNeverTakeAnAddress(t *testing.T) {
 	if second == held || !netip.MustParsePrefix("10.40.0.2/31").Contains(second) {
 		t.Errorf("second Service got %s; the pool is now 10.40.0.2/31 and %s is held", second, held)
 	}
-	if got := ingressIPs(mustGet(t, e, ns, "first")); len(got) != 1 || got[0] != held {
+	if got := ingressIPs(serviceOf(t, e, ns, "first")); len(got) != 1 || got[0] != held {
 		t.Errorf("first Service now has %v; it must keep %s", got, held)
 	}
 }

@@ -28,6 +28,7 @@ func classedService(t *testing.T, e *env, ns, name string, class *string) {
 	}
 }
 
+// serviceOf is the Service ns/name as it is now, or fails t.
 func serviceOf(t *testing.T, e *env, ns, name string) *corev1.Service {
 	t.Helper()
 	s, err := e.srv.Client.CoreV1().Services(ns).Get(e.ctx, name, metav1.GetOptions{})
