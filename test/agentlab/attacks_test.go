@@ -316,10 +316,8 @@ func TestReplayedHeartbeatsKeepNoDeadNodeAlive(t *testing.T) {
 		src, dst := netip.AddrPortFrom(l.Nodes[0].IPv4, hbPort), netip.AddrPortFrom(l.Nodes[1].IPv4, hbPort)
 		for round := 0; ; round++ {
 			for i := range captured {
-				select {
-				case <-stop:
+				if harness.Stopped(stop) {
 					return
-				default:
 				}
 				j := i
 				if round%2 == 1 {

@@ -258,16 +258,9 @@ func talk(t *testing.T, clients []*lab.LinkClient, vip netip.Addr, interval time
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		for range 600 {
+		for range harness.Every(stop, interval, 600) {
 			for _, c := range clients {
 				_ = c.Ask(vip)
-			}
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
 			}
 		}
 	}()
@@ -398,17 +391,10 @@ func watchPeaks(agents []*agent) func() []figures {
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for range 3000 {
+		for range harness.Every(stop, 20*time.Millisecond, 3000) {
 			for i, a := range agents {
 				rss, _ := memory(a)
 				peaks[i].rss, peaks[i].file = max(peaks[i].rss, rss), max(peaks[i].file, fileSize(a))
-			}
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
 			}
 		}
 	}()

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/net/ipv4"
 
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/lab"
 )
@@ -61,29 +62,17 @@ func probeARP(t *testing.T, h *lab.Host, vip netip.Addr, interval time.Duration,
 
 func (p *arpProbe) send(limit int) {
 	defer p.wg.Done()
-	t := time.NewTicker(p.interval)
-	defer t.Stop()
-	for range limit {
+	for range harness.Every(p.stop, p.interval, limit) {
 		p.mu.Lock()
 		p.sent = append(p.sent, time.Now())
 		p.mu.Unlock()
 		_ = p.c.Request(p.vip)
-		select {
-		case <-p.stop:
-			return
-		case <-t.C:
-		}
 	}
 }
 
 func (p *arpProbe) receive() {
 	defer p.wg.Done()
-	for {
-		select {
-		case <-p.stop:
-			return
-		default:
-		}
+	for !harness.Stopped(p.stop) {
 		_ = p.c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 		pkt, _, err := p.c.Read()
 		if err != nil {

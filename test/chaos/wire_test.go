@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/metalvip/metalvip/test/cluster"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/lab"
 )
 
@@ -66,18 +67,11 @@ func (s *soakRun) watchClients(vip netip.Addr, addrs []netip.Addr, limit int) *c
 	s.t.Cleanup(w.Stop) // before the client's socket closes
 	go func() {
 		defer close(w.done)
-		tick := time.NewTicker(askEvery)
-		defer tick.Stop()
-		for range limit {
+		for range harness.Every(w.stop, askEvery, limit) {
 			w.mu.Lock()
 			w.sent = append(w.sent, time.Now())
 			w.mu.Unlock()
 			_ = w.cs.Send(vip) // a request lost is a round unanswered: told
-			select {
-			case <-w.stop:
-				return
-			case <-tick.C:
-			}
 		}
 	}()
 	return w

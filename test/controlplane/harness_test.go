@@ -33,6 +33,7 @@ import (
 	"github.com/metalvip/metalvip/internal/certs"
 	"github.com/metalvip/metalvip/nodeagent/controlplane"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/lab"
@@ -343,14 +344,7 @@ func (e *env) startLister() *lister {
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
-		t := time.NewTicker(listEvery)
-		defer t.Stop()
-		for range maxRequests {
-			select {
-			case <-l.stop:
-				return
-			case <-t.C:
-			}
+		for range harness.Ticks(l.stop, listEvery, maxRequests) {
 			select {
 			case sem <- struct{}{}:
 			default:
@@ -469,25 +463,13 @@ func (e *env) watchARP() *arpWatch {
 	w.wg.Add(2)
 	go func() {
 		defer w.wg.Done()
-		t := time.NewTicker(arpEvery)
-		defer t.Stop()
-		for range maxRequests * 3 {
+		for range harness.Every(w.stop, arpEvery, maxRequests*3) {
 			_ = c.Request(vip)
-			select {
-			case <-w.stop:
-				return
-			case <-t.C:
-			}
 		}
 	}()
 	go func() {
 		defer w.wg.Done()
-		for {
-			select {
-			case <-w.stop:
-				return
-			default:
-			}
+		for !harness.Stopped(w.stop) {
 			_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 			p, _, err := c.Read()
 			if err != nil || p.Operation != arp.OperationReply || p.SenderIP != vip || p.TargetIP == vip {

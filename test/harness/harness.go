@@ -1,11 +1,12 @@
 // Package harness holds what every metalvip test harness does one way: waiting for a condition
-// (Eventually) and the frame of a program that drives the harnesses outside `go test` (the
+// (Eventually), pacing a loop that runs until stopped (Every, Ticks, Stopped) and the frame of a program that drives the harnesses outside `go test` (the
 // demos and benchmarks). Its subpackages do the rest once: pki writes certificates, proc reads
 // /proc, probe measures what a client sees, figure formats a report's figures. It starts no
 // API server, lab or cluster itself: test/kubeapi, test/lab and test/cluster do.
 package harness
 
 import (
+	"iter"
 	"sync"
 	"time"
 
@@ -40,4 +41,52 @@ func Parallel(workers, n int, f func(i int)) {
 		}()
 	}
 	wg.Wait()
+}
+
+// Every yields 0, 1, ... up to rounds-1: the first at once, each next one interval after the
+// last, until stop is closed (which ends the wait after a round).
+func Every(stop <-chan struct{}, interval time.Duration, rounds int) iter.Seq[int] {
+	return func(yield func(int) bool) {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for i := range rounds {
+			if !yield(i) {
+				return
+			}
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}
+}
+
+// Ticks yields 0, 1, ... up to rounds-1, one every interval (the first after one interval),
+// until stop is closed.
+func Ticks(stop <-chan struct{}, interval time.Duration, rounds int) iter.Seq[int] {
+	return func(yield func(int) bool) {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for i := range rounds {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			if !yield(i) {
+				return
+			}
+		}
+	}
+}
+
+// Stopped reports whether stop is closed, without waiting.
+func Stopped(stop <-chan struct{}) bool {
+	select {
+	case <-stop:
+		return true
+	default:
+		return false
+	}
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/metalvip/metalvip/test/harness"
 )
 
 // Frame is one frame seen arriving at a switch port, with the kernel's receive time.
@@ -150,12 +152,7 @@ func (l *Lab) CaptureFrom(mac net.HardwareAddr, vip netip.Addr) (*Capture, error
 func (cp *Capture) read(fd int, port string, client bool) {
 	defer cp.wg.Done()
 	buf, oob := make([]byte, 2048), make([]byte, 128)
-	for {
-		select {
-		case <-cp.done:
-			return
-		default:
-		}
+	for !harness.Stopped(cp.done) {
 		n, oobn, _, from, err := unix.Recvmsg(fd, buf, oob, 0)
 		if err != nil {
 			continue // the timeout, to look at done
@@ -232,24 +229,15 @@ func (h *Host) AskEvery(vip netip.Addr, every time.Duration) (stop func(), err e
 					return
 				}
 			}
-			select {
-			case <-done:
+			if harness.Stopped(done) {
 				return
-			default:
 			}
 		}
 	}()
 	go func() {
 		defer wg.Done()
-		tick := time.NewTicker(every)
-		defer tick.Stop()
-		for range 100000 { // bounded: 2000 s at 20 ms
+		for range harness.Every(done, every, 100000) { // bounded: 2000 s at 20 ms
 			_ = c.Request(vip)
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-			}
 		}
 	}()
 	var once sync.Once

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/metalvip/metalvip/test/harness"
 )
 
 // NeighborRound is one request for a VIP (ARP for IPv4, NDP for IPv6) and the MACs that
@@ -67,9 +69,7 @@ func (h *Host) WatchNeighbors(vips []netip.Addr, interval time.Duration, limit i
 
 func (w *NeighborWatch) send(limit int) {
 	defer w.wg.Done()
-	t := time.NewTicker(w.interval)
-	defer t.Stop()
-	for range limit {
+	for range harness.Every(w.stop, w.interval, limit) {
 		for _, vip := range w.vips {
 			w.mu.Lock()
 			w.last[vip] = len(w.rounds)
@@ -81,22 +81,12 @@ func (w *NeighborWatch) send(limit int) {
 				_ = w.ndp.request(vip)
 			}
 		}
-		select {
-		case <-w.stop:
-			return
-		case <-t.C:
-		}
 	}
 }
 
 func (w *NeighborWatch) receive(a asker) {
 	defer w.wg.Done()
-	for {
-		select {
-		case <-w.stop:
-			return
-		default:
-		}
+	for !harness.Stopped(w.stop) {
 		vip, mac, ok, err := a.read(time.Now().Add(100 * time.Millisecond))
 		if err != nil || !ok {
 			continue

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
 
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/probe"
 )
 
@@ -55,9 +56,7 @@ func (h *Host) Probe(target netip.Addr, interval time.Duration, limit int) (*Pro
 
 func (p *Prober) send(limit int) {
 	defer p.done.Done()
-	t := time.NewTicker(p.interval)
-	defer t.Stop()
-	for seq := 0; seq < limit; seq++ {
+	for seq := range harness.Every(p.stop, p.interval, limit) {
 		msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: p.id, Seq: seq & 0xffff, Data: binary.BigEndian.AppendUint32(nil, uint32(seq))}}
 		b, _ := msg.Marshal(nil)
 		p.mu.Lock()
@@ -65,11 +64,6 @@ func (p *Prober) send(limit int) {
 		p.replied = append(p.replied, false)
 		p.mu.Unlock()
 		_, _ = p.conn.WriteTo(b, &net.IPAddr{IP: p.target.AsSlice()})
-		select {
-		case <-p.stop:
-			return
-		case <-t.C:
-		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
@@ -43,14 +44,7 @@ func StartTraffic(t testenv.TB, from *Host, addr netip.AddrPort, long int) *Traf
 	d.wg.Add(2)
 	go func() { // checks, bounded by stop and by 2,000 rounds
 		defer d.wg.Done()
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for range 2000 {
-			select {
-			case <-d.stop:
-				return
-			case <-tick.C:
-			}
+		for range harness.Ticks(d.stop, 100*time.Millisecond, 2000) {
 			for i, c := range d.Long {
 				d.mu.Lock()
 				dead := !d.ResetAt[i].IsZero()
@@ -68,14 +62,7 @@ func StartTraffic(t testenv.TB, from *Host, addr netip.AddrPort, long int) *Traf
 	}()
 	go func() { // new connections, bounded likewise
 		defer d.wg.Done()
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for range 4000 {
-			select {
-			case <-d.stop:
-				return
-			case <-tick.C:
-			}
+		for range harness.Ticks(d.stop, 50*time.Millisecond, 4000) {
 			nc := NewConn{At: time.Now()}
 			if c, err := from.DialName(addr, time.Second); err == nil {
 				nc.Server = c.Server

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/metalvip/metalvip/test/harness"
 )
 
 // Namespace is where the probes are sent from: a lab host (*lab.Host).
@@ -128,9 +130,7 @@ func StartHTTP(ns Namespace, target netip.AddrPort, interval, timeout time.Durat
 func (p *HTTP) send(limit int) {
 	defer p.done.Done()
 	defer close(p.tick)
-	t := time.NewTicker(p.interval)
-	defer t.Stop()
-	for i := 0; i < limit; i++ {
+	for i := range harness.Every(p.stop, p.interval, limit) {
 		p.mu.Lock()
 		p.attempts = append(p.attempts, Attempt{Sent: time.Now()})
 		p.mu.Unlock()
@@ -139,11 +139,6 @@ func (p *HTTP) send(limit int) {
 		default:
 			// No worker free: the attempt is not made and counts as lost.
 			p.finish(i, "", errors.New("no worker free to make the attempt"))
-		}
-		select {
-		case <-p.stop:
-			return
-		case <-t.C:
 		}
 	}
 }
