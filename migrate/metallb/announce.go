@@ -74,7 +74,9 @@ func convertL2Advertisements(an *v1alpha1.Announce, ads []*mlbL2Advertisement, a
 }
 
 // convertBGPAdvertisements maps the BGPAdvertisements of one pool onto its announce settings.
-func convertBGPAdvertisements(an *v1alpha1.Announce, ads []*mlbBGPAdvertisement, aliases map[string]string, add func(string, string, ...any)) {
+// fams says which families the pool holds ([IPv4, IPv6]): an aggregation of a family it does
+// not hold changes nothing.
+func convertBGPAdvertisements(an *v1alpha1.Announce, ads []*mlbBGPAdvertisement, aliases map[string]string, fams [2]bool, add func(string, string, ...any)) {
 	var nodeSels [][]metav1.LabelSelector
 	communities := map[string]bool{}
 	perAd := map[string]bool{}
@@ -107,10 +109,10 @@ func convertBGPAdvertisements(an *v1alpha1.Announce, ads []*mlbBGPAdvertisement,
 		if a.Spec.LocalPref != 0 {
 			localPrefs = append(localPrefs, a.Spec.LocalPref)
 		}
-		if l := a.Spec.AggregationLength; l != nil && *l != 32 {
+		if l := a.Spec.AggregationLength; l != nil && *l != 32 && fams[0] {
 			add("spec.announce.bgp", "CHECK: %s aggregated IPv4 routes to /%d; metalvip announces each address as a /32", a.Meta.Name, *l)
 		}
-		if l := a.Spec.AggregationLengthV6; l != nil && *l != 128 {
+		if l := a.Spec.AggregationLengthV6; l != nil && *l != 128 && fams[1] {
 			add("spec.announce.bgp", "CHECK: %s aggregated IPv6 routes to /%d; metalvip announces each address as a /128", a.Meta.Name, *l)
 		}
 		if len(a.Spec.Peers) > 0 {

@@ -143,7 +143,7 @@ func convertBFD(spec *v1alpha1.BGPPeerSpec, name string, profiles []mlbBFDProfil
 	}
 	bfd.MinRxMilliseconds, bfd.MinTxMilliseconds, bfd.Multiplier = ms(bp.ReceiveInterval), ms(bp.TransmitInterval), ms(bp.DetectMultiplier)
 	add("spec.bfd", "from BFD profile %s", name)
-	if bp.EchoMode != nil && *bp.EchoMode || bp.EchoInterval != nil {
+	if bp.EchoMode != nil && *bp.EchoMode { // an echo interval alone, echo off, sends none
 		add("spec.bfd", "CHECK: the profile's echo mode is not kept: metalvip sends no BFD echo packets")
 	}
 	if bp.PassiveMode != nil && *bp.PassiveMode {

@@ -35,6 +35,13 @@ func TestConvertingPeers(t *testing.T) {
 			},
 		},
 		{
+			name: "a BFD profile with an echo interval but echo off sends no echo: not flagged",
+			in: doc("BFDProfile", "v1beta1", "fast", `{receiveInterval: 50, echoInterval: 50, echoMode: false}`) +
+				doc("BGPPeer", "v1beta2", "r", `{`+base+`, bfdProfile: fast}`),
+			want:  `{bfd: {enabled: true, minRxMilliseconds: 50}}`,
+			notes: []wantNote{{"spec.bfd", "from BFD profile fast"}},
+		},
+		{
 			name:   "a BFD profile that does not exist gives no bfd, flagged",
 			in:     doc("BGPPeer", "v1beta2", "r", `{`+base+`, bfdProfile: missing}`),
 			absent: []string{"bfd"},

@@ -155,7 +155,7 @@ func convertPool(p mlbPool, in Config, l2 []*mlbL2Advertisement, bgp []*mlbBGPAd
 	}
 	spec.Announce = v1alpha1.Announce{Mode: mode}
 	if mode == v1alpha1.AnnounceBGP {
-		convertBGPAdvertisements(&spec.Announce, bgp, aliases, add)
+		convertBGPAdvertisements(&spec.Announce, bgp, aliases, familiesOf(spec.Addresses), add)
 	} else {
 		convertL2Advertisements(&spec.Announce, l2, add)
 	}
@@ -204,4 +204,16 @@ func normaliseRange(s string) (out string, rewritten bool, err error) {
 	}
 	out = p.Masked().String()
 	return out, out != s, nil
+}
+
+// families says which address families a pool's ranges hold: [IPv4, IPv6].
+func familiesOf(ranges []v1alpha1.AddressRange) (fams [2]bool) {
+	for _, r := range ranges {
+		if strings.Contains(string(r), ":") {
+			fams[1] = true
+		} else {
+			fams[0] = true
+		}
+	}
+	return fams
 }

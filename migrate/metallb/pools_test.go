@@ -127,6 +127,13 @@ func TestConvertingPools(t *testing.T) {
 			},
 		},
 		{
+			name: "an aggregation of a family the pool does not hold changes nothing and is not flagged",
+			in: labelled("gold", "{announce: bgp}", `{addresses: [203.0.113.0/24]}`) +
+				doc("BGPAdvertisement", "v1beta1", "agg", `{ipAddressPoolSelectors: [{matchLabels: {announce: bgp}}], aggregationLengthV6: 64}`),
+			pool: "gold",
+			want: `{announce: {mode: BGP}}`,
+		},
+		{
 			name: "a pinned pool without a priority is ordered before the pools without a serviceAllocation, as MetalLB tries them",
 			in: pool("pinned", `{addresses: [203.0.113.0/24], serviceAllocation: {namespaces: [team-a]}}`) +
 				pool("prio", `{addresses: [203.0.114.0/24], serviceAllocation: {priority: 7, namespaces: [team-a]}}`) +

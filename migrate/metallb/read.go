@@ -128,6 +128,9 @@ func (c *Config) take(u *unstructured.Unstructured) (string, error) {
 		c.namespaces = append(c.namespaces, kubeNamespace{Name: u.GetName(), Labels: u.GetLabels()})
 		return "", nil
 	}
+	if gv.Group == "" && kind == "ConfigMap" && legacyConfig(u) {
+		return "", fmt.Errorf("ConfigMap %s/%s is MetalLB's configuration before v0.13 (address-pools in data.config), which this converter does not read: convert it to MetalLB's custom resources first with MetalLB's own configmaptocrs, then convert those", u.GetNamespace(), u.GetName())
+	}
 	if gv.Group != metalLBGroup {
 		return "other:" + kind, nil
 	}
@@ -194,4 +197,11 @@ func (c *Config) ReadCluster(ctx context.Context, cfg *rest.Config) ([]string, e
 		}
 	}
 	return skipped, nil
+}
+
+// legacyConfig reports whether a ConfigMap is MetalLB's configuration of before v0.13: a
+// data.config that speaks of address-pools.
+func legacyConfig(u *unstructured.Unstructured) bool {
+	cfg, _, _ := unstructured.NestedString(u.Object, "data", "config")
+	return strings.Contains(cfg, "address-pools")
 }

@@ -45,6 +45,16 @@ func TestReadingMetalLBObjects(t *testing.T) {
 			objects: 1,
 		},
 		{
+			name:     "MetalLB's legacy ConfigMap is refused with the way to convert it, not skipped",
+			in:       "{apiVersion: v1, kind: ConfigMap, metadata: {name: config, namespace: metallb-system}, data: {config: \"address-pools:\\n- name: default\\n  protocol: layer2\\n  addresses: [203.0.113.0/24]\\n\"}}\n---\n",
+			errorHas: "ConfigMap metallb-system/config is MetalLB's configuration before v0.13 (address-pools in data.config), which this converter does not read: convert it to MetalLB's custom resources first with MetalLB's own configmaptocrs",
+		},
+		{
+			name:    "another ConfigMap is skipped and counted",
+			in:      "{apiVersion: v1, kind: ConfigMap, metadata: {name: other, namespace: metallb-system}, data: {x: y}}\n---\n",
+			skipped: "1 ConfigMap objects: not MetalLB's configuration",
+		},
+		{
 			name:     "an object that is not MetalLB's shape is an error naming it",
 			in:       pool("gold", `{addresses: "203.0.113.0/24"}`),
 			errorHas: "IPAddressPool metallb-system/gold does not decode as MetalLB's IPAddressPool",
