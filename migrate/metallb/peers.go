@@ -46,6 +46,16 @@ func convertPeer(p mlbPeer, in Config, passwordNamespace string) (o Object, skip
 		spec.Port = &port
 	}
 	hold := int32(90)
+	if d := sp.KeepaliveTime; sp.HoldTime == nil && d != nil {
+		// MetalLB takes three keepalives as the hold time when none is given (its
+		// parseTimers); metalvip's default is 90 s whatever the keepalive.
+		if k, _ := seconds(d.Duration); k > 0 && 3*k <= 65535 {
+			h := 3 * k
+			spec.HoldTimeSeconds = &h
+			hold = h
+			add("spec.holdTimeSeconds", "MetalLB's hold time: three times its keepaliveTime %s, as MetalLB takes it when no holdTime is given", d.Duration)
+		}
+	}
 	if d := sp.HoldTime; d != nil {
 		h, whole := seconds(d.Duration)
 		if !whole {

@@ -35,6 +35,12 @@ func TestConvertingPeers(t *testing.T) {
 			},
 		},
 		{
+			name:  "a keepaliveTime alone gives MetalLB's hold time of three keepalives, not metalvip's 90 s",
+			in:    doc("BGPPeer", "v1beta2", "r", `{`+base+`, keepaliveTime: 10s}`),
+			want:  `{holdTimeSeconds: 30, keepaliveSeconds: 10}`,
+			notes: []wantNote{{"spec.holdTimeSeconds", "three times its keepaliveTime 10s"}},
+		},
+		{
 			name: "a BFD profile with an echo interval but echo off sends no echo: not flagged",
 			in: doc("BFDProfile", "v1beta1", "fast", `{receiveInterval: 50, echoInterval: 50, echoMode: false}`) +
 				doc("BGPPeer", "v1beta2", "r", `{`+base+`, bfdProfile: fast}`),
