@@ -88,6 +88,10 @@ type Service struct {
 	Count        int
 	Ports        []Port
 	LocalTraffic bool // externalTrafficPolicy: Local
+	// Selector is, for LocalTraffic, spec.selector in one canonical form (MetalLB's backend
+	// key): Services with traffic policy Local join an address only with the same selector, as
+	// only nodes running their pods announce it.
+	Selector string
 	// Published are the addresses in the Service's status now. An address the Service gives
 	// up stays held until its status no longer shows it (see Published), so that it is
 	// never handed to another Service while clients may still be sent to it.
@@ -247,8 +251,9 @@ func (p *pool) admits(s *Service) bool {
 type holder struct {
 	ip    netip.Addr
 	pool  string // the pool the address was given from, or restored with
-	key   string // sharing key; "" is not shareable
-	local bool
+	key      string // sharing key; "" is not shareable
+	local    bool
+	selector string // of its Local Services
 	users map[string][]Port // Service key to its ports
 }
 

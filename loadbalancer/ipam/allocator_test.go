@@ -227,6 +227,49 @@ func TestSharing(t *testing.T) {
 	}
 }
 
+// TestLocalSharersSelectTheSamePods: Services with traffic policy Local join an address only
+// with the same selector (MetalLB's rule: only nodes running their pods announce it); a pair
+// that shared before the rule existed keeps sharing across a restart, and its members their
+// address.
+func TestLocalSharersSelectTheSamePods(t *testing.T) {
+	local := func(key, selector string, port int32, opts ...func(*Service)) Service {
+		s := svc(key, append(opts, withKey("web"), withPorts(Port{"TCP", port}))...)
+		s.LocalTraffic, s.Selector = true, selector
+		return s
+	}
+	a := newAlloc(t, Pool{Name: "p", Ranges: mustRanges(t, "203.0.113.0/28"), AutoAssign: true})
+	http, err := a.Assign(local("ns/http", "app=web", 80))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if https, err := a.Assign(local("ns/https", "app=web", 443)); err != nil || https.IPs[0] != http.IPs[0] {
+		t.Errorf("same selector: %v, %v; want to share %s", https, err, http.IPs[0])
+	}
+	if other, err := a.Assign(local("ns/other", "app=api", 8080)); err != nil || other.IPs[0] == http.IPs[0] {
+		t.Errorf("another selector, no address requested: %v, %v; want an address of its own", other, err)
+	}
+	_, err = a.Assign(local("ns/asks", "app=api", 8443, withIPs(http.IPs[0].String())))
+	if !errors.Is(err, ErrSharing) || !strings.Contains(err.Error(), `"app=web"`) || !strings.Contains(err.Error(), "select the same pods") {
+		t.Errorf("another selector asking for the shared address: %v; want a sharing conflict naming the selector", err)
+	}
+
+	// Shared before the rule: restored from the statuses, both keep the address, and keep it
+	// when assigned again.
+	b := newAlloc(t, Pool{Name: "p", Ranges: mustRanges(t, "203.0.113.0/28"), AutoAssign: true})
+	shared := Allocation{Pool: "p", IPs: []netip.Addr{ip("203.0.113.5")}}
+	older, younger := local("ns/older", "app=web", 80), local("ns/younger", "app=api", 443)
+	for _, s := range []Service{older, younger} {
+		if err := b.Restore(s, shared); err != nil {
+			t.Fatalf("restoring %s: %v", s.Key, err)
+		}
+	}
+	for _, s := range []Service{older, younger} {
+		if got, err := b.Assign(s); err != nil || got.IPs[0] != shared.IPs[0] {
+			t.Errorf("%s after a restart: %v, %v; want to keep %s", s.Key, got, err, shared.IPs[0])
+		}
+	}
+}
+
 func TestDualStackPolicies(t *testing.T) {
 	dual := Pool{Name: "dual", Ranges: mustRanges(t, "203.0.113.0/30", "2001:db8:100::/126"), AutoAssign: true}
 	v4only := Pool{Name: "v4", Ranges: mustRanges(t, "198.51.100.0/30"), AutoAssign: true}

@@ -103,15 +103,17 @@ func (a *Allocator) checkShares(s *Service, cur Allocation) error {
 		if h == nil || len(h.users) == 1 {
 			continue
 		}
-		if err := compatible(h, s); err != nil {
+		if err := compatible(h, s, true); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// compatible reports why s may not share h's address, or nil.
-func compatible(h *holder, s *Service) error {
+// compatible reports why s may not share h's address, or nil. joinRules adds the rules that
+// hold only for a Service joining the address (not yet among its users): an address shared
+// before a rule existed stays shared (an address never moves because metalvip changed).
+func compatible(h *holder, s *Service, joinRules bool) error {
 	others := make([]string, 0, len(h.users))
 	for k := range h.users {
 		if k != s.Key {
@@ -134,6 +136,11 @@ func compatible(h *holder, s *Service) error {
 	}
 	if h.local != s.LocalTraffic {
 		e := errorf(ErrSharing, "address %s is shared by %s with externalTrafficPolicy %s; Services sharing an address must have the same externalTrafficPolicy", h.ip, first, etp(h.local))
+		e.Holder = others[0]
+		return e
+	}
+	if joinRules && s.LocalTraffic && !hasUser(h, s.Key) && h.selector != s.Selector {
+		e := errorf(ErrSharing, "address %s is shared by %s, whose pods are selected by %q; Services with externalTrafficPolicy Local share an address only when they select the same pods (only nodes running them announce it)", h.ip, first, h.selector)
 		e.Holder = others[0]
 		return e
 	}
@@ -250,7 +257,7 @@ func (a *Allocator) tryPool(s *Service, fams []Family, p *pool, cur Allocation) 
 func (a *Allocator) pick(s *Service, f Family, p *pool, cur Allocation, got []netip.Addr) (netip.Addr, error) {
 	want := requested(s, f)
 	if c := ofFamily(cur.IPs, f, got...); c.IsValid() && cur.Pool == p.Name && (!want.IsValid() || want == c) {
-		if h := a.held[c]; h == nil || compatible(h, s) == nil {
+		if h := a.held[c]; h == nil || compatible(h, s, true) == nil {
 			return c, nil
 		}
 	}
@@ -262,7 +269,7 @@ func (a *Allocator) pick(s *Service, f Family, p *pool, cur Allocation, got []ne
 			if _, mine := h.users[s.Key]; mine && len(h.users) == 1 {
 				return want, nil
 			}
-			if err := compatible(h, s); err != nil {
+			if err := compatible(h, s, true); err != nil {
 				return netip.Addr{}, err
 			}
 			return want, nil
@@ -275,7 +282,7 @@ func (a *Allocator) pick(s *Service, f Family, p *pool, cur Allocation, got []ne
 	if s.SharingKey != "" {
 		var best *holder
 		for ip, h := range a.byKey[s.SharingKey] {
-			if FamilyOf(ip) != f || !p.contains(ip) || (p.AvoidBuggyIPs && buggy(ip)) || compatible(h, s) != nil {
+			if FamilyOf(ip) != f || !p.contains(ip) || (p.AvoidBuggyIPs && buggy(ip)) || compatible(h, s, true) != nil {
 				continue
 			}
 			if best == nil || ip.Less(best.ip) {

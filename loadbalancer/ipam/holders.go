@@ -76,7 +76,7 @@ func (a *Allocator) hold(s *Service, ip netip.Addr, poolName string) {
 			a.unindexKey(h)
 			h.key = s.SharingKey
 		}
-		h.local = s.LocalTraffic
+		h.local, h.selector = s.LocalTraffic, s.Selector
 	}
 	h.users[s.Key] = slices.Clone(s.Ports)
 	if h.key != "" {

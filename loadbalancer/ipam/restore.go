@@ -12,7 +12,8 @@ import (
 func (a *Allocator) Restore(s Service, al Allocation) error {
 	for _, ip := range al.IPs {
 		if h := a.held[ip]; h != nil {
-			if err := compatible(h, &s); err != nil {
+			// Not as a joiner: an address shared before the selector rule stays shared.
+			if err := compatible(h, &s, false); err != nil {
 				e := errorf(ErrConflict, "address %s in this Service's status is also held by %s: %v", ip, serviceKeys(sortedUsers(h)), err)
 				e.Holder = sortedUsers(h)[0]
 				return e

@@ -223,6 +223,9 @@ func (a *Allocations) request(svc *v1.Service) (ipam.Service, error) {
 		LocalTraffic: svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
 		Published:    statusIPs(svc),
 	}
+	if s.LocalTraffic {
+		s.Selector = labels.Set(svc.Spec.Selector).String() // sorted by key: one form
+	}
 	if ns, err := a.namespaces.Get(svc.Namespace); err == nil {
 		s.NamespaceLabels = ns.Labels
 	}
