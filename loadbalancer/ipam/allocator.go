@@ -249,12 +249,12 @@ func (p *pool) admits(s *Service) bool {
 }
 
 type holder struct {
-	ip    netip.Addr
-	pool  string // the pool the address was given from, or restored with
+	ip       netip.Addr
+	pool     string // the pool the address was given from, or restored with
 	key      string // sharing key; "" is not shareable
 	local    bool
-	selector string // of its Local Services
-	users map[string][]Port // Service key to its ports
+	selector string            // of its Local Services
+	users    map[string][]Port // Service key to its ports
 }
 
 type record struct {
