@@ -80,6 +80,9 @@ func Convert(in Config, passwordNamespace string) Conversion {
 	in.communities = slices.SortedFunc(slices.Values(in.communities), func(a, b mlbCommunity) int { return byName(a.Meta, b.Meta) })
 	in.bfdProfiles = slices.SortedFunc(slices.Values(in.bfdProfiles), func(a, b mlbBFDProfile) int { return byName(a.Meta, b.Meta) })
 
+	if in.lbClass != "" {
+		out.General = append(out.General, fmt.Sprintf("CHECK: MetalLB served only Services of loadBalancerClass %q (its --lb-class): give metalvip's CCM the same class (cloud-config services.loadBalancerClass: %s), or those Services get no address from metalvip", in.lbClass, in.lbClass))
+	}
 	for _, key := range sortedKeys(in.unknown) {
 		out.General = append(out.General, fmt.Sprintf("CHECK: %s in %s has fields this converter does not know (a newer MetalLB?), not converted: %s", strings.Replace(key, "/", " ", 1), in.Namespace, strings.Join(in.unknown[key], ", ")))
 	}

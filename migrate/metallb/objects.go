@@ -144,6 +144,9 @@ type Config struct {
 	communities []mlbCommunity
 	bfdProfiles []mlbBFDProfile
 	namespaces  []kubeNamespace // nil: not known (files without Namespace objects)
+	// lbClass is the loadBalancerClass MetalLB served alone (its controller's --lb-class), ""
+	// when none or not known.
+	lbClass string
 	// unknown lists fields this converter does not know, per object: a newer MetalLB's, to
 	// be reported rather than dropped unseen.
 	unknown map[string][]string

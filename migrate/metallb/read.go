@@ -132,6 +132,9 @@ func (c *Config) take(u *unstructured.Unstructured) (string, error) {
 		return "", fmt.Errorf("ConfigMap %s/%s is MetalLB's configuration before v0.13 (address-pools in data.config), which this converter does not read: convert it to MetalLB's custom resources first with MetalLB's own configmaptocrs, then convert those", u.GetNamespace(), u.GetName())
 	}
 	if gv.Group != metalLBGroup {
+		if gv.Group == "apps" && (kind == "Deployment" || kind == "DaemonSet") && u.GetNamespace() == c.Namespace {
+			c.noteClass(u)
+		}
 		return "other:" + kind, nil
 	}
 	if _, ok := metalLBKinds[kind]; !ok {
@@ -187,6 +190,17 @@ func (c *Config) ReadCluster(ctx context.Context, cfg *rest.Config) ([]string, e
 			}
 		}
 	}
+	// MetalLB's workloads say whether it served one loadBalancerClass alone.
+	for _, res := range []string{"deployments", "daemonsets"} {
+		list, err := dyn.Resource(schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: res}).Namespace(c.Namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			skipped = append(skipped, fmt.Sprintf("%s in %s: %v; whether MetalLB served one loadBalancerClass alone (--lb-class) is not known", res, c.Namespace, err))
+			continue
+		}
+		for i := range list.Items {
+			c.noteClass(&list.Items[i])
+		}
+	}
 	nss, err := client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		skipped = append(skipped, fmt.Sprintf("namespaces: %v; pools whose namespaceSelectors need resolving keep the first selector", err))
@@ -204,4 +218,25 @@ func (c *Config) ReadCluster(ctx context.Context, cfg *rest.Config) ([]string, e
 func legacyConfig(u *unstructured.Unstructured) bool {
 	cfg, _, _ := unstructured.NestedString(u.Object, "data", "config")
 	return strings.Contains(cfg, "address-pools")
+}
+
+// noteClass notes the loadBalancerClass a MetalLB workload (its controller or speaker) was
+// started with (--lb-class): MetalLB then served only Services of that class.
+func (c *Config) noteClass(u *unstructured.Unstructured) {
+	containers, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
+	for _, ct := range containers {
+		m, ok := ct.(map[string]any)
+		if !ok {
+			continue
+		}
+		args, _, _ := unstructured.NestedStringSlice(m, "args")
+		for i, a := range args {
+			switch {
+			case strings.HasPrefix(a, "--lb-class="):
+				c.lbClass = strings.TrimPrefix(a, "--lb-class=")
+			case a == "--lb-class" && i+1 < len(args):
+				c.lbClass = args[i+1]
+			}
+		}
+	}
 }

@@ -55,6 +55,14 @@ func TestReadingMetalLBObjects(t *testing.T) {
 			skipped: "1 ConfigMap objects: not MetalLB's configuration",
 		},
 		{
+			name: "a MetalLB started with --lb-class served that class alone: said",
+			in: "{apiVersion: apps/v1, kind: Deployment, metadata: {name: controller, namespace: metallb-system}, spec: {template: {spec: {containers: [{name: controller, args: [--port=7472, --lb-class=metallb.io/lb]}]}}}}\n---\n" +
+				pool("gold", `{addresses: [203.0.113.0/24]}`),
+			general: `CHECK: MetalLB served only Services of loadBalancerClass "metallb.io/lb" (its --lb-class): give metalvip's CCM the same class (cloud-config services.loadBalancerClass: metallb.io/lb), or those Services get no address from metalvip`,
+			skipped: "1 Deployment objects: not MetalLB's configuration",
+			objects: 1,
+		},
+		{
 			name:     "an object that is not MetalLB's shape is an error naming it",
 			in:       pool("gold", `{addresses: "203.0.113.0/24"}`),
 			errorHas: "IPAddressPool metallb-system/gold does not decode as MetalLB's IPAddressPool",
