@@ -24,6 +24,17 @@ import (
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
+// ctlStatus is what `metalvipctl status` prints over the kubeconfig kc; it fails t if the
+// command fails.
+func ctlStatus(t *testing.T, kc string) string {
+	t.Helper()
+	out, err := exec.Command(ctlBinary, "status", "--kubeconfig", kc).CombinedOutput()
+	if err != nil {
+		t.Fatalf("metalvipctl status: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
 func lineWith(text, sub string) string {
 	for _, l := range strings.Split(text, "\n") {
 		if strings.Contains(l, sub) {
@@ -78,20 +89,17 @@ func TestAnnouncing(t *testing.T) {
 	t.Run("metalvipctl status shows pools, Services, announcing nodes and agents", func(t *testing.T) {
 		c.T = t
 		kc := c.Srv.Kubeconfig(t, nil)
-		var table []byte
+		var table string
 		harness.Eventually(t, 30*time.Second, "status names the pool and announcing node of every web Service", func() bool {
-			out, err := exec.Command(ctlBinary, "status", "--kubeconfig", kc).CombinedOutput()
-			if err != nil {
-				t.Fatalf("metalvipctl status: %v\n%s", err, out)
-			}
+			out := ctlStatus(t, kc)
 			table = out
 			for i, v := range vips {
-				line := lineWith(string(out), fmt.Sprintf("%s/web-%d ", c.NS, i))
+				line := lineWith(out, fmt.Sprintf("%s/web-%d ", c.NS, i))
 				if !strings.Contains(line, v.String()) || !strings.Contains(line, "l2-"+c.NS) || !strings.Contains(line, c.Owner(v)) {
 					return false
 				}
 			}
-			return strings.Contains(string(out), "l2-"+c.NS) && strings.Count(string(out), "reachable") >= 3
+			return strings.Contains(out, "l2-"+c.NS) && strings.Count(out, "reachable") >= 3
 		})
 		t.Logf("metalvipctl status:\n%s", table)
 		out, err := exec.Command(ctlBinary, "status", "--kubeconfig", kc, "-o", "json").Output()
@@ -125,18 +133,15 @@ func TestAnnouncing(t *testing.T) {
 		if l, _ := c.Srv.Client.CoreV1().Events(c.NS).List(ctx, metav1.ListOptions{}); len(l.Items) != 0 {
 			t.Fatalf("%d Events left", len(l.Items))
 		}
-		out, err = exec.Command(ctlBinary, "status", "--kubeconfig", kc).CombinedOutput()
-		if err != nil {
-			t.Fatalf("metalvipctl status: %v\n%s", err, out)
-		}
+		status := ctlStatus(t, kc)
 		for i, v := range vips {
-			line := lineWith(string(out), fmt.Sprintf("%s/web-%d ", c.NS, i))
+			line := lineWith(status, fmt.Sprintf("%s/web-%d ", c.NS, i))
 			if !strings.Contains(line, v.String()) || !strings.Contains(line, c.Owner(v)) {
 				t.Errorf("with no Event left, status says %q for %s (answered by %s)", line, v, c.Owner(v))
 			}
 		}
-		if strings.Count(string(out), "reachable") < 3 {
-			t.Errorf("with no Event left, status shows no agent reachable:\n%s", out)
+		if strings.Count(status, "reachable") < 3 {
+			t.Errorf("with no Event left, status shows no agent reachable:\n%s", status)
 		}
 		svc, err := c.Srv.Client.CoreV1().Services(c.NS).Get(ctx, "web-0", metav1.GetOptions{})
 		if err != nil {
@@ -146,7 +151,7 @@ func TestAnnouncing(t *testing.T) {
 		if !strings.Contains(string(y), "type: metalvip.io/Announced") || !strings.Contains(string(y), c.Owner(vips[0])) {
 			t.Errorf("web-0's status does not show the Announced condition naming %s:\n%s", c.Owner(vips[0]), y)
 		}
-		t.Logf("metalvipctl status with every Event deleted:\n%s\nweb-0 status:\n%s", out, y)
+		t.Logf("metalvipctl status with every Event deleted:\n%s\nweb-0 status:\n%s", status, y)
 	})
 
 	t.Run("externalTrafficPolicy Local follows the endpoints", func(t *testing.T) {

@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"net/netip"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -31,11 +30,7 @@ func TestSeveralVIPsOnDistinctNodes(t *testing.T) {
 	t.Logf("owners %v", c.Owners(vips))
 	kc := c.Srv.Kubeconfig(t, nil)
 	harness.Eventually(t, 30*time.Second, "metalvipctl status names each address's node", func() bool {
-		out, err := exec.Command(ctlBinary, "status", "--kubeconfig", kc).CombinedOutput()
-		if err != nil {
-			t.Fatalf("metalvipctl status: %v\n%s", err, out)
-		}
-		line := lineWith(string(out), c.NS+"/multi ")
+		line := lineWith(ctlStatus(t, kc), c.NS+"/multi ")
 		for _, v := range vips {
 			if !strings.Contains(line, v.String()+": "+c.Owner(v)) {
 				return false
@@ -105,11 +100,7 @@ func TestPerClientSpreading(t *testing.T) {
 	}
 	kc := c.Srv.Kubeconfig(t, nil)
 	harness.Eventually(t, 30*time.Second, "metalvipctl status names the three nodes, per client", func() bool {
-		out, err := exec.Command(ctlBinary, "status", "--kubeconfig", kc).CombinedOutput()
-		if err != nil {
-			t.Fatalf("metalvipctl status: %v\n%s", err, out)
-		}
-		line := lineWith(string(out), c.NS+"/spread ")
+		line := lineWith(ctlStatus(t, kc), c.NS+"/spread ")
 		return strings.Contains(line, "node1, node2, node3 (per client)")
 	})
 
