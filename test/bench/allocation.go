@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -104,7 +103,7 @@ func allocation(m *testenv.Main, srv *kubeapi.Server, ccmBin string, n, i, agent
 	args := []string{"--kubeconfig", kc, "--cloud-config", cfg, "--leader-elect=false", "--secure-port=0", "--controllers=service-lb-controller"}
 	// The CCM's metrics (its queues' latency, its client's) on a loopback port, open without
 	// credentials; the heap profile too when asked for.
-	profPort := freePort(m)
+	profPort := testenv.FreePort(m)
 	args = append(args, fmt.Sprintf("--secure-port=%d", profPort), "--bind-address=127.0.0.1", "--profiling",
 		"--authentication-skip-lookup", "--authorization-always-allow-paths=/healthz,/metrics,/debug/pprof/heap,/debug/pprof/profile")
 	metricsURL := fmt.Sprintf("https://127.0.0.1:%d/metrics", profPort)
@@ -300,16 +299,6 @@ func durOrMore(d time.Duration) string {
 		return "past the last bucket"
 	}
 	return figure.Duration(d)
-}
-
-// freePort is a loopback TCP port free now.
-func freePort(m *testenv.Main) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		m.Fatalf("a free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // deleteServices deletes the n Services of ns and waits until they are gone.

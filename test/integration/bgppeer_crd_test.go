@@ -14,6 +14,7 @@ import (
 	"github.com/metalvip/metalvip/loadbalancer/pools"
 	"github.com/metalvip/metalvip/nodeagent/bgp"
 	"github.com/metalvip/metalvip/test/kubeapi"
+	"github.com/metalvip/metalvip/test/testenv"
 )
 
 // TestBGPPeerCRDValidation sends peers straight to the API server: the CRD's schema and CEL rules
@@ -102,7 +103,7 @@ func newValidatingSpeaker(t *testing.T) *validatingSpeaker {
 	t.Helper()
 	s, err := bgp.New(context.Background(), bgp.Config{
 		RouterID: netip.MustParseAddr("198.51.100.10"), ASN: 64497,
-		ListenPort: int32(freePort(t)), ListenAddresses: []netip.Addr{netip.MustParseAddr("127.0.0.1")},
+		ListenPort: int32(testenv.FreePort(t)), ListenAddresses: []netip.Addr{netip.MustParseAddr("127.0.0.1")},
 	})
 	if err != nil {
 		t.Fatal(err)

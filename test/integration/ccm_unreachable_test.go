@@ -18,6 +18,7 @@ import (
 	cloudproviderapi "k8s.io/cloud-provider/api"
 
 	"github.com/metalvip/metalvip/test/kubeapi"
+	"github.com/metalvip/metalvip/test/testenv"
 )
 
 // gate is a TCP forwarder to the API server that refuses connections until opened: the API
@@ -32,7 +33,7 @@ type gate struct {
 
 func newGate(t *testing.T, target string) *gate {
 	t.Helper()
-	g := &gate{addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), target: target}
+	g := &gate{addr: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), target: target}
 	t.Cleanup(g.close)
 	return g
 }
@@ -99,7 +100,7 @@ func TestTheCCMWaitsForAnUnreachableAPIServer(t *testing.T) {
 	kc := srv.Kubeconfig(t, cfg)
 	ccm := startCCM(t, srv, "", "--kubeconfig", kc, "--authentication-kubeconfig", kc, "--authorization-kubeconfig", kc,
 		"--leader-elect=true", "--leader-elect-resource-namespace=kube-system", "--leader-elect-resource-name=metalvip-unreachable-test",
-		"--secure-port", fmt.Sprint(freePort(t)), "--bind-address=127.0.0.1")
+		"--secure-port", fmt.Sprint(testenv.FreePort(t)), "--bind-address=127.0.0.1")
 
 	// Longer than every start-up wait of the framework (WaitForAPIServer gives up after 10 s).
 	const unreachable = 15 * time.Second

@@ -328,7 +328,7 @@ func (r *docRun) startInstalledCCM(ns string) *testenv.Proc {
 		case strings.HasPrefix(a, "--cloud-config="):
 			args = append(args, "--cloud-config="+filepath.Join(dir, "cloud-config.yaml"))
 		case strings.HasPrefix(a, "--secure-port="):
-			args = append(args, fmt.Sprintf("--secure-port=%d", freePort(t)))
+			args = append(args, fmt.Sprintf("--secure-port=%d", testenv.FreePort(t)))
 		case strings.HasPrefix(a, "--bind-address="):
 			args = append(args, "--bind-address=127.0.0.1")
 		default:

@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"slices"
 	"strings"
@@ -30,6 +29,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/metalvip/metalvip/test/kubeapi"
+	"github.com/metalvip/metalvip/test/testenv"
 )
 
 // manifestDocs returns the documents of manifests/install.yaml.
@@ -158,7 +158,7 @@ func TestCCMRunsWithTheManifestsRBAC(t *testing.T) {
 	}
 	cfg := rest.CopyConfig(srv.Config)
 	cfg.BearerToken = tok.Status.Token
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	ccm := startCCM(t, srv, fastConfig, "--kubeconfig", srv.Kubeconfig(t, cfg), "--leader-elect=true",
 		"--leader-elect-resource-namespace=kube-system", "--secure-port", fmt.Sprint(port), "--bind-address=127.0.0.1")
 
@@ -191,16 +191,6 @@ func TestCCMRunsWithTheManifestsRBAC(t *testing.T) {
 }
 
 func ptrInt64(v int64) *int64 { return &v }
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // typed converts the one object of the kind and name in docs into out.
 func typed(t *testing.T, docs []*unstructured.Unstructured, kind, name string, out any) {

@@ -285,7 +285,7 @@ allocation:
 		}
 		r.kcfg = r.srv.Kubeconfig(r.m, nil)
 	}
-	port := freePort(r.m)
+	port := testenv.FreePort(r.m)
 	args := []string{"--kubeconfig", r.kcfg, "--cloud-config", r.cfg, "--leader-elect=false",
 		"--controllers=service-lb-controller", "--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(port),
 		"--profiling", "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics,/debug/pprof/*"}

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"runtime"
 	"slices"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/metalvip/metalvip/test/harness/figure"
 	"github.com/metalvip/metalvip/test/harness/proc"
-	"github.com/metalvip/metalvip/test/testenv"
 )
 
 // report is docs/benchmarks-scale.md.
@@ -144,15 +142,6 @@ func balance(prim map[string]int, nodes int) string {
 		return "none"
 	}
 	return fmt.Sprintf("%d to %d", slices.Min(counts), slices.Max(counts))
-}
-
-func freePort(m *testenv.Main) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		m.Fatalf("%v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func splitFields(s string) []string { return strings.Fields(s) }

@@ -1,11 +1,12 @@
 // Package testenv holds what every metalvip test harness shares: the rule for skipping when a
-// test's prerequisites are missing, the repository's root, and a process starter whose children
-// die with the test binary.
+// test's prerequisites are missing, the repository's root, a process starter whose children
+// die with the test binary, and a free port.
 package testenv
 
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -105,6 +106,17 @@ func GoBuild(dir, pkg string) (string, error) {
 		return "", fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
 	}
 	return out, nil
+}
+
+// FreePort is a loopback TCP port free now, or fails t.
+func FreePort(t TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
 
 // BuildMain builds the main packages pkgs (as GoBuild) into a new temporary folder for a test
