@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -22,6 +20,7 @@ import (
 	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/figure"
 	"github.com/metalvip/metalvip/test/harness/proc"
+	"github.com/metalvip/metalvip/test/lab"
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
@@ -242,8 +241,7 @@ func arpLatency(m *testenv.Main, r *report, c *cluster.Cluster) {
 		for {
 			p, _, err := cl.Read()
 			if err != nil {
-				var ne net.Error
-				if errors.As(err, &ne) && ne.Timeout() {
+				if lab.IsTimeout(err) {
 					break
 				}
 				continue

@@ -67,6 +67,13 @@ func eth0Address(is func(netip.Addr) bool) (*net.Interface, netip.Addr, error) {
 
 func (a arpAsker) request(vip netip.Addr) error { return a.c.Request(vip) }
 
+// IsTimeout reports whether err is a read's deadline passing (rather than a frame it could not
+// parse).
+func IsTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
 // read returns the next ARP reply to self until deadline. Announcements (gratuitous ARP, whose
 // target is the address itself) and answers to other addresses of the host (another asker's)
 // are not answers: ok false.
@@ -74,8 +81,7 @@ func (a arpAsker) read(deadline time.Time) (vip netip.Addr, mac string, ok bool,
 	_ = a.c.SetReadDeadline(deadline)
 	p, _, err := a.c.Read()
 	if err != nil {
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
+		if IsTimeout(err) {
 			return netip.Addr{}, "", false, err
 		}
 		return netip.Addr{}, "", false, nil // a frame that is not ARP

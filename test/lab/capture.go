@@ -224,8 +224,7 @@ func (h *Host) AskEvery(vip netip.Addr, every time.Duration) (stop func(), err e
 		for {
 			_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 			if _, _, err := c.Read(); err != nil {
-				var ne net.Error
-				if !errors.As(err, &ne) || !ne.Timeout() {
+				if !IsTimeout(err) {
 					return
 				}
 			}

@@ -1,7 +1,6 @@
 package lab
 
 import (
-	"errors"
 	"net"
 	"net/netip"
 	"slices"
@@ -81,8 +80,7 @@ func TestLinkClientsAndForgedRequests(t *testing.T) {
 	for seen < 3 && time.Now().Before(deadline) {
 		q, eth, err := listener.Read()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
+			if IsTimeout(err) {
 				break
 			}
 			continue
@@ -102,8 +100,7 @@ func readReply(c *arp.Client, from netip.Addr, wait time.Duration) *arp.Packet {
 	for time.Now().Before(deadline) {
 		p, _, err := c.Read()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
+			if IsTimeout(err) {
 				return nil
 			}
 			continue

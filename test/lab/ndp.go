@@ -1,7 +1,6 @@
 package lab
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -85,8 +84,7 @@ func (a *ndpAsker) read(deadline time.Time) (vip netip.Addr, mac string, ok bool
 	b := make([]byte, 1500)
 	n, _, _, err := a.pc.ReadFrom(b)
 	if err != nil {
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
+		if IsTimeout(err) {
 			return netip.Addr{}, "", false, err
 		}
 		return netip.Addr{}, "", false, nil
