@@ -62,8 +62,11 @@ type enrollEnv struct {
 	dir string
 }
 
-func newEnrollEnv(t *testing.T, srv *kubeapi.Server) *enrollEnv {
+// newEnrollEnv is a namespace of the shared API server with the agents' ServiceAccount and
+// another.
+func newEnrollEnv(t *testing.T) *enrollEnv {
 	t.Helper()
+	srv := kubeapi.Get(t)
 	e := &enrollEnv{t: t, srv: srv, ns: srv.Namespace(t), ctx: context.Background(), dir: t.TempDir()}
 	for _, sa := range []string{"metalvip-agent", "someone-else"} {
 		if err := nodetoken.ServiceAccount(e.ctx, srv.Client, e.ns, sa); err != nil {
@@ -164,8 +167,7 @@ func dialAgent(t *testing.T, src certs.Source, node string, addr netip.AddrPort)
 // expiry, twice, while a Watch stream stays up; an agent holding a token of a Pod on another node is
 // never enrolled.
 func TestAnAgentIsEnrolledForItsNodeAndRenewedWithoutADroppedStream(t *testing.T) {
-	srv := kubeapi.Get(t)
-	e := newEnrollEnv(t, srv)
+	e := newEnrollEnv(t)
 	nodeA, nodeB := e.ns+"-a", e.ns+"-b"
 	e.node(nodeA)
 	e.node(nodeB)
@@ -175,7 +177,7 @@ func TestAnAgentIsEnrolledForItsNodeAndRenewedWithoutADroppedStream(t *testing.T
 	tokStolen, _ := e.token("agent-a-copy", "metalvip-agent", nodeA, identity.Audience)
 	const validity = 30 * time.Second
 	auth := e.authority(validity)
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	addrA := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.41"), uint16(port))
 	addrB := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.42"), uint16(port))
 	agentA := e.startAgent(nodeA, addrA, tokA)
@@ -270,7 +272,7 @@ func TestAnAgentIsEnrolledForItsNodeAndRenewedWithoutADroppedStream(t *testing.T
 		}
 	})
 	t.Run("the node's key is kept on its disk alone, in no Secret", func(t *testing.T) {
-		secrets, err := srv.Client.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
+		secrets, err := e.srv.Client.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -294,13 +296,12 @@ func TestAnAgentIsEnrolledForItsNodeAndRenewedWithoutADroppedStream(t *testing.T
 // for a name that is an address (issue 30, fault 4: it was a DNS SAN, and the CCM enrolled the
 // node again every few seconds, forever).
 func TestANodeNamedByAnIPAddressIsEnrolled(t *testing.T) {
-	srv := kubeapi.Get(t)
-	e := newEnrollEnv(t, srv)
+	e := newEnrollEnv(t)
 	const node = "198.51.100.20" // Nodes are cluster-wide: no other test names one so
 	e.node(node)
 	tok, _ := e.token("agent-ip", "metalvip-agent", node, identity.Audience)
 	auth := e.authority(time.Hour)
-	addr := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.43"), uint16(freePort(t)))
+	addr := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.43"), uint16(testenv.FreePort(t)))
 	agent := e.startAgent(node, addr, tok)
 
 	agents := agentclient.New(agentclient.Config{Port: int(addr.Port()), Enroll: auth, Timeout: 2 * time.Second}, 1, agentclient.Hooks{})
@@ -333,8 +334,7 @@ func TestANodeNamedByAnIPAddressIsEnrolled(t *testing.T) {
 // a real TokenReview: only a token of the agents' ServiceAccount, for the agents' audience,
 // unexpired, bound to a live Pod on the node dialled, with a request signed by its key.
 func TestEnrollmentRefusesWhatDoesNotProveTheNode(t *testing.T) {
-	srv := kubeapi.Get(t)
-	e := newEnrollEnv(t, srv)
+	e := newEnrollEnv(t)
 	node, other := e.ns+"-n", e.ns+"-o"
 	e.node(node)
 	e.node(other)
@@ -344,15 +344,15 @@ func TestEnrollmentRefusesWhatDoesNotProveTheNode(t *testing.T) {
 	otherSA, _ := e.token("other-sa", "someone-else", node, identity.Audience)
 	apiAudience, _ := e.token("api-audience", "metalvip-agent", node, "https://kubernetes.default.svc")
 	deleted, pod := e.token("deleted", "metalvip-agent", node, identity.Audience)
-	if err := srv.Client.CoreV1().Pods(e.ns).Delete(e.ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+	if err := e.srv.Client.CoreV1().Pods(e.ns).Delete(e.ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 		t.Fatal(err)
 	}
-	waitGone(t, srv.Client, e.ns, pod.Name)
-	expired, err := nodetoken.Expired(good, filepath.Join(srv.Dir, "sa.key"))
+	waitGone(t, e.srv.Client, e.ns, pod.Name)
+	expired, err := nodetoken.Expired(good, filepath.Join(e.srv.Dir, "sa.key"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	unbound, err := nodetoken.Unbound(e.ctx, srv.Client, e.ns, "metalvip-agent", identity.Audience, time.Hour)
+	unbound, err := nodetoken.Unbound(e.ctx, e.srv.Client, e.ns, "metalvip-agent", identity.Audience, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
