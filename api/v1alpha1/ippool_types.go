@@ -193,8 +193,8 @@ type Announce struct {
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.virtualMAC) || !has(self.spreading) || self.spreading != 'PerClient'",message="virtualMAC gives each address one MAC, which one node holds at a time; spreading PerClient answers from several nodes at once: use one or the other"
 type L2Announce struct {
-	// Interfaces the agents answer ARP and NDP on. Empty: the interface that holds the node's
-	// address on the segment.
+	// Interfaces the agents answer ARP and NDP on. Empty: each agent's own --interfaces, by
+	// default the interface of its node's default route.
 	//
 	// +kubebuilder:validation:MaxItems=16
 	// +kubebuilder:validation:items:MaxLength=15

@@ -37,9 +37,9 @@ func convertL2Advertisements(an *v1alpha1.Announce, ads []*mlbL2Advertisement, a
 	if len(ads) > 0 {
 		switch {
 		case allIfaces && len(ifaces) > 0:
-			add("spec.announce.l2", "CHECK: MetalLB answered on every interface for some nodes and on %s for others; metalvip answers on the interface holding the node's address on the segment unless interfaces are listed", strings.Join(sortedKeys(ifaces), ", "))
+			add("spec.announce.l2", "CHECK: MetalLB answered on every interface for some nodes and on %s for others; metalvip answers only on each agent's --interfaces (by default the interface of the node's default route) unless interfaces are listed", strings.Join(sortedKeys(ifaces), ", "))
 		case allIfaces:
-			add("spec.announce", "MetalLB answered on every interface; metalvip answers on the interface that holds the node's address on the segment: list l2.interfaces if clients reach the nodes through others")
+			add("spec.announce", "%s", everyInterface)
 		default:
 			var valid []string
 			for _, i := range sortedKeys(ifaces) {
@@ -162,3 +162,7 @@ func nodeSelector(an *v1alpha1.Announce, perAd [][]metav1.LabelSelector, add fun
 		add("spec.announce.nodeSelector", "CHECK: MetalLB announced from nodes matching any of %s; metalvip takes one selector, the first is kept. Give those nodes one common label and select it", formatSelectors(all))
 	}
 }
+
+// everyInterface is the note on an L2 pool MetalLB answered on every interface; Convert says
+// once, as a CHECK, which pools have it.
+const everyInterface = "MetalLB answered on every interface; metalvip answers only on each agent's --interfaces, by default the interface of the node's default route: list l2.interfaces if clients reach the nodes through others"

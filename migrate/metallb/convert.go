@@ -138,6 +138,15 @@ func Convert(in Config, passwordNamespace string) Conversion {
 		}
 		out.Objects = append(out.Objects, o)
 	}
+	var everywhere []string
+	for _, o := range out.Objects {
+		if slices.ContainsFunc(o.Notes, func(n Note) bool { return n.Text == everyInterface }) {
+			everywhere = append(everywhere, o.Name)
+		}
+	}
+	if len(everywhere) > 0 {
+		out.General = append(out.General, fmt.Sprintf("CHECK: MetalLB answered ARP and NDP for %s on every interface of a node; metalvip answers only on each agent's --interfaces, by default the interface of the node's default route. If clients reach the nodes through another interface, list it in the pool's spec.announce.l2.interfaces or in the agents' --interfaces", strings.Join(everywhere, ", ")))
+	}
 	for _, p := range in.peers {
 		o, skipped := convertPeer(p, in, passwordNamespace)
 		if skipped != "" {

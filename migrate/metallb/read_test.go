@@ -63,6 +63,12 @@ func TestReadingMetalLBObjects(t *testing.T) {
 			objects: 1,
 		},
 		{
+			name:    "L2 pools MetalLB answered on every interface are named once, flagged",
+			in:      pool("gold", `{addresses: [203.0.113.0/28]}`) + pool("silver", `{addresses: [203.0.113.16/28]}`) + doc("L2Advertisement", "v1beta1", "l2", `{}`),
+			general: "CHECK: MetalLB answered ARP and NDP for gold, silver on every interface of a node; metalvip answers only on each agent's --interfaces, by default the interface of the node's default route. If clients reach the nodes through another interface, list it in the pool's spec.announce.l2.interfaces or in the agents' --interfaces",
+			objects: 2,
+		},
+		{
 			name:     "an object that is not MetalLB's shape is an error naming it",
 			in:       pool("gold", `{addresses: "203.0.113.0/24"}`),
 			errorHas: "IPAddressPool metallb-system/gold does not decode as MetalLB's IPAddressPool",
