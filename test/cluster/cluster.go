@@ -142,9 +142,7 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 	c.kcfg = srv.Kubeconfig(t, cfg)
 	c.ccmCfg = filepath.Join(t.TempDir(), "cloud-config.yaml")
 	c.PKI = t.TempDir()
-	tlsConfig := fmt.Sprintf(`caFile: %[1]s/ca.crt
-  certFile: %[1]s/ccm.crt
-  keyFile: %[1]s/ccm.key`, c.PKI)
+	tlsConfig := pki.CCMConfig(c.PKI)
 	if !opts.Files {
 		// The CA, its ConfigMap and the agents' ServiceAccount in the cluster's namespace: each
 		// test's cluster has a CA of its own.

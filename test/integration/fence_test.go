@@ -98,14 +98,12 @@ func announcingConfig(dir string, port int) string {
 	return fmt.Sprintf(`
 agent:
   port: %d
-  caFile: %[2]s/ca.crt
-  certFile: %[2]s/ccm.crt
-  keyFile: %[2]s/ccm.key
+  %s
   timeout: 2s
 allocation:
   pendingRetry: 1s
   poolStatusInterval: 200ms
-`, port, dir)
+`, port, pki.CCMConfig(dir))
 }
 
 func lbService(t *testing.T, srv *kubeapi.Server, ns, name, pool string) string {

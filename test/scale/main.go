@@ -34,6 +34,7 @@ import (
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/test/harness"
 	"github.com/metalvip/metalvip/test/harness/figure"
+	"github.com/metalvip/metalvip/test/harness/pki"
 	"github.com/metalvip/metalvip/test/harness/proc"
 	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/testenv"
@@ -268,19 +269,16 @@ func (r *run) startCCM(name string) {
 		// would not; at 5 s the CCM counted slow agents unreachable by the thousand and
 		// replanned around them (the first runs: see the reading). A dead agent's refused
 		// connection is seen at once whatever the timeout.
-		dir := r.fl.dir
 		if err := os.WriteFile(r.cfg, fmt.Appendf(nil, `
 agent:
   port: %d
-  caFile: %[2]s/ca.crt
-  certFile: %[2]s/ccm.crt
-  keyFile: %[2]s/ccm.key
+  %s
   timeout: 30s
 failover:
   maxCandidates: %d
 allocation:
   poolStatusInterval: 1s
-`, *agentPort, dir, *candidates), 0o600); err != nil {
+`, *agentPort, pki.CCMConfig(r.fl.dir), *candidates), 0o600); err != nil {
 			r.m.Fatalf("%v", err)
 		}
 		r.kcfg = r.srv.Kubeconfig(r.m, nil)

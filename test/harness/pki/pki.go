@@ -101,6 +101,14 @@ func Files(dir, name string) certs.Files {
 	return certs.Files{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, name+".crt"), Key: filepath.Join(dir, name+".key")}
 }
 
+// CCMConfig is the TLS settings of a CCM cloud-config's agent section for the agents' PKI in
+// dir (caFile, certFile, keyFile: the CCM's files), a line each, the lines after the first
+// indented as the section's keys.
+func CCMConfig(dir string) string {
+	f := Files(dir, "ccm")
+	return fmt.Sprintf("caFile: %s\n  certFile: %s\n  keyFile: %s", f.CA, f.Cert, f.Key)
+}
+
 // APIServer writes a Kubernetes CA (ca.crt) and a kube-apiserver serving pair signed by it
 // (apiserver.crt, apiserver.key) for the DNS name kubernetes and addrs into dir.
 func APIServer(dir string, validity time.Duration, addrs ...netip.Addr) error {
