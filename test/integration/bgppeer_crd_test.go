@@ -22,8 +22,7 @@ import (
 // instead. Every accepted peer is then given, converted as the CCM and the agent convert it,
 // to a real BGP speaker of the agent, whose own validation must take it.
 func TestBGPPeerCRDValidation(t *testing.T) {
-	srv := kubeapi.Get(t)
-	dyn := srv.InstallCRDs(t)
+	dyn := kubeapi.Get(t).InstallCRDs(t)
 	speaker := newValidatingSpeaker(t)
 	const peer = `address: 198.51.100.1, peerASN: 64496, myASN: 64497`
 	cases := []crdCase{
@@ -182,8 +181,7 @@ var genPeerAddress = mostly(
 // submits them to the real API server: every peer it accepts must be taken by the agent's
 // own BGP speaker, converted as the CCM and the agent convert it.
 func TestPeersTheCRDAcceptsAreAcceptedByTheCCMAndTheAgent(t *testing.T) {
-	srv := kubeapi.Get(t)
-	dyn := srv.InstallCRDs(t)
+	dyn := kubeapi.Get(t).InstallCRDs(t)
 	speaker := newValidatingSpeaker(t)
 	asn := mostly(rapid.OneOf(rapid.SampledFrom([]int64{1, 64496, 65535, 4294967295}), rapid.Int64Range(1, 4294967295)), rapid.SampledFrom([]int64{0, -1, 4294967296}))
 	checkCRDParity(t, dyn, "BGPPeer", func(rt *rapid.T) map[string]any {

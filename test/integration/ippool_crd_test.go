@@ -95,8 +95,7 @@ func checkRefusal(t *testing.T, tc crdCase, err error) {
 // wrong. What it accepts, the allocator and the agents accept too: every accepted pool is
 // converted here as they convert it.
 func TestIPPoolCRDValidation(t *testing.T) {
-	srv := kubeapi.Get(t)
-	dyn := srv.InstallCRDs(t)
+	dyn := kubeapi.Get(t).InstallCRDs(t)
 	cases := []crdCase{
 		{"an IPv4 CIDR is accepted", `addresses: [203.0.113.0/24]`, ""},
 		{"IPv4 and IPv6 CIDRs and ranges in one pool are accepted",
@@ -290,8 +289,7 @@ func poolParseErrors(p *v1alpha1.IPPool) []error {
 }
 
 func TestIPPoolCRDDefaults(t *testing.T) {
-	srv := kubeapi.Get(t)
-	dyn := srv.InstallCRDs(t)
+	dyn := kubeapi.Get(t).InstallCRDs(t)
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": v1alpha1.GroupVersion.String(), "kind": "IPPool",
 		"metadata": map[string]any{"name": "defaults"},
@@ -312,8 +310,7 @@ func TestIPPoolCRDDefaults(t *testing.T) {
 }
 
 func TestDocumentedPoolExampleIsAcceptedByTheCRD(t *testing.T) {
-	srv := kubeapi.Get(t)
-	dyn := srv.InstallCRDs(t)
+	dyn := kubeapi.Get(t).InstallCRDs(t)
 	data, err := os.ReadFile("../../docs/examples/ippool.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -493,8 +490,7 @@ func genAddressRange(t *rapid.T) string {
 // submits them to the real API server: every pool it accepts must parse as the allocator and
 // the agents parse it.
 func TestPoolsTheCRDAcceptsAreAcceptedByTheCCMAndTheAgents(t *testing.T) {
-	srv := kubeapi.Get(t)
-	dyn := srv.InstallCRDs(t)
+	dyn := kubeapi.Get(t).InstallCRDs(t)
 	checkCRDParity(t, dyn, "IPPool", func(rt *rapid.T) map[string]any {
 		spec := map[string]any{}
 		var addrs []any

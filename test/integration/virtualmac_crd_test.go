@@ -13,8 +13,7 @@ import (
 // the CEL rules alone refuse it with per-client spreading and refuse the addresses that could
 // give two of the pool's addresses one MAC; what they accept, the CCM's decoder takes whole.
 func TestIPPoolCRDVirtualMAC(t *testing.T) {
-	srv := kubeapi.Get(t)
-	dyn := srv.InstallCRDs(t)
+	dyn := kubeapi.Get(t).InstallCRDs(t)
 	pool := func(addrs, vm string) string {
 		return fmt.Sprintf(`{addresses: [%s], announce: {l2: {virtualMAC: %s}}}`, addrs, vm)
 	}
