@@ -74,7 +74,7 @@ printed on that node. Every file is checked with the agent's own rules before an
 	f.StringArrayVar(&o.bgpPeers, "bgp-peer", nil, "BGP: a router, ADDRESS,ASN (repeat for each)")
 	f.BoolVar(&o.bfd, "bfd", true, "BGP: BFD with the routers")
 	f.StringVar(&o.interval, "heartbeat-interval", "", "L2: heartbeat interval (default 50ms; failover takes 3 of them)")
-	f.StringVar(&o.image, "image", "metalvip/metalvip-agent:v0.1.0", "the agent's image for the static pod")
+	f.StringVar(&o.image, "image", "ghcr.io/metalvip/metalvip-agent:v0.1.0", "the agent's image for the static pod (make images tags it so; make release prints it by digest)")
 	f.StringVar(&o.tlsDir, "tls-dir", "", "the host folder of the agent's TLS files (ca.crt, NODE.crt, NODE.key from `metalvipctl certs`): the same agent then also serves the CCM's Service VIPs")
 	f.StringVar(&o.out, "out", "", "folder to write one sub-folder per node into")
 	return cmd
