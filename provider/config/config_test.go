@@ -3,9 +3,13 @@ package config
 import (
 	"net/netip"
 	"os"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/yaml"
 )
 
 func TestParseAcceptsAFullFile(t *testing.T) {
@@ -151,4 +155,35 @@ func TestDocumentedExampleParses(t *testing.T) {
 	if _, err := Parse(data); err != nil {
 		t.Errorf("docs/examples/cloud-config.yaml: %v", err)
 	}
+	// Complete: it sets every field but those it cannot set beside enroll, and the unused one.
+	var m map[string]any
+	if err := yaml.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	set := leaves(m, "")
+	for _, p := range configPaths(reflect.TypeFor[Config](), "") {
+		if !slices.Contains(set, p) && !slices.Contains([]string{"agent.caFile", "agent.certFile", "agent.keyFile", "agent.insecure", "failover.keySecret"}, p) {
+			t.Errorf("docs/examples/cloud-config.yaml, called complete, does not set %s", p)
+		}
+	}
+}
+
+// leaves lists the dotted paths of a decoded YAML document's values; a list's are those of its
+// items.
+func leaves(v any, prefix string) []string {
+	switch x := v.(type) {
+	case map[string]any:
+		var out []string
+		for k, c := range x {
+			out = append(out, leaves(c, prefix+k+".")...)
+		}
+		return out
+	case []any:
+		var out []string
+		for _, c := range x {
+			out = append(out, leaves(c, prefix)...)
+		}
+		return out
+	}
+	return []string{strings.TrimSuffix(prefix, ".")}
 }
