@@ -314,11 +314,28 @@ type request struct {
 // each request on its own (a hanging one delays no other), at most maxInFlight at once and
 // maxRequests in all.
 type lister struct {
+	loops
 	mu   sync.Mutex
 	reqs []request
-	stop chan struct{}
-	once sync.Once // closes stop
-	wg   sync.WaitGroup
+}
+
+// loops are a watcher's goroutines, which end once stop is closed.
+type loops struct {
+	stop  chan struct{}
+	once  sync.Once // closes stop
+	wg    sync.WaitGroup
+	after func() // once they ended, if set
+}
+
+// Stop ends the goroutines and waits for them, once.
+func (l *loops) Stop() {
+	l.once.Do(func() {
+		close(l.stop)
+		l.wg.Wait()
+		if l.after != nil {
+			l.after()
+		}
+	})
 }
 
 const (
@@ -339,7 +356,7 @@ func (e *env) startLister() *lister {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	l := &lister{stop: make(chan struct{})}
+	l := &lister{loops: loops{stop: make(chan struct{})}}
 	sem := make(chan struct{}, maxInFlight)
 	l.wg.Add(1)
 	go func() {
@@ -366,13 +383,6 @@ func (e *env) startLister() *lister {
 	}()
 	e.t.Cleanup(l.Stop)
 	return l
-}
-
-func (l *lister) Stop() {
-	l.once.Do(func() {
-		close(l.stop)
-		l.wg.Wait()
-	})
 }
 
 // between returns the requests started in [from, to), by start.
@@ -439,12 +449,9 @@ func (l *lister) outage(t0, t1 time.Time) (time.Duration, int, error) {
 
 // arpWatch asks for the VIP by ARP from the client every 20 ms and records who answers.
 type arpWatch struct {
-	c       *arp.Client
+	loops
 	mu      sync.Mutex
 	replies []arpReply
-	stop    chan struct{}
-	once    sync.Once // closes stop
-	wg      sync.WaitGroup
 }
 
 type arpReply struct {
@@ -459,7 +466,7 @@ func (e *env) watchARP() *arpWatch {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	w := &arpWatch{c: c, stop: make(chan struct{})}
+	w := &arpWatch{loops: loops{stop: make(chan struct{}), after: func() { c.Close() }}}
 	w.wg.Add(2)
 	go func() {
 		defer w.wg.Done()
@@ -486,14 +493,6 @@ func (e *env) watchARP() *arpWatch {
 	}()
 	e.t.Cleanup(w.Stop)
 	return w
-}
-
-func (w *arpWatch) Stop() {
-	w.once.Do(func() {
-		close(w.stop)
-		w.wg.Wait()
-		w.c.Close()
-	})
 }
 
 // answerers counts the answers in [from, to) by node.
