@@ -126,7 +126,8 @@ func (c *Cloud) Initialize(clientBuilder cloudprovider.ControllerClientBuilder, 
 			Namespace: ac.Enroll.Namespace, ServiceAccount: ac.Enroll.ServiceAccount, Validity: ac.Enroll.Validity.Duration,
 		})
 	case !ac.Insecure && ac.CAFile == "":
-		klog.InfoS("No agent TLS settings in the cloud-config (agent.enroll, or caFile, certFile, keyFile): addresses are allocated but not announced")
+		// Logged as an error: a CCM that announces nothing looks healthy otherwise.
+		klog.ErrorS(nil, "No agent TLS settings in the cloud-config (agent.enroll, or caFile, certFile, keyFile): addresses are allocated but nothing is announced; set agent.enroll.enabled (docs/cloud-config.md)")
 	}
 	if ac.Insecure || ac.CAFile != "" || c.enroller != nil {
 		if ac.Insecure {
