@@ -28,9 +28,10 @@ var (
 		Help:           "1 when the CCM reaches the node's agent, 0 when it does not.",
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"node"})
+	// Not metalvip_agent_applies_total: that is the agent's own, with other results.
 	agentApplies = metrics.NewCounterVec(&metrics.CounterOpts{
-		Namespace: "metalvip", Name: "agent_applies_total",
-		Help:           "Desired states pushed to agents, by result: ok, refused (items or the whole state), fenced (the agent holds a newer term), error.",
+		Namespace: "metalvip", Subsystem: "ccm", Name: "pushes_total",
+		Help:           "Desired states the CCM pushed to agents, by result: ok, refused (the whole state refused), fenced (the agent holds a newer term), error (unreachable, or it holds another generation).",
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"result"})
 	registerMetrics sync.Once
