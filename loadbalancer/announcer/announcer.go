@@ -242,7 +242,13 @@ func (a *Announcer) Register(factory informers.SharedInformerFactory, dyn dynami
 	// install that applies it with the CCM; an upgrade by Helm, which leaves out a chart's new
 	// CRDs) the loop announces all the same and writes the records once it is.
 	rec := dyn.ForResource(v1alpha1.ServiceAnnouncementResource)
-	a.records, a.recordsSynced = rec.Lister(), rec.Informer().HasSynced
+	if err := rec.Informer().SetTransform(compactRecord); err != nil {
+		klog.ErrorS(err, "The ServiceAnnouncements' informer started before the announcer could compact its objects")
+	}
+	// The generic lister, not rec.Lister(): the dynamic one asserts unstructured objects, and
+	// compactRecord stores typed ones.
+	a.records = cache.NewGenericLister(rec.Informer().GetIndexer(), v1alpha1.ServiceAnnouncementResource.GroupResource())
+	a.recordsSynced = rec.Informer().HasSynced
 	_, _ = rec.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    a.recordChanged,
 		UpdateFunc: func(_, o any) { a.recordChanged(o) },

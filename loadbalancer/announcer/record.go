@@ -81,15 +81,35 @@ func (a *Announcer) heldRecord(key string) *v1alpha1.ServiceAnnouncement {
 	if err != nil {
 		return nil
 	}
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return nil
+	switch r := obj.(type) {
+	case *v1alpha1.ServiceAnnouncement:
+		return r // compacted by the informer (compactRecord); only read
+	case *unstructured.Unstructured:
+		return decodeRecord(r)
 	}
+	return nil
+}
+
+// decodeRecord is a ServiceAnnouncement as the announcer reads it: typed, without managed
+// fields; one that does not decode keeps only its name (so that it is rewritten).
+func decodeRecord(u *unstructured.Unstructured) *v1alpha1.ServiceAnnouncement {
 	var rec v1alpha1.ServiceAnnouncement
 	if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &rec) != nil {
-		return &v1alpha1.ServiceAnnouncement{ObjectMeta: metav1.ObjectMeta{Namespace: u.GetNamespace(), Name: u.GetName()}}
+		return &v1alpha1.ServiceAnnouncement{ObjectMeta: metav1.ObjectMeta{Namespace: u.GetNamespace(), Name: u.GetName(), ResourceVersion: u.GetResourceVersion()}}
 	}
+	rec.ManagedFields = nil
 	return &rec
+}
+
+// compactRecord is the records informer's transform: it keeps a ServiceAnnouncement typed and
+// without managed fields. As unstructured objects with the managed fields of their
+// server-side applies, 10,000 records held about 70 MiB of the CCM's heap (make bench,
+// allocation of 10,000 Services).
+func compactRecord(obj any) (any, error) {
+	if u, ok := obj.(*unstructured.Unstructured); ok {
+		return decodeRecord(u), nil
+	}
+	return obj, nil
 }
 
 // writeRecord makes key's ServiceAnnouncement say who announces addrs (svc nil: the Service is

@@ -6,6 +6,9 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
@@ -50,5 +53,36 @@ func TestARecordIsWrittenWhenItDiffersFromThePlan(t *testing.T) {
 	}
 	if o := want.OwnerReferences[0]; o.Kind != "Service" || o.APIVersion != "v1" || o.UID != svc.UID || o.Controller == nil || !*o.Controller {
 		t.Errorf("owner %+v: want the Service, as its controller, so that it is deleted with it", o)
+	}
+}
+
+// TestTheRecordsInformerKeepsThemCompact: the informer's transform turns a ServiceAnnouncement
+// into the typed record without its managed fields, and one still reads as the same record;
+// one that does not decode keeps its name (and is rewritten); anything else passes.
+func TestTheRecordsInformerKeepsThemCompact(t *testing.T) {
+	svc := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front", UID: "u2", Generation: 3}}
+	want := recordFor(svc, []desired.Address{{Addr: netip.MustParseAddr("203.0.113.7"), Mode: desired.ModeL2, Nodes: []string{"node1", "node2"}}})
+	held := want.DeepCopy()
+	held.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "metalvip-announcer", Operation: metav1.ManagedFieldsOperationApply, FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:addresses":{}}`)}}}
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := compactRecord(&unstructured.Unstructured{Object: obj})
+	rec, ok := got.(*v1alpha1.ServiceAnnouncement)
+	if err != nil || !ok {
+		t.Fatalf("compacted to %T, %v; want a typed record", got, err)
+	}
+	if len(rec.ManagedFields) != 0 || !sameRecord(rec, want) || !desired.RecordOf(rec, svc.UID) {
+		t.Errorf("compacted %+v; want the same record (owner included) without managed fields", rec)
+	}
+	bad := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "metalvip.io/v1alpha1", "kind": "ServiceAnnouncement",
+		"metadata": map[string]any{"namespace": "web", "name": "front"}, "addresses": "not a list"}}
+	if got, _ := compactRecord(bad); got.(*v1alpha1.ServiceAnnouncement).Name != "front" || sameRecord(got.(*v1alpha1.ServiceAnnouncement), want) {
+		t.Errorf("an undecodable record compacted to %+v; want its name alone, which differs from the plan", got)
+	}
+	tomb := cache.DeletedFinalStateUnknown{Key: "web/front"}
+	if got, _ := compactRecord(tomb); got != tomb {
+		t.Errorf("a tombstone became %v", got)
 	}
 }
