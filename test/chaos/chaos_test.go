@@ -769,15 +769,11 @@ func answerers(c *cluster.Cluster, vips []netip.Addr) map[netip.Addr][]string {
 	return out
 }
 
+// waitUntil is harness.WithinEvery at 100 ms (its conditions ask the wire or the router), for
+// the soak's checks that go on when cond never held.
 func waitUntil(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return true
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return false
+	_, ok := harness.WithinEvery(d, 100*time.Millisecond, cond)
+	return ok
 }
 
 func equalAddresses(a, b map[string][]string) bool {

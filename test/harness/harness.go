@@ -17,14 +17,30 @@ import (
 // with what was waited for when cond never held.
 func Eventually(t testenv.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
+	took, ok := Within(timeout, cond)
+	if !ok {
+		t.Fatalf("%s: not within %s", what, timeout)
+	}
+	return took
+}
+
+// Within polls cond every 20 ms for up to timeout, and says whether it held and how long that
+// took: Eventually for a caller that goes on when it does not (a soak that records a
+// violation and carries on).
+func Within(timeout time.Duration, cond func() bool) (time.Duration, bool) {
+	return WithinEvery(timeout, 20*time.Millisecond, cond)
+}
+
+// WithinEvery is Within polling every every, for a cond that costs (one that asks the wire).
+func WithinEvery(timeout, every time.Duration, cond func() bool) (time.Duration, bool) {
 	start := time.Now()
 	for !cond() {
 		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s", what, timeout)
+			return time.Since(start), false
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(every)
 	}
-	return time.Since(start)
+	return time.Since(start), true
 }
 
 // Parallel calls f(i) for every i from 0 to n-1 from workers goroutines at once (worker k takes
