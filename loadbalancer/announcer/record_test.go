@@ -63,7 +63,7 @@ func TestTheRecordsInformerKeepsThemCompact(t *testing.T) {
 	svc := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front", UID: "u2", Generation: 3}}
 	want := recordFor(svc, []desired.Address{{Addr: netip.MustParseAddr("203.0.113.7"), Mode: desired.ModeL2, Nodes: []string{"node1", "node2"}}})
 	held := want.DeepCopy()
-	held.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "metalvip-announcer", Operation: metav1.ManagedFieldsOperationApply, FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:addresses":{}}`)}}}
+	held.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "metalvip-announcer", Operation: metav1.ManagedFieldsOperationApply, FieldsV1: metav1.NewFieldsV1(`{"f:addresses":{}}`)}}
 	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(held)
 	if err != nil {
 		t.Fatal(err)
