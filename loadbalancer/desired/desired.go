@@ -260,7 +260,10 @@ func NodeAddress(n *v1.Node) netip.Addr {
 // Services behind it (namespace/name, sorted); addrs gives each node's data-plane address;
 // weights (from Weights; nil for none) weight a BGP VIP's route on each of its nodes.
 func Announcement(e planner.Entry, v planner.VIP, pool *pools.Pool, services []string, addrs func(node string) netip.Addr, weights map[string]uint32) *agentv1.Announcement {
-	an := &agentv1.Announcement{Vip: v.Addr.String(), Services: services}
+	// A copy: the announcement goes to the agents' senders, which marshal it while the
+	// announcer changes its own list in place (a Service leaving an address). Sharing it was a
+	// data race: a CCM died marshalling a state while 10,000 Services were deleted.
+	an := &agentv1.Announcement{Vip: v.Addr.String(), Services: slices.Clone(services)}
 	if v.Mode == planner.BGP {
 		an.Mode = agentv1.Mode_MODE_BGP
 		an.Bgp = &agentv1.BGPAnnouncement{}

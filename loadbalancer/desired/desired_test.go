@@ -289,3 +289,17 @@ func TestAnAddressInNoPoolIsAnnouncedFromNoNode(t *testing.T) {
 		t.Errorf("an address in no pool may be announced by nodes: selector %v", v.NodeSelector)
 	}
 }
+
+// TestAnAnnouncementSharesNothingTheAnnouncerChanges: the Services behind a VIP are copied into
+// its announcement, which the agents' senders marshal while the announcer sorts and shrinks its
+// own list in place.
+func TestAnAnnouncementSharesNothingTheAnnouncerChanges(t *testing.T) {
+	services := []string{"web/a", "web/b", "web/c"}
+	v := planner.VIP{Addr: netip.MustParseAddr("203.0.113.1"), Mode: planner.L2}
+	an := Announcement(planner.Entry{Mode: planner.L2, Nodes: []string{"n1"}}, v, nil, services, func(string) netip.Addr { return netip.Addr{} }, nil)
+	services = slices.DeleteFunc(services, func(s string) bool { return s == "web/a" })
+	services[0] = "changed"
+	if got := an.GetServices(); !slices.Equal(got, []string{"web/a", "web/b", "web/c"}) {
+		t.Errorf("the announcement's Services changed with the announcer's list: %v", got)
+	}
+}
