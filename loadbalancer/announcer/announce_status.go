@@ -13,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
-	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
@@ -78,17 +77,12 @@ func (a *Announcer) writeCondition(key string) {
 		return
 	}
 	s.conds[key] = text
-	if cur != nil && cur.Status == c.Status && cur.Reason == c.Reason && cur.Message == c.Message && cur.ObservedGeneration == c.ObservedGeneration {
+	st, shown := report.ServiceCondition(cur, c)
+	if shown {
 		return // written before (by this or an earlier leader)
 	}
-	ltt := metav1.NewTime(time.Now())
-	if cur != nil && cur.Status == c.Status {
-		ltt = cur.LastTransitionTime
-	}
 	ns, name := svc.Namespace, svc.Name
-	ac := corev1ac.Service(name, ns).WithStatus(corev1ac.ServiceStatus().WithConditions(metav1ac.Condition().
-		WithType(c.Type).WithStatus(c.Status).WithReason(c.Reason).WithMessage(c.Message).
-		WithObservedGeneration(c.ObservedGeneration).WithLastTransitionTime(ltt)))
+	ac := corev1ac.Service(name, ns).WithStatus(st)
 	a.writer.SetPaced("svc/"+key, func(ctx context.Context) error {
 		_, err := a.cfg.Client.CoreV1().Services(ns).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: report.ManagerAnnouncer, Force: true})
 		return err

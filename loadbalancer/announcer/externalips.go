@@ -6,13 +6,11 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
-	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/loadbalancer/desired"
@@ -83,17 +81,12 @@ func (a *Announcer) externalIPsStatus(svc *v1.Service, ext []netip.Addr, refused
 	if !asks && cur == nil {
 		return
 	}
-	if cur != nil && asks && cur.Status == c.Status && cur.Reason == c.Reason && cur.Message == c.Message && cur.ObservedGeneration == c.ObservedGeneration {
-		return
-	}
-	st := corev1ac.ServiceStatus()
+	st := corev1ac.ServiceStatus() // not asking: the condition goes
 	if asks {
-		ltt := metav1.NewTime(time.Now())
-		if cur != nil && cur.Status == c.Status {
-			ltt = cur.LastTransitionTime
+		var shown bool
+		if st, shown = report.ServiceCondition(cur, c); shown {
+			return
 		}
-		st = st.WithConditions(metav1ac.Condition().WithType(c.Type).WithStatus(c.Status).WithReason(c.Reason).
-			WithMessage(c.Message).WithObservedGeneration(c.ObservedGeneration).WithLastTransitionTime(ltt))
 	}
 	ns, name := svc.Namespace, svc.Name
 	ac := corev1ac.Service(name, ns).WithStatus(st)

@@ -2,12 +2,15 @@ package report
 
 import (
 	"context"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
@@ -71,3 +74,18 @@ const ConditionAgentReachable = "metalvip.io/AgentReachable"
 // ManagerExternalIPs owns a Service's ExternalIPsAnnounced condition (apart from the
 // announcer's Announced condition: one apply each).
 const ManagerExternalIPs = "metalvip-external-ips"
+
+// ServiceCondition is the status, to apply on a Service that shows cur (nil: none), that sets
+// c: its transition time kept while its status stays. shown reports that cur says c already
+// (written before, by this process or an earlier one): nothing to write.
+func ServiceCondition(cur *metav1.Condition, c metav1.Condition) (st *corev1ac.ServiceStatusApplyConfiguration, shown bool) {
+	if cur != nil && cur.Status == c.Status && cur.Reason == c.Reason && cur.Message == c.Message && cur.ObservedGeneration == c.ObservedGeneration {
+		return nil, true
+	}
+	ltt := metav1.NewTime(time.Now())
+	if cur != nil && cur.Status == c.Status {
+		ltt = cur.LastTransitionTime
+	}
+	return corev1ac.ServiceStatus().WithConditions(metav1ac.Condition().WithType(c.Type).WithStatus(c.Status).WithReason(c.Reason).
+		WithMessage(c.Message).WithObservedGeneration(c.ObservedGeneration).WithLastTransitionTime(ltt)), false
+}

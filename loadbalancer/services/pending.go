@@ -2,13 +2,11 @@ package services
 
 import (
 	"context"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
-	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/loadbalancer/desired"
@@ -28,16 +26,12 @@ func (a *Allocations) pending(ctx context.Context, svc *v1.Service, reason, msg 
 	}
 	a.cfg.Recorder.Event(svc, v1.EventTypeWarning, reason, msg)
 	cur := meta.FindStatusCondition(svc.Status.Conditions, desired.ConditionAllocated)
-	if cur != nil && cur.Status == metav1.ConditionFalse && cur.Reason == reason && cur.Message == msg && cur.ObservedGeneration == svc.Generation {
+	st, shown := report.ServiceCondition(cur, metav1.Condition{Type: desired.ConditionAllocated, Status: metav1.ConditionFalse,
+		Reason: reason, Message: msg, ObservedGeneration: svc.Generation})
+	if shown {
 		return // written before (by this or an earlier leader)
 	}
-	ltt := metav1.NewTime(time.Now())
-	if cur != nil && cur.Status == metav1.ConditionFalse {
-		ltt = cur.LastTransitionTime
-	}
-	ac := corev1ac.Service(svc.Name, svc.Namespace).WithStatus(corev1ac.ServiceStatus().WithConditions(metav1ac.Condition().
-		WithType(desired.ConditionAllocated).WithStatus(metav1.ConditionFalse).WithReason(reason).WithMessage(msg).
-		WithObservedGeneration(svc.Generation).WithLastTransitionTime(ltt)))
+	ac := corev1ac.Service(svc.Name, svc.Namespace).WithStatus(st)
 	if _, err := a.cfg.Client.CoreV1().Services(svc.Namespace).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: report.ManagerAllocator, Force: true}); err != nil {
 		klog.ErrorS(err, "Cannot write the Service's Allocated condition; tried again with the next attempt", "service", serviceKey(svc))
 		a.mu.Lock()
