@@ -44,7 +44,7 @@ type loopState struct {
 	cutOff   cutOff                // unreachable nodes and the nodes that heartbeat them as departing
 	cpVIPs   map[string]netip.Addr // node -> the control-plane VIP its agent reports serving
 
-	conds     map[string]string                 // Service -> condition last set (its text form)
+	conds     map[string]uint64                 // Service -> condition last set (conditionSum; noCondition: removed)
 	passwords map[string]string                 // peer -> last password read
 	statusSet map[string]string                 // pool/peer/node status last set (text form)
 	conflicts map[string][]desired.PeerConflict // node -> peers left off it
@@ -106,7 +106,7 @@ func newLoopState(maxCandidates int, records Records) loopState {
 		pushes:    pushes{},
 		cutOff:    newCutOff(),
 		cpVIPs:    map[string]netip.Addr{},
-		conds:     map[string]string{},
+		conds:     map[string]uint64{},
 		passwords: map[string]string{},
 		statusSet: map[string]string{},
 		conflicts: map[string][]desired.PeerConflict{},
