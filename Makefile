@@ -29,9 +29,10 @@ version: ## Print the version and commit that make links into the binaries.
 	@echo $(VERSION) $(COMMIT)
 
 .PHONY: build
-build: ## Build the binaries into bin/.
+build: ## Build the binaries into bin/ (and bin/kubectl-metalvip, kubectl's plugin: a link to metalvipctl).
 	@mkdir -p bin
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINARIES))
+	ln -sf metalvipctl bin/kubectl-metalvip
 
 .PHONY: demo
 demo: deps ## The lab demonstration (as root): the whole system, a table of who answers what, a failover. KEEP=1 keeps it up.
@@ -129,10 +130,11 @@ test-unit: ## Run only the tests that need neither root nor an API server.
 	$(GO) test -count=1 -short ./...
 
 .PHONY: lint
-lint: ## gofmt, go vet and staticcheck.
+lint: ## gofmt, go vet, staticcheck, and metalvipctl built for macOS.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(TOOL) staticcheck ./...
+	GOOS=darwin GOARCH=arm64 $(GO) build -o /dev/null ./cmd/metalvipctl  # metalvipctl runs on an operator's Mac
 	cd hack/tools && $(GO) vet $(TOOLS_PACKAGES) && $(GO) tool staticcheck $(TOOLS_PACKAGES)
 
 .PHONY: generate
