@@ -122,7 +122,7 @@ func (a *Announcer) writeRecord(key string, svc *v1.Service, addrs []desired.Add
 	res := a.cfg.Dynamic.Resource(v1alpha1.ServiceAnnouncementResource)
 	if want == nil {
 		ns, name := have.Namespace, have.Name
-		a.writer.SetPaced("record/"+key, func(ctx context.Context) error {
+		a.writer.SetPacedPart("svc/"+key, report.PartRecord, func(ctx context.Context) error {
 			err := res.Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{})
 			if apierrors.IsNotFound(err) {
 				return nil
@@ -135,7 +135,7 @@ func (a *Announcer) writeRecord(key string, svc *v1.Service, addrs []desired.Add
 	// writes wait for the pacer, and what each holds sets the CCM's peak memory (make bench,
 	// allocation of 10,000 Services: 2.6 kB a record as an unstructured object, 0.55 kB typed;
 	// the Service, shared with the informer, and its addresses are about 0.15 kB).
-	a.writer.SetPaced("record/"+key, func(ctx context.Context) error {
+	a.writer.SetPacedPart("svc/"+key, report.PartRecord, func(ctx context.Context) error {
 		want := recordFor(svc, addrs)
 		err := report.Apply(ctx, a.cfg.Client.CoreV1().RESTClient(), want, report.ManagerAnnouncer,
 			"/apis", v1alpha1.GroupVersion.Group, v1alpha1.GroupVersion.Version, "namespaces", want.Namespace, v1alpha1.ServiceAnnouncementResource.Resource, want.Name)

@@ -128,3 +128,51 @@ func TestAPacedWriteSetAgainWhileWaitingIsMadeOnceTheLatest(t *testing.T) {
 		t.Errorf("writes made %q, want the unpaced one at once, then the latest paced write once", made)
 	}
 }
+
+func TestAKeysPartsAreMadeTogetherAndAFailedOneAloneAgain(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w := NewWriter("test-parts", nil)
+	var mu sync.Mutex
+	made := map[string]int{}
+	fails := 1 // the record's first write fails
+	write := func(v string) func(context.Context) error {
+		return func(context.Context) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if v == "record" && fails > 0 {
+				fails--
+				return errors.New("refused")
+			}
+			made[v]++
+			return nil
+		}
+	}
+	w.SetPacedPart("svc/a", PartStatus, write("condition"))
+	w.SetPacedPart("svc/a", PartRecord, write("old record"))
+	w.SetPacedPart("svc/a", PartRecord, write("record")) // the latest of a part replaces the one set before
+	if n := w.paced.Len(); n != 1 {
+		t.Errorf("the queue holds %d items for one key's two parts, want 1", n)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); w.Run(ctx, 1) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		done := made["record"] == 1
+		mu.Unlock()
+		if done || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // a second write of either would come now
+	cancel()
+	<-ran
+	mu.Lock()
+	defer mu.Unlock()
+	want := map[string]int{"condition": 1, "record": 1}
+	if len(made) != len(want) || made["condition"] != 1 || made["record"] != 1 {
+		t.Errorf("writes made %v, want %v: each part's latest once, the failed one again alone", made, want)
+	}
+}

@@ -19,8 +19,22 @@ type Writer struct {
 	pacer        *Pacer
 
 	mu      sync.Mutex
-	pending map[string]func(context.Context) error
+	pending map[string]*parts
 }
+
+// Parts a key's write may have: a Service's ServiceAnnouncement and its Announced condition
+// are two parts of one item (one queue entry, which costs more memory than either write
+// while thousands wait for the pacer); each part is the latest set, and one made is not made
+// again when another fails. Parts are made in this order: the record before the condition,
+// whose write brings the Service back to the announcer, which by then has seen the record
+// (the other way round it wrote the record again: make bench, 1.29 record writes a Service).
+const (
+	PartRecord = iota
+	PartStatus
+	numParts
+)
+
+type parts [numParts]func(context.Context) error
 
 // NewWriter returns a writer whose queues are named after name; pacer holds paced writes back.
 func NewWriter(name string, pacer *Pacer) *Writer {
@@ -28,21 +42,34 @@ func NewWriter(name string, pacer *Pacer) *Writer {
 		return workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: name})
 	}
-	return &Writer{queue: q(name), paced: q(name + "-paced"), pacer: pacer, pending: map[string]func(context.Context) error{}}
+	return &Writer{queue: q(name), paced: q(name + "-paced"), pacer: pacer, pending: map[string]*parts{}}
 }
 
 // Set makes write the next write for key.
-func (w *Writer) Set(key string, write func(context.Context) error) { w.set(w.queue, key, write) }
+func (w *Writer) Set(key string, write func(context.Context) error) {
+	w.set(w.queue, key, PartStatus, write)
+}
 
 // SetPaced makes write the next write for key, made when the pacer lets it. A key is always
 // set paced or always not.
 func (w *Writer) SetPaced(key string, write func(context.Context) error) {
-	w.set(w.paced, key, write)
+	w.SetPacedPart(key, PartStatus, write)
 }
 
-func (w *Writer) set(q workqueue.TypedRateLimitingInterface[string], key string, write func(context.Context) error) {
+// SetPacedPart makes write the next write of key's part, made when the pacer lets it, with
+// the key's other parts.
+func (w *Writer) SetPacedPart(key string, part int, write func(context.Context) error) {
+	w.set(w.paced, key, part, write)
+}
+
+func (w *Writer) set(q workqueue.TypedRateLimitingInterface[string], key string, part int, write func(context.Context) error) {
 	w.mu.Lock()
-	w.pending[key] = write
+	p := w.pending[key]
+	if p == nil {
+		p = &parts{}
+		w.pending[key] = p
+	}
+	p[part] = write
 	w.mu.Unlock()
 	q.Add(key)
 }
@@ -74,35 +101,60 @@ func (w *Writer) next(ctx context.Context, q workqueue.TypedRateLimitingInterfac
 		return false
 	}
 	w.mu.Lock()
-	write := w.pending[key]
+	p := w.pending[key]
 	delete(w.pending, key)
 	w.mu.Unlock()
-	if write == nil {
+	if p == nil {
 		return true
 	}
-	if err := write(ctx); err != nil {
-		if ctx.Err() != nil {
-			return false
+	failed := false
+	for i, write := range p {
+		if write == nil {
+			continue
 		}
-		klog.V(2).InfoS("Status write failed; retrying", "key", key, "err", err)
-		w.mu.Lock()
-		if _, newer := w.pending[key]; !newer {
-			w.pending[key] = write
+		if err := write(ctx); err != nil {
+			if ctx.Err() != nil {
+				return false
+			}
+			klog.V(2).InfoS("Status write failed; retrying", "key", key, "part", i, "err", err)
+			failed = true
+			continue
 		}
-		w.mu.Unlock()
-		q.AddRateLimited(key)
+		p[i] = nil
+	}
+	if !failed {
+		q.Forget(key)
 		return true
 	}
-	q.Forget(key)
+	// What failed is made again, unless a newer write of the same part was set meanwhile.
+	w.mu.Lock()
+	if newer := w.pending[key]; newer != nil {
+		for i, write := range p {
+			if newer[i] == nil {
+				newer[i] = write
+			}
+		}
+	} else {
+		w.pending[key] = p
+	}
+	w.mu.Unlock()
+	q.AddRateLimited(key)
 	return true
 }
 
-// TakePending drops the writes not made yet and says how many there were: for a test that
+// TakePending drops the writes not made yet and says how many there were (each part counts): for a test that
 // runs a controller's rounds by hand and counts its writes without making them.
 func (w *Writer) TakePending() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	n := len(w.pending)
+	n := 0
+	for _, p := range w.pending {
+		for _, write := range p {
+			if write != nil {
+				n++
+			}
+		}
+	}
 	clear(w.pending)
 	return n
 }
