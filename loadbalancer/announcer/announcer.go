@@ -94,7 +94,7 @@ type Announcer struct {
 	nodes     corelisters.NodeLister
 	endpoints discoverylisters.EndpointSliceLister
 	secrets   corelisters.SecretLister
-	records   cache.GenericLister // ServiceAnnouncements (record.go); nil: none written
+	records   cache.Indexer // ServiceAnnouncements as heldRecords (record.go); nil: none written
 	// recordsSynced reports whether the records are listed (their CRD served): none is
 	// written before.
 	recordsSynced cache.InformerSynced
@@ -245,9 +245,8 @@ func (a *Announcer) Register(factory informers.SharedInformerFactory, dyn dynami
 	if err := rec.Informer().SetTransform(compactRecord); err != nil {
 		klog.ErrorS(err, "The ServiceAnnouncements' informer started before the announcer could compact its objects")
 	}
-	// The generic lister, not rec.Lister(): the dynamic one asserts unstructured objects, and
-	// compactRecord stores typed ones.
-	a.records = cache.NewGenericLister(rec.Informer().GetIndexer(), v1alpha1.ServiceAnnouncementResource.GroupResource())
+	// The indexer, not rec.Lister(): compactRecord stores heldRecords.
+	a.records = rec.Informer().GetIndexer()
 	a.recordsSynced = rec.Informer().HasSynced
 	_, _ = rec.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    a.recordChanged,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
@@ -75,6 +77,44 @@ func TestRecordsAreWrittenOnceTheirCRDIsInstalled(t *testing.T) {
 	})
 	harness.Eventually(t, 30*time.Second, "metalvipctl status shows who announces once the record is there", func() bool {
 		return !strings.Contains(status(), "CRD is not installed")
+	})
+
+	// The record is the announcer's alone: one edited or deleted by hand is made again, and
+	// the one of a Service that is gone is deleted (no garbage collector runs here).
+	orig, err := records.Get(ctx, "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	said, _, _ := unstructured.NestedSlice(orig.Object, "addresses")
+	if len(said) != 1 {
+		t.Fatalf("the record says %v; want the Service's one address", said)
+	}
+	saysWhatItSaid := func() bool {
+		r, err := records.Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		now, _, _ := unstructured.NestedSlice(r.Object, "addresses")
+		return reflect.DeepEqual(now, said)
+	}
+	edited := orig.DeepCopy()
+	if err := unstructured.SetNestedSlice(edited.Object, []any{map[string]any{"address": "203.0.113.203", "mode": "BGP", "nodes": []any{"elsewhere"}}}, "addresses"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := records.Update(ctx, edited, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("editing the record by hand: %v", err)
+	}
+	harness.Eventually(t, 60*time.Second, "a record edited by hand says again who announces", saysWhatItSaid)
+	if err := records.Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 60*time.Second, "a record deleted by hand is made again", saysWhatItSaid)
+	if err := e.srv.Client.CoreV1().Services(ns).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 60*time.Second, "the record of a Service that is gone is deleted", func() bool {
+		_, err := records.Get(ctx, "web", metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
 	})
 	select {
 	case <-ccm.Done():
