@@ -3,6 +3,7 @@ package report
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -76,8 +77,16 @@ func Apply(ctx context.Context, rc rest.Interface, obj any, manager string, path
 	if err != nil {
 		return err
 	}
-	return rc.Patch(types.ApplyPatchType).AbsPath(path...).
-		Param("fieldManager", manager).Param("force", "true").Body(body).Do(ctx).Error()
+	// Stream, not Do: Do reads the whole answer into memory to decode it; the body of one that
+	// succeeded is only drained here (an error is decoded all the same).
+	answer, err := rc.Patch(types.ApplyPatchType).AbsPath(path...).
+		Param("fieldManager", manager).Param("force", "true").Body(body).Stream(ctx)
+	if err != nil {
+		return err
+	}
+	defer answer.Close()
+	_, err = io.Copy(io.Discard, answer)
+	return err
 }
 
 // ServiceStatusPath is the API path of a Service's status, for Apply.
