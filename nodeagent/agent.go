@@ -108,6 +108,9 @@ type Agent struct {
 	state    *agentv1.DesiredState // the last accepted state, as given; nil before the first
 	checked  checkedState          // state's items, checked
 	restored bool
+	// appliedBy is the build of the CCM whose Apply of the current term arrived last (nil:
+	// none since the start), for GetState.
+	appliedBy *agentv1.Build
 	// started is when the agent started; heardAny says a peer's heartbeats have shown since
 	// that it sees this node (heardFacts). standbyFor is, for each L2 VIP this node stands
 	// by for, the live candidate it stands by for; handover holds a VIP with a virtual MAC
@@ -331,7 +334,7 @@ func (a *Agent) Apply(ctx context.Context, req *agentv1.ApplyRequest) (*agentv1.
 			// Idempotent: the generation (or a newer one) is applied already; the answer says
 			// which, so that a CCM that lost count resumes from it. The leader is in touch, so
 			// the state is no longer only the one restored from disk.
-			a.restored = false
+			a.restored, a.appliedBy = false, req.GetSender()
 			return a.answerLocked(false), nil
 		}
 	}
@@ -343,7 +346,7 @@ func (a *Agent) Apply(ctx context.Context, req *agentv1.ApplyRequest) (*agentv1.
 	changed := cur == nil || !agentapi.SameContent(cur, st)
 	// Kept, not copied (a copy was a tenth of an Apply of 5,000 VIPs): gRPC decodes each request
 	// anew for the call, and nothing in the agent changes a state it holds.
-	a.state, a.restored, a.startProblems = st, false, nil
+	a.state, a.restored, a.startProblems, a.appliedBy = st, false, nil, req.GetSender()
 	if changed {
 		a.checked = a.checkState(a.state)
 		a.applyLocked(ctx)

@@ -362,6 +362,49 @@ func TestApplyIsIdempotentAndFencedByTerm(t *testing.T) {
 	}
 }
 
+// TestGetStateSaysItsBuildAndTheCCMsThatAppliedLast: an agent says its own build and the build
+// of the CCM whose Apply arrived last (metalvipctl version reads both to flag a skew); none
+// before the first Apply, and a fenced Apply of a deposed leader does not count.
+func TestGetStateSaysItsBuildAndTheCCMsThatAppliedLast(t *testing.T) {
+	h := serve(t, t.TempDir())
+	c := h.ccm(t)
+	st, err := c.GetState(ctx(t), &agentv1.GetStateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(st.GetBuild(), agentapi.ThisBuild()) || st.GetBuild().GetVersion() == "" || st.GetAppliedBy() != nil {
+		t.Errorf("before an Apply: build %v, applied by %v; want this build and none", st.GetBuild(), st.GetAppliedBy())
+	}
+	older := &agentv1.Build{Version: "v0.1.0", Commit: "0123abc"}
+	newer := &agentv1.Build{Version: "v0.2.0", Commit: "4567def"}
+	appliedBy := func() *agentv1.Build {
+		st, err := c.GetState(ctx(t), &agentv1.GetStateRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.GetAppliedBy()
+	}
+	if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(5, 1), Sender: older}); err != nil {
+		t.Fatal(err)
+	}
+	if got := appliedBy(); !proto.Equal(got, older) {
+		t.Errorf("applied by %v; want %v", got, older)
+	}
+	// The same generation from the CCM of the next version (a rolling update of the CCM).
+	if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(5, 1), Sender: newer}); err != nil {
+		t.Fatal(err)
+	}
+	if got := appliedBy(); !proto.Equal(got, newer) {
+		t.Errorf("applied again by %v; want %v", got, newer)
+	}
+	if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(4, 9), Sender: older}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("a deposed leader's Apply: %v; want FailedPrecondition", err)
+	}
+	if got := appliedBy(); !proto.Equal(got, newer) {
+		t.Errorf("after a fenced Apply, applied by %v; want still %v", got, newer)
+	}
+}
+
 func TestAStateWrongAsAWholeIsRefusedNamingTheField(t *testing.T) {
 	h := serve(t, t.TempDir())
 	c := h.ccm(t)

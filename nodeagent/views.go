@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"k8s.io/klog/v2"
 
+	"github.com/metalvip/metalvip/internal/agentapi"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
@@ -29,6 +30,10 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 		Problems:            a.problemsLocked(),
 		Refused:             cloneRefusals(a.checked.refused),
 		HeartbeatPublicKeys: a.identity.PublicKeys(),
+		Build:               agentapi.ThisBuild(),
+	}
+	if a.appliedBy != nil {
+		resp.AppliedBy = proto.Clone(a.appliedBy).(*agentv1.Build)
 	}
 	if a.opts.ControlPlane != nil {
 		resp.ControlPlane = a.opts.ControlPlane.status()

@@ -10,6 +10,7 @@ package agentapi
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -19,8 +20,17 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/metalvip/metalvip/internal/version"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
+
+// ThisBuild is this binary's build as the contract carries it (ApplyRequest.sender,
+// GetStateResponse.build): the same version and commit as its --version. Callers must not
+// change it.
+var ThisBuild = sync.OnceValue(func() *agentv1.Build {
+	i := version.Get()
+	return &agentv1.Build{Version: i.Version, Commit: i.Commit}
+})
 
 // MaxVIPsPerNode is the largest state an agent is sized for: this many VIPs on one node, with
 // three L2 candidates each or BGP communities, and names of ordinary length.

@@ -154,7 +154,7 @@ func (a *Agents) apply(ctx context.Context, c *agentConn) error {
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
 	sent := time.Now()
-	resp, err := c.client.Apply(cctx, &agentv1.ApplyRequest{State: st})
+	resp, err := c.client.Apply(cctx, &agentv1.ApplyRequest{State: st, Sender: agentapi.ThisBuild()})
 	rtt := time.Since(sent)
 	switch grpcstatus.Code(err) {
 	case codes.OK:

@@ -125,7 +125,7 @@ func (x Refusal_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Refusal_Kind.Descriptor instead.
 func (Refusal_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{13, 0}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{14, 0}
 }
 
 type Event_Kind int32
@@ -183,7 +183,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{23, 0}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{24, 0}
 }
 
 // DesiredState is everything one node should do.
@@ -1080,8 +1080,12 @@ func (x *BGPOptions) GetPrefixes() []string {
 }
 
 type ApplyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	State         *DesiredState          `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	State *DesiredState          `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	// sender is the build of the CCM that sends the state; the agent says it back in
+	// GetStateResponse.applied_by, so that `metalvipctl version` can tell the CCM's version from
+	// any agent's and flag a skew.
+	Sender        *Build `protobuf:"bytes,2,opt,name=sender,proto3" json:"sender,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1123,6 +1127,68 @@ func (x *ApplyRequest) GetState() *DesiredState {
 	return nil
 }
 
+func (x *ApplyRequest) GetSender() *Build {
+	if x != nil {
+		return x.Sender
+	}
+	return nil
+}
+
+// Build is one binary's identity, as its --version prints it.
+type Build struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// version is the release ("v0.2.0"), or "(devel)" for a build from a checkout.
+	Version string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	// commit is the source revision, "unknown" when the build recorded none.
+	Commit        string `protobuf:"bytes,2,opt,name=commit,proto3" json:"commit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Build) Reset() {
+	*x = Build{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Build) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Build) ProtoMessage() {}
+
+func (x *Build) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Build.ProtoReflect.Descriptor instead.
+func (*Build) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Build) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *Build) GetCommit() string {
+	if x != nil {
+		return x.Commit
+	}
+	return ""
+}
+
 type ApplyResponse struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Term       uint64                 `protobuf:"varint,1,opt,name=term,proto3" json:"term,omitempty"`
@@ -1141,7 +1207,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1219,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1232,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ApplyResponse) GetTerm() uint64 {
@@ -1219,7 +1285,7 @@ type Refusal struct {
 
 func (x *Refusal) Reset() {
 	*x = Refusal{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1231,7 +1297,7 @@ func (x *Refusal) String() string {
 func (*Refusal) ProtoMessage() {}
 
 func (x *Refusal) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1244,7 +1310,7 @@ func (x *Refusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Refusal.ProtoReflect.Descriptor instead.
 func (*Refusal) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Refusal) GetKind() Refusal_Kind {
@@ -1283,7 +1349,7 @@ type GetStateRequest struct {
 
 func (x *GetStateRequest) Reset() {
 	*x = GetStateRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1295,7 +1361,7 @@ func (x *GetStateRequest) String() string {
 func (*GetStateRequest) ProtoMessage() {}
 
 func (x *GetStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1308,7 +1374,7 @@ func (x *GetStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStateRequest.ProtoReflect.Descriptor instead.
 func (*GetStateRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 type GetStateResponse struct {
@@ -1338,14 +1404,19 @@ type GetStateResponse struct {
 	// control_plane is the control-plane VIP this agent serves from its local file (standalone
 	// mode, `metalvip-agent --control-plane-config`), apart from the CCM's state: it is never in
 	// state, announced or refused, and no Apply changes it. Unset without a local file.
-	ControlPlane  *ControlPlaneStatus `protobuf:"bytes,13,opt,name=control_plane,json=controlPlane,proto3" json:"control_plane,omitempty"`
+	ControlPlane *ControlPlaneStatus `protobuf:"bytes,13,opt,name=control_plane,json=controlPlane,proto3" json:"control_plane,omitempty"`
+	// build is this agent's build.
+	Build *Build `protobuf:"bytes,14,opt,name=build,proto3" json:"build,omitempty"`
+	// applied_by is the build of the CCM whose Apply arrived last (ApplyRequest.sender); unset
+	// when none has arrived since the agent started, or its CCM says none (an older one).
+	AppliedBy     *Build `protobuf:"bytes,15,opt,name=applied_by,json=appliedBy,proto3" json:"applied_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetStateResponse) Reset() {
 	*x = GetStateResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1357,7 +1428,7 @@ func (x *GetStateResponse) String() string {
 func (*GetStateResponse) ProtoMessage() {}
 
 func (x *GetStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1370,7 +1441,7 @@ func (x *GetStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStateResponse.ProtoReflect.Descriptor instead.
 func (*GetStateResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetStateResponse) GetNode() string {
@@ -1464,6 +1535,20 @@ func (x *GetStateResponse) GetControlPlane() *ControlPlaneStatus {
 	return nil
 }
 
+func (x *GetStateResponse) GetBuild() *Build {
+	if x != nil {
+		return x.Build
+	}
+	return nil
+}
+
+func (x *GetStateResponse) GetAppliedBy() *Build {
+	if x != nil {
+		return x.AppliedBy
+	}
+	return nil
+}
+
 // ControlPlaneStatus is the control-plane VIP (kubeadm's --control-plane-endpoint) as this
 // node handles it: from the local file, held only while the local kube-apiserver is ready and,
 // in L2 mode, while this node sees a majority of the control-plane nodes.
@@ -1495,7 +1580,7 @@ type ControlPlaneStatus struct {
 
 func (x *ControlPlaneStatus) Reset() {
 	*x = ControlPlaneStatus{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1507,7 +1592,7 @@ func (x *ControlPlaneStatus) String() string {
 func (*ControlPlaneStatus) ProtoMessage() {}
 
 func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1520,7 +1605,7 @@ func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
 func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ControlPlaneStatus) GetConfigFile() string {
@@ -1609,7 +1694,7 @@ type HeartbeatCounters struct {
 
 func (x *HeartbeatCounters) Reset() {
 	*x = HeartbeatCounters{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1621,7 +1706,7 @@ func (x *HeartbeatCounters) String() string {
 func (*HeartbeatCounters) ProtoMessage() {}
 
 func (x *HeartbeatCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1634,7 +1719,7 @@ func (x *HeartbeatCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatCounters.ProtoReflect.Descriptor instead.
 func (*HeartbeatCounters) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *HeartbeatCounters) GetSent() uint64 {
@@ -1693,7 +1778,7 @@ type AnnouncedVIP struct {
 
 func (x *AnnouncedVIP) Reset() {
 	*x = AnnouncedVIP{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1705,7 +1790,7 @@ func (x *AnnouncedVIP) String() string {
 func (*AnnouncedVIP) ProtoMessage() {}
 
 func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1718,7 +1803,7 @@ func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnouncedVIP.ProtoReflect.Descriptor instead.
 func (*AnnouncedVIP) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AnnouncedVIP) GetVip() string {
@@ -1793,7 +1878,7 @@ type PeerStatus struct {
 
 func (x *PeerStatus) Reset() {
 	*x = PeerStatus{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1805,7 +1890,7 @@ func (x *PeerStatus) String() string {
 func (*PeerStatus) ProtoMessage() {}
 
 func (x *PeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1818,7 +1903,7 @@ func (x *PeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatus.ProtoReflect.Descriptor instead.
 func (*PeerStatus) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PeerStatus) GetAddress() string {
@@ -1881,7 +1966,7 @@ type L2Counters struct {
 
 func (x *L2Counters) Reset() {
 	*x = L2Counters{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1893,7 +1978,7 @@ func (x *L2Counters) String() string {
 func (*L2Counters) ProtoMessage() {}
 
 func (x *L2Counters) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1906,7 +1991,7 @@ func (x *L2Counters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Counters.ProtoReflect.Descriptor instead.
 func (*L2Counters) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *L2Counters) GetArpRequests() uint64 {
@@ -1966,7 +2051,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1978,7 +2063,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1991,7 +2076,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 type WatchResponse struct {
@@ -2003,7 +2088,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2015,7 +2100,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2028,7 +2113,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WatchResponse) GetEvent() *Event {
@@ -2053,7 +2138,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2065,7 +2150,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2078,7 +2163,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -2131,7 +2216,7 @@ type EnrollRequest struct {
 
 func (x *EnrollRequest) Reset() {
 	*x = EnrollRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2143,7 +2228,7 @@ func (x *EnrollRequest) String() string {
 func (*EnrollRequest) ProtoMessage() {}
 
 func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2156,7 +2241,7 @@ func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollRequest.ProtoReflect.Descriptor instead.
 func (*EnrollRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 type EnrollResponse struct {
@@ -2175,7 +2260,7 @@ type EnrollResponse struct {
 
 func (x *EnrollResponse) Reset() {
 	*x = EnrollResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2187,7 +2272,7 @@ func (x *EnrollResponse) String() string {
 func (*EnrollResponse) ProtoMessage() {}
 
 func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2200,7 +2285,7 @@ func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollResponse.ProtoReflect.Descriptor instead.
 func (*EnrollResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *EnrollResponse) GetNode() string {
@@ -2234,7 +2319,7 @@ type InstallRequest struct {
 
 func (x *InstallRequest) Reset() {
 	*x = InstallRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2246,7 +2331,7 @@ func (x *InstallRequest) String() string {
 func (*InstallRequest) ProtoMessage() {}
 
 func (x *InstallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2259,7 +2344,7 @@ func (x *InstallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallRequest.ProtoReflect.Descriptor instead.
 func (*InstallRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *InstallRequest) GetCertificate() []byte {
@@ -2277,7 +2362,7 @@ type InstallResponse struct {
 
 func (x *InstallResponse) Reset() {
 	*x = InstallResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2289,7 +2374,7 @@ func (x *InstallResponse) String() string {
 func (*InstallResponse) ProtoMessage() {}
 
 func (x *InstallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2302,7 +2387,7 @@ func (x *InstallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallResponse.ProtoReflect.Descriptor instead.
 func (*InstallResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 var File_metalvip_agent_v1_agent_proto protoreflect.FileDescriptor
@@ -2388,9 +2473,13 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"BGPOptions\x12\x10\n" +
 	"\x03asn\x18\x01 \x01(\rR\x03asn\x12\x1b\n" +
 	"\trouter_id\x18\x02 \x01(\tR\brouterId\x12\x1a\n" +
-	"\bprefixes\x18\x03 \x03(\tR\bprefixes\"E\n" +
+	"\bprefixes\x18\x03 \x03(\tR\bprefixes\"w\n" +
 	"\fApplyRequest\x125\n" +
-	"\x05state\x18\x01 \x01(\v2\x1f.metalvip.agent.v1.DesiredStateR\x05state\"\xaf\x01\n" +
+	"\x05state\x18\x01 \x01(\v2\x1f.metalvip.agent.v1.DesiredStateR\x05state\x120\n" +
+	"\x06sender\x18\x02 \x01(\v2\x18.metalvip.agent.v1.BuildR\x06sender\"9\n" +
+	"\x05Build\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
+	"\x06commit\x18\x02 \x01(\tR\x06commit\"\xaf\x01\n" +
 	"\rApplyResponse\x12\x12\n" +
 	"\x04term\x18\x01 \x01(\x04R\x04term\x12\x1e\n" +
 	"\n" +
@@ -2408,7 +2497,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11KIND_ANNOUNCEMENT\x10\x01\x12\x11\n" +
 	"\rKIND_BGP_PEER\x10\x02\"\x11\n" +
-	"\x0fGetStateRequest\"\xe8\x04\n" +
+	"\x0fGetStateRequest\"\xd1\x05\n" +
 	"\x10GetStateResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x1e\n" +
@@ -2427,7 +2516,10 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"heartbeats\x18\f \x01(\v2$.metalvip.agent.v1.HeartbeatCountersR\n" +
 	"heartbeats\x12J\n" +
-	"\rcontrol_plane\x18\r \x01(\v2%.metalvip.agent.v1.ControlPlaneStatusR\fcontrolPlane\"\xbe\x02\n" +
+	"\rcontrol_plane\x18\r \x01(\v2%.metalvip.agent.v1.ControlPlaneStatusR\fcontrolPlane\x12.\n" +
+	"\x05build\x18\x0e \x01(\v2\x18.metalvip.agent.v1.BuildR\x05build\x127\n" +
+	"\n" +
+	"applied_by\x18\x0f \x01(\v2\x18.metalvip.agent.v1.BuildR\tappliedBy\"\xbe\x02\n" +
 	"\x12ControlPlaneStatus\x12\x1f\n" +
 	"\vconfig_file\x18\x01 \x01(\tR\n" +
 	"configFile\x121\n" +
@@ -2530,7 +2622,7 @@ func file_metalvip_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_metalvip_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_metalvip_agent_v1_agent_proto_goTypes = []any{
 	(Mode)(0),                  // 0: metalvip.agent.v1.Mode
 	(Refusal_Kind)(0),          // 1: metalvip.agent.v1.Refusal.Kind
@@ -2547,23 +2639,24 @@ var file_metalvip_agent_v1_agent_proto_goTypes = []any{
 	(*L2Options)(nil),          // 12: metalvip.agent.v1.L2Options
 	(*BGPOptions)(nil),         // 13: metalvip.agent.v1.BGPOptions
 	(*ApplyRequest)(nil),       // 14: metalvip.agent.v1.ApplyRequest
-	(*ApplyResponse)(nil),      // 15: metalvip.agent.v1.ApplyResponse
-	(*Refusal)(nil),            // 16: metalvip.agent.v1.Refusal
-	(*GetStateRequest)(nil),    // 17: metalvip.agent.v1.GetStateRequest
-	(*GetStateResponse)(nil),   // 18: metalvip.agent.v1.GetStateResponse
-	(*ControlPlaneStatus)(nil), // 19: metalvip.agent.v1.ControlPlaneStatus
-	(*HeartbeatCounters)(nil),  // 20: metalvip.agent.v1.HeartbeatCounters
-	(*AnnouncedVIP)(nil),       // 21: metalvip.agent.v1.AnnouncedVIP
-	(*PeerStatus)(nil),         // 22: metalvip.agent.v1.PeerStatus
-	(*L2Counters)(nil),         // 23: metalvip.agent.v1.L2Counters
-	(*WatchRequest)(nil),       // 24: metalvip.agent.v1.WatchRequest
-	(*WatchResponse)(nil),      // 25: metalvip.agent.v1.WatchResponse
-	(*Event)(nil),              // 26: metalvip.agent.v1.Event
-	(*EnrollRequest)(nil),      // 27: metalvip.agent.v1.EnrollRequest
-	(*EnrollResponse)(nil),     // 28: metalvip.agent.v1.EnrollResponse
-	(*InstallRequest)(nil),     // 29: metalvip.agent.v1.InstallRequest
-	(*InstallResponse)(nil),    // 30: metalvip.agent.v1.InstallResponse
-	nil,                        // 31: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	(*Build)(nil),              // 15: metalvip.agent.v1.Build
+	(*ApplyResponse)(nil),      // 16: metalvip.agent.v1.ApplyResponse
+	(*Refusal)(nil),            // 17: metalvip.agent.v1.Refusal
+	(*GetStateRequest)(nil),    // 18: metalvip.agent.v1.GetStateRequest
+	(*GetStateResponse)(nil),   // 19: metalvip.agent.v1.GetStateResponse
+	(*ControlPlaneStatus)(nil), // 20: metalvip.agent.v1.ControlPlaneStatus
+	(*HeartbeatCounters)(nil),  // 21: metalvip.agent.v1.HeartbeatCounters
+	(*AnnouncedVIP)(nil),       // 22: metalvip.agent.v1.AnnouncedVIP
+	(*PeerStatus)(nil),         // 23: metalvip.agent.v1.PeerStatus
+	(*L2Counters)(nil),         // 24: metalvip.agent.v1.L2Counters
+	(*WatchRequest)(nil),       // 25: metalvip.agent.v1.WatchRequest
+	(*WatchResponse)(nil),      // 26: metalvip.agent.v1.WatchResponse
+	(*Event)(nil),              // 27: metalvip.agent.v1.Event
+	(*EnrollRequest)(nil),      // 28: metalvip.agent.v1.EnrollRequest
+	(*EnrollResponse)(nil),     // 29: metalvip.agent.v1.EnrollResponse
+	(*InstallRequest)(nil),     // 30: metalvip.agent.v1.InstallRequest
+	(*InstallResponse)(nil),    // 31: metalvip.agent.v1.InstallResponse
+	nil,                        // 32: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
 }
 var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
 	5,  // 0: metalvip.agent.v1.DesiredState.announcements:type_name -> metalvip.agent.v1.Announcement
@@ -2578,35 +2671,38 @@ var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
 	9,  // 9: metalvip.agent.v1.BGPAnnouncement.weights:type_name -> metalvip.agent.v1.NodeWeight
 	11, // 10: metalvip.agent.v1.BGPPeer.bfd:type_name -> metalvip.agent.v1.BFD
 	3,  // 11: metalvip.agent.v1.ApplyRequest.state:type_name -> metalvip.agent.v1.DesiredState
-	16, // 12: metalvip.agent.v1.ApplyResponse.refused:type_name -> metalvip.agent.v1.Refusal
-	1,  // 13: metalvip.agent.v1.Refusal.kind:type_name -> metalvip.agent.v1.Refusal.Kind
-	21, // 14: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
-	22, // 15: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
-	23, // 16: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
-	3,  // 17: metalvip.agent.v1.GetStateResponse.state:type_name -> metalvip.agent.v1.DesiredState
-	16, // 18: metalvip.agent.v1.GetStateResponse.refused:type_name -> metalvip.agent.v1.Refusal
-	20, // 19: metalvip.agent.v1.GetStateResponse.heartbeats:type_name -> metalvip.agent.v1.HeartbeatCounters
-	19, // 20: metalvip.agent.v1.GetStateResponse.control_plane:type_name -> metalvip.agent.v1.ControlPlaneStatus
-	21, // 21: metalvip.agent.v1.ControlPlaneStatus.vip:type_name -> metalvip.agent.v1.AnnouncedVIP
-	31, // 22: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
-	0,  // 23: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
-	26, // 24: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
-	2,  // 25: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
-	14, // 26: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
-	17, // 27: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
-	24, // 28: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
-	27, // 29: metalvip.agent.v1.AgentService.Enroll:input_type -> metalvip.agent.v1.EnrollRequest
-	29, // 30: metalvip.agent.v1.AgentService.Install:input_type -> metalvip.agent.v1.InstallRequest
-	15, // 31: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
-	18, // 32: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
-	25, // 33: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
-	28, // 34: metalvip.agent.v1.AgentService.Enroll:output_type -> metalvip.agent.v1.EnrollResponse
-	30, // 35: metalvip.agent.v1.AgentService.Install:output_type -> metalvip.agent.v1.InstallResponse
-	31, // [31:36] is the sub-list for method output_type
-	26, // [26:31] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	15, // 12: metalvip.agent.v1.ApplyRequest.sender:type_name -> metalvip.agent.v1.Build
+	17, // 13: metalvip.agent.v1.ApplyResponse.refused:type_name -> metalvip.agent.v1.Refusal
+	1,  // 14: metalvip.agent.v1.Refusal.kind:type_name -> metalvip.agent.v1.Refusal.Kind
+	22, // 15: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
+	23, // 16: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
+	24, // 17: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
+	3,  // 18: metalvip.agent.v1.GetStateResponse.state:type_name -> metalvip.agent.v1.DesiredState
+	17, // 19: metalvip.agent.v1.GetStateResponse.refused:type_name -> metalvip.agent.v1.Refusal
+	21, // 20: metalvip.agent.v1.GetStateResponse.heartbeats:type_name -> metalvip.agent.v1.HeartbeatCounters
+	20, // 21: metalvip.agent.v1.GetStateResponse.control_plane:type_name -> metalvip.agent.v1.ControlPlaneStatus
+	15, // 22: metalvip.agent.v1.GetStateResponse.build:type_name -> metalvip.agent.v1.Build
+	15, // 23: metalvip.agent.v1.GetStateResponse.applied_by:type_name -> metalvip.agent.v1.Build
+	22, // 24: metalvip.agent.v1.ControlPlaneStatus.vip:type_name -> metalvip.agent.v1.AnnouncedVIP
+	32, // 25: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	0,  // 26: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
+	27, // 27: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
+	2,  // 28: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
+	14, // 29: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
+	18, // 30: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
+	25, // 31: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
+	28, // 32: metalvip.agent.v1.AgentService.Enroll:input_type -> metalvip.agent.v1.EnrollRequest
+	30, // 33: metalvip.agent.v1.AgentService.Install:input_type -> metalvip.agent.v1.InstallRequest
+	16, // 34: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
+	19, // 35: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
+	26, // 36: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
+	29, // 37: metalvip.agent.v1.AgentService.Enroll:output_type -> metalvip.agent.v1.EnrollResponse
+	31, // 38: metalvip.agent.v1.AgentService.Install:output_type -> metalvip.agent.v1.InstallResponse
+	34, // [34:39] is the sub-list for method output_type
+	29, // [29:34] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_metalvip_agent_v1_agent_proto_init() }
@@ -2620,7 +2716,7 @@ func file_metalvip_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_metalvip_agent_v1_agent_proto_rawDesc), len(file_metalvip_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
