@@ -32,12 +32,8 @@ import (
 
 func agentCommand() *cobra.Command {
 	var (
-		address, output        string
-		kube                   *genericclioptions.ConfigFlags
-		port                   int
-		tlsFiles               certs.Files
-		tlsSecret, caNamespace string
-		plaintext              bool
+		address, output string
+		d               agentDialer
 	)
 	cmd := &cobra.Command{
 		Use:   "agent NODE",
@@ -47,32 +43,24 @@ whether the node answers or advertises it and why, and for per-client L2 VIPs th
 its clients and how many of the clients seen this node answers; then its BGP sessions, its
 ARP/NDP counters and any problem.
 
-The agent answers the viewer's identity (it may read the state, never change it) and the CCM's.
-With enrolled agents (the ConfigMap metalvip-ca exists in --ca-namespace) metalvipctl asks the
-CCM for a viewer's certificate of an hour, by a CertificateSigningRequest for the signer
-metalvip.io/viewer: the kubeconfig's user needs the ClusterRole metalvip:viewer, never the CA's
-key. Otherwise it reads the viewer's identity from its Secret (--tls-secret,
-kube-system/metalvip-viewer-tls) through the kubeconfig, which takes the right to read that
-Secret; or give the files "metalvipctl certs --out DIR" wrote with --tls-ca, --tls-cert and
---tls-key (viewer.crt and viewer.key by default; ccm.crt and ccm.key work too). The agent's address is the node's InternalIP, read from the
-cluster (with kubectl's flags: --kubeconfig, else $KUBECONFIG, else ~/.kube/config; --context),
-unless --address gives it.`,
+` + agentDialHelp + ` The agent's address is the node's InternalIP, read from the cluster
+(with kubectl's flags: --kubeconfig, else $KUBECONFIG, else ~/.kube/config; --context), unless
+--address gives it.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			node := args[0]
 			if output != "table" && output != "json" {
 				return fmt.Errorf("-o %q: give table or json", output)
 			}
-			if port < 1 || port > 65535 {
-				return fmt.Errorf("--port %d: give a TCP port from 1 to 65535", port)
+			if err := d.check(); err != nil {
+				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 			defer cancel()
-			fromFiles := cmd.Flags().Changed("tls-ca") || cmd.Flags().Changed("tls-cert") || cmd.Flags().Changed("tls-key")
 			var client kubernetes.Interface
-			if address == "" || (!plaintext && !fromFiles) {
+			if address == "" || (!d.plaintext && !d.fromFiles(cmd)) {
 				var err error
-				if client, _, _, err = kubeClients(kube); err != nil {
+				if client, _, _, err = kubeClients(d.kube); err != nil {
 					return fmt.Errorf("%w (or give --address and the --tls-* files)", err)
 				}
 			}
@@ -80,47 +68,14 @@ unless --address gives it.`,
 			if err != nil {
 				return err
 			}
-			var creds credentials.TransportCredentials
-			switch {
-			case plaintext:
-				creds = insecure.NewCredentials()
-			case fromFiles:
-				cfg, err := certs.ClientConfig(tlsFiles, node)
-				if err != nil {
-					return fmt.Errorf("TLS (--tls-ca, --tls-cert, --tls-key): %w", err)
-				}
-				creds = credentials.NewTLS(cfg)
-			default:
-				// Enrolled agents (the CA's ConfigMap exists): ask the CCM for a viewer's
-				// certificate, unless a Secret is named. Else the viewer's Secret.
-				var files certs.Files
-				var cleanup func()
-				from := "Secret " + tlsSecret
-				ca, err := client.CoreV1().ConfigMaps(caNamespace).Get(ctx, identity.CAName, metav1.GetOptions{})
-				if err == nil && !cmd.Flags().Changed("tls-secret") {
-					from = "the viewer's certificate request"
-					files, cleanup, err = viewerByCSR(ctx, client, []byte(ca.Data[identity.CAKey]))
-				} else {
-					files, cleanup, err = filesFromSecret(ctx, client, tlsSecret)
-				}
-				if err != nil {
-					return err
-				}
-				defer cleanup()
-				cfg, err := certs.ClientConfig(files, node)
-				if err != nil {
-					return fmt.Errorf("TLS from %s: %w", from, err)
-				}
-				creds = credentials.NewTLS(cfg)
-			}
-			conn, err := grpc.NewClient("passthrough:///"+netip.AddrPortFrom(addr, uint16(port)).String(), append(agentapi.ClientOptions(), grpc.WithTransportCredentials(creds))...)
+			creds, cleanup, err := d.credentials(ctx, cmd, client)
 			if err != nil {
 				return err
 			}
-			defer conn.Close()
-			st, err := agentv1.NewAgentServiceClient(conn).GetState(ctx, &agentv1.GetStateRequest{})
+			defer cleanup()
+			st, err := d.state(ctx, creds, node, addr)
 			if err != nil {
-				return fmt.Errorf("agent of %s at %s: %w", node, netip.AddrPortFrom(addr, uint16(port)), err)
+				return err
 			}
 			if output == "json" {
 				b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(st)
@@ -134,18 +89,106 @@ unless --address gives it.`,
 			return nil
 		},
 	}
-	kube = kubeFlags(cmd)
+	d.addFlags(cmd)
 	f := cmd.Flags()
 	f.StringVar(&address, "address", "", "the agent's IP address (default: the node's InternalIP)")
-	f.IntVar(&port, "port", config.DefaultAgentPort, "the agent's gRPC port")
-	f.StringVar(&tlsSecret, "tls-secret", "kube-system/metalvip-viewer-tls", "NAMESPACE/NAME of the TLS Secret to read the client identity from (the viewer's by default; the CCM's, metalvip-ccm-tls, works too), through the kubeconfig, unless the --tls-* files are given")
-	f.StringVar(&caNamespace, "ca-namespace", "kube-system", "where the enrolled agents' CA ConfigMap metalvip-ca is (agent.enroll.namespace): when it exists and no --tls-* flag is given, a viewer's certificate is asked of the CCM")
-	f.StringVar(&tlsFiles.CA, "tls-ca", "ca.crt", "the CA certificate of metalvip's mutual TLS (instead of --tls-secret)")
-	f.StringVar(&tlsFiles.Cert, "tls-cert", "viewer.crt", "the viewer's (or the CCM's) client certificate (instead of --tls-secret)")
-	f.StringVar(&tlsFiles.Key, "tls-key", "viewer.key", "the viewer's (or the CCM's) client key (instead of --tls-secret)")
-	f.BoolVar(&plaintext, "insecure", false, "talk plaintext, to an agent started with --insecure")
 	f.StringVarP(&output, "output", "o", "table", "table or json")
 	return cmd
+}
+
+// agentDialHelp says how metalvipctl reaches agents (agentDialer), for the commands' help.
+const agentDialHelp = `The agent answers the viewer's identity (it may read the state, never change it) and the CCM's.
+With enrolled agents (the ConfigMap metalvip-ca exists in --ca-namespace) metalvipctl asks the
+CCM for a viewer's certificate of an hour, by a CertificateSigningRequest for the signer
+metalvip.io/viewer: the kubeconfig's user needs the ClusterRole metalvip:viewer, never the CA's
+key. Otherwise it reads the viewer's identity from its Secret (--tls-secret,
+kube-system/metalvip-viewer-tls) through the kubeconfig, which takes the right to read that
+Secret; or give the files "metalvipctl certs --out DIR" wrote with --tls-ca, --tls-cert and
+--tls-key (viewer.crt and viewer.key by default; ccm.crt and ccm.key work too).`
+
+// agentDialer is how metalvipctl reaches agents (agent, version): the cluster, the port and
+// the viewer's identity, from its flags.
+type agentDialer struct {
+	kube                   *genericclioptions.ConfigFlags
+	port                   int
+	tlsFiles               certs.Files
+	tlsSecret, caNamespace string
+	plaintext              bool
+}
+
+func (d *agentDialer) addFlags(cmd *cobra.Command) {
+	d.kube = kubeFlags(cmd)
+	f := cmd.Flags()
+	f.IntVar(&d.port, "port", config.DefaultAgentPort, "the agent's gRPC port")
+	f.StringVar(&d.tlsSecret, "tls-secret", "kube-system/metalvip-viewer-tls", "NAMESPACE/NAME of the TLS Secret to read the client identity from (the viewer's by default; the CCM's, metalvip-ccm-tls, works too), through the kubeconfig, unless the --tls-* files are given")
+	f.StringVar(&d.caNamespace, "ca-namespace", "kube-system", "where the enrolled agents' CA ConfigMap metalvip-ca is (agent.enroll.namespace): when it exists and no --tls-* flag is given, a viewer's certificate is asked of the CCM")
+	f.StringVar(&d.tlsFiles.CA, "tls-ca", "ca.crt", "the CA certificate of metalvip's mutual TLS (instead of --tls-secret)")
+	f.StringVar(&d.tlsFiles.Cert, "tls-cert", "viewer.crt", "the viewer's (or the CCM's) client certificate (instead of --tls-secret)")
+	f.StringVar(&d.tlsFiles.Key, "tls-key", "viewer.key", "the viewer's (or the CCM's) client key (instead of --tls-secret)")
+	f.BoolVar(&d.plaintext, "insecure", false, "talk plaintext, to an agent started with --insecure")
+}
+
+// check refuses flags that cannot work, before anything is asked.
+func (d *agentDialer) check() error {
+	if d.port < 1 || d.port > 65535 {
+		return fmt.Errorf("--port %d: give a TCP port from 1 to 65535", d.port)
+	}
+	return nil
+}
+
+// fromFiles says whether the identity comes from the --tls-* files.
+func (d *agentDialer) fromFiles(cmd *cobra.Command) bool {
+	return cmd.Flags().Changed("tls-ca") || cmd.Flags().Changed("tls-cert") || cmd.Flags().Changed("tls-key")
+}
+
+// credentials gets the viewer's identity once (client may be nil with --insecure or the files)
+// and returns what makes each node's credentials; cleanup removes the files it wrote.
+func (d *agentDialer) credentials(ctx context.Context, cmd *cobra.Command, client kubernetes.Interface) (creds func(node string) (credentials.TransportCredentials, error), cleanup func(), err error) {
+	if d.plaintext {
+		return func(string) (credentials.TransportCredentials, error) { return insecure.NewCredentials(), nil }, func() {}, nil
+	}
+	files, from, cleanup := d.tlsFiles, "--tls-ca, --tls-cert, --tls-key", func() {}
+	if !d.fromFiles(cmd) {
+		// Enrolled agents (the CA's ConfigMap exists): ask the CCM for a viewer's
+		// certificate, unless a Secret is named. Else the viewer's Secret.
+		from = "Secret " + d.tlsSecret
+		ca, err := client.CoreV1().ConfigMaps(d.caNamespace).Get(ctx, identity.CAName, metav1.GetOptions{})
+		if err == nil && !cmd.Flags().Changed("tls-secret") {
+			from = "the viewer's certificate request"
+			files, cleanup, err = viewerByCSR(ctx, client, []byte(ca.Data[identity.CAKey]))
+		} else {
+			files, cleanup, err = filesFromSecret(ctx, client, d.tlsSecret)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	return func(node string) (credentials.TransportCredentials, error) {
+		cfg, err := certs.ClientConfig(files, node)
+		if err != nil {
+			return nil, fmt.Errorf("TLS (%s): %w", from, err)
+		}
+		return credentials.NewTLS(cfg), nil
+	}, cleanup, nil
+}
+
+// state asks node's agent at addr for its state.
+func (d *agentDialer) state(ctx context.Context, creds func(string) (credentials.TransportCredentials, error), node string, addr netip.Addr) (*agentv1.GetStateResponse, error) {
+	c, err := creds(node)
+	if err != nil {
+		return nil, err
+	}
+	at := netip.AddrPortFrom(addr, uint16(d.port))
+	conn, err := grpc.NewClient("passthrough:///"+at.String(), append(agentapi.ClientOptions(), grpc.WithTransportCredentials(c))...)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	st, err := agentv1.NewAgentServiceClient(conn).GetState(ctx, &agentv1.GetStateRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("agent of %s at %s: %w", node, at, err)
+	}
+	return st, nil
 }
 
 // agentAddress is the address given, else the node's InternalIP from the cluster.

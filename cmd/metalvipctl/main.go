@@ -1,6 +1,6 @@
 // Command metalvipctl is metalvip's command-line tool: it creates the TLS material of the
 // CCM and the agents (certs), shows what metalvip does (status) and what one node's agent
-// announces (agent), converts MetalLB's configuration (migrate metallb), and writes the
+// announces (agent), which versions run and whether they may run together (version), converts MetalLB's configuration (migrate metallb), and writes the
 // control-plane VIP's files for kubeadm HA (controlplane). Named kubectl-metalvip on the PATH
 // (make build links bin/kubectl-metalvip), it is kubectl's plugin: `kubectl metalvip status`.
 package main
@@ -41,6 +41,6 @@ func rootCommand(binary string) *cobra.Command {
 		root.Annotations = map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl metalvip"}
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
-	root.AddCommand(certsCommand(), statusCommand(), agentCommand(), migrateCommand(), controlPlaneCommand())
+	root.AddCommand(certsCommand(), statusCommand(), agentCommand(), migrateCommand(), controlPlaneCommand(), versionCommand())
 	return root
 }

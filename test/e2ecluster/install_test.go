@@ -2,6 +2,7 @@ package e2ecluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -189,6 +190,43 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 	if !ok {
 		return
 	}
+	t.Run("metalvipctl version: every agent's build and the CCM's, within the supported skew; -o yaml and --context work", func(t *testing.T) {
+		out, err := c.Metalvipctl(ctx, "version", "-o", "json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep struct {
+			CCM []struct {
+				Version string
+				Agents  int
+			}
+			Agents []struct {
+				Node, Version, Skew, Error string
+				AppliedBy                  *struct{ Version string }
+			}
+			Warnings []string
+		}
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("%v:\n%s", err, out)
+		}
+		if len(rep.CCM) != 1 || rep.CCM[0].Agents != len(c.Nodes) || len(rep.Agents) != len(c.Nodes) || len(rep.Warnings) != 0 {
+			t.Fatalf("one CCM build holding every agent's state, an answer from each of %d agents and no warning:\n%s", len(c.Nodes), out)
+		}
+		for _, a := range rep.Agents {
+			if a.Error != "" || a.Version == "" || a.AppliedBy == nil || a.AppliedBy.Version != rep.CCM[0].Version || a.Skew != "ok" {
+				t.Errorf("the agent of %s: %+v; want its build, the CCM's, skew ok", a.Node, a)
+			}
+		}
+		current, err := c.Kubectl(ctx, "config", "current-context")
+		if err != nil {
+			t.Fatal(err)
+		}
+		yml, err := c.Metalvipctl(ctx, "version", "-o", "yaml", "--context", strings.TrimSpace(current))
+		if err != nil || !strings.Contains(yml, "agents:") || !strings.Contains(yml, "skew: ok") {
+			t.Errorf("-o yaml: %v\n%s", err, yml)
+		}
+		t.Logf("metalvipctl version:\n%s", out)
+	})
 
 	n := ccmTrials(t)
 	t.Run(fmt.Sprintf("the CCM pod deleted during traffic, %d times: a new one takes over, no probe fails, no address or owner changes, every ARP request answered by the owner alone", n), func(t *testing.T) {

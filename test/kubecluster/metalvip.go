@@ -115,6 +115,24 @@ func (c *Cluster) removeCerts(ctx context.Context) error {
 	return err
 }
 
+// Metalvipctl runs metalvipctl with the cluster's kubeconfig in the control namespace, as an
+// operator on the cluster's network would, and returns its standard output (and its standard
+// error in the error).
+func (c *Cluster) Metalvipctl(ctx context.Context, args ...string) (string, error) {
+	ctl, err := c.metalvipctl()
+	if err != nil {
+		return "", err
+	}
+	cmd := c.Lab.Control.Command(ctx, ctl, append(args, "--kubeconfig", c.Kubeconfig)...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("metalvipctl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return string(out), nil
+}
+
 func (c *Cluster) metalvipctl() (string, error) {
 	p := filepath.Join(c.Dir, "bin", "metalvipctl")
 	if _, err := os.Stat(p); err == nil {
