@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilversion "k8s.io/apimachinery/pkg/util/version"
 
 	"github.com/metalvip/metalvip/internal/version"
 )
@@ -176,9 +175,9 @@ func judgeSkew(rep *versionReport) {
 			a.Skew = "unknown: no state applied since the agent started (or its CCM does not say its version)"
 		default:
 			ccms[*a.AppliedBy]++
-			a.Skew = skew(a.AppliedBy.Version, a.Version)
+			a.Skew = version.Skew(a.AppliedBy.Version, a.Version)
 		}
-		if strings.HasPrefix(a.Skew, "unsupported") {
+		if version.Unsupported(a.Skew) {
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("the agent of %s (%s) and the CCM (%s): %s", a.Node, a.Version, a.AppliedBy.Version, a.Skew))
 		}
 		if a.Error != "" {
@@ -187,34 +186,11 @@ func judgeSkew(rep *versionReport) {
 	}
 	for b, n := range ccms {
 		rep.CCM = append(rep.CCM, ccmBuild{build: b, Agents: n})
-		if s := skew(b.Version, rep.Client.Version); strings.HasPrefix(s, "unsupported") {
+		if s := version.Skew(b.Version, rep.Client.Version); version.Unsupported(s) {
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("metalvipctl (%s) and the CCM (%s): %s; it may misread what this CCM writes", rep.Client.Version, b.Version, s))
 		}
 	}
 	slices.SortFunc(rep.CCM, func(a, b ccmBuild) int { return strings.Compare(a.Version+a.Commit, b.Version+b.Commit) })
-}
-
-// skew says whether the agent of version agent may run with the CCM of version ccm: the same
-// major version and at most one minor version apart (docs/upgrading.md).
-func skew(ccm, agent string) string {
-	c, err1 := utilversion.ParseSemantic(ccm)
-	a, err2 := utilversion.ParseSemantic(agent)
-	if err1 != nil || err2 != nil {
-		return "unknown: a development build, not a release"
-	}
-	if c.Major() != a.Major() {
-		return fmt.Sprintf("unsupported: major versions %d and %d", c.Major(), a.Major())
-	}
-	switch d := int(a.Minor()) - int(c.Minor()); {
-	case d == 0:
-		return "ok"
-	case d == -1:
-		return "ok: one minor version older than the CCM"
-	case d == 1:
-		return "ok: one minor version newer than the CCM"
-	default:
-		return fmt.Sprintf("unsupported: %d minor versions apart (one is supported)", max(d, -d))
-	}
 }
 
 func printVersions(w io.Writer, rep versionReport, wide, clientOnly bool) {

@@ -1,13 +1,17 @@
 // Package version says which build of metalvip is running: its version and source commit,
 // stamped by `-ldflags -X` (make and the image build pass the same flags, see the Makefile's
-// LDFLAGS), else taken from what the Go toolchain recorded in the binary. It decides nothing
-// else and must not import anything of metalvip's.
+// LDFLAGS), else taken from what the Go toolchain recorded in the binary; and whether two
+// builds may run together (Skew). It decides nothing else and must not import anything of
+// metalvip's.
 package version
 
 import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"strings"
+
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 )
 
 // Set by the linker: -X github.com/metalvip/metalvip/internal/version.version=v0.2.0
@@ -66,3 +70,31 @@ func String(binary string) string {
 	i := Get()
 	return fmt.Sprintf("%s %s (commit %s, %s, %s)", binary, i.Version, i.Commit, i.GoVersion, i.Platform)
 }
+
+// Skew says whether an agent of version agent may run with the CCM of version ccm, by the rule
+// of docs/upgrading.md: the same major version and at most one minor version apart. It is
+// "ok" or "ok: ..." within the rule, "unsupported: ..." outside it, and "unknown: ..." when
+// either is not a release (a development build).
+func Skew(ccm, agent string) string {
+	c, err1 := utilversion.ParseSemantic(ccm)
+	a, err2 := utilversion.ParseSemantic(agent)
+	if err1 != nil || err2 != nil {
+		return "unknown: a development build, not a release"
+	}
+	if c.Major() != a.Major() {
+		return fmt.Sprintf("unsupported: major versions %d and %d", c.Major(), a.Major())
+	}
+	switch d := int(a.Minor()) - int(c.Minor()); {
+	case d == 0:
+		return "ok"
+	case d == -1:
+		return "ok: one minor version older than the CCM"
+	case d == 1:
+		return "ok: one minor version newer than the CCM"
+	default:
+		return fmt.Sprintf("unsupported: %d minor versions apart (one is supported)", max(d, -d))
+	}
+}
+
+// Unsupported says whether a Skew answer is outside the rule.
+func Unsupported(skew string) bool { return strings.HasPrefix(skew, "unsupported") }

@@ -71,6 +71,9 @@ type Hooks struct {
 	// ControlPlane: the control-plane VIP the node's agent serves from its local file
 	// (GetState control_plane) changed; invalid when it serves none.
 	ControlPlane func(node string, vip netip.Addr)
+	// Build: the build the node's agent says it is (GetState build) changed, or was first
+	// said.
+	Build func(node string, build *agentv1.Build)
 }
 
 // Agents keeps one connection per node's agent, pushes each node's desired state to it (only
@@ -115,6 +118,7 @@ type agentConn struct {
 	keys      [][]byte
 	sessions  []*agentv1.PeerStatus // the BGP sessions the agent last reported
 	cpVIP     netip.Addr            // the control-plane VIP the agent last reported serving
+	build     *agentv1.Build        // the build the agent last said it is (nil: none said)
 
 	renewAt atomic.Int64 // enrolled agents: when its certificate is due for renewal (Unix ns)
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/metalvip/metalvip/internal/agentapi"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
@@ -25,6 +26,7 @@ type flakyAgent struct {
 	failures int
 	calls    int
 	keys     [][]byte
+	build    *agentv1.Build
 }
 
 // StateOf wraps a complete state.
@@ -40,7 +42,7 @@ func (f *flakyAgent) GetState(context.Context, *agentv1.GetStateRequest) (*agent
 	if f.calls <= f.failures {
 		return nil, grpcstatus.Error(codes.Unavailable, "the key file cannot be read yet")
 	}
-	return &agentv1.GetStateResponse{Node: "n1", HeartbeatPublicKeys: f.keys}, nil
+	return &agentv1.GetStateResponse{Node: "n1", HeartbeatPublicKeys: f.keys, Build: f.build}, nil
 }
 
 func (f *flakyAgent) Watch(_ *agentv1.WatchRequest, s agentv1.AgentService_WatchServer) error {
@@ -90,6 +92,39 @@ func TestAFailedKeyReadIsRetriedAndPeersKeepTheKeys(t *testing.T) {
 	defer fake.mu.Unlock()
 	if fake.calls <= fake.failures {
 		t.Errorf("%d calls", fake.calls)
+	}
+}
+
+// TestTheAgentsBuildIsRelayed: what build an agent says it is reaches the Build hook (the
+// announcer warns of a skew from it).
+func TestTheAgentsBuildIsRelayed(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.42:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(agentapi.ServerOptions()...)
+	fake := &flakyAgent{build: &agentv1.Build{Version: "v0.1.0", Commit: "0123abc"}}
+	agentv1.RegisterAgentServiceServer(srv, fake)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	said := make(chan *agentv1.Build, 4)
+	a := New(Config{Port: lis.Addr().(*net.TCPAddr).Port, Insecure: true, Timeout: time.Second}, 1,
+		Hooks{Build: func(node string, b *agentv1.Build) {
+			if node == "n1" {
+				said <- b
+			}
+		}})
+	defer a.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a.SetNodes(ctx, map[string]netip.Addr{"n1": netip.MustParseAddr("127.0.0.42")})
+	select {
+	case b := <-said:
+		if !proto.Equal(b, fake.build) {
+			t.Errorf("relayed %v, want %v", b, fake.build)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the agent's build was not relayed")
 	}
 }
 

@@ -237,7 +237,14 @@ func (a *Agents) probe(ctx context.Context, c *agentConn) error {
 	cpVIP, _ := netip.ParseAddr(resp.GetControlPlane().GetVip().GetVip())
 	cpChanged := cpVIP.Unmap() != c.cpVIP
 	c.cpVIP = cpVIP.Unmap()
+	buildChanged := resp.GetBuild() != nil && !proto.Equal(c.build, resp.GetBuild())
+	if buildChanged {
+		c.build = resp.GetBuild()
+	}
 	c.mu.Unlock()
+	if buildChanged && a.hooks.Build != nil {
+		a.hooks.Build(c.node, resp.GetBuild())
+	}
 	if cpChanged && a.hooks.ControlPlane != nil {
 		a.hooks.ControlPlane(c.node, cpVIP.Unmap())
 	}

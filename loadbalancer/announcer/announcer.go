@@ -10,6 +10,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -21,6 +22,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/internal/agentapi"
+	"github.com/metalvip/metalvip/internal/version"
 	"github.com/metalvip/metalvip/loadbalancer/agentclient"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/loadbalancer/objects"
@@ -193,7 +196,25 @@ func (a *Announcer) newAgents(term uint64) *agentclient.Agents {
 		ControlPlane: func(node string, vip netip.Addr) {
 			a.note(func(c *changes) { c.controlPlane[node] = vip })
 		},
+		Build: a.agentBuild,
 	})
+}
+
+// ccmVersion is this CCM's version (a variable for the tests, whose build is a development one).
+var ccmVersion = func() string { return agentapi.ThisBuild().GetVersion() }
+
+// agentBuild warns, on the Node and in the log, of an agent whose version may not run with
+// this CCM's (docs/upgrading.md; `metalvipctl version` shows every pair). Said once per build
+// the agent says it is: nothing else changes, the CCM keeps talking to it.
+func (a *Announcer) agentBuild(node string, b *agentv1.Build) {
+	me := ccmVersion()
+	skew := version.Skew(me, b.GetVersion())
+	if !version.Unsupported(skew) {
+		return
+	}
+	klog.InfoS("WARNING: an agent's version may not run with this CCM's; upgrade it (docs/upgrading.md)", "node", node, "agent", b.GetVersion(), "ccm", me, "skew", skew)
+	a.cfg.Recorder.Eventf(&v1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(node)}, v1.EventTypeWarning, report.ReasonAgentVersionSkew,
+		"metalvip-agent %s on %s and the CCM %s: %s; upgrade the older of the two (docs/upgrading.md)", b.GetVersion(), node, me, skew)
 }
 
 // Register adds the informers the announcer needs to the factories (which the caller

@@ -32,4 +32,5 @@ const (
 	// On Nodes.
 	ReasonAgentReachable   = "AgentReachable"
 	ReasonAgentUnreachable = "AgentUnreachable"
+	ReasonAgentVersionSkew = "AgentVersionSkew"
 )
