@@ -41,6 +41,6 @@ func rootCommand(binary string) *cobra.Command {
 		root.Annotations = map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl metalvip"}
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
-	root.AddCommand(certsCommand(), statusCommand(), agentCommand(), migrateCommand(), controlPlaneCommand(), versionCommand())
+	root.AddCommand(certsCommand(), statusCommand(), agentCommand(), migrateCommand(), controlPlaneCommand(), versionCommand(), sysdumpCommand())
 	return root
 }

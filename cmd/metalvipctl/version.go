@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/metalvip/metalvip/internal/version"
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
 // versionReport is what `metalvipctl version` says: its own build, the CCM builds the agents
@@ -115,26 +115,14 @@ func (d *agentDialer) agentVersions(ctx context.Context, cmd *cobra.Command, rep
 		return err
 	}
 	defer cleanup()
-	rep.Agents = make([]agentVersion, len(nodes.Items))
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, agentsAtOnce)
-	for i := range nodes.Items {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			rep.Agents[i] = d.agentVersion(ctx, creds, &nodes.Items[i])
-		}()
-	}
-	wg.Wait()
-	slices.SortFunc(rep.Agents, func(a, b agentVersion) int { return strings.Compare(a.Node, b.Node) })
+	rep.Agents = d.eachAgent(ctx, creds, nodes.Items, nil)
 	judgeSkew(rep)
 	return nil
 }
 
-// agentVersion asks node's agent for its builds.
-func (d *agentDialer) agentVersion(ctx context.Context, creds func(string) (credentials.TransportCredentials, error), node *corev1.Node) agentVersion {
+// agentVersion asks node's agent for its state and says its builds (the state is nil when the
+// agent did not answer).
+func (d *agentDialer) agentVersion(ctx context.Context, creds func(string) (credentials.TransportCredentials, error), node *corev1.Node) (agentVersion, *agentv1.GetStateResponse) {
 	v := agentVersion{Node: node.Name}
 	var addr netip.Addr
 	for _, a := range node.Status.Addresses {
@@ -144,20 +132,20 @@ func (d *agentDialer) agentVersion(ctx context.Context, creds func(string) (cred
 	}
 	if !addr.IsValid() {
 		v.Error = "the node has no InternalIP"
-		return v
+		return v, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, agentWait)
 	defer cancel()
 	st, err := d.state(ctx, creds, node.Name, addr)
 	if err != nil {
 		v.Error = err.Error()
-		return v
+		return v, nil
 	}
 	v.Version, v.Commit = st.GetBuild().GetVersion(), st.GetBuild().GetCommit()
 	if b := st.GetAppliedBy(); b != nil {
 		v.AppliedBy = &build{Version: b.GetVersion(), Commit: b.GetCommit()}
 	}
-	return v
+	return v, st
 }
 
 // judgeSkew says, for every agent that answered, whether it and the CCM whose state it holds

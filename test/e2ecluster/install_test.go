@@ -1,11 +1,15 @@
 package e2ecluster
 
 import (
+	"archive/tar"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -226,6 +230,51 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 			t.Errorf("-o yaml: %v\n%s", err, yml)
 		}
 		t.Logf("metalvipctl version:\n%s", out)
+	})
+
+	t.Run("metalvipctl sysdump: one bundle with the objects, every agent's state and every metalvip pod's log, and no key", func(t *testing.T) {
+		bundle := filepath.Join(t.TempDir(), "bundle.tar.gz")
+		if out, err := c.Metalvipctl(ctx, "sysdump", "--output", bundle, "--log-lines", "200"); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		files, err := untarGz(bundle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for name := range files {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		want := []string{"versions.yaml", "ippools.yaml", "bgppeers.yaml", "serviceannouncements.yaml", "services.yaml", "nodes.yaml", "events-services.yaml", "events-nodes.yaml"}
+		for _, n := range c.Nodes {
+			want = append(want, "agents/"+n.Name+".json")
+		}
+		for _, w := range want {
+			if _, ok := files["metalvip-sysdump/"+w]; !ok {
+				t.Errorf("no %s in the bundle: %v", w, names)
+			}
+		}
+		if e, ok := files["metalvip-sysdump/errors.txt"]; ok {
+			t.Errorf("parts not collected:\n%s", e)
+		}
+		logs := 0
+		for name, b := range files {
+			if strings.HasPrefix(name, "metalvip-sysdump/logs/") && len(b) > 0 {
+				logs++
+			}
+			for _, secret := range []string{"PRIVATE KEY"} {
+				if strings.Contains(string(b), secret) {
+					t.Errorf("%s holds %q", name, secret)
+				}
+			}
+		}
+		if logs < len(c.Nodes)+1 {
+			t.Errorf("%d logs; want the CCM's and %d agents' at least: %v", logs, len(c.Nodes), names)
+		}
+		if svc := string(files["metalvip-sysdump/services.yaml"]); !strings.Contains(svc, l2.String()) {
+			t.Errorf("services.yaml does not show %s", l2)
+		}
 	})
 
 	n := ccmTrials(t)
@@ -497,5 +546,34 @@ func stopProbe(t *testing.T, p *probe.HTTP) {
 	t.Helper()
 	if err := p.Stop(); err != nil {
 		t.Errorf("HTTP probe: %v", err)
+	}
+}
+
+// untarGz reads a gzipped tar's regular files by name.
+func untarGz(file string) (map[string][]byte, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		return nil, err
+	}
+	tr := tar.NewReader(zr)
+	out := map[string][]byte{}
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		b, err := io.ReadAll(io.LimitReader(tr, 256<<20))
+		if err != nil {
+			return nil, err
+		}
+		out[h.Name] = b
 	}
 }
