@@ -21,4 +21,3 @@ func TestSkewIsTheUpgradeGuidesRule(t *testing.T) {
 		}
 	}
 }
-
