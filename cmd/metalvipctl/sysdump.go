@@ -116,14 +116,10 @@ send it: pod logs and Services name your addresses and namespaces.
 
 			me := version.Get()
 			rep := versionReport{Client: build{Version: me.Version, Commit: me.Commit}}
-			states, err := d.collectAgents(ctx, cmd, client, &rep)
-			if err != nil {
+			if err := d.agentVersions(ctx, cmd, client, &rep, func(node string, st []byte) { s.add("agents/"+node+".json", st) }); err != nil {
 				s.failed("the agents", err)
 			}
 			s.addYAML("versions.yaml", rep)
-			for node, st := range states {
-				s.add("agents/"+node+".json", st)
-			}
 			for _, r := range []struct {
 				file string
 				res  schema.GroupVersionResource
@@ -166,29 +162,6 @@ send it: pod logs and Services name your addresses and namespaces.
 	cmd.Flags().StringVar(&output, "output", "", "the bundle to write (a new file; default metalvip-sysdump-<UTC time>.tar.gz here)")
 	cmd.Flags().Int64Var(&logLines, "log-lines", 2000, "the last lines of each metalvip container's log to keep")
 	return cmd
-}
-
-// collectAgents asks every node's agent for its versions (into rep) and its state (returned as
-// JSON by node).
-func (d *agentDialer) collectAgents(ctx context.Context, cmd *cobra.Command, client kubernetes.Interface, rep *versionReport) (map[string][]byte, error) {
-	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("listing the nodes: %w", err)
-	}
-	creds, cleanup, err := d.credentials(ctx, cmd, client)
-	if err != nil {
-		return nil, err
-	}
-	defer cleanup()
-	states := map[string][]byte{}
-	var mu sync.Mutex
-	rep.Agents = d.eachAgent(ctx, creds, nodes.Items, func(node string, st []byte) {
-		mu.Lock()
-		states[node] = st
-		mu.Unlock()
-	})
-	judgeSkew(rep)
-	return states, nil
 }
 
 // eachAgent asks every node's agent (agentsAtOnce at a time) for its state: its versions are

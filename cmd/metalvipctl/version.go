@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/metalvip/metalvip/internal/version"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
@@ -87,7 +88,11 @@ development builds ("(devel)") cannot be compared and show as unknown.
 			if !clientOnly {
 				ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Minute)
 				defer cancel()
-				if err := d.agentVersions(ctx, cmd, &rep); err != nil {
+				client, _, _, err := kubeClients(d.kube)
+				if err != nil {
+					return err
+				}
+				if err := d.agentVersions(ctx, cmd, client, &rep, nil); err != nil {
 					return err
 				}
 			}
@@ -100,12 +105,9 @@ development builds ("(devel)") cannot be compared and show as unknown.
 	return cmd
 }
 
-// agentVersions asks every node's agent for its build and the CCM's, and fills rep.
-func (d *agentDialer) agentVersions(ctx context.Context, cmd *cobra.Command, rep *versionReport) error {
-	client, _, _, err := kubeClients(d.kube)
-	if err != nil {
-		return err
-	}
+// agentVersions asks every node's agent for its build and the CCM's, fills rep with them and
+// judges each pair; keep, when given, gets every state that came, as JSON (sysdump).
+func (d *agentDialer) agentVersions(ctx context.Context, cmd *cobra.Command, client kubernetes.Interface, rep *versionReport, keep func(node string, state []byte)) error {
 	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("listing the nodes: %w", err)
@@ -115,7 +117,7 @@ func (d *agentDialer) agentVersions(ctx context.Context, cmd *cobra.Command, rep
 		return err
 	}
 	defer cleanup()
-	rep.Agents = d.eachAgent(ctx, creds, nodes.Items, nil)
+	rep.Agents = d.eachAgent(ctx, creds, nodes.Items, keep)
 	judgeSkew(rep)
 	return nil
 }
@@ -141,9 +143,10 @@ func (d *agentDialer) agentVersion(ctx context.Context, creds func(string) (cred
 		v.Error = err.Error()
 		return v, nil
 	}
-	v.Version, v.Commit = st.GetBuild().GetVersion(), st.GetBuild().GetCommit()
+	// What the agent says is shown as text: printable and short, whatever it sends.
+	v.Version, v.Commit = version.Printable(st.GetBuild().GetVersion()), version.Printable(st.GetBuild().GetCommit())
 	if b := st.GetAppliedBy(); b != nil {
-		v.AppliedBy = &build{Version: b.GetVersion(), Commit: b.GetCommit()}
+		v.AppliedBy = &build{Version: version.Printable(b.GetVersion()), Commit: version.Printable(b.GetCommit())}
 	}
 	return v, st
 }

@@ -98,3 +98,16 @@ func Skew(ccm, agent string) string {
 
 // Unsupported says whether a Skew answer is outside the rule.
 func Unsupported(skew string) bool { return strings.HasPrefix(skew, "unsupported") }
+
+// Printable is a version or commit another process said, as it may be shown or logged: at most
+// 64 characters, anything but printable ASCII replaced, so that a process lying about its
+// build cannot flood a log or write escape sequences to a terminal.
+func Printable(s string) string {
+	b := []byte(s[:min(len(s), 64)])
+	for i, c := range b {
+		if c < ' ' || c > '~' {
+			b[i] = '?'
+		}
+	}
+	return string(b)
+}

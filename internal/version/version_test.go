@@ -1,6 +1,9 @@
 package version
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestSkewIsTheUpgradeGuidesRule: the CCM and an agent may run together within one minor
 // version either way, never across a major version; development builds cannot be judged.
@@ -18,6 +21,22 @@ func TestSkewIsTheUpgradeGuidesRule(t *testing.T) {
 	} {
 		if got := Skew(tc.ccm, tc.agent); got != tc.want {
 			t.Errorf("Skew(%q, %q) = %q, want %q", tc.ccm, tc.agent, got, tc.want)
+		}
+	}
+}
+
+// TestPrintableKeepsWhatAnotherProcessSaysShortAndPlain: a build said by another process is
+// shown at most 64 characters long, its control characters and escapes replaced.
+func TestPrintableKeepsWhatAnotherProcessSaysShortAndPlain(t *testing.T) {
+	for in, want := range map[string]string{
+		"v0.3.0":                 "v0.3.0",
+		"v0.3.0\x1b]0;owned\x07": "v0.3.0?]0;owned?",
+		"v0.3.0\nWARNING: fake":  "v0.3.0?WARNING: fake",
+		strings.Repeat("9", 100): strings.Repeat("9", 64),
+		"v0.3.0-é":               "v0.3.0-??",
+	} {
+		if got := Printable(in); got != want {
+			t.Errorf("Printable(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

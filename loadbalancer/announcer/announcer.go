@@ -207,14 +207,15 @@ var ccmVersion = func() string { return agentapi.ThisBuild().GetVersion() }
 // this CCM's (docs/upgrading.md; `metalvipctl version` shows every pair). Said once per build
 // the agent says it is: nothing else changes, the CCM keeps talking to it.
 func (a *Announcer) agentBuild(node string, b *agentv1.Build) {
-	me := ccmVersion()
-	skew := version.Skew(me, b.GetVersion())
+	me, agent := ccmVersion(), version.Printable(b.GetVersion())
+	skew := version.Skew(me, agent)
 	if !version.Unsupported(skew) {
 		return
 	}
-	klog.InfoS("WARNING: an agent's version may not run with this CCM's; upgrade it (docs/upgrading.md)", "node", node, "agent", b.GetVersion(), "ccm", me, "skew", skew)
+	klog.InfoS("WARNING: an agent's version may not run with this CCM's; upgrade it (docs/upgrading.md)", "node", node, "agent", agent, "ccm", me, "skew", skew)
+	// UID: the node's name, as the kubelet's Events and `kubectl describe node` have it.
 	a.cfg.Recorder.Eventf(&v1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(node)}, v1.EventTypeWarning, report.ReasonAgentVersionSkew,
-		"metalvip-agent %s on %s and the CCM %s: %s; upgrade the older of the two (docs/upgrading.md)", b.GetVersion(), node, me, skew)
+		"metalvip-agent %s on %s and the CCM %s: %s; upgrade the older of the two (docs/upgrading.md)", agent, node, me, skew)
 }
 
 // Register adds the informers the announcer needs to the factories (which the caller
