@@ -28,6 +28,10 @@ import (
 //	             short for any heartbeat to show it (the sender may have answered the
 //	             receiver's VIPs meanwhile) still changes it. Older agents send 0 and read
 //	             only bit 0
+//	restart      2 bytes (version 3 on): 0, or the sender is about to restart (a planned
+//	             exit: a rolling update) and will be back within this many milliseconds; the
+//	             receiver keeps counting it alive that long (MaxRestartGrace at most) unless it
+//	             comes back sooner: version 2 agents do not read it
 //	mac          32 bytes: HMAC-SHA256 of the above with the key of the pair and direction
 //
 // The MAC key of a direction is HKDF-SHA256 of the X25519 shared secret of the two nodes'
@@ -37,13 +41,17 @@ import (
 // Compatibility, so that agents of two versions side by side (a rolling update) never count
 // each other dead: a later version keeps every field above at its place and meaning, puts new
 // fields between flags and mac (the mac covers them), keeps the key derivation, and writes its
-// number in version. A receiver takes a heartbeat of its own version or a later one, reads the
-// fields it knows, and checks the mac over the whole body; a heartbeat of version 2 is exactly
-// frameSize long, a later one at most maxFrameSize.
+// number in version. A receiver takes a heartbeat of version 2 (the first that kept this
+// contract), of its own version or of a later one, reads the fields it knows, and checks the mac
+// over the whole body; a heartbeat of version 2 is exactly frameSizeV2 long, one of this version
+// frameSize, a later one at most maxFrameSize.
 const (
-	version      = 2
+	version      = 3
+	minVersion   = 2
 	macSize      = sha256.Size
-	bodySize     = 1 + 4 + 4 + 8 + 8 + 8 + 8 + 1
+	bodySizeV2   = 1 + 4 + 4 + 8 + 8 + 8 + 8 + 1
+	bodySize     = bodySizeV2 + 2
+	frameSizeV2  = bodySizeV2 + macSize
 	frameSize    = bodySize + macSize
 	maxFrameSize = 512
 )
@@ -66,6 +74,7 @@ type frame struct {
 	nonce    uint64
 	echo     uint64
 	flags    byte
+	restart  uint16 // milliseconds, version 3 on
 }
 
 type macKey [32]byte
@@ -79,7 +88,8 @@ func appendFrame(b []byte, f frame, mac hash.Hash) []byte {
 	return mac.Sum(b)
 }
 
-// appendBody appends the fields of version 2 to b, as heartbeat version v.
+// appendBody appends the fields of heartbeat version v to b: those of version 2, and from
+// version 3 on the restart field.
 func appendBody(b []byte, v byte, f frame) []byte {
 	b = append(b, v)
 	b = append(b, f.from[:]...)
@@ -88,23 +98,33 @@ func appendBody(b []byte, v byte, f frame) []byte {
 	b = binary.BigEndian.AppendUint64(b, f.at.seq)
 	b = binary.BigEndian.AppendUint64(b, f.nonce)
 	b = binary.BigEndian.AppendUint64(b, f.echo)
-	return append(b, f.flags)
+	b = append(b, f.flags)
+	if v >= 3 {
+		b = binary.BigEndian.AppendUint16(b, f.restart)
+	}
+	return b
 }
 
 var errFormat = errors.New("malformed heartbeat")
 
 // sizeOK reports whether b is as long as a heartbeat of its version may be.
 func sizeOK(b []byte) bool {
-	if len(b) == 0 || b[0] <= version {
+	switch {
+	case len(b) == 0:
+		return false
+	case b[0] == minVersion:
+		return len(b) == frameSizeV2
+	case b[0] > version:
+		return len(b) >= frameSize && len(b) <= maxFrameSize
+	default: // this version, or an earlier one than parseFrame takes
 		return len(b) == frameSize
 	}
-	return len(b) >= frameSize && len(b) <= maxFrameSize
 }
 
-// parseFrame reads the fields of version 2 of a frame of that version or a later one, without
+// parseFrame reads the fields this version knows of a frame of version 2 or later, without
 // checking its MAC; sizeOK(b) holds.
 func parseFrame(b []byte) (frame, error) {
-	if !sizeOK(b) || b[0] < version {
+	if !sizeOK(b) || b[0] < minVersion {
 		return frame{}, errFormat
 	}
 	var f frame
@@ -114,6 +134,9 @@ func parseFrame(b []byte) (frame, error) {
 	f.nonce = binary.BigEndian.Uint64(b[25:33])
 	f.echo = binary.BigEndian.Uint64(b[33:41])
 	f.flags = b[41]
+	if b[0] >= 3 {
+		f.restart = binary.BigEndian.Uint16(b[42:44])
+	}
 	return f, nil
 }
 

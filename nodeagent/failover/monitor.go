@@ -122,6 +122,7 @@ type Monitor struct {
 	resumed   time.Time         // when this node last ran again after a stall
 	stalledAt time.Time         // and the evaluation before it: when it stopped running
 	stalls    atomic.Uint64
+	restart   uint16 // what this node's heartbeats say in their restart field (Restarting)
 
 	sent, accepted, unproven atomic.Uint64
 	refused                  [8]atomic.Uint64 // by index in reasons
@@ -154,6 +155,9 @@ type peer struct {
 	sees     bool   // the last proven heartbeat says the peer counts this node alive
 	dissent  bool   // the last verified heartbeat, proven or not, says it does not (dissents)
 	boot     uint64 // the boot counter of the last verified heartbeat
+	// restartUntil: the peer's last proven heartbeat said it was restarting; it counts alive
+	// until then, unless a proven heartbeat says otherwise (its next boot's, once it is back).
+	restartUntil time.Time
 	// departing: this node's heartbeats never show the peer alive (Peer.Departing)
 	departing bool
 
@@ -356,6 +360,38 @@ func (m *Monitor) Close() error {
 	return err
 }
 
+// MaxRestartGrace bounds how long a peer that said it is restarting counts alive without a
+// heartbeat: a node whose agent does not come back loses its VIPs at most this late.
+const MaxRestartGrace = 30 * time.Second
+
+// restartBurst is how many heartbeats Restarting sends at once, restartGap apart: one lost
+// datagram must not make a peer take over.
+const (
+	restartBurst = 3
+	restartGap   = 5 * time.Millisecond
+)
+
+// Restarting makes this node's heartbeats say that it is about to restart and will be back
+// within grace (MaxRestartGrace at most; 0 withdraws the notice), and sends them to every peer
+// at once: a peer that takes one keeps counting this node alive for the grace, so that the VIPs
+// it answers wait for it instead of moving away and back, unless it comes back sooner (a
+// heartbeat of its next boot, proven, ends the grace). Only a proven heartbeat (one echoing a
+// nonce the receiver sent recently) carries the notice: no capture can replay it. Call it just
+// before a planned exit; the peers of agents of heartbeat version 2 do not read it and take
+// over as from any exit.
+func (m *Monitor) Restarting(grace time.Duration) {
+	ms := min(max(grace, 0), MaxRestartGrace).Milliseconds()
+	m.mu.Lock()
+	m.restart = uint16(ms)
+	m.mu.Unlock()
+	for i := range restartBurst {
+		if i > 0 {
+			time.Sleep(restartGap)
+		}
+		m.send(time.Now())
+	}
+}
+
 // Stopped is closed once the monitor is closed and its last OnChange has returned.
 func (m *Monitor) Stopped() <-chan struct{} { return m.evalDone }
 
@@ -470,6 +506,10 @@ func (m *Monitor) evaluate(now time.Time) time.Time {
 			next[n] = true
 		case dissenting:
 			next[n] = true
+		case now.Before(p.restartUntil):
+			// Restarting (a planned exit): its VIPs wait for it, moving them twice would reset
+			// every connection to them (Restarting).
+			next[n] = true
 		}
 		if next[n] && p.proven && p.sees && !p.dissent {
 			seesMe[n] = true
@@ -484,6 +524,9 @@ func (m *Monitor) evaluate(now time.Time) time.Time {
 			}
 			if dissenting && p.verified.Add(deadline).After(at) {
 				at = p.verified.Add(deadline)
+			}
+			if p.restartUntil.After(at) {
+				at = p.restartUntil
 			}
 			if at.After(now) && (expires.IsZero() || at.Before(expires)) {
 				expires = at

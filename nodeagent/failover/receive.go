@@ -7,6 +7,8 @@ import (
 	"net"
 	"slices"
 	"time"
+
+	"k8s.io/klog/v2"
 )
 
 func (m *Monitor) receive() {
@@ -131,10 +133,29 @@ func (m *Monitor) handle(dgs []datagram, now time.Time) bool {
 			m.cfg.OnRTT(now.Sub(echoed))
 		}
 		p.sees = f.flags&flagAlive != 0
+		p.noteRestart(f, proof, m.cfg.Node)
 		m.accepted.Add(1)
 		proved = true
 	}
 	return proved
+}
+
+// noteRestart records what a proven heartbeat, proving its sender alive at proof, says of a
+// restart: a notice holds the peer alive for its grace from then; a heartbeat without one (the
+// next boot's, once the peer is back) ends it.
+func (p *peer) noteRestart(f frame, proof time.Time, self string) {
+	if f.restart == 0 {
+		if !p.restartUntil.IsZero() {
+			klog.InfoS("Peer back from its restart", "node", self, "peer", p.node, "boot", f.at.boot)
+		}
+		p.restartUntil = time.Time{}
+		return
+	}
+	grace := min(time.Duration(f.restart)*time.Millisecond, MaxRestartGrace)
+	if p.restartUntil.IsZero() {
+		klog.InfoS("Peer restarting: it counts alive, its VIPs wait for it", "node", self, "peer", p.node, "grace", grace)
+	}
+	p.restartUntil = proof.Add(grace)
 }
 
 // sentAt returns when this node sent the peer the heartbeat with nonce; zero if it did not

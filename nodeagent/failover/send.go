@@ -42,7 +42,7 @@ func (m *Monitor) send(now time.Time) {
 		if pr == nil {
 			continue
 		}
-		f := frame{from: sign.id, to: theirs.id, at: seqKey{m.id.Boot(), seq}, nonce: nonce()}
+		f := frame{from: sign.id, to: theirs.id, at: seqKey{m.id.Boot(), seq}, nonce: nonce(), restart: m.restart}
 		if now.Sub(p.verified) <= deadline {
 			f.echo = p.echo
 		}
