@@ -36,8 +36,9 @@ type docBlock struct {
 }
 
 var (
-	markerRE = regexp.MustCompile(`^<!-- test: ([a-z-]+)(?: (.*?))? -->$`)
-	fenceRE  = regexp.MustCompile("^```([a-z]*)$")
+	// Markers and fences may be indented, as in a numbered list.
+	markerRE = regexp.MustCompile(`^\s*<!-- test: ([a-z-]+)(?: (.*?))? -->$`)
+	fenceRE  = regexp.MustCompile("^(\\s*)```([a-z]*)$")
 )
 
 // docBlocks reads every fenced block of a doc with its marker. A block without a marker, a
@@ -53,19 +54,20 @@ func docBlocks(path string) ([]docBlock, error) {
 		blocks  []docBlock
 		pending *docBlock
 		inside  *docBlock
+		indent  string // the opening fence's, taken off the block's lines
 		body    []string
 	)
-	known := []string{"run", "file", "kubeadm-config", "kubeadm", "ctr", "skip"}
+	known := []string{"run", "lines", "file", "kubeadm-config", "kubeadm", "ctr", "skip"}
 	sc := bufio.NewScanner(f)
 	for n := 1; sc.Scan(); n++ {
 		line := sc.Text()
 		if inside != nil {
-			if line == "```" {
+			if strings.TrimSpace(line) == "```" {
 				inside.text = strings.Join(body, "\n") + "\n"
 				blocks = append(blocks, *inside)
 				inside, body = nil, nil
 			} else {
-				body = append(body, line)
+				body = append(body, strings.TrimPrefix(line, indent))
 			}
 			continue
 		}
@@ -79,11 +81,11 @@ func docBlocks(path string) ([]docBlock, error) {
 			pending = &docBlock{kind: m[1], arg: m[2], line: n}
 			continue
 		}
-		if fenceRE.MatchString(line) {
+		if m := fenceRE.FindStringSubmatch(line); m != nil {
 			if pending == nil {
 				return nil, fmt.Errorf("%s:%d: a code block without a test marker before it", path, n)
 			}
-			inside, pending = pending, nil
+			inside, pending, indent = pending, nil, m[1]
 			inside.line = n
 			continue
 		}
@@ -103,6 +105,8 @@ func TestDocBlocksRefusesUnmarkedAndUnknownBlocks(t *testing.T) {
 		{"an unknown marker is refused", "<!-- test: maybe -->\n```sh\nls\n```\n", "unknown test marker"},
 		{"a skip without a reason is refused", "<!-- test: skip -->\n```sh\nls\n```\n", "says why"},
 		{"a marker followed by prose is refused", "<!-- test: run x -->\nprose\n```sh\nls\n```\n", "not followed by a code block"},
+		{"an unmarked block in a list is refused", "1. **Step**:\n\n   ```sh\n   rm -rf /\n   ```\n", "without a test marker"},
+		{"an unmarked block without a language is refused", "```\n$ metalvipctl status\n```\n", "without a test marker"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "doc.md")
@@ -122,18 +126,16 @@ type docRun struct {
 	srv  *kubeapi.Server
 	home string
 	env  []string
-	root string
+	root string // where the blocks run: the checkout, or a shadow of it
+	bin  string // the operator's tools, first on PATH
 }
 
 func newDocRun(t *testing.T, tools ...string) *docRun {
 	t.Helper()
 	kubeapi.Get(t) // the skip rule, and a check that the binaries are there
 	srv := kubeapi.Own(t)
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &docRun{t: t, srv: srv, home: t.TempDir(), root: root}
+	r := newDocShell(t, append([]string{"kubectl"}, tools...)...)
+	r.srv = srv
 	if err := os.MkdirAll(filepath.Join(r.home, ".kube"), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -144,10 +146,22 @@ func newDocRun(t *testing.T, tools ...string) *docRun {
 	if err := os.WriteFile(filepath.Join(r.home, ".kube", "config"), kc, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return r
+}
+
+// newDocShell is a docRun without an API server: a fresh home and the named tools on PATH.
+func newDocShell(t *testing.T, tools ...string) *docRun {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &docRun{t: t, home: t.TempDir(), root: root}
 	// The operator's tools: kubectl (and helm) of the right versions on PATH; Go's caches as
 	// they are (a fresh home must not mean a cold build).
 	bin := t.TempDir()
-	for _, name := range append([]string{"kubectl"}, tools...) {
+	r.bin = bin
+	for _, name := range tools {
 		if err := os.Symlink(tool(t, name), filepath.Join(bin, name)); err != nil {
 			t.Fatal(err)
 		}
@@ -172,17 +186,23 @@ func newDocRun(t *testing.T, tools ...string) *docRun {
 func (r *docRun) run(b docBlock) string {
 	r.t.Helper()
 	start := time.Now()
-	session := filepath.Join(r.home, ".doc-session")
-	script := fmt.Sprintf("[ -f %[1]q ] && source %[1]q\n%[2]s\n{ export -p; printf 'cd %%q\\n' \"$PWD\"; } > %[1]q\n", session, b.text)
-	cmd := exec.Command("bash", "-euo", "pipefail", "-c", script)
-	cmd.Dir = r.root
-	cmd.Env = r.env
-	out, err := cmd.CombinedOutput()
+	out, err := r.shell(b.text)
 	if err != nil {
 		r.t.Fatalf("block %q (line %d) failed: %v\n--- block\n%s--- output\n%s", b.arg, b.line, err, b.text, out)
 	}
 	r.t.Logf("block %q (line %d): %s", b.arg, b.line, time.Since(start).Round(10*time.Millisecond))
-	return string(out)
+	return out
+}
+
+// shell runs text with bash in the doc's shell session and returns its combined output.
+func (r *docRun) shell(text string) (string, error) {
+	session := filepath.Join(r.home, ".doc-session")
+	script := fmt.Sprintf("[ -f %[1]q ] && source %[1]q\n%[2]s\n{ export -p; printf 'cd %%q\\n' \"$PWD\"; } > %[1]q\n", session, text)
+	cmd := exec.Command("bash", "-euo", "pipefail", "-c", script)
+	cmd.Dir = r.root
+	cmd.Env = r.env
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 // kubeadmConfig writes a kubeadm configuration block to ~/FILE and has kubeadm validate it.
