@@ -92,6 +92,9 @@ type Liveness interface {
 	View() failover.View
 	SetPeers([]failover.Peer)
 	Counters() failover.Counters
+	// Restarting tells the peers this node restarts and is back within grace
+	// (failover.Monitor.Restarting).
+	Restarting(grace time.Duration)
 	Close() error
 }
 
@@ -498,6 +501,52 @@ func (a *Agent) closing() bool {
 // Close withdraws every BGP route and closes the sessions (peers see the withdraws before the
 // sessions end), then stops answering ARP and NDP. The saved state stays, so a restarted
 // agent resumes.
+// Restart stops the agent for a planned restart (a rolling update) that will be back within
+// grace: its heartbeats and the CCM (an Event on its Watch streams) are told first, so that
+// its peers keep counting it alive and the CCM does not count it unreachable for that long;
+// the VIPs it answers wait for it instead of moving away and back. It then stops as Close
+// does. A node that is draining hands over instead (its VIPs are leaving it: holding them
+// for its return would delay that), as does an agent without grace or state.
+func (a *Agent) Restart(ctx context.Context, grace time.Duration) error {
+	a.mu.Lock()
+	st, live := a.state, a.live
+	a.mu.Unlock()
+	if grace <= 0 || st == nil || st.GetDraining() {
+		if st.GetDraining() {
+			klog.InfoS("Draining: the VIPs move now, not held for the restart")
+		}
+		return a.Close(ctx)
+	}
+	grace = min(grace, failover.MaxRestartGrace)
+	klog.InfoS("Planned restart: the peers and the CCM hold this node's VIPs for it", "grace", grace)
+	a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_RESTARTING, RestartGraceMillis: uint32(grace.Milliseconds())})
+	a.flushWatchers(ctx, restartFlush)
+	if live != nil {
+		live.Restarting(grace)
+	}
+	return a.Close(ctx)
+}
+
+// restartFlush bounds how long Restart waits for its Event to leave for the watchers.
+const restartFlush = 500 * time.Millisecond
+
+// flushWatchers waits until every watcher has taken the events emitted so far, at most d.
+func (a *Agent) flushWatchers(ctx context.Context, d time.Duration) {
+	end := time.Now().Add(d)
+	for time.Now().Before(end) && ctx.Err() == nil {
+		a.watchMu.Lock()
+		pending := 0
+		for ch := range a.watchers {
+			pending += len(ch)
+		}
+		a.watchMu.Unlock()
+		if pending == 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func (a *Agent) Close(ctx context.Context) error {
 	select {
 	case <-a.stop:

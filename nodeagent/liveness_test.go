@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/metalvip/metalvip/nodeagent/failover"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
@@ -16,10 +17,11 @@ import (
 // fakeLiveness records what the agent asks of the heartbeat exchange and says every peer is
 // alive and sees this node.
 type fakeLiveness struct {
-	mu    sync.Mutex
-	cfg   failover.Config
-	peers []failover.Peer
-	seq   uint64
+	mu      sync.Mutex
+	cfg     failover.Config
+	peers   []failover.Peer
+	seq     uint64
+	restart []time.Duration // the graces Restarting was given
 }
 
 func (f *fakeLiveness) SetPeers(p []failover.Peer) {
@@ -38,6 +40,12 @@ func (f *fakeLiveness) View() failover.View {
 	}
 	return v
 }
+func (f *fakeLiveness) Restarting(grace time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.restart = append(f.restart, grace)
+}
+
 func (f *fakeLiveness) Counters() failover.Counters {
 	return failover.Counters{Sent: 3, Accepted: 2, Refused: map[string]uint64{failover.RefusedMAC: 1}}
 }
@@ -194,5 +202,73 @@ func TestAKeptVIPIsAnnouncedAgainWhenACandidatesLivenessChanges(t *testing.T) {
 		if got := again(); !maps.Equal(got, step.want) {
 			t.Errorf("step %d, %s: answering with Again %v; want %v", i, step.what, got, step.want)
 		}
+	}
+}
+
+// Issue 32: a planned restart tells the heartbeat peers (Restarting) and the CCM (an Event on
+// its Watch streams) before the agent stops, with the grace bounded; a draining node tells
+// neither and hands over.
+func TestARestartTellsThePeersAndTheCCMUnlessDraining(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		draining bool
+		grace    time.Duration
+		want     time.Duration // 0: nothing told
+	}{
+		{"a restart", false, 10 * time.Second, 10 * time.Second},
+		{"a grace beyond the bound", false, time.Hour, failover.MaxRestartGrace},
+		{"a draining node", true, 10 * time.Second, 0},
+		{"no grace", false, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var f *fakeLiveness
+			h := serve(t, t.TempDir(), func(o *Options) {
+				o.NewLiveness = func(c failover.Config) (Liveness, error) { f = &fakeLiveness{cfg: c}; return f, nil }
+			})
+			st := state(1, 1, withCandidates("203.0.113.10", "node-a", "node-b"))
+			st.HeartbeatPeers = []*agentv1.HeartbeatPeer{{Node: "node-b", Address: "198.51.100.12", PublicKeys: [][]byte{h.agent.identity.PublicKeys()[0]}}}
+			st.Draining = tc.draining
+			if _, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: st}); err != nil {
+				t.Fatal(err)
+			}
+			w, err := h.ccm(t).Watch(ctx(t), &agentv1.WatchRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := w.Header(); err != nil {
+				t.Fatal(err)
+			}
+			if err := h.agent.Restart(ctx(t), tc.grace); err != nil {
+				t.Fatal(err)
+			}
+			var told []*agentv1.Event
+			for {
+				resp, err := w.Recv()
+				if err != nil {
+					break // the agent closed the stream
+				}
+				if resp.GetEvent().GetKind() == agentv1.Event_KIND_RESTARTING {
+					told = append(told, resp.GetEvent())
+				}
+			}
+			if f == nil {
+				t.Fatal("no heartbeats started")
+			}
+			f.mu.Lock()
+			restart := slices.Clone(f.restart)
+			f.mu.Unlock()
+			if tc.want == 0 {
+				if len(restart) != 0 || len(told) != 0 {
+					t.Errorf("peers told %v, the CCM %v; want nothing told", restart, told)
+				}
+				return
+			}
+			if !slices.Equal(restart, []time.Duration{tc.want}) {
+				t.Errorf("peers told a restart grace of %v; want [%s]", restart, tc.want)
+			}
+			if len(told) != 1 || time.Duration(told[0].GetRestartGraceMillis())*time.Millisecond != tc.want {
+				t.Errorf("the CCM's Watch got %v; want one KIND_RESTARTING of %s", told, tc.want)
+			}
+		})
 	}
 }

@@ -117,6 +117,8 @@ func (s *switchLiveness) SetPeers([]failover.Peer) {
 	defer s.mu.Unlock()
 	s.seq++
 }
+func (s *switchLiveness) Restarting(time.Duration) {}
+
 func (s *switchLiveness) Counters() failover.Counters { return failover.Counters{} }
 func (s *switchLiveness) Close() error                { return nil }
 

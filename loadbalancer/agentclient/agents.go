@@ -119,8 +119,42 @@ type agentConn struct {
 	sessions  []*agentv1.PeerStatus // the BGP sessions the agent last reported
 	cpVIP     netip.Addr            // the control-plane VIP the agent last reported serving
 	build     *agentv1.Build        // the build the agent last said it is (nil: none said)
+	// restartUntil: the agent said it is restarting (Event KIND_RESTARTING); until then, or
+	// until it answers a new Watch, failing to reach it does not count it unreachable.
+	restartUntil time.Time
 
 	renewAt atomic.Int64 // enrolled agents: when its certificate is due for renewal (Unix ns)
+}
+
+// MaxRestartGrace bounds how long an agent that said it is restarting is not counted
+// unreachable (the agent's heartbeat peers bound it the same way: failover.MaxRestartGrace).
+const MaxRestartGrace = 30 * time.Second
+
+// restarting records an agent's restart notice; an agent that answers a new Watch is back.
+func (c *agentConn) restarting(ev *agentv1.Event) {
+	grace := min(time.Duration(ev.GetRestartGraceMillis())*time.Millisecond, MaxRestartGrace)
+	c.mu.Lock()
+	c.restartUntil = time.Now().Add(grace)
+	c.mu.Unlock()
+	klog.InfoS("Agent restarting: not counted unreachable while it may be away, its VIPs wait for it", "node", c.node, "grace", grace)
+}
+
+// restartGrace returns until when the agent may be away restarting (zero: it is not).
+func (c *agentConn) restartGrace() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.restartUntil
+}
+
+// back ends a restart grace: the agent answers a new Watch.
+func (c *agentConn) back() {
+	c.mu.Lock()
+	was := !c.restartUntil.IsZero()
+	c.restartUntil = time.Time{}
+	c.mu.Unlock()
+	if was {
+		klog.InfoS("Agent back from its restart", "node", c.node)
+	}
 }
 
 // New returns the connection manager; term is this leader's term.

@@ -98,13 +98,20 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 		}
 		if err != nil {
 			var refused *refusedError
-			if errors.As(err, &refused) {
+			wait = backoff
+			switch until := c.restartGrace(); {
+			case errors.As(err, &refused):
 				// The agent answers; the state (or the term) is at fault, not the node.
 				a.setReachable(c, true, nil)
-			} else {
+			case time.Now().Before(until):
+				// It said it is restarting: counting it unreachable would move its VIPs away
+				// and back (the planned restart of a rolling update). Asked again when its
+				// grace ends at the latest; a new Watch ends the grace sooner.
+				klog.V(2).InfoS("Agent restarting: not reachable yet", "node", c.node, "err", err)
+				wait = min(wait, time.Until(until)+time.Millisecond)
+			default:
 				a.setReachable(c, false, err)
 			}
-			wait = backoff
 			backoff = min(2*backoff, maxBackoff)
 			continue
 		}
@@ -286,6 +293,7 @@ func (a *Agents) watch(ctx context.Context, c *agentConn) {
 		if err == nil {
 			if _, herr := stream.Header(); herr == nil {
 				backoff = 500 * time.Millisecond
+				c.back()
 				// The agent answers, perhaps after a restart: ask what it holds now (the
 				// state is sent again if it lost it) and check reachability.
 				select {
@@ -304,6 +312,9 @@ func (a *Agents) watch(ctx context.Context, c *agentConn) {
 					break
 				}
 				backoff = 500 * time.Millisecond
+				if resp.GetEvent().GetKind() == agentv1.Event_KIND_RESTARTING {
+					c.restarting(resp.GetEvent())
+				}
 				if k := resp.GetEvent().GetKind(); k == agentv1.Event_KIND_SESSION_UP || k == agentv1.Event_KIND_SESSION_DOWN {
 					// A session changed: ask for the sessions now (for the BGPPeer's status).
 					select {

@@ -305,6 +305,8 @@ func (l *simLive) SetPeers(ps []failover.Peer) {
 	l.mu.Unlock()
 }
 
+func (l *simLive) Restarting(time.Duration) {}
+
 func (l *simLive) Counters() failover.Counters {
 	return failover.Counters{Refused: map[string]uint64{}}
 }

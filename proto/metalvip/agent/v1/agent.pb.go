@@ -137,6 +137,11 @@ const (
 	Event_KIND_RELEASED     Event_Kind = 3
 	Event_KIND_SESSION_UP   Event_Kind = 4
 	Event_KIND_SESSION_DOWN Event_Kind = 5
+	// KIND_RESTARTING: the agent is about to exit for a planned restart (a rolling update)
+	// and will be back within restart_grace_millis: the CCM does not count it unreachable
+	// (which would move its VIPs away and back) until then. Its peers hear the same in its
+	// heartbeats.
+	Event_KIND_RESTARTING Event_Kind = 6
 )
 
 // Enum value maps for Event_Kind.
@@ -148,6 +153,7 @@ var (
 		3: "KIND_RELEASED",
 		4: "KIND_SESSION_UP",
 		5: "KIND_SESSION_DOWN",
+		6: "KIND_RESTARTING",
 	}
 	Event_Kind_value = map[string]int32{
 		"KIND_UNSPECIFIED":  0,
@@ -156,6 +162,7 @@ var (
 		"KIND_RELEASED":     3,
 		"KIND_SESSION_UP":   4,
 		"KIND_SESSION_DOWN": 5,
+		"KIND_RESTARTING":   6,
 	}
 )
 
@@ -2125,15 +2132,17 @@ func (x *WatchResponse) GetEvent() *Event {
 
 // Event is something that happened on the node.
 type Event struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Kind          Event_Kind             `protobuf:"varint,1,opt,name=kind,proto3,enum=metalvip.agent.v1.Event_Kind" json:"kind,omitempty"`
-	UnixNano      int64                  `protobuf:"varint,2,opt,name=unix_nano,json=unixNano,proto3" json:"unix_nano,omitempty"`
-	Vip           string                 `protobuf:"bytes,3,opt,name=vip,proto3" json:"vip,omitempty"`
-	Peer          string                 `protobuf:"bytes,4,opt,name=peer,proto3" json:"peer,omitempty"`
-	Generation    uint64                 `protobuf:"varint,5,opt,name=generation,proto3" json:"generation,omitempty"`
-	Detail        string                 `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Kind       Event_Kind             `protobuf:"varint,1,opt,name=kind,proto3,enum=metalvip.agent.v1.Event_Kind" json:"kind,omitempty"`
+	UnixNano   int64                  `protobuf:"varint,2,opt,name=unix_nano,json=unixNano,proto3" json:"unix_nano,omitempty"`
+	Vip        string                 `protobuf:"bytes,3,opt,name=vip,proto3" json:"vip,omitempty"`
+	Peer       string                 `protobuf:"bytes,4,opt,name=peer,proto3" json:"peer,omitempty"`
+	Generation uint64                 `protobuf:"varint,5,opt,name=generation,proto3" json:"generation,omitempty"`
+	Detail     string                 `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"`
+	// restart_grace_millis, for KIND_RESTARTING: how long the agent may be away.
+	RestartGraceMillis uint32 `protobuf:"varint,7,opt,name=restart_grace_millis,json=restartGraceMillis,proto3" json:"restart_grace_millis,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Event) Reset() {
@@ -2206,6 +2215,13 @@ func (x *Event) GetDetail() string {
 		return x.Detail
 	}
 	return ""
+}
+
+func (x *Event) GetRestartGraceMillis() uint32 {
+	if x != nil {
+		return x.RestartGraceMillis
+	}
+	return 0
 }
 
 type EnrollRequest struct {
@@ -2573,7 +2589,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x10targeted_replies\x18\a \x01(\x04R\x0ftargetedReplies\"\x0e\n" +
 	"\fWatchRequest\"?\n" +
 	"\rWatchResponse\x12.\n" +
-	"\x05event\x18\x01 \x01(\v2\x18.metalvip.agent.v1.EventR\x05event\"\xb9\x02\n" +
+	"\x05event\x18\x01 \x01(\v2\x18.metalvip.agent.v1.EventR\x05event\"\x80\x03\n" +
 	"\x05Event\x121\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1d.metalvip.agent.v1.Event.KindR\x04kind\x12\x1b\n" +
 	"\tunix_nano\x18\x02 \x01(\x03R\bunixNano\x12\x10\n" +
@@ -2582,14 +2598,16 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x05 \x01(\x04R\n" +
 	"generation\x12\x16\n" +
-	"\x06detail\x18\x06 \x01(\tR\x06detail\"\x81\x01\n" +
+	"\x06detail\x18\x06 \x01(\tR\x06detail\x120\n" +
+	"\x14restart_grace_millis\x18\a \x01(\rR\x12restartGraceMillis\"\x96\x01\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fKIND_APPLIED\x10\x01\x12\x12\n" +
 	"\x0eKIND_TOOK_OVER\x10\x02\x12\x11\n" +
 	"\rKIND_RELEASED\x10\x03\x12\x13\n" +
 	"\x0fKIND_SESSION_UP\x10\x04\x12\x15\n" +
-	"\x11KIND_SESSION_DOWN\x10\x05\"\x0f\n" +
+	"\x11KIND_SESSION_DOWN\x10\x05\x12\x13\n" +
+	"\x0fKIND_RESTARTING\x10\x06\"\x0f\n" +
 	"\rEnrollRequest\"k\n" +
 	"\x0eEnrollResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12/\n" +

@@ -1,0 +1,143 @@
+package agentclient
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"strconv"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/metalvip/metalvip/internal/agentapi"
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+)
+
+// restartingAgent answers GetState, and on its Watch stream says it restarts with grace once
+// restart is closed.
+type restartingAgent struct {
+	agentv1.UnimplementedAgentServiceServer
+	restart chan struct{}
+	grace   time.Duration
+}
+
+func (f *restartingAgent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.GetStateResponse, error) {
+	return &agentv1.GetStateResponse{Node: "n1"}, nil
+}
+
+func (f *restartingAgent) Watch(_ *agentv1.WatchRequest, s agentv1.AgentService_WatchServer) error {
+	_ = s.SendHeader(metadata.MD{})
+	select {
+	case <-s.Context().Done():
+		return nil
+	case <-f.restart:
+	}
+	_ = s.Send(&agentv1.WatchResponse{Event: &agentv1.Event{Kind: agentv1.Event_KIND_RESTARTING, RestartGraceMillis: uint32(f.grace.Milliseconds())}})
+	// As the agent's: the stream lasts until the server stops.
+	<-s.Context().Done()
+	return nil
+}
+
+// serveAgent serves fake on addr until the test ends or the returned stop is called.
+func serveAgent(t *testing.T, addr string, fake agentv1.AgentServiceServer) (stop func()) {
+	t.Helper()
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(agentapi.ServerOptions()...)
+	agentv1.RegisterAgentServiceServer(srv, fake)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return srv.Stop
+}
+
+// watchReach starts Agents on the agent at 127.0.0.44:port and returns its reachability as
+// the hook says it, with when.
+func watchReach(t *testing.T, port int) (*Agents, <-chan bool, func()) {
+	t.Helper()
+	reach := make(chan bool, 16)
+	a := New(Config{Port: port, Insecure: true, Timeout: time.Second}, 1, Hooks{Reachability: func(node string, ok bool) {
+		if node == "n1" {
+			reach <- ok
+		}
+	}})
+	ctx, cancel := context.WithCancel(context.Background())
+	a.SetNodes(ctx, map[string]netip.Addr{"n1": netip.MustParseAddr("127.0.0.44")})
+	return a, reach, func() { cancel(); a.Close() }
+}
+
+func freeTCPPort(t *testing.T, host string) int {
+	t.Helper()
+	l, err := net.Listen("tcp", host+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func expectReach(t *testing.T, reach <-chan bool, want bool, within time.Duration) {
+	t.Helper()
+	select {
+	case ok := <-reach:
+		if ok != want {
+			t.Fatalf("reachability %v, want %v", ok, want)
+		}
+	case <-time.After(within):
+		t.Fatalf("no reachability %v within %s", want, within)
+	}
+}
+
+// Issue 32: an agent that said it restarts (a rolling update) is not counted unreachable, which
+// would move its VIPs away and back, until its grace runs out; then it is.
+func TestARestartingAgentIsNotUnreachableUntilItsGraceEnds(t *testing.T) {
+	port := freeTCPPort(t, "127.0.0.44")
+	const grace = 3 * time.Second
+	fake := &restartingAgent{restart: make(chan struct{}), grace: grace}
+	stop := serveAgent(t, "127.0.0.44:"+strconv.Itoa(port), fake)
+	_, reach, done := watchReach(t, port)
+	defer done()
+	expectReach(t, reach, true, 30*time.Second)
+	close(fake.restart)
+	said := time.Now()
+	time.Sleep(100 * time.Millisecond) // the Event is on its way before the server goes
+	stop()
+	expectReach(t, reach, false, grace+30*time.Second)
+	if took := time.Since(said); took < grace-500*time.Millisecond {
+		t.Errorf("counted unreachable %s after it said it restarts with a grace of %s", took.Round(time.Millisecond), grace)
+	}
+}
+
+func TestARestartingAgentBackWithinItsGraceIsNeverUnreachable(t *testing.T) {
+	port := freeTCPPort(t, "127.0.0.44")
+	addr := "127.0.0.44:" + strconv.Itoa(port)
+	fake := &restartingAgent{restart: make(chan struct{}), grace: 20 * time.Second}
+	stop := serveAgent(t, addr, fake)
+	_, reach, done := watchReach(t, port)
+	defer done()
+	expectReach(t, reach, true, 30*time.Second)
+	close(fake.restart)
+	time.Sleep(100 * time.Millisecond)
+	stop()
+	time.Sleep(2 * time.Second) // away, as a restart is: the CCM's probes fail meanwhile
+	serveAgent(t, addr, &restartingAgent{restart: make(chan struct{})})
+	select {
+	case ok := <-reach:
+		t.Fatalf("reachability changed to %v during a restart within its grace", ok)
+	case <-time.After(5 * time.Second):
+	}
+}
+
+// Without a notice, an agent that goes away is unreachable at once (what the grace changes).
+func TestAnAgentGoneWithoutANoticeIsUnreachable(t *testing.T) {
+	port := freeTCPPort(t, "127.0.0.44")
+	stop := serveAgent(t, "127.0.0.44:"+strconv.Itoa(port), &restartingAgent{restart: make(chan struct{})})
+	_, reach, done := watchReach(t, port)
+	defer done()
+	expectReach(t, reach, true, 30*time.Second)
+	stop()
+	expectReach(t, reach, false, 5*time.Second)
+}
