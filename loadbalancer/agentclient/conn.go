@@ -27,6 +27,9 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 	defer probe.Stop()
 	wait := time.Duration(0)
 	var paced time.Time // no Apply before then (pushPace)
+	// recheck: the agent could not be reached within its restart grace; ask it again after
+	// the wait (by the grace's end at the latest) rather than at the next idle probe.
+	recheck := false
 	for {
 		if wait > 0 {
 			// A new state or a sign of life from the agent (its Watch stream reconnected)
@@ -45,7 +48,8 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 		c.mu.Unlock()
 		var err error
 		switch {
-		case !known || !reachable:
+		case !known || !reachable || recheck:
+			recheck = false
 			// First ask what the agent holds: the generation resumes from it (and its keys
 			// come from it). An agent that did not answer is asked again after the backoff;
 			// one that holds no certificate of the CA yet is enrolled first.
@@ -109,6 +113,7 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 				// grace ends at the latest; a new Watch ends the grace sooner.
 				klog.V(2).InfoS("Agent restarting: not reachable yet", "node", c.node, "err", err)
 				wait = min(wait, time.Until(until)+time.Millisecond)
+				recheck = true
 			default:
 				a.setReachable(c, false, err)
 			}
