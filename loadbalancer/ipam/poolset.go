@@ -214,3 +214,33 @@ func (a *Allocator) PoolStats(name string) (Stats, bool) {
 	}
 	return st, true
 }
+
+// FamilyUsage is one address family of a pool: the addresses held in it and the addresses it
+// can still give (never below zero; approximate above 2^53, as a /64 is).
+type FamilyUsage struct {
+	Family    Family
+	Allocated int64
+	Available float64
+}
+
+// Usage is what metrics show of a pool: whether it gives out addresses and, for each family
+// its ranges hold, how many are held and free. Unlike PoolStats it lists no orphans and does
+// not saturate, so a scrape costs O(r) for r ranges whatever the pool's size.
+func (a *Allocator) Usage(name string) (usable bool, families []FamilyUsage, ok bool) {
+	p, ok := a.pools[name]
+	if !ok {
+		return false, nil, false
+	}
+	for _, f := range []Family{IPv4, IPv6} {
+		if !p.hasFamily(f) {
+			continue
+		}
+		free := new(big.Int).Sub(p.capacity[f], big.NewInt(p.allocated[f]))
+		if free.Sign() < 0 {
+			free.SetInt64(0)
+		}
+		avail, _ := new(big.Float).SetInt(free).Float64()
+		families = append(families, FamilyUsage{Family: f, Allocated: p.allocated[f], Available: avail})
+	}
+	return p.usable(), families, true
+}

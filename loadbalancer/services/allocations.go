@@ -84,6 +84,7 @@ func New(cfg Config) *Allocations {
 	if cfg.StatusInterval <= 0 {
 		cfg.StatusInterval = time.Second
 	}
+	registerPoolMetrics()
 	return &Allocations{
 		cfg:          cfg,
 		ipam:         ipam.New(),
@@ -129,6 +130,7 @@ func (a *Allocations) Run(ctx context.Context) {
 	a.rebuild()
 	close(a.ready)
 	klog.InfoS("Address allocator rebuilt from Services", "services", a.ipam.Len())
+	defer servePoolMetrics(a)()
 
 	tick := time.NewTicker(a.cfg.StatusInterval)
 	defer tick.Stop()
