@@ -105,9 +105,10 @@ deps: ## Install what the tests need: Debian packages and the kube-apiserver bui
 	hack/kube.sh kube-apiserver
 
 .PHONY: test-deps
-test-deps: ## Build what the tests use before any runs: every Kubernetes component in one go build (hack/kube.sh), helm (.cache/bin), the images (the host's platform only).
+test-deps: ## Build what the tests use before any runs: every Kubernetes component in one go build (hack/kube.sh), helm and promtool (.cache/bin), the images (the host's platform only).
 	hack/kube.sh
 	hack/tool.sh helm >/dev/null
+	hack/tool.sh promtool >/dev/null
 	$(MAKE) images cluster-images PLATFORMS=linux/$$($(GO) env GOARCH)
 
 .PHONY: test-cluster
