@@ -61,6 +61,8 @@ type Options struct {
 	// LeaderElect runs the CCM with leader election (a Lease of the cluster's namespace, short
 	// timers: 4 s lease, 3 s renew deadline, 500 ms retry), so that replicas race for it.
 	LeaderElect bool
+	// AgentArgs are added to every agent's command line.
+	AgentArgs []string
 }
 
 // Build builds the CCM and agent binaries into dir.
@@ -328,6 +330,7 @@ func (c *Cluster) StartAgent(a *Agent) {
 	} else {
 		args = append(args, "--tls-mode", "enroll", "--token-file", a.Token)
 	}
+	args = append(args, c.opts.AgentArgs...)
 	a.Proc = h.Start(c.Root, "agent", c.opts.AgentBinary, args...)
 	if a.Client == nil {
 		cfg, err := certs.ClientConfig(pki.Files(c.PKI, "ccm"), h.Name)
