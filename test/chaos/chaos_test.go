@@ -83,9 +83,13 @@ func (f fault) String() string {
 // kinds of fault. Most apply to one node; those in nodeless to none. (endpoints-move draws a node
 // to move the endpoints to.)
 var kinds = []string{
-	"agent-kill", "agent-pause", "node-death", "link-flap", "grpc-drop", "heartbeat-loss", "heartbeat-oneway", "disk-readonly", "disk-full", // a node
+	"agent-kill", "agent-pause", "agent-restart", "restart-then-die", "node-death", "link-flap", "grpc-drop", "heartbeat-loss", "heartbeat-oneway", "disk-readonly", "disk-full", // a node
 	"ccm-restart", "ccm-race", "api-down", "router-restart", "tenant-edit", "tenant-move", "service-churn", "pool-delete", "endpoints-move", // the cluster
 }
+
+// restartGrace is the agents' --restart-grace: agent-restart comes back within it (1 to 3 s),
+// restart-then-die after it.
+const restartGrace = 3500 * time.Millisecond
 
 // nodeless are the kinds that apply to no node.
 var nodeless = map[string]bool{"ccm-restart": true, "ccm-race": true, "api-down": true, "router-restart": true, "tenant-edit": true, "tenant-move": true, "service-churn": true, "pool-delete": true}
@@ -114,6 +118,8 @@ func schedule(seed uint64, n int, nodes, from []string) []fault {
 			f.Hold = 5 * time.Second
 		case "api-down":
 			f.Hold = time.Minute
+		case "restart-then-die":
+			f.Hold = restartGrace + 2*time.Second // back after the grace ran out: its peers took over
 		}
 		if nodeless[f.Kind] {
 			f.Node = ""
@@ -177,7 +183,8 @@ func TestChaos(t *testing.T) {
 
 // soak runs seed's schedule for d (0: the short form, every kind of fault once).
 func soak(t *testing.T, seed uint64, d time.Duration) {
-	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary, Nodes: 4, LeaderElect: true, ClientAddrs: 7})
+	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary, Nodes: 4, LeaderElect: true, ClientAddrs: 7,
+		AgentArgs: []string{"--restart-grace", restartGrace.String()}})
 	s := &soakRun{t: t, c: c}
 	nodes := make([]string, 0, len(c.Agents))
 	for n := range c.Agents {
@@ -410,6 +417,13 @@ func (s *soakRun) inject(f fault) (heal func()) {
 	case "agent-kill":
 		a := c.Agents[f.Node]
 		a.Proc.Kill()
+		return func() { c.StartAgent(a) }
+	case "agent-restart", "restart-then-die":
+		// A planned restart: SIGTERM, the agent tells its peers and the CCM it is back within
+		// its grace (they hold its VIPs for it); started again within the grace, or after it
+		// ran out and its peers took over (restart-then-die: the notice is no lease on a VIP).
+		a := c.Agents[f.Node]
+		a.Proc.Stop(10 * time.Second)
 		return func() { c.StartAgent(a) }
 	case "agent-pause":
 		p := c.Agents[f.Node].Proc.Cmd.Process
