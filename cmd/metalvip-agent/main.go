@@ -33,6 +33,7 @@ import (
 	"github.com/metalvip/metalvip/internal/connlimit"
 	"github.com/metalvip/metalvip/internal/identity"
 	"github.com/metalvip/metalvip/internal/memlimit"
+	"github.com/metalvip/metalvip/internal/metricsauth"
 	"github.com/metalvip/metalvip/internal/version"
 	"github.com/metalvip/metalvip/nodeagent"
 	"github.com/metalvip/metalvip/nodeagent/bgp"
@@ -41,7 +42,8 @@ import (
 
 type flags struct {
 	node, listen, stateDir    string
-	metrics                   string
+	metrics, metricsAuth      string
+	kubeconfig                string
 	caFile, certFile, keyFile string
 	tlsMode, tokenFile        string
 	insecure                  bool
@@ -58,7 +60,9 @@ func parseFlags(args []string) (*flags, error) {
 	fs := flag.NewFlagSet("metalvip-agent", flag.ContinueOnError)
 	fs.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name, as the Node object has it (default $NODE_NAME)")
 	fs.StringVar(&f.listen, "listen-address", ":7472", "where the gRPC service listens: host:port, [v6]:port, or a bare address (port 7472), so $(NODE_IP) suits IPv4 and IPv6 nodes")
-	fs.StringVar(&f.metrics, "metrics-address", ":7474", "where /metrics (Prometheus), /healthz and /readyz are served in plain HTTP: host:port, [v6]:port or a bare address (port 7474); empty for none")
+	fs.StringVar(&f.metrics, "metrics-address", ":7474", "where /metrics (Prometheus), /healthz and /readyz are served: host:port, [v6]:port or a bare address (port 7474); empty for none")
+	fs.StringVar(&f.metricsAuth, "metrics-auth", "none", "who may read /metrics: none (plain HTTP, anyone who reaches the port) or kubernetes (HTTPS with the agent's certificate; a bearer token checked by a TokenReview and a SubjectAccessReview for get on /metrics; /healthz and /readyz stay open)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "--metrics-auth=kubernetes: the kubeconfig of the API server that reviews tokens (default: in-cluster, the Pod's ServiceAccount)")
 	fs.StringVar(&f.stateDir, "state-dir", "/var/lib/metalvip-agent", "folder for the last applied state, so that a restart resumes announcing")
 	fs.StringVar(&f.tlsMode, "tls-mode", "files", "where this agent's certificate comes from: files (--tls-cert, --tls-key, made by metalvipctl certs) or enroll (issued by the CCM for a projected ServiceAccount token, kept in --state-dir; docs/agent-tls.md)")
 	fs.StringVar(&f.caFile, "tls-ca", "", "PEM file of the CA that signs the CCM's certificate (enroll: the ConfigMap metalvip-ca, mounted)")
@@ -112,6 +116,14 @@ func parseFlags(args []string) (*flags, error) {
 	}
 	if f.refresh < time.Second {
 		return nil, fmt.Errorf("--gratuitous-refresh=%s is too short; give at least 1s", f.refresh)
+	}
+	switch {
+	case f.metricsAuth != "none" && f.metricsAuth != "kubernetes":
+		return nil, fmt.Errorf("--metrics-auth=%q: write none or kubernetes", f.metricsAuth)
+	case f.metricsAuth == "kubernetes" && f.metrics == "":
+		return nil, errors.New("--metrics-auth=kubernetes guards the metrics endpoint, but --metrics-address is empty (none served); give an address or remove --metrics-auth")
+	case f.metricsAuth == "none" && f.kubeconfig != "":
+		return nil, errors.New("--kubeconfig is used by --metrics-auth=kubernetes alone; remove it or add --metrics-auth=kubernetes")
 	}
 	if f.routerID != "" {
 		if a, err := netip.ParseAddr(f.routerID); err != nil || !a.Is4() {
@@ -181,6 +193,28 @@ func run(f *flags) error {
 			return fmt.Errorf("--node-name is %q but %s is for node %q", f.node, f.controlPlane, node)
 		}
 	}
+	// The gRPC service's TLS material, read before anything starts; /metrics over HTTPS serves
+	// the same certificate (nil: no gRPC TLS, a self-signed one).
+	var src certs.Source
+	var enrollee *identity.Enrollee
+	switch {
+	case f.insecure || (f.controlPlane != "" && f.caFile == ""):
+	case f.tlsMode == "enroll":
+		if enrollee, err = identity.NewEnrollee(identity.EnrolleeOptions{Node: f.node, CAFile: f.caFile, TokenFile: f.tokenFile, Dir: f.stateDir}); err != nil {
+			return fmt.Errorf("enrollment: %w", err)
+		}
+		src = enrollee
+	default:
+		if src, err = certs.FileSource(certs.Files{CA: f.caFile, Cert: f.certFile, Key: f.keyFile}); err != nil {
+			return fmt.Errorf("TLS: %w", err)
+		}
+	}
+	var guard *metricsauth.Filter
+	if f.metricsAuth == "kubernetes" {
+		if guard, err = newMetricsGuard(f.kubeconfig); err != nil {
+			return fmt.Errorf("--metrics-auth=kubernetes: %w", err)
+		}
+	}
 	speaker := l2.New(l2.Options{Refresh: f.refresh})
 	reg := newRegistry()
 	agent, err := nodeagent.New(ctx, nodeagent.Options{
@@ -197,12 +231,12 @@ func run(f *flags) error {
 	reg.MustRegister(newGauges(agent))
 	var metrics *metricsServer
 	if f.metrics != "" {
-		if metrics, err = newMetricsServer(f.metrics, reg, agent); err != nil {
+		if metrics, err = newMetricsServer(f.metrics, reg, agent, guard, src, f.node); err != nil {
 			_ = agent.Close(context.Background())
 			return fmt.Errorf("--metrics-address: %w", err)
 		}
 		defer metrics.Close()
-		klog.InfoS("Serving metrics and health", "address", metrics.lis.Addr().String())
+		klog.InfoS("Serving metrics and health", "address", metrics.lis.Addr().String(), "auth", f.metricsAuth)
 	}
 	if f.controlPlane != "" && !f.insecure && f.caFile == "" {
 		if metrics != nil {
@@ -222,26 +256,16 @@ func run(f *flags) error {
 	case f.insecure:
 		klog.InfoS("WARNING: serving plaintext with no client authentication (--insecure); anyone who reaches this port can make this node announce addresses")
 		creds = insecure.NewCredentials()
-	case f.tlsMode == "enroll":
-		e, err := identity.NewEnrollee(identity.EnrolleeOptions{Node: f.node, CAFile: f.caFile, TokenFile: f.tokenFile, Dir: f.stateDir})
-		if err != nil {
-			_ = agent.Close(context.Background())
-			return fmt.Errorf("enrollment: %w", err)
-		}
-		cfg, err := certs.ServerConfigFrom(e, certs.CCMName, certs.ViewerName)
-		if err != nil {
-			_ = agent.Close(context.Background())
-			return fmt.Errorf("TLS: %w", err)
-		}
-		creds = credentials.NewTLS(cfg)
-		serverOpts = append(serverOpts, nodeagent.WithEnrollee(e))
 	default:
-		cfg, err := certs.ServerConfig(certs.Files{CA: f.caFile, Cert: f.certFile, Key: f.keyFile}, certs.CCMName, certs.ViewerName)
+		cfg, err := certs.ServerConfigFrom(src, certs.CCMName, certs.ViewerName)
 		if err != nil {
 			_ = agent.Close(context.Background())
 			return fmt.Errorf("TLS: %w", err)
 		}
 		creds = credentials.NewTLS(cfg)
+		if enrollee != nil {
+			serverOpts = append(serverOpts, nodeagent.WithEnrollee(enrollee))
+		}
 	}
 	srv := nodeagent.NewServer(agent, creds, !f.insecure, serverOpts...)
 	tcp, err := net.Listen("tcp", f.listen)

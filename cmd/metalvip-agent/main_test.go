@@ -9,6 +9,12 @@ func TestParseFlags(t *testing.T) {
 	if f, err := parseFlags([]string{"--node-name", "n1", "--insecure", "--listen-address", "127.0.0.1:9000"}); err != nil || f.node != "n1" || !f.insecure {
 		t.Errorf("valid flags: %+v, %v", f, err)
 	}
+	if f, err := parseFlags([]string{"--node-name", "n1", "--insecure"}); err != nil || f.metricsAuth != "none" {
+		t.Errorf("--metrics-auth default: %+v, %v; want none (plain HTTP, as the labs scrape)", f, err)
+	}
+	if f, err := parseFlags([]string{"--node-name", "n1", "--insecure", "--metrics-auth", "kubernetes", "--kubeconfig", "/k"}); err != nil || f.metricsAuth != "kubernetes" || f.kubeconfig != "/k" {
+		t.Errorf("--metrics-auth=kubernetes: %+v, %v", f, err)
+	}
 	if _, err := parseFlags([]string{"--node-name", "n1", "--tls-ca", "a", "--tls-cert", "b", "--tls-key", "c"}); err != nil {
 		t.Errorf("TLS flags: %v", err)
 	}
@@ -32,6 +38,9 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--node-name", "n1", "--tls-mode", "enroll", "--tls-ca", "a", "--tls-key", "k"}, "remove --tls-cert and --tls-key"},
 		{[]string{"--node-name", "n1", "--tls-mode", "enroll", "--insecure"}, "--insecure turns TLS off"},
 		{[]string{"--node-name", "n1", "--tls-mode", "enroll", "--tls-ca", "a", "--token-file", ""}, "needs --token-file"},
+		{[]string{"--node-name", "n1", "--insecure", "--metrics-auth", "token"}, "write none or kubernetes"},
+		{[]string{"--node-name", "n1", "--insecure", "--metrics-auth", "kubernetes", "--metrics-address", ""}, "--metrics-address is empty"},
+		{[]string{"--node-name", "n1", "--insecure", "--kubeconfig", "/k"}, "add --metrics-auth=kubernetes"},
 	} {
 		if _, err := parseFlags(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("parseFlags(%v) = %v; want an error with %q", tc.args, err, tc.want)

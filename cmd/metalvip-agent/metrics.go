@@ -2,7 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/netip"
@@ -12,8 +16,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/metalvip/metalvip/internal/certs"
+	"github.com/metalvip/metalvip/internal/metricsauth"
 	"github.com/metalvip/metalvip/internal/version"
 	"github.com/metalvip/metalvip/nodeagent"
 )
@@ -161,22 +170,45 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// metricsServer serves /metrics, /healthz and /readyz in plain HTTP.
+// metricsServer serves /metrics, /healthz and /readyz: in plain HTTP, or with a guard over
+// HTTPS with /metrics authenticated and authorised (the probes stay open: kubelet sends no
+// token).
 type metricsServer struct {
 	srv   *http.Server
 	lis   net.Listener
 	ready atomic.Bool
 }
 
-// newMetricsServer listens on addr at once, so that a port in use is an error at start.
-func newMetricsServer(addr string, reg *prometheus.Registry, agent *nodeagent.Agent) (*metricsServer, error) {
+// newMetricsServer listens on addr at once, so that a port in use is an error at start. With
+// guard it serves HTTPS with src's certificate (the gRPC service's: the CCM's or metalvipctl's
+// CA signed it for node), or, without src, a self-signed one made now for node.
+func newMetricsServer(addr string, reg *prometheus.Registry, agent *nodeagent.Agent, guard *metricsauth.Filter, src certs.Source, node string) (*metricsServer, error) {
+	var cfg *tls.Config
+	if guard != nil {
+		cert := func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return src.Certificate() }
+		if src == nil {
+			own, err := selfSigned(node)
+			if err != nil {
+				return nil, fmt.Errorf("a certificate for HTTPS: %w", err)
+			}
+			cert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return own, nil }
+		}
+		cfg = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: cert}
+	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
+	if cfg != nil {
+		lis = tls.NewListener(lis, cfg)
+	}
 	m := &metricsServer{lis: lis}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	var metrics http.Handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
+	if guard != nil {
+		metrics = guard.Wrap(metrics)
+	}
+	mux.Handle("/metrics", metrics)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := agent.Healthy(healthWait); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -195,13 +227,45 @@ func newMetricsServer(addr string, reg *prometheus.Registry, agent *nodeagent.Ag
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	m.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 20 * time.Second}
+	m.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 20 * time.Second,
+		ErrorLog: log.New(io.Discard, "", 0)} // TLS handshake noise from port scanners
 	go func() {
 		if err := m.srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			klog.ErrorS(err, "Metrics and health endpoint stopped")
 		}
 	}()
 	return m, nil
+}
+
+// newMetricsGuard reviews tokens with the API server of kubeconfig (in-cluster when empty).
+func newMetricsGuard(kubeconfig string) (*metricsauth.Filter, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("the API server's configuration (--kubeconfig, or in-cluster: the Pod needs its ServiceAccount token): %w", err)
+	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.UserAgent = "metalvip-agent"
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return metricsauth.New(metricsauth.Options{Client: c}), nil
+}
+
+// selfSigned is the metrics certificate of an agent with no gRPC TLS (--insecure, standalone
+// control-plane mode): signed by a CA made for it and thrown away, so nothing can verify it;
+// it only keeps the token off the wire.
+func selfSigned(node string) (*tls.Certificate, error) {
+	ca, err := certs.NewCA("metalvip-agent-metrics."+node, 10*365*24*time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	p, err := certs.Issue(ca, node, certs.Server, 10*365*24*time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	c, err := tls.X509KeyPair(p.Cert, p.Key)
+	return &c, err
 }
 
 func (m *metricsServer) Close() {

@@ -140,6 +140,9 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 	if !ok {
 		return
 	}
+	t.Run("metrics over TLS: the CCM's and every agent's with the metrics reader's token; 401 without a token, 403 without the ClusterRole", func(t *testing.T) {
+		checkMetrics(t, c, inst.Name == kubecluster.Chart.Name)
+	})
 
 	w, err := c.DeployWorkload(ctx, "node2", "node3")
 	if err != nil {

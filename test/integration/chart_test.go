@@ -14,8 +14,11 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
 
 	"github.com/metalvip/metalvip/provider"
@@ -229,10 +232,12 @@ ccm:
     interval: 15s
     labels: {release: prometheus}
     prometheusServiceAccount: {name: prometheus-k8s, namespace: monitoring}
+    tlsConfig: {ca: {configMap: {name: ccm-serving-ca, key: ca.crt}}, serverName: ccm.example}
 agent:
   image: {digest: "sha256:2222222222222222222222222222222222222222222222222222222222222222"}
   port: 7480
   metricsPort: 7484
+  metricsAuth: none
   interfaces: [eth1, bond0]
   stateDir: /var/lib/metalvip
   priorityClassName: ""
@@ -240,7 +245,7 @@ agent:
   nodeSelector: {kubernetes.io/os: linux, example.com/edge: "true"}
   tolerations: []
   extraArgs: [--v=2, --gratuitous-refresh=60s]
-  podMonitor: {enabled: true, interval: 15s, labels: {release: prometheus}}
+  podMonitor: {enabled: true, interval: 15s, labels: {release: prometheus}, tlsConfig: {serverName: agents.example}}
 `
 
 // TestTheChartsValuesReachTheObjects: each value changes what it says, and the cloud-config it
@@ -278,7 +283,7 @@ func TestTheChartsValuesReachTheObjects(t *testing.T) {
 	var agent appsv1.DaemonSet
 	typed(t, docs, "DaemonSet", "metalvip-agent", &agent)
 	a := agent.Spec.Template.Spec.Containers[0]
-	for _, want := range []string{"--listen-address=[$(NODE_IP)]:7480", "--metrics-address=:7484", "--interfaces=eth1,bond0", "--state-dir=/var/lib/metalvip", "--gratuitous-refresh=60s"} {
+	for _, want := range []string{"--listen-address=[$(NODE_IP)]:7480", "--metrics-address=[$(NODE_IP)]:7484", "--metrics-auth=none", "--interfaces=eth1,bond0", "--state-dir=/var/lib/metalvip", "--gratuitous-refresh=60s"} {
 		if !slices.Contains(a.Args, want) {
 			t.Errorf("agent args %v lack %s", a.Args, want)
 		}
@@ -292,6 +297,25 @@ func TestTheChartsValuesReachTheObjects(t *testing.T) {
 	}
 	if ports["grpc"] != 7480 || ports["heartbeat"] != 7483 || ports["metrics"] != 7484 {
 		t.Errorf("agent ports %v", ports)
+	}
+	if a.LivenessProbe.HTTPGet.Scheme != corev1.URISchemeHTTP {
+		t.Errorf("agent probes over %s with metricsAuth none (plain HTTP)", a.LivenessProbe.HTTPGet.Scheme)
+	}
+	for _, v := range agent.Spec.Template.Spec.Volumes {
+		if v.Name == "kube-api-access" {
+			t.Error("an API token mounted in the agent with metricsAuth none")
+		}
+	}
+	if findDoc(docs, "ClusterRoleBinding", "metalvip:agent:auth-delegator") != nil {
+		t.Error("the agent is granted token reviews with metricsAuth none")
+	}
+	sm := endpointOf(t, docs, "ServiceMonitor", "metalvip-cloud-controller-manager", "endpoints")
+	if sm.TLSConfig["serverName"] != "ccm.example" || sm.TLSConfig["insecureSkipVerify"] != nil {
+		t.Errorf("ServiceMonitor tlsConfig %v, want the values' (serverName ccm.example, no insecureSkipVerify)", sm.TLSConfig)
+	}
+	pm := endpointOf(t, docs, "PodMonitor", "metalvip-agent", "podMetricsEndpoints")
+	if pm.Scheme != "" || pm.Authorization != nil {
+		t.Errorf("PodMonitor with metricsAuth none: scheme %q authorization %v, want plain HTTP without a token", pm.Scheme, pm.Authorization)
 	}
 	if v := agent.Spec.Template.Spec.Volumes[1].Secret; v == nil || v.SecretName != "agents-tls" {
 		t.Errorf("agent TLS volume %+v", agent.Spec.Template.Spec.Volumes)
@@ -413,12 +437,14 @@ func TestTheChartRefusesBadValuesByName(t *testing.T) {
 	}
 }
 
-// TestTheChartIsAcceptedByTheAPIServer applies the chart, rendered with non-default values,
-// server-side to the real API server (every object validated by it, CRDs first).
+// TestTheChartIsAcceptedByTheAPIServer applies the chart, rendered with non-default values and
+// the monitors on, server-side to the real API server (every object validated by it, CRDs
+// first; prometheus-operator's generated from its Go API module).
 func TestTheChartIsAcceptedByTheAPIServer(t *testing.T) {
 	srv := kubeapi.Get(t)
+	srv.InstallMonitoringCRDs(t)
 	docs := renderChart(t, "ccm.replicas=2", "agent.interfaces={eth1}", "ccm.image.digest=sha256:"+strings.Repeat("a", 64),
-		"cloudConfig.topology.zoneLabel=example.com/zone")
+		"cloudConfig.topology.zoneLabel=example.com/zone", "ccm.serviceMonitor.enabled=true", "agent.podMonitor.enabled=true")
 	applyDocs(t, srv, docs)
 	// Restore what the other tests apply (same names), whatever happens here.
 	t.Cleanup(func() { applyManifests(t, srv) })
@@ -440,4 +466,20 @@ func TestTheChartIsAcceptedByTheAPIServer(t *testing.T) {
 	if _, err := srv.Client.CoreV1().Namespaces().Get(ctx, "metalvip-bgp-secrets", metav1.GetOptions{}); err != nil {
 		t.Errorf("password namespace: %v", err)
 	}
+	dyn, err := dynamic.NewForConfig(srv.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []string{"servicemonitors", "podmonitors"} {
+		gvr := schema.GroupVersionResource{Group: "monitoring.coreos.com", Version: "v1", Resource: r}
+		list, err := dyn.Resource(gvr).Namespace("kube-system").List(ctx, metav1.ListOptions{})
+		if err != nil || len(list.Items) != 1 {
+			t.Errorf("%s held by the API server: %v", r, err)
+			continue
+		}
+		// The monitors are removed again: the other tests apply manifests/ alone.
+		_ = dyn.Resource(gvr).Namespace("kube-system").Delete(ctx, list.Items[0].GetName(), metav1.DeleteOptions{})
+	}
+	_ = srv.Client.CoreV1().Secrets("kube-system").Delete(ctx, "metalvip-metrics-reader-token", metav1.DeleteOptions{})
+	_ = srv.Client.CoreV1().Services("kube-system").Delete(ctx, "metalvip-cloud-controller-manager-metrics", metav1.DeleteOptions{})
 }

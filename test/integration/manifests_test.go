@@ -354,8 +354,11 @@ func TestTheAgentRunsOnEveryLinuxNode(t *testing.T) {
 	if !slices.Contains(c.Args, "--listen-address=$(NODE_IP)") {
 		t.Errorf("args %v: want --listen-address=$(NODE_IP) (a bare address: $(NODE_IP):7472 breaks on IPv6)", c.Args)
 	}
-	if !slices.Contains(c.Args, "--metrics-address=:7474") {
-		t.Errorf("args %v: want --metrics-address=:7474", c.Args)
+	if !slices.Contains(c.Args, "--metrics-address=$(NODE_IP)") || !slices.Contains(c.Args, "--metrics-auth=kubernetes") {
+		t.Errorf("args %v: want --metrics-address=$(NODE_IP) (the node's address alone) and --metrics-auth=kubernetes", c.Args)
+	}
+	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet.Scheme != corev1.URISchemeHTTPS || c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+		t.Error("the probes do not ask over HTTPS, which the agent serves with --metrics-auth=kubernetes")
 	}
 	sc := c.SecurityContext
 	if sc == nil || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||

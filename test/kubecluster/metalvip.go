@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/metalvip/metalvip/test/kubeapi"
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
@@ -67,21 +68,39 @@ var Manifests = Installer{
 }
 
 // Chart installs as docs/install-helm.md says: the same Secrets, then `helm install` of
-// charts/metalvip with the default values.
+// charts/metalvip with the default values and monitoring on (prometheus-operator's CRDs
+// first, generated from its Go API module: the ServiceMonitor, the PodMonitor and the metrics
+// reader's token Secret).
 var Chart = Installer{
 	Name: "chart",
 	Install: func(ctx context.Context, c *Cluster) error {
 		if err := c.ApplyCerts(ctx); err != nil {
 			return err
 		}
-		_, err := c.Tool(ctx, "helm", "install", "metalvip", "charts/metalvip", "--namespace", "kube-system", "--wait", "--timeout", "3m")
+		crds, err := kubeapi.MonitoringCRDs()
+		if err != nil {
+			return err
+		}
+		if _, err := c.Kubectl(ctx, "apply", "--server-side", "-f", crds); err != nil {
+			return err
+		}
+		if _, err := c.Kubectl(ctx, "wait", "--for", "condition=Established", "--timeout", "60s",
+			"crd/servicemonitors.monitoring.coreos.com", "crd/podmonitors.monitoring.coreos.com"); err != nil {
+			return err
+		}
+		_, err = c.Tool(ctx, "helm", "install", "metalvip", "charts/metalvip", "--namespace", "kube-system", "--wait", "--timeout", "3m",
+			"--set", "ccm.serviceMonitor.enabled=true", "--set", "agent.podMonitor.enabled=true")
 		return err
 	},
 	Uninstall: func(ctx context.Context, c *Cluster) error {
 		_, err := c.Tool(ctx, "helm", "uninstall", "metalvip", "--namespace", "kube-system", "--wait", "--timeout", "2m")
 		// Helm keeps CRDs: remove them too, so that the next install starts from nothing.
 		_, cerr := c.Kubectl(ctx, "delete", "--ignore-not-found", "-f", "charts/metalvip/crds/")
-		return errors.Join(err, cerr, c.removeCerts(ctx))
+		var merr error
+		if crds, err := kubeapi.MonitoringCRDs(); err == nil {
+			_, merr = c.Kubectl(ctx, "delete", "--ignore-not-found", "-f", crds)
+		}
+		return errors.Join(err, cerr, merr, c.removeCerts(ctx))
 	},
 }
 
