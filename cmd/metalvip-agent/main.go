@@ -37,6 +37,7 @@ import (
 	"github.com/metalvip/metalvip/internal/version"
 	"github.com/metalvip/metalvip/nodeagent"
 	"github.com/metalvip/metalvip/nodeagent/bgp"
+	"github.com/metalvip/metalvip/nodeagent/failover"
 	"github.com/metalvip/metalvip/nodeagent/l2"
 )
 
@@ -50,6 +51,8 @@ type flags struct {
 	interfaces                string
 	routerID                  string
 	refresh, shutdownTimeout  time.Duration
+	restartGrace              time.Duration
+	podName, podNamespace     string
 	keyLifetime               time.Duration
 	controlPlane              string
 	printKey                  bool
@@ -74,6 +77,9 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.routerID, "router-id", "", "BGP router ID when the CCM gives none (default: the first IPv4 address of the first interface)")
 	fs.DurationVar(&f.refresh, "gratuitous-refresh", 30*time.Second, "how often owned L2 VIPs are announced again (keep under the switches' FDB ageing)")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 5*time.Second, "how long a SIGTERM may take to withdraw routes and close sessions")
+	fs.DurationVar(&f.restartGrace, "restart-grace", 0, "on SIGTERM, tell the heartbeat peers and the CCM that this agent restarts and is back within this long (1s to 30s; 0: off): its L2 VIPs wait for it instead of moving away and back. A draining node hands over instead; with --pod-name, only a Pod being deleted through the API (a rolling update) counts as a restart. See docs/upgrading.md")
+	fs.StringVar(&f.podName, "pod-name", "", "this agent's Pod (with --pod-namespace): on SIGTERM, --restart-grace applies only if the Pod is being deleted through the API (a rolling update), not when the kubelet stops it on its own (a node shutting down); read with --kubeconfig or in-cluster")
+	fs.StringVar(&f.podNamespace, "pod-namespace", "", "the namespace of --pod-name")
 	fs.DurationVar(&f.keyLifetime, "heartbeat-key-lifetime", 30*24*time.Hour, "how old this node's heartbeat key may grow before a new one replaces it, without a failover (0: never by age; SIGHUP rotates at once)")
 	fs.StringVar(&f.controlPlane, "control-plane-config", "", "local file of the control-plane VIP (standalone mode, docs/control-plane.md); read again when it changes")
 	fs.BoolVar(&f.printKey, "print-heartbeat-key", false, "print this node's control-plane heartbeat public key (made in --state-dir if there is none) for the control-plane file, and exit")
@@ -117,13 +123,18 @@ func parseFlags(args []string) (*flags, error) {
 	if f.refresh < time.Second {
 		return nil, fmt.Errorf("--gratuitous-refresh=%s is too short; give at least 1s", f.refresh)
 	}
+	if f.restartGrace != 0 && (f.restartGrace < time.Second || f.restartGrace > failover.MaxRestartGrace) {
+		return nil, fmt.Errorf("--restart-grace=%s: give 0 (off) or 1s to %s", f.restartGrace, failover.MaxRestartGrace)
+	}
 	switch {
 	case f.metricsAuth != "none" && f.metricsAuth != "kubernetes":
 		return nil, fmt.Errorf("--metrics-auth=%q: write none or kubernetes", f.metricsAuth)
 	case f.metricsAuth == "kubernetes" && f.metrics == "":
 		return nil, errors.New("--metrics-auth=kubernetes guards the metrics endpoint, but --metrics-address is empty (none served); give an address or remove --metrics-auth")
-	case f.metricsAuth == "none" && f.kubeconfig != "":
-		return nil, errors.New("--kubeconfig is used by --metrics-auth=kubernetes alone; remove it or add --metrics-auth=kubernetes")
+	case f.metricsAuth == "none" && f.kubeconfig != "" && f.podName == "":
+		return nil, errors.New("--kubeconfig is used by --metrics-auth=kubernetes and --pod-name alone; remove it or add one of them")
+	case (f.podName == "") != (f.podNamespace == ""):
+		return nil, errors.New("--pod-name and --pod-namespace go together")
 	}
 	if f.routerID != "" {
 		if a, err := netip.ParseAddr(f.routerID); err != nil || !a.Is4() {
@@ -303,7 +314,7 @@ func run(f *flags) error {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
 	defer cancel()
-	err = agent.Close(sctx)
+	err = agent.Restart(sctx, restartGrace(sctx, f)) // Close, unless a planned restart has a grace
 	done := make(chan struct{})
 	go func() { srv.GracefulStop(); close(done) }()
 	select {

@@ -40,7 +40,10 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--node-name", "n1", "--tls-mode", "enroll", "--tls-ca", "a", "--token-file", ""}, "needs --token-file"},
 		{[]string{"--node-name", "n1", "--insecure", "--metrics-auth", "token"}, "write none or kubernetes"},
 		{[]string{"--node-name", "n1", "--insecure", "--metrics-auth", "kubernetes", "--metrics-address", ""}, "--metrics-address is empty"},
-		{[]string{"--node-name", "n1", "--insecure", "--kubeconfig", "/k"}, "add --metrics-auth=kubernetes"},
+		{[]string{"--node-name", "n1", "--insecure", "--kubeconfig", "/k"}, "add one of them"},
+		{[]string{"--node-name", "n1", "--insecure", "--restart-grace", "500ms"}, "give 0 (off) or 1s to 30s"},
+		{[]string{"--node-name", "n1", "--insecure", "--restart-grace", "31s"}, "give 0 (off) or 1s to 30s"},
+		{[]string{"--node-name", "n1", "--insecure", "--pod-name", "metalvip-agent-x"}, "go together"},
 	} {
 		if _, err := parseFlags(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("parseFlags(%v) = %v; want an error with %q", tc.args, err, tc.want)
