@@ -227,6 +227,12 @@ ccm:
   tolerations: [{operator: Exists}]
   podDisruptionBudget: {enabled: true, maxUnavailable: 2}
   extraArgs: [--v=2]
+  strategy: {type: Recreate}
+  serviceAccount: {name: ccm-identity, annotations: {example.com/owner: network-team}}
+  podAnnotations: {example.com/note: ccm}
+  podLabels: {example.com/team: network}
+  podSecurityContext: {runAsUser: 65000, fsGroup: 65000}
+  securityContext: {seccompProfile: {type: Localhost, localhostProfile: profiles/ccm.json}}
   serviceMonitor:
     enabled: true
     interval: 15s
@@ -245,6 +251,13 @@ agent:
   nodeSelector: {kubernetes.io/os: linux, example.com/edge: "true"}
   tolerations: []
   extraArgs: [--v=2, --gratuitous-refresh=60s]
+  affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: example.com/announce, operator: Exists}]}]}}}
+  updateStrategy: {type: RollingUpdate, rollingUpdate: {maxUnavailable: 10%}}
+  serviceAccount: {name: node-agents, annotations: {example.com/owner: network-team}}
+  podAnnotations: {example.com/note: agent}
+  podLabels: {example.com/team: network}
+  podSecurityContext: {seccompProfile: {type: Localhost, localhostProfile: profiles/agent.json}}
+  securityContext: {capabilities: {add: [NET_RAW]}}
   podMonitor: {enabled: true, interval: 15s, labels: {release: prometheus}, tlsConfig: {serverName: agents.example}}
 `
 
@@ -278,6 +291,16 @@ func TestTheChartsValuesReachTheObjects(t *testing.T) {
 	}
 	if v := ccm.Spec.Template.Spec.Volumes[1].Secret; v == nil || v.SecretName != "ccm-tls" {
 		t.Errorf("CCM TLS volume %+v", ccm.Spec.Template.Spec.Volumes)
+	}
+	checkPodKnobs(t, docs, "CCM", ccm.Spec.Template, "ccm-identity", "ccm")
+	if s := ccm.Spec.Strategy; s.Type != appsv1.RecreateDeploymentStrategyType || s.RollingUpdate != nil {
+		t.Errorf("CCM strategy %+v, want Recreate without the default's rollingUpdate", s)
+	}
+	if p := ccm.Spec.Template.Spec.SecurityContext; *p.RunAsUser != 65000 || *p.FSGroup != 65000 || !*p.RunAsNonRoot || p.SeccompProfile.Type != "RuntimeDefault" {
+		t.Errorf("CCM pod securityContext %+v, want runAsUser and fsGroup 65000 beside the defaults", p)
+	}
+	if c := c.SecurityContext; c.SeccompProfile.Type != "Localhost" || *c.AllowPrivilegeEscalation || !*c.ReadOnlyRootFilesystem {
+		t.Errorf("CCM container securityContext %+v, want a Localhost seccomp profile beside the defaults", c)
 	}
 
 	var agent appsv1.DaemonSet
@@ -319,6 +342,19 @@ func TestTheChartsValuesReachTheObjects(t *testing.T) {
 	}
 	if v := agent.Spec.Template.Spec.Volumes[1].Secret; v == nil || v.SecretName != "agents-tls" {
 		t.Errorf("agent TLS volume %+v", agent.Spec.Template.Spec.Volumes)
+	}
+	checkPodKnobs(t, docs, "agent", agent.Spec.Template, "node-agents", "agent")
+	if s := agent.Spec.UpdateStrategy; s.RollingUpdate == nil || s.RollingUpdate.MaxUnavailable.String() != "10%" {
+		t.Errorf("agent updateStrategy %+v", s)
+	}
+	if aff := agent.Spec.Template.Spec.Affinity; aff == nil || aff.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0].Key != "example.com/announce" {
+		t.Errorf("agent affinity %+v", aff)
+	}
+	if p := agent.Spec.Template.Spec.SecurityContext; p.SeccompProfile.Type != "Localhost" || *p.SeccompProfile.LocalhostProfile != "profiles/agent.json" {
+		t.Errorf("agent pod securityContext %+v", p)
+	}
+	if c := a.SecurityContext; !slices.Equal(c.Capabilities.Add, []corev1.Capability{"NET_RAW"}) || !slices.Equal(c.Capabilities.Drop, []corev1.Capability{"ALL"}) || *c.AllowPrivilegeEscalation || !*c.ReadOnlyRootFilesystem {
+		t.Errorf("agent container securityContext %+v, want NET_RAW alone added beside the defaults", c)
 	}
 
 	// The cloud-config, read by the CCM's own reader.
@@ -426,6 +462,12 @@ func TestTheChartRefusesBadValuesByName(t *testing.T) {
 		{"a bare-number duration is refused", "cloudConfig.failover.interval=50", "/cloudConfig/failover/interval"},
 		{"two interfaces in one item are refused", `agent.interfaces[0]=eth0\,eth1`, "/agent/interfaces/0"},
 		{"a privileged port for the agent is refused", "agent.port=179", "/agent/port"},
+		{"a pod label replacing the chart's own is refused", `agent.podLabels.app\.kubernetes\.io/name=x`, `agent.podLabels: "app.kubernetes.io/name" is the chart's own label`},
+		{"a misspelt securityContext field is refused", "ccm.securityContext.readOnlyRootFileSystem=false", "additional properties 'readOnlyRootFileSystem' not allowed"},
+		{"a toleration operator Kubernetes lacks is refused", "agent.tolerations[0].operator=Exist", "/agent/tolerations/0/operator"},
+		{"a DaemonSet strategy of a Deployment is refused", "agent.updateStrategy.type=Recreate", "/agent/updateStrategy/type"},
+		{"a ServiceAccount name in capitals is refused", "ccm.serviceAccount.name=CCM", "/ccm/serviceAccount/name"},
+		{"a drain delay over 10 minutes is refused", "cloudConfig.drain.delay=11m", "cloudConfig.drain.delay: 11m is out of range; write at most 10m"},
 		{"a Prometheus account without namespace is refused", "ccm.serviceMonitor.enabled=true,ccm.serviceMonitor.prometheusServiceAccount.name=p", "prometheusServiceAccount.namespace is required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -444,7 +486,14 @@ func TestTheChartIsAcceptedByTheAPIServer(t *testing.T) {
 	srv := kubeapi.Get(t)
 	srv.InstallMonitoringCRDs(t)
 	docs := renderChart(t, "ccm.replicas=2", "agent.interfaces={eth1}", "ccm.image.digest=sha256:"+strings.Repeat("a", 64),
-		"cloudConfig.topology.zoneLabel=example.com/zone", "ccm.serviceMonitor.enabled=true", "agent.podMonitor.enabled=true")
+		"cloudConfig.topology.zoneLabel=example.com/zone", "ccm.serviceMonitor.enabled=true", "agent.podMonitor.enabled=true",
+		// The pod knobs, each to something other than its default.
+		"ccm.strategy.type=Recreate", "agent.updateStrategy.rollingUpdate.maxUnavailable=10%",
+		`ccm.podLabels.example\.com/team=network`, `agent.podAnnotations.example\.com/note=agent`,
+		"ccm.podSecurityContext.fsGroup=65532", "agent.securityContext.capabilities.add={NET_RAW}",
+		"agent.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=example.com/announce",
+		"agent.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+		`ccm.serviceAccount.annotations.example\.com/owner=network-team`)
 	applyDocs(t, srv, docs)
 	// Restore what the other tests apply (same names), whatever happens here.
 	t.Cleanup(func() { applyManifests(t, srv) })
@@ -455,6 +504,10 @@ func TestTheChartIsAcceptedByTheAPIServer(t *testing.T) {
 	}
 	if *d.Spec.Replicas != 2 || !strings.HasSuffix(d.Spec.Template.Spec.Containers[0].Image, "@sha256:"+strings.Repeat("a", 64)) {
 		t.Errorf("the API server holds replicas %d image %s", *d.Spec.Replicas, d.Spec.Template.Spec.Containers[0].Image)
+	}
+	if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType || d.Spec.Template.Labels["example.com/team"] != "network" ||
+		d.Spec.Template.Spec.Containers[0].ReadinessProbe == nil || d.Spec.Template.Spec.Containers[0].StartupProbe == nil {
+		t.Errorf("the API server holds strategy %+v, pod labels %v, probes %+v", d.Spec.Strategy, d.Spec.Template.Labels, d.Spec.Template.Spec.Containers[0])
 	}
 	ds, err := srv.Client.AppsV1().DaemonSets("kube-system").Get(ctx, "metalvip-agent", metav1.GetOptions{})
 	if err != nil {

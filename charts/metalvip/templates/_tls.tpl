@@ -10,7 +10,7 @@ Every use of the mutual TLS between the CCM and the agents is in this file. tls.
 enroll:
   enabled: true
   namespace: {{ .Release.Namespace }}
-  serviceAccount: {{ include "metalvip.agent.name" . }}
+  serviceAccount: {{ include "metalvip.agent.serviceAccountName" . }}
 {{- else -}}
 caFile: /etc/metalvip/tls/ca.crt
 certFile: /etc/metalvip/tls/tls.crt
