@@ -82,7 +82,9 @@ func sysdumpCommand() *cobra.Command {
 IPPools, BGPPeers and ServiceAnnouncements, the Services of type LoadBalancer, the Nodes, the
 Events of Services and Nodes, metalvip's cloud-config ConfigMaps, the logs of the CCM's and the
 agents' pods (the last --log-lines lines of each container, and of the previous one after a
-restart), and every agent's state (its GetState, which blanks BGP passwords).
+restart), every agent's state (its GetState, which blanks BGP passwords), and a snapshot of the
+CCM's and every agent's /metrics (read at the pod's address with a token of the ServiceAccount
+metalvip-metrics-reader that expires in 10 minutes).
 
 It reads no Secret and strips managed fields and kubectl's last-applied copies; what it could not
 read is listed in errors.txt and the rest is written all the same. Read the bundle before you
@@ -140,6 +142,7 @@ send it: pod logs and Services name your addresses and namespaces.
 			}
 			collectCluster(ctx, client, s)
 			collectLogs(ctx, client, s, logLines)
+			collectMetrics(ctx, client, s)
 
 			if len(s.errs) > 0 {
 				s.add("errors.txt", []byte(strings.Join(s.errs, "\n")+"\n"))

@@ -235,7 +235,7 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 		t.Logf("metalvipctl version:\n%s", out)
 	})
 
-	t.Run("metalvipctl sysdump: one bundle with the objects, every agent's state and every metalvip pod's log, and no key", func(t *testing.T) {
+	t.Run("metalvipctl sysdump: one bundle with the objects, every agent's state, every metalvip pod's log and metrics, and no key", func(t *testing.T) {
 		bundle := filepath.Join(t.TempDir(), "bundle.tar.gz")
 		if out, err := c.Metalvipctl(ctx, "sysdump", "--output", bundle, "--log-lines", "200"); err != nil {
 			t.Fatalf("%v\n%s", err, out)
@@ -261,10 +261,13 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 		if e, ok := files["metalvip-sysdump/errors.txt"]; ok {
 			t.Errorf("parts not collected:\n%s", e)
 		}
-		logs := 0
+		logs, metrics := 0, 0
 		for name, b := range files {
 			if strings.HasPrefix(name, "metalvip-sysdump/logs/") && len(b) > 0 {
 				logs++
+			}
+			if strings.HasPrefix(name, "metalvip-sysdump/metrics/") && strings.Contains(string(b), "\nmetalvip_") {
+				metrics++
 			}
 			for _, secret := range []string{"PRIVATE KEY"} {
 				if strings.Contains(string(b), secret) {
@@ -274,6 +277,9 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 		}
 		if logs < len(c.Nodes)+1 {
 			t.Errorf("%d logs; want the CCM's and %d agents' at least: %v", logs, len(c.Nodes), names)
+		}
+		if metrics < len(c.Nodes)+1 {
+			t.Errorf("%d metrics snapshots with metalvip's metrics; want the CCM's and %d agents' at least: %v", metrics, len(c.Nodes), names)
 		}
 		if svc := string(files["metalvip-sysdump/services.yaml"]); !strings.Contains(svc, l2.String()) {
 			t.Errorf("services.yaml does not show %s", l2)
