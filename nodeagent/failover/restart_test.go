@@ -133,21 +133,28 @@ func TestAnExitWithoutANoticeIsADeath(t *testing.T) {
 	}
 }
 
-// A notice beyond MaxRestartGrace holds a peer alive for MaxRestartGrace only; one in a
-// heartbeat that proves nothing (no fresh echo) holds nothing.
-func TestARestartNoticeIsBoundedAndCountsOnlyWhenProven(t *testing.T) {
+// meAndB starts the monitor "me" (127.0.0.1) with one peer "b" (127.0.0.2) whose heartbeats
+// the test crafts and sends from fromB; rec sees what me sends.
+func meAndB(t *testing.T) (me *Monitor, meID, bID *Identity, rec *recorder, fromB *sender, dst netip.AddrPort) {
+	t.Helper()
 	port := freePort(t)
-	meID, bID := memIdentity(t), memIdentity(t)
-	rec := &recorder{}
+	meID, bID = memIdentity(t), memIdentity(t)
+	rec = &recorder{}
 	me, err := New(Config{Node: "me", Listen: netip.AddrPortFrom(loop(1), port), Interval: 20 * time.Millisecond, Identity: meID, sent: rec.hook})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer me.Close()
+	t.Cleanup(func() { me.Close() })
 	me.SetPeers([]Peer{{Node: "b", Addr: loop(2), PublicKeys: bID.PublicKeys()}})
-	dst := netip.AddrPortFrom(loop(1), port)
-	fromB := newSender(t, loop(2), 255)
+	fromB = newSender(t, loop(2), 255)
 	waitUntil(t, 2*time.Second, "me sends heartbeats", func() bool { return len(rec.to(loop(2))) > 0 })
+	return me, meID, bID, rec, fromB, netip.AddrPortFrom(loop(1), port)
+}
+
+// A notice beyond MaxRestartGrace holds a peer alive for MaxRestartGrace only; one in a
+// heartbeat that proves nothing (no fresh echo) holds nothing.
+func TestARestartNoticeIsBoundedAndCountsOnlyWhenProven(t *testing.T) {
+	me, meID, bID, rec, fromB, dst := meAndB(t)
 	restartUntil := func() time.Time {
 		me.mu.Lock()
 		defer me.mu.Unlock()
@@ -186,17 +193,7 @@ func TestARestartNoticeIsBoundedAndCountsOnlyWhenProven(t *testing.T) {
 // update, is taken, and one of this version is taken by version 2's rules (it is a later
 // version to them): exercised by TestEachCheckRefusesWhatItShouldAndCountsIt's later().
 func TestAVersion2HeartbeatIsTaken(t *testing.T) {
-	port := freePort(t)
-	meID, bID := memIdentity(t), memIdentity(t)
-	rec := &recorder{}
-	me, err := New(Config{Node: "me", Listen: netip.AddrPortFrom(loop(1), port), Interval: 20 * time.Millisecond, Identity: meID, sent: rec.hook})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer me.Close()
-	me.SetPeers([]Peer{{Node: "b", Addr: loop(2), PublicKeys: bID.PublicKeys()}})
-	fromB := newSender(t, loop(2), 255)
-	waitUntil(t, 2*time.Second, "me sends heartbeats", func() bool { return len(rec.to(loop(2))) > 0 })
+	me, meID, bID, rec, fromB, dst := meAndB(t)
 	pub, err := ecdhPublic(meID.current()[0].pub)
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +210,7 @@ func TestAVersion2HeartbeatIsTaken(t *testing.T) {
 	if len(b) != frameSizeV2 {
 		t.Fatalf("a version 2 heartbeat of %d bytes; want %d", len(b), frameSizeV2)
 	}
-	fromB.send(t, b, netip.AddrPortFrom(loop(1), port))
+	fromB.send(t, b, dst)
 	waitUntil(t, 2*time.Second, "the version 2 heartbeat accepted", func() bool { return me.Counters().Accepted > 0 })
 	if !me.Sees("b") {
 		t.Error("a version 2 heartbeat saying b sees me is not read so")
