@@ -197,6 +197,24 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 	if !ok {
 		return
 	}
+	t.Run("metalvipctl status: -o wide, -o yaml and --context against the cluster", func(t *testing.T) {
+		current, err := c.Kubectl(ctx, "config", "current-context")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wide, err := c.Metalvipctl(ctx, "status", "-o", "wide", "--context", strings.TrimSpace(current))
+		if err != nil || !strings.Contains(wide, l2.String()) {
+			t.Errorf("status -o wide: %v; want %s in it:\n%s", err, l2, wide)
+		}
+		yml, err := c.Metalvipctl(ctx, "status", "-o", "yaml", "--context", strings.TrimSpace(current))
+		if err != nil || !strings.Contains(yml, l2.String()) || !strings.Contains(yml, "services:") {
+			t.Errorf("status -o yaml: %v; want services and %s in it:\n%s", err, l2, yml)
+		}
+		if out, err := c.Metalvipctl(ctx, "status", "--context", "no-such-context"); err == nil {
+			t.Errorf("status --context no-such-context succeeded:\n%s", out)
+		}
+	})
+
 	t.Run("metalvipctl version: every agent's build and the CCM's, within the supported skew; -o yaml and --context work", func(t *testing.T) {
 		out, err := c.Metalvipctl(ctx, "version", "-o", "json")
 		if err != nil {
