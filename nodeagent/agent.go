@@ -47,6 +47,9 @@ type BGP interface {
 	Sessions() []bgp.SessionState
 	OnSessionChange(func(bgp.SessionState))
 	Shutdown(context.Context) error
+	// ShutdownForRestart stops for a planned restart: peers with graceful restart keep the
+	// routes.
+	ShutdownForRestart(context.Context) error
 }
 
 // Options configure an Agent.
@@ -524,7 +527,7 @@ func (a *Agent) Restart(ctx context.Context, grace time.Duration) error {
 	if live != nil {
 		live.Restarting(grace)
 	}
-	return a.Close(ctx)
+	return a.close(ctx, true)
 }
 
 // restartFlush bounds how long Restart waits for its Event to leave for the watchers.
@@ -547,7 +550,11 @@ func (a *Agent) flushWatchers(ctx context.Context, d time.Duration) {
 	}
 }
 
-func (a *Agent) Close(ctx context.Context) error {
+func (a *Agent) Close(ctx context.Context) error { return a.close(ctx, false) }
+
+// close stops the agent; restart keeps its BGP routes at the peers that negotiated graceful
+// restart (see bgp.Speaker.ShutdownForRestart) instead of withdrawing them.
+func (a *Agent) close(ctx context.Context, restart bool) error {
 	select {
 	case <-a.stop:
 		return nil
@@ -571,7 +578,11 @@ func (a *Agent) Close(ctx context.Context) error {
 		a.live = nil
 	}
 	if a.bgp != nil {
-		errs = append(errs, a.bgp.Shutdown(ctx))
+		if restart {
+			errs = append(errs, a.bgp.ShutdownForRestart(ctx))
+		} else {
+			errs = append(errs, a.bgp.Shutdown(ctx))
+		}
 		a.bgp = nil
 	}
 	if a.opts.L2 != nil {

@@ -84,6 +84,8 @@ type fakeBGP struct {
 	routes   []bgp.Route
 	onChange func(bgp.SessionState)
 	shutdown bool
+	// forRestart: the shutdown was ShutdownForRestart (routes kept at graceful-restart peers).
+	forRestart bool
 }
 
 func (f *fakeBGP) SetPeers(_ context.Context, p []bgp.Peer) error {
@@ -106,6 +108,12 @@ func (f *fakeBGP) Shutdown(context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.shutdown = true
+	return nil
+}
+func (f *fakeBGP) ShutdownForRestart(context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.shutdown, f.forRestart = true, true
 	return nil
 }
 
@@ -717,18 +725,45 @@ func TestRestartRemembersClients(t *testing.T) {
 	}
 }
 
-func TestCloseWithdrawsBGPFirst(t *testing.T) {
-	h := serve(t, t.TempDir())
-	if _, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: state(1, 1, bgpVIP("203.0.113.20"))}); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.agent.Close(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	h.bgp.mu.Lock()
-	defer h.bgp.mu.Unlock()
-	if !h.bgp.shutdown {
-		t.Error("Close did not shut the BGP speaker down")
+// Close withdraws the BGP routes (Shutdown); a planned restart with a grace keeps them at
+// graceful-restart peers (ShutdownForRestart), unless the node drains or no grace is given.
+func TestCloseWithdrawsBGPAndAPlannedRestartKeepsTheRoutes(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		restart    time.Duration // < 0: Close
+		draining   bool
+		forRestart bool
+	}{
+		{"Close", -1, false, false},
+		{"a planned restart", 10 * time.Second, false, true},
+		{"a restart without a grace", 0, false, false},
+		{"a draining node's restart", 10 * time.Second, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := serve(t, t.TempDir())
+			st := state(1, 1, bgpVIP("203.0.113.20"))
+			st.Draining = tc.draining
+			if _, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: st}); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			if tc.restart < 0 {
+				err = h.agent.Close(context.Background())
+			} else {
+				err = h.agent.Restart(context.Background(), tc.restart)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.bgp.mu.Lock()
+			defer h.bgp.mu.Unlock()
+			if !h.bgp.shutdown {
+				t.Error("the BGP speaker was not shut down")
+			}
+			if h.bgp.forRestart != tc.forRestart {
+				t.Errorf("shut down for a restart (routes kept): %v; want %v", h.bgp.forRestart, tc.forRestart)
+			}
+		})
 	}
 }
 

@@ -48,8 +48,8 @@ type speakerSpec struct {
 const speakerSpecEnv = "METALVIP_BGP_SPEAKER_SPEC"
 
 // TestHelperSpeakerProcess is not a test: the lab tests start it in a node namespace. It runs
-// a Speaker as its spec says, applies the spec again on SIGHUP and shuts the speaker down
-// gracefully on SIGTERM.
+// a Speaker as its spec says, applies the spec again on SIGHUP, shuts the speaker down
+// gracefully on SIGTERM and for a planned restart (routes kept) on SIGUSR1.
 func TestHelperSpeakerProcess(t *testing.T) {
 	path := os.Getenv(speakerSpecEnv)
 	if path == "" {
@@ -57,7 +57,7 @@ func TestHelperSpeakerProcess(t *testing.T) {
 	}
 	// First, so that a signal never finds the default action (exit) in place.
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGHUP)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1)
 	defer signal.Stop(sigs)
 
 	ctx := context.Background()
@@ -87,7 +87,11 @@ func TestHelperSpeakerProcess(t *testing.T) {
 		}
 		start := time.Now()
 		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := s.Shutdown(sctx)
+		shutdown := s.Shutdown
+		if sig == syscall.SIGUSR1 {
+			shutdown = s.ShutdownForRestart
+		}
+		err := shutdown(sctx)
 		cancel()
 		if err != nil {
 			t.Fatalf("Shutdown: %v", err)
@@ -593,4 +597,87 @@ func startSpeakerSpec(t *testing.T, h *lab.Host, spec speakerSpec) *labSpeaker {
 		exe, "-test.run=^TestHelperSpeakerProcess$", "-test.v", "-test.timeout=30m")
 	sp.waitLog(t, "READY", 30*time.Second)
 	return sp
+}
+
+// TestLabAPlannedRestartKeepsTheNextHopAtAGracefulRestartRouter (issue 32): a speaker whose
+// sessions negotiated graceful restart with FRR, stopped for a restart (ShutdownForRestart)
+// and started again 2 s later, as a DaemonSet's rolling update restarts an agent: the
+// router's route to the VIP goes through the node at every moment (FRR keeps it stale while
+// the node is away, the restarted speaker's End-of-RIB refreshes it), with BFD up on the
+// sessions before (the TCP close ends the session before BFD's detection time does). The
+// same with a plain Shutdown removes the next hop, which shows the sampling sees a gap when
+// there is one. (A node whose link fails is still removed by BFD in about 300 ms with
+// graceful restart on: measured by TestLabBFDRemovesANodeWhoseLinkFails's setup with it.)
+func TestLabAPlannedRestartKeepsTheNextHopAtAGracefulRestartRouter(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 2})
+	fib := openRouterFIB(t, l)
+	routes := []Route{{Prefix: labVIP4}, {Prefix: labVIP6}}
+	peers := routerPeers(l, true)
+	for i := range peers {
+		peers[i].GracefulRestart = true
+	}
+	// node2 announces too, so that the route exists throughout and only node1's next hop is
+	// in question.
+	startSpeaker(t, l.Nodes[1], peers, routes)
+	for _, tc := range []struct {
+		name string
+		sig  syscall.Signal
+		keep bool
+	}{
+		{"a planned restart (SIGUSR1: ShutdownForRestart)", syscall.SIGUSR1, true},
+		{"a goodbye (SIGTERM: Shutdown)", syscall.SIGTERM, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sp := startSpeaker(t, l.Nodes[0], peers, routes)
+			every4, every6 := nodeAddrs(l.Nodes, false), nodeAddrs(l.Nodes, true)
+			fib.waitNextHops(t, labVIP4, every4, 30*time.Second)
+			fib.waitNextHops(t, labVIP6, every6, 30*time.Second)
+			waitBFDUp(t, l, []netip.Addr{l.Nodes[0].IPv4, l.Nodes[0].IPv6}, 30*time.Second)
+			start := time.Now()
+			if err := sp.proc.Cmd.Process.Signal(tc.sig); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-sp.proc.Done():
+			case <-time.After(15 * time.Second):
+				t.Fatalf("node1's speaker did not exit:\n%s", sp.proc.Tail(30))
+			}
+			// Sample the router's routes every 10 ms: 2 s away, then the speaker started
+			// again, until its sessions are back and 3 s have passed.
+			var missing []string
+			samples := 0
+			sample := func() {
+				samples++
+				got4, err4 := fib.nextHops(labVIP4)
+				got6, err6 := fib.nextHops(labVIP6)
+				if err4 != nil || err6 != nil || !slices.Equal(got4, every4) || !slices.Equal(got6, every6) {
+					missing = append(missing, fmt.Sprintf("+%s: %v %v (%v %v)", time.Since(start).Round(time.Millisecond), got4, got6, err4, err6))
+				}
+			}
+			for time.Since(start) < 2*time.Second {
+				sample()
+				time.Sleep(10 * time.Millisecond)
+			}
+			sp = startSpeaker(t, l.Nodes[0], peers, routes)
+			back := time.Now()
+			for time.Since(back) < 5*time.Second {
+				sample()
+				time.Sleep(10 * time.Millisecond)
+			}
+			fib.waitNextHops(t, labVIP4, every4, 30*time.Second)
+			fib.waitNextHops(t, labVIP6, every6, 30*time.Second)
+			t.Logf("%s: %d samples of the router's routes over %s, %d without node1's next hop (the first: %v)", tc.name, samples, time.Since(start).Round(time.Millisecond), len(missing), missing[:min(len(missing), 3)])
+			if tc.keep && len(missing) > 0 {
+				t.Errorf("the router lost node1's next hop during a planned restart with graceful restart: %s", strings.Join(missing[:min(len(missing), 10)], "; "))
+			}
+			if !tc.keep && len(missing) == 0 {
+				t.Errorf("the router kept node1's next hop throughout a goodbye: the sampling cannot see a gap")
+			}
+			if out, err := l.Vtysh("show bgp ipv4 unicast " + labVIP4.String()); err == nil {
+				t.Logf("router after the restart:\n%s", out)
+			}
+			sp.proc.Cmd.Process.Signal(syscall.SIGTERM)
+			<-sp.proc.Done()
+		})
+	}
 }

@@ -174,7 +174,22 @@ func (s *Speaker) Sessions() []SessionState {
 // are on the wire, then closes every session with a Cease notification and stops the
 // server. It returns early with ctx's error if ctx ends first; the server then finishes
 // stopping in the background. Later calls return nil.
-func (s *Speaker) Shutdown(ctx context.Context) error {
+func (s *Speaker) Shutdown(ctx context.Context) error { return s.shutdown(ctx, false) }
+
+// ShutdownForRestart stops the speaker for a planned restart of the agent (RFC 4724): it
+// withdraws nothing, and closes the session of every peer that negotiated graceful restart
+// without a notification, so that the peer keeps this node's routes (stale) for the restart
+// time we advertised and keeps forwarding; the restarted agent announces them again and
+// its End-of-RIB clears what it no longer announces. Peers without graceful restart get the
+// Cease notification and drop the routes at once, as with Shutdown. A crash (no call at all)
+// is left to the peers' BFD and hold timers.
+//
+// The BFD sessions stop with the process: a router that ends the BGP session when BFD goes
+// down (FRR does unless told `bfd check-control-plane-failure`) drops the routes anyway;
+// docs/upgrading.md says what to configure.
+func (s *Speaker) ShutdownForRestart(ctx context.Context) error { return s.shutdown(ctx, true) }
+
+func (s *Speaker) shutdown(ctx context.Context, restart bool) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -182,7 +197,7 @@ func (s *Speaker) Shutdown(ctx context.Context) error {
 	}
 	s.closed = true
 	var errs []error
-	if len(s.routes) > 0 {
+	if len(s.routes) > 0 && !restart {
 		if err := s.withdrawAll(ctx); err != nil {
 			errs = append(errs, err)
 		}
@@ -195,7 +210,17 @@ func (s *Speaker) Shutdown(ctx context.Context) error {
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
-		s.server.Stop() // Cease (peer de-configured) to every peer, then stop
+		if restart {
+			// No notification to a peer that negotiated graceful restart: it keeps the
+			// routes. Stop below then finds the BGP side stopped (and says so in its log at
+			// error level, which is why it is skipped: the BFD server's goroutine and socket
+			// go with the process, which a planned restart ends next).
+			if err := s.server.StopBgp(context.Background(), &api.StopBgpRequest{AllowGracefulRestart: true}); err != nil {
+				klog.ErrorS(err, "Stopping the BGP speaker for a restart")
+			}
+		} else {
+			s.server.Stop() // Cease (peer de-configured) to every peer, then stop
+		}
 		<-s.serveDone
 	}()
 	select {
