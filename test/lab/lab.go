@@ -162,9 +162,18 @@ func (l *Lab) Hosts() []*Host {
 // NextHops returns the next hops of the router's kernel route to vip, sorted.
 func (l *Lab) NextHops(t testenv.TB, vip string) []string {
 	t.Helper()
-	out, err := l.Router.Run(context.Background(), "ip", "-j", "route", "show", vip)
+	hops, err := l.RouteNextHops(vip)
 	if err != nil {
 		t.Fatalf("%v", err)
+	}
+	return hops
+}
+
+// RouteNextHops is NextHops for any goroutine: it returns the error instead of failing.
+func (l *Lab) RouteNextHops(vip string) ([]string, error) {
+	out, err := l.Router.Run(context.Background(), "ip", "-j", "route", "show", vip)
+	if err != nil {
+		return nil, err
 	}
 	var routes []struct {
 		Gateway  string `json:"gateway"`
@@ -173,7 +182,7 @@ func (l *Lab) NextHops(t testenv.TB, vip string) []string {
 		} `json:"nexthops"`
 	}
 	if err := json.Unmarshal(out, &routes); err != nil {
-		t.Fatalf("ip -j route: %v: %s", err, out)
+		return nil, fmt.Errorf("ip -j route: %w: %s", err, out)
 	}
 	var hops []string
 	for _, r := range routes {
@@ -185,7 +194,7 @@ func (l *Lab) NextHops(t testenv.TB, vip string) []string {
 		}
 	}
 	slices.Sort(hops)
-	return slices.Compact(hops)
+	return slices.Compact(hops), nil
 }
 
 // Names returns the hosts' names, in order.
