@@ -244,6 +244,7 @@ agent:
   port: 7480
   metricsPort: 7484
   metricsAuth: none
+  restartGrace: 12s
   interfaces: [eth1, bond0]
   stateDir: /var/lib/metalvip
   priorityClassName: ""
@@ -324,13 +325,41 @@ func TestTheChartsValuesReachTheObjects(t *testing.T) {
 	if a.LivenessProbe.HTTPGet.Scheme != corev1.URISchemeHTTP {
 		t.Errorf("agent probes over %s with metricsAuth none (plain HTTP)", a.LivenessProbe.HTTPGet.Scheme)
 	}
-	for _, v := range agent.Spec.Template.Spec.Volumes {
-		if v.Name == "kube-api-access" {
-			t.Error("an API token mounted in the agent with metricsAuth none")
+	for _, want := range []string{"--restart-grace=12s", "--pod-name=$(POD_NAME)", "--pod-namespace=$(POD_NAMESPACE)"} {
+		if !slices.Contains(a.Args, want) {
+			t.Errorf("agent args %v lack %s", a.Args, want)
 		}
+	}
+	// metricsAuth none, but the agent reads its own Pod on SIGTERM (restartGrace): the API
+	// token is mounted, get on the namespace's Pods granted, token reviews not.
+	token := false
+	for _, v := range agent.Spec.Template.Spec.Volumes {
+		token = token || v.Name == "kube-api-access"
+	}
+	if !token {
+		t.Error("no API token mounted in the agent, which reads its own Pod (restartGrace)")
+	}
+	if findDoc(docs, "Role", "metalvip:agent:planned-restart") == nil || findDoc(docs, "RoleBinding", "metalvip:agent:planned-restart") == nil {
+		t.Error("the agent is not granted get on its namespace's Pods (restartGrace)")
 	}
 	if findDoc(docs, "ClusterRoleBinding", "metalvip:agent:auth-delegator") != nil {
 		t.Error("the agent is granted token reviews with metricsAuth none")
+	}
+	// Both off: no token, no grant, no flags.
+	out, err = helm(t, "template", "metalvip", chartDir, "--namespace", "metalvip-system", "--values", values, "--set", "agent.restartGrace=0s")
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	off := parseDocs(t, "helm template", []byte(out))
+	var plain appsv1.DaemonSet
+	typed(t, off, "DaemonSet", "metalvip-agent", &plain)
+	for _, v := range plain.Spec.Template.Spec.Volumes {
+		if v.Name == "kube-api-access" {
+			t.Error("an API token mounted in the agent with metricsAuth none and restartGrace 0s")
+		}
+	}
+	if findDoc(off, "Role", "metalvip:agent:planned-restart") != nil || slices.ContainsFunc(plain.Spec.Template.Spec.Containers[0].Args, func(a string) bool { return strings.HasPrefix(a, "--restart-grace") }) {
+		t.Error("restartGrace 0s still renders the grace or its grant")
 	}
 	sm := endpointOf(t, docs, "ServiceMonitor", "metalvip-cloud-controller-manager", "endpoints")
 	if sm.TLSConfig["serverName"] != "ccm.example" || sm.TLSConfig["insecureSkipVerify"] != nil {
@@ -467,6 +496,8 @@ func TestTheChartRefusesBadValuesByName(t *testing.T) {
 		{"a toleration operator Kubernetes lacks is refused", "agent.tolerations[0].operator=Exist", "/agent/tolerations/0/operator"},
 		{"a DaemonSet strategy of a Deployment is refused", "agent.updateStrategy.type=Recreate", "/agent/updateStrategy/type"},
 		{"a ServiceAccount name in capitals is refused", "ccm.serviceAccount.name=CCM", "/ccm/serviceAccount/name"},
+		{"a restart grace over 30 s is refused", "agent.restartGrace=31s", "/agent/restartGrace"},
+		{"a restart grace below 1 s is refused", "agent.restartGrace=500ms", "/agent/restartGrace"},
 		{"a drain delay over 10 minutes is refused", "cloudConfig.drain.delay=11m", "cloudConfig.drain.delay: 11m is out of range; write at most 10m"},
 		{"a Prometheus account without namespace is refused", "ccm.serviceMonitor.enabled=true,ccm.serviceMonitor.prometheusServiceAccount.name=p", "prometheusServiceAccount.namespace is required"},
 	} {

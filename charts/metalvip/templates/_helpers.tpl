@@ -49,6 +49,12 @@ imagePullSecrets:
 {{- default (include "metalvip.ccm.name" .) .Values.ccm.serviceAccount.name -}}
 {{- end -}}
 
+{{- /* "true" when the agent has a restart grace (agent.restartGrace, not 0s): its flags, its Pod's
+name and namespace, and get on the namespace's Pods. */ -}}
+{{- define "metalvip.agent.restartGrace" -}}
+{{- if not (has (toString .Values.agent.restartGrace) (list "" "0" "0s")) }}true{{ end -}}
+{{- end -}}
+
 {{- define "metalvip.agent.serviceAccountName" -}}
 {{- default (include "metalvip.agent.name" .) .Values.agent.serviceAccount.name -}}
 {{- end -}}

@@ -16,15 +16,15 @@ kubernetes, plain HTTP when none.
 {{- if eq .Values.agent.metricsAuth "kubernetes" }}HTTPS{{ else }}HTTP{{ end -}}
 {{- end -}}
 
-{{/* The API token for the reviews: what automountServiceAccountToken would mount, for the agent's container alone. */}}
+{{/* The API token for the reviews and for reading its own Pod (agent.restartGrace): what automountServiceAccountToken would mount, for the agent's container alone. */}}
 {{- define "metalvip.agent.metrics.volumeMount" -}}
-{{- if eq .Values.agent.metricsAuth "kubernetes" }}
+{{- if or (eq .Values.agent.metricsAuth "kubernetes") (include "metalvip.agent.restartGrace" .) }}
 - {name: kube-api-access, mountPath: /var/run/secrets/kubernetes.io/serviceaccount, readOnly: true}
 {{- end }}
 {{- end -}}
 
 {{- define "metalvip.agent.metrics.volume" -}}
-{{- if eq .Values.agent.metricsAuth "kubernetes" }}
+{{- if or (eq .Values.agent.metricsAuth "kubernetes") (include "metalvip.agent.restartGrace" .) }}
 - name: kube-api-access
   projected:
     sources:
