@@ -22,6 +22,7 @@ import (
 	"github.com/metalvip/metalvip/loadbalancer/report"
 	"github.com/metalvip/metalvip/test/harness/probe"
 	"github.com/metalvip/metalvip/test/kubecluster"
+	"github.com/metalvip/metalvip/test/lab"
 )
 
 // trials is the number of hard node kills per install.
@@ -371,37 +372,7 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 			// (its heartbeats late past the failover profile's 150 ms) is a failure the
 			// profile detects, and a short double answer its cost: reported; one longer
 			// than maxDouble is not a starvation, and fails.
-			asked, wrong := 0, []string(nil)
-			var worst time.Duration
-			since := map[netip.Addr]time.Time{} // VIP -> the first of its rounds in a run answered by another node
-			for _, r := range watch.Rounds() {
-				if r.At.Before(at) || !slices.Contains(vips, r.VIP) {
-					continue
-				}
-				asked++
-				var by []string
-				other := false
-				for _, m := range r.MACs {
-					by = append(by, m+" ("+nodeOf[m]+")")
-					other = other || nodeOf[m] != owners[r.VIP]
-				}
-				// By MAC, not by answers: the client's kernel and c.Owner ask from the same
-				// address, and their answers count in the round too.
-				if len(r.MACs) >= 2 || other {
-					wrong = append(wrong, fmt.Sprintf("%s at +%s: %d answers, by %v (owner %s)", r.VIP, r.At.Sub(at).Round(time.Millisecond), r.Replies, by, owners[r.VIP]))
-					if since[r.VIP].IsZero() {
-						since[r.VIP] = r.At
-					}
-					continue
-				}
-				if from := since[r.VIP]; !from.IsZero() {
-					worst = max(worst, r.At.Sub(from))
-					delete(since, r.VIP)
-				}
-			}
-			for _, from := range since {
-				worst = max(worst, time.Since(from))
-			}
+			asked, wrong, worst := arpRecord(watch.Rounds(), at, vips, owners, nodeOf)
 			t.Logf("trial %d: %d ARP requests for %v since the delete, %d answered by another node (the longest run %s)", i, asked, vips, len(wrong), worst.Round(time.Millisecond))
 			if len(wrong) > 0 {
 				t.Logf("trial %d: requests answered by another node than the owner while only the CCM was replaced; the first:\n%s", i, strings.Join(wrong[:min(len(wrong), 10)], "\n"))
@@ -415,41 +386,8 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 		}
 	})
 
-	t.Run("the agent pod on the VIP's owner deleted: the DaemonSet restarts it, traffic fails over and back within the bound", func(t *testing.T) {
-		owner, err := c.Owner(l2Local)
-		if err != nil || owner == "" {
-			t.Fatalf("nobody answers for %s: %v", l2Local, err)
-		}
-		agents, _ := c.PodsOn(ctx, kubecluster.MetalvipNamespace, kubecluster.AgentSelector, false)
-		if len(agents[owner]) != 1 {
-			t.Fatalf("agent pods on %s: %v", owner, podNames(agents))
-		}
-		oldPod := agents[owner][0].Name
-		prober := startProbe(t, c, l2Local, 250*time.Millisecond, 5000)
-		at := time.Now()
-		if err := c.Client.CoreV1().Pods(kubecluster.MetalvipNamespace).Delete(ctx, oldPod, metav1.DeleteOptions{}); err != nil {
-			stopProbe(t, prober)
-			t.Fatal(err)
-		}
-		d, err := kubecluster.WaitFor(time.Minute, func() (bool, string) {
-			pods, _ := c.PodsOn(ctx, kubecluster.MetalvipNamespace, kubecluster.AgentSelector, true)
-			return len(pods[owner]) == 1 && pods[owner][0].Name != oldPod, fmt.Sprintf("ready agent pods %v", podNames(pods))
-		})
-		time.Sleep(3 * time.Second) // the new agent back among the candidates, traffic steady
-		stopProbe(t, prober)
-		if err != nil {
-			t.Fatal(err)
-		}
-		o := prober.Outage(at)
-		outage, lost, sent := o.Longest, o.Lost, o.Sent
-		after, _ := c.Owner(l2Local)
-		t.Logf("agent on %s replaced in %s; longest outage %s, %d of %d probes lost; %s answers now", owner, d.Round(time.Millisecond), outage, lost, sent, after)
-		if outage > time.Second {
-			t.Errorf("outage %s over 1 s (target 300 ms)", outage)
-		}
-		if !prober.Answered() {
-			t.Errorf("%s not answered at the end (%s)", l2Local, prober.LastError())
-		}
+	t.Run("a rolling update of the agents (rollout restart, --restart-grace from the manifests): no probe lost, no long connection broken, no VIP moves, the router's next hops unchanged", func(t *testing.T) {
+		t.Log(rollingUpdate(t, c, w, "a rolling update of the agents", rolloutRestartAgents(c)))
 	})
 
 	t.Run(fmt.Sprintf("a node killed hard, %d times: the client's HTTP probe recovers through the next candidate", trials), func(t *testing.T) {
@@ -603,4 +541,39 @@ func untarGz(file string) (map[string][]byte, error) {
 		}
 		out[h.Name] = b
 	}
+}
+
+// arpRecord reads the wire's record of ARP requests for vips since at: how many were asked, the
+// requests answered by another node than the VIP's owner (or by two), and the longest run of
+// such requests in a row. By MAC, not by answers: the client's kernel and c.Owner ask from the
+// same address, and their answers count in the round too.
+func arpRecord(rounds []lab.NeighborRound, at time.Time, vips []netip.Addr, owners map[netip.Addr]string, nodeOf map[string]string) (asked int, wrong []string, worst time.Duration) {
+	since := map[netip.Addr]time.Time{} // VIP -> the first of its rounds in a run answered by another node
+	for _, r := range rounds {
+		if r.At.Before(at) || !slices.Contains(vips, r.VIP) {
+			continue
+		}
+		asked++
+		var by []string
+		other := false
+		for _, m := range r.MACs {
+			by = append(by, m+" ("+nodeOf[m]+")")
+			other = other || nodeOf[m] != owners[r.VIP]
+		}
+		if len(r.MACs) >= 2 || other {
+			wrong = append(wrong, fmt.Sprintf("%s at +%s: %d answers, by %v (owner %s)", r.VIP, r.At.Sub(at).Round(time.Millisecond), r.Replies, by, owners[r.VIP]))
+			if since[r.VIP].IsZero() {
+				since[r.VIP] = r.At
+			}
+			continue
+		}
+		if from := since[r.VIP]; !from.IsZero() {
+			worst = max(worst, r.At.Sub(from))
+			delete(since, r.VIP)
+		}
+	}
+	for _, from := range since {
+		worst = max(worst, time.Since(from))
+	}
+	return asked, wrong, worst
 }

@@ -38,7 +38,8 @@ const (
 	MetalvipNamespace = "kube-system"
 )
 
-// workloadYAML: an L2 pool, a BGP pool (by name only) and the lab's router as BGP peer; the
+// workloadYAML: an L2 pool, a BGP pool (by name only) and the lab's router as BGP peer (with
+// graceful restart, so that it keeps a restarting agent's routes: an upgrade moves nothing); the
 // HTTP server as a Deployment on the labelled nodes, one pod per node; a LoadBalancer Service
 // per mode and traffic policy.
 const workloadYAML = `apiVersion: metalvip.io/v1alpha1
@@ -54,7 +55,7 @@ spec: {addresses: ["203.0.113.64/27"], autoAssign: false, announce: {mode: BGP}}
 apiVersion: metalvip.io/v1alpha1
 kind: BGPPeer
 metadata: {name: router}
-spec: {address: 198.51.100.1, peerASN: 64496, myASN: 64497, bfd: {enabled: true, minRxMilliseconds: 100, minTxMilliseconds: 100, multiplier: 3}}
+spec: {address: 198.51.100.1, peerASN: 64496, myASN: 64497, gracefulRestart: true, bfd: {enabled: true, minRxMilliseconds: 100, minTxMilliseconds: 100, multiplier: 3}}
 ---
 apiVersion: v1
 kind: Namespace
