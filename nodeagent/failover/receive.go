@@ -142,15 +142,24 @@ func (m *Monitor) handle(dgs []datagram, now time.Time) bool {
 
 // noteRestart records what a proven heartbeat, proving its sender alive at proof, says of a
 // restart: a notice holds the peer alive for its grace from then; a heartbeat without one (the
-// next boot's, once the peer is back) ends it.
+// next boot's, once the peer is back) shortens the hold to ReturnSettle from then (never past
+// the grace), and one past that ends it.
 func (p *peer) noteRestart(f frame, proof time.Time, self string) {
 	if f.restart == 0 {
-		if !p.restartUntil.IsZero() {
-			klog.InfoS("Peer back from its restart", "node", self, "peer", p.node, "boot", f.at.boot)
+		switch {
+		case p.restartUntil.IsZero():
+		case p.backSince.IsZero():
+			klog.InfoS("Peer back from its restart", "node", self, "peer", p.node, "boot", f.at.boot, "settle", ReturnSettle)
+			p.backSince = proof
+			if settled := proof.Add(ReturnSettle); settled.Before(p.restartUntil) {
+				p.restartUntil = settled
+			}
+		case !proof.Before(p.restartUntil):
+			p.restartUntil, p.backSince = time.Time{}, time.Time{}
 		}
-		p.restartUntil = time.Time{}
 		return
 	}
+	p.backSince = time.Time{}
 	grace := min(time.Duration(f.restart)*time.Millisecond, MaxRestartGrace)
 	if p.restartUntil.IsZero() {
 		klog.InfoS("Peer restarting: it counts alive, its VIPs wait for it", "node", self, "peer", p.node, "grace", grace)

@@ -177,11 +177,21 @@ func TestARestartNoticeIsBoundedAndCountsOnlyWhenProven(t *testing.T) {
 		t.Error("b, restarting, counts dead")
 	}
 
+	// Back (a heartbeat without the notice): held ReturnSettle more at most, so that a freshly
+	// started agent's uneven first heartbeats move nothing; a heartbeat past that ends it.
 	before = accepted()
+	back := time.Now()
 	fromB.send(t, craft(t, bID, "b", bID, meID, "me", frame{at: seqKey{1, 3}, echo: rec.lastEcho(t, loop(2))}), dst)
 	waitUntil(t, 2*time.Second, "the proven heartbeat without a notice taken", func() bool { return accepted() > before })
+	if u := restartUntil(); u.IsZero() || u.Sub(back) > ReturnSettle+time.Second {
+		t.Errorf("a proven heartbeat without a notice holds b until %s after it; want at most ReturnSettle (%s)", u.Sub(back), ReturnSettle)
+	}
+	time.Sleep(time.Until(back.Add(ReturnSettle + 100*time.Millisecond)))
+	before = accepted()
+	fromB.send(t, craft(t, bID, "b", bID, meID, "me", frame{at: seqKey{1, 4}, echo: rec.lastEcho(t, loop(2))}), dst)
+	waitUntil(t, 2*time.Second, "the proven heartbeat past the settling taken", func() bool { return accepted() > before })
 	if u := restartUntil(); !u.IsZero() {
-		t.Errorf("a proven heartbeat without a notice left b held until %s", u)
+		t.Errorf("a proven heartbeat %s after the return left b held until %s", ReturnSettle, u)
 	}
 }
 
