@@ -105,11 +105,12 @@ deps: ## Install what the tests need: Debian packages and the kube-apiserver bui
 	hack/kube.sh kube-apiserver
 
 .PHONY: test-deps
-test-deps: ## Build what the tests use before any runs: every Kubernetes component in one go build (hack/kube.sh), helm and promtool (.cache/bin), the images (the host's platform only).
+test-deps: ## Build what the tests use before any runs: every Kubernetes component in one go build (hack/kube.sh), helm and promtool (.cache/bin), the images (the host's platform only), and the previous version's for the upgrade e2e (hack/previous.sh).
 	hack/kube.sh
 	hack/tool.sh helm >/dev/null
 	hack/tool.sh promtool >/dev/null
 	$(MAKE) images cluster-images PLATFORMS=linux/$$($(GO) env GOARCH)
+	hack/previous.sh
 
 .PHONY: test-cluster
 test-cluster: test-deps deps ## Run only the real-kubelet e2e (test/e2ecluster: install.yaml and the chart on a lab cluster; root; part of make test).

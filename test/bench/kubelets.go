@@ -16,7 +16,7 @@ import (
 var (
 	onKubelets      = flag.Bool("kubelets", true, "measure L2 failover on real kubelets too (test/kubecluster; needs make cluster-deps)")
 	kubeletsTrials  = flag.Int("kubelets-trials", 10, "hard node kills on real kubelets")
-	kubeletsOnly    = flag.Bool("kubelets-only", false, "only the real-kubelet failover: its section replaces the one of the same title in -out, which keeps the rest")
+	kubeletsOnly    = flag.Bool("kubelets-only", false, "only the real-kubelet failover and rolling update: their sections replace those of the same titles in -out, which keeps the rest")
 	kubeletsSection = "L2 failover on real kubelets"
 )
 
@@ -83,4 +83,44 @@ func kubeletFailover(r *report) {
 			*kubeletsTrials, c.ControlPlaneReady.Round(100*time.Millisecond), c.NodesReady.Round(100*time.Millisecond), initialised.Round(100*time.Millisecond), agents.Round(100*time.Millisecond)),
 		[][]string{{"outage p50", "p99", "max", "min", "trials whose node's return cost traffic", "return max"},
 			{d(outages, 50), d(outages, 99), figure.Duration(time.Duration(slices.Max(outages))), figure.Duration(time.Duration(slices.Min(outages))), fmt.Sprintf("%d of %d", lost, len(returns)), figure.Duration(time.Duration(slices.Max(returns)))}})
+	rollingUpdates(m, c, w, r)
+}
+
+// rollSection is the rolling update's section, after the real-kubelet failover's.
+var rollSection = kubeletsSection + ": a rolling update of the agents"
+
+// rollingUpdates measures a rolling update of the agents (kubectl rollout restart) as install.yaml
+// runs them (a restart grace; the BGPPeer with graceful restart), then as before issue 32 (no
+// grace, no graceful restart), which the table shows first.
+func rollingUpdates(m *testenv.Main, c *kubecluster.Cluster, w *kubecluster.Workload, r *report) {
+	ctx := context.Background()
+	measure := func(what string) kubecluster.Roll {
+		roll, err := c.MeasureRoll(ctx, w, what, c.RolloutRestartAgents)
+		if err != nil {
+			m.Fatalf("%v\n%s", err, c.Describe(ctx))
+		}
+		harness.Step("  %s", roll)
+		return roll
+	}
+	harness.Step("real kubelets: a rolling update of the agents, with the restart grace and graceful restart, then without")
+	with := measure("with --restart-grace=20s (install.yaml) and gracefulRestart on the BGPPeer")
+	if err := c.SetAgentRestartGrace(ctx, "0s"); err != nil {
+		m.Fatalf("%v", err)
+	}
+	if err := c.SetRouterGracefulRestart(ctx, w, false); err != nil {
+		m.Fatalf("%v", err)
+	}
+	without := measure("without (before issue 32: no restart grace, no graceful restart)")
+	row := func(name string, x kubecluster.Roll) []string {
+		return []string{name, x.Took.Round(100 * time.Millisecond).String(),
+			fmt.Sprintf("%d of %d", x.Probes[0].Lost, x.Probes[0].Sent), fmt.Sprintf("%d of %d", x.Probes[1].Lost, x.Probes[1].Sent),
+			fmt.Sprintf("%d of %d", x.Broken[0], kubecluster.LongConns), fmt.Sprintf("%d of %d", x.Broken[1], kubecluster.LongConns),
+			fmt.Sprintf("%d of %d", len(x.HopChanges), x.HopSamples),
+			fmt.Sprintf("%d of %d (longest run %s)", len(x.ARPWrong), x.ARPAsked, figure.Duration(x.ARPWorst)),
+			fmt.Sprint(len(x.Moved))}
+	}
+	r.addAfter(kubeletsSection, rollSection,
+		"The same cluster, Deployment and Services as above: `kubectl rollout restart daemonset/metalvip-agent` (one node's agent at a time: SIGTERM, a new pod, Ready, the next) while the client sends an HTTP GET on a new connection every 20 ms (2 s timeout) to the L2 VIP (externalTrafficPolicy Cluster) and the remote client, behind the router, to the BGP VIP (Cluster, ECMP over the three nodes), each beside 20 long-lived keep-alive connections asked every 250 ms; the router's kernel route to the BGP VIP sampled every 50 ms; every ARP request for the two L2 VIPs on the wire and who answered it. Until 5 s after the rollout's end. A long connection breaks when its VIP's traffic reaches a node whose conntrack does not know it (a moved L2 VIP, a changed ECMP set). Today's build: the agents as install.yaml runs them (`--restart-grace=20s`, their Pod's name), the BGPPeer with `gracefulRestart: true`; before issue 32: the grace off and graceful restart off, as a build before it ran.",
+		[][]string{{"agents", "rollout", "L2 probes lost", "BGP probes lost", "L2 long connections broken", "BGP long connections broken", "route samples with a next hop missing", "ARP requests answered by another node", "Moved Events"},
+			row("before issue 32", without), row("today (install.yaml)", with)})
 }

@@ -22,7 +22,6 @@ import (
 	"github.com/metalvip/metalvip/loadbalancer/report"
 	"github.com/metalvip/metalvip/test/harness/probe"
 	"github.com/metalvip/metalvip/test/kubecluster"
-	"github.com/metalvip/metalvip/test/lab"
 )
 
 // trials is the number of hard node kills per install.
@@ -372,7 +371,7 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 			// (its heartbeats late past the failover profile's 150 ms) is a failure the
 			// profile detects, and a short double answer its cost: reported; one longer
 			// than maxDouble is not a starvation, and fails.
-			asked, wrong, worst := arpRecord(watch.Rounds(), at, vips, owners, nodeOf)
+			asked, wrong, worst := kubecluster.ARPRecord(watch.Rounds(), at, vips, owners, nodeOf)
 			t.Logf("trial %d: %d ARP requests for %v since the delete, %d answered by another node (the longest run %s)", i, asked, vips, len(wrong), worst.Round(time.Millisecond))
 			if len(wrong) > 0 {
 				t.Logf("trial %d: requests answered by another node than the owner while only the CCM was replaced; the first:\n%s", i, strings.Join(wrong[:min(len(wrong), 10)], "\n"))
@@ -387,7 +386,7 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 	})
 
 	t.Run("a rolling update of the agents (rollout restart, --restart-grace from the manifests): no probe lost, no long connection broken, no VIP moves, the router's next hops unchanged", func(t *testing.T) {
-		t.Log(rollingUpdate(t, c, w, "a rolling update of the agents", rolloutRestartAgents(c)))
+		rollingUpdate(t, c, w, "a rolling update of the agents", c.RolloutRestartAgents)
 	})
 
 	t.Run(fmt.Sprintf("a node killed hard, %d times: the client's HTTP probe recovers through the next candidate", trials), func(t *testing.T) {
@@ -460,6 +459,27 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 		}
 		follow("the pod on node3 deleted, its replacement on node1")
 	})
+
+	// Last, as it leaves the cluster on the same version as before: a rollback to the previous
+	// version and the upgrade back, under traffic, as a user runs them.
+	// node3, cordoned above, is draining: uncordoned first, and back in the BGP VIP's next hops.
+	if _, err := c.Kubectl(ctx, "uncordon", "node3"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitNextHops(bgp, []string{"node1", "node2", "node3"}, time.Minute); err != nil {
+		t.Fatalf("after the uncordon: %v", err)
+	}
+	time.Sleep(3 * time.Second)
+	short := previous.Commit[:min(12, len(previous.Commit))]
+	if t.Run(fmt.Sprintf("a rollback to the previous version (%s, %s): no probe lost, no long connection broken, no VIP moves, the router's next hops unchanged", short, inst.Name), func(t *testing.T) {
+		rollingUpdate(t, c, w, "a rollback to "+short, func(ctx context.Context) error { return inst.Downgrade(ctx, c, previous) })
+		checkImages(t, c, ":previous")
+	}) {
+		t.Run(fmt.Sprintf("an upgrade from the previous version (%s, %s) to this tree: the same", short, inst.Name), func(t *testing.T) {
+			rollingUpdate(t, c, w, "an upgrade from "+short, func(ctx context.Context) error { return inst.Upgrade(ctx, c) })
+			checkImages(t, c, ":v")
+		})
+	}
 }
 
 func servedByWorkload(body string) bool {
@@ -543,37 +563,27 @@ func untarGz(file string) (map[string][]byte, error) {
 	}
 }
 
-// arpRecord reads the wire's record of ARP requests for vips since at: how many were asked, the
-// requests answered by another node than the VIP's owner (or by two), and the longest run of
-// such requests in a row. By MAC, not by answers: the client's kernel and c.Owner ask from the
-// same address, and their answers count in the round too.
-func arpRecord(rounds []lab.NeighborRound, at time.Time, vips []netip.Addr, owners map[netip.Addr]string, nodeOf map[string]string) (asked int, wrong []string, worst time.Duration) {
-	since := map[netip.Addr]time.Time{} // VIP -> the first of its rounds in a run answered by another node
-	for _, r := range rounds {
-		if r.At.Before(at) || !slices.Contains(vips, r.VIP) {
-			continue
+// checkImages fails unless every metalvip pod (the CCM's, the agents') runs an image whose tag
+// starts with tag (":previous", or this tree's ":v...").
+func checkImages(t *testing.T, c *kubecluster.Cluster, tag string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, sel := range []string{kubecluster.CCMSelector, kubecluster.AgentSelector} {
+		pods, err := c.PodsOn(ctx, kubecluster.MetalvipNamespace, sel, true)
+		if err != nil {
+			t.Fatal(err)
 		}
-		asked++
-		var by []string
-		other := false
-		for _, m := range r.MACs {
-			by = append(by, m+" ("+nodeOf[m]+")")
-			other = other || nodeOf[m] != owners[r.VIP]
-		}
-		if len(r.MACs) >= 2 || other {
-			wrong = append(wrong, fmt.Sprintf("%s at +%s: %d answers, by %v (owner %s)", r.VIP, r.At.Sub(at).Round(time.Millisecond), r.Replies, by, owners[r.VIP]))
-			if since[r.VIP].IsZero() {
-				since[r.VIP] = r.At
+		n := 0
+		for _, ps := range pods {
+			for _, p := range ps {
+				n++
+				if img := p.Spec.Containers[0].Image; !strings.Contains(img, tag) {
+					t.Errorf("pod %s runs %s, want a tag %s", p.Name, img, tag)
+				}
 			}
-			continue
 		}
-		if from := since[r.VIP]; !from.IsZero() {
-			worst = max(worst, r.At.Sub(from))
-			delete(since, r.VIP)
+		if n == 0 {
+			t.Errorf("no ready pod for %s", sel)
 		}
 	}
-	for _, from := range since {
-		worst = max(worst, time.Since(from))
-	}
-	return asked, wrong, worst
 }

@@ -1,7 +1,8 @@
 // Package e2ecluster installs metalvip on real kubelets (test/kubecluster) as a user would, from
 // install.yaml and from the chart, and checks on the wire what users rely on: nodes initialised
 // by the CCM pod, agents Ready, VIPs answering HTTP from pods through kube-proxy, BGP next hops
-// following pods, and failover when a node dies hard or a metalvip pod is deleted.
+// following pods, failover when a node dies hard or a metalvip pod is deleted, and a rolling
+// update, a rollback to the previous version and an upgrade from it that no client notices.
 //
 // One cluster serves the whole package (it takes about a minute to come up); each test
 // installs metalvip, runs the checks and uninstalls it.
@@ -24,6 +25,8 @@ var (
 	shared  *kubecluster.Cluster
 	root    *testenv.Main
 	sysctls map[string]string
+	// previous is the version the upgrade steps roll back to and upgrade from.
+	previous kubecluster.Previous
 )
 
 func TestMain(m *testing.M) {
@@ -57,6 +60,13 @@ func cluster(t *testing.T) *kubecluster.Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The version the upgrade steps roll back to and come from, imported beside this tree's.
+	prev, err := kubecluster.PreviousVersion()
+	if err != nil {
+		testenv.Skip(t, "%v", err)
+	}
+	previous = prev
+	images = append(images, prev.Images...)
 	if _, err := kubecluster.FindBinaries(); err != nil {
 		testenv.Skip(t, "%v", err)
 	}

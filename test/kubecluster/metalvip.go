@@ -39,6 +39,45 @@ func Images() ([]string, error) {
 	}, nil
 }
 
+// Previous is the version the upgrade steps roll back to and upgrade from (hack/previous.sh:
+// until a first release, the commit pinned in hack/previous.commit): its images, tagged
+// :previous, its install.yaml naming them, its chart.
+type Previous struct {
+	Commit      string
+	Images      []string
+	InstallYAML string
+	ChartDir    string
+}
+
+// PreviousVersion returns what hack/previous.sh built (make test-deps runs it).
+func PreviousVersion() (Previous, error) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		return Previous{}, err
+	}
+	dir := filepath.Join(root, "_output/previous")
+	commit, err := os.ReadFile(filepath.Join(dir, "commit"))
+	if err != nil {
+		return Previous{}, fmt.Errorf("the previous version is not built (run hack/previous.sh; make test-deps does): %w", err)
+	}
+	plat := runtime.GOOS + "-" + runtime.GOARCH
+	p := Previous{
+		Commit:      strings.TrimSpace(string(commit)),
+		InstallYAML: filepath.Join(dir, "install.yaml"),
+		ChartDir:    filepath.Join(dir, "src/charts/metalvip"),
+		Images: []string{
+			filepath.Join(dir, "images", plat, "metalvip-cloud-controller-manager.tar"),
+			filepath.Join(dir, "images", plat, "metalvip-agent.tar"),
+		},
+	}
+	for _, f := range append([]string{p.InstallYAML, p.ChartDir}, p.Images...) {
+		if _, err := os.Stat(f); err != nil {
+			return Previous{}, fmt.Errorf("the previous version is not built (run hack/previous.sh): %w", err)
+		}
+	}
+	return p, nil
+}
+
 // ControlPlaneLabel marks the nodes the CCM Deployment may run on (kubeadm's label).
 const ControlPlaneLabel = "node-role.kubernetes.io/control-plane"
 
@@ -48,6 +87,41 @@ type Installer struct {
 	Name      string
 	Install   func(ctx context.Context, c *Cluster) error
 	Uninstall func(ctx context.Context, c *Cluster) error
+	// Downgrade replaces the installed version with p the way a user rolls back, and Upgrade
+	// brings this tree's back the way a user upgrades; both wait for the rollouts' end.
+	Downgrade func(ctx context.Context, c *Cluster, p Previous) error
+	Upgrade   func(ctx context.Context, c *Cluster) error
+}
+
+// waitRollouts waits until the CCM's Deployment and the agents' DaemonSet have rolled out.
+func (c *Cluster) waitRollouts(ctx context.Context) error {
+	for _, obj := range []string{"deployment/" + CCMDeployment, "daemonset/" + AgentDaemonSet} {
+		if _, err := c.Kubectl(ctx, "-n", MetalvipNamespace, "rollout", "status", obj, "--timeout", "5m"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// applyAndRoll is `kubectl apply --server-side -f file` and the wait for the rollouts.
+func (c *Cluster) applyAndRoll(ctx context.Context, file string) error {
+	if _, err := c.Kubectl(ctx, "apply", "--server-side", "-f", file); err != nil {
+		return err
+	}
+	return c.waitRollouts(ctx)
+}
+
+// chartSettings are the values the chart is installed, upgraded and rolled back with.
+var chartSettings = []string{"--set", "ccm.serviceMonitor.enabled=true", "--set", "agent.podMonitor.enabled=true"}
+
+// helmUpgrade is `helm upgrade` of the release to chart with the settings (and more) and the
+// wait for the rollouts.
+func (c *Cluster) helmUpgrade(ctx context.Context, chart string, more ...string) error {
+	args := append([]string{"upgrade", "metalvip", chart, "--namespace", "kube-system", "--wait", "--timeout", "5m"}, chartSettings...)
+	if _, err := c.Tool(ctx, "helm", append(args, more...)...); err != nil {
+		return err
+	}
+	return c.waitRollouts(ctx)
 }
 
 // Manifests installs as docs/install-kubeadm.md says: certificates by metalvipctl as Secrets,
@@ -65,6 +139,8 @@ var Manifests = Installer{
 		_, err := c.Kubectl(ctx, "delete", "--ignore-not-found", "--wait", "--timeout", "2m", "-f", "manifests/install.yaml")
 		return errors.Join(err, c.removeCerts(ctx))
 	},
+	Downgrade: func(ctx context.Context, c *Cluster, p Previous) error { return c.applyAndRoll(ctx, p.InstallYAML) },
+	Upgrade:   func(ctx context.Context, c *Cluster) error { return c.applyAndRoll(ctx, "manifests/install.yaml") },
 }
 
 // Chart installs as docs/install-helm.md says: the same Secrets, then `helm install` of
@@ -88,10 +164,15 @@ var Chart = Installer{
 			"crd/servicemonitors.monitoring.coreos.com", "crd/podmonitors.monitoring.coreos.com"); err != nil {
 			return err
 		}
-		_, err = c.Tool(ctx, "helm", "install", "metalvip", "charts/metalvip", "--namespace", "kube-system", "--wait", "--timeout", "3m",
-			"--set", "ccm.serviceMonitor.enabled=true", "--set", "agent.podMonitor.enabled=true")
+		_, err = c.Tool(ctx, "helm", append([]string{"install", "metalvip", "charts/metalvip", "--namespace", "kube-system", "--wait", "--timeout", "3m"}, chartSettings...)...)
 		return err
 	},
+	// A rollback to a version the release never had (helm rollback goes to an earlier
+	// revision): `helm upgrade` to the previous version's chart with its images.
+	Downgrade: func(ctx context.Context, c *Cluster, p Previous) error {
+		return c.helmUpgrade(ctx, p.ChartDir, "--set", "image.tag=previous")
+	},
+	Upgrade: func(ctx context.Context, c *Cluster) error { return c.helmUpgrade(ctx, "charts/metalvip") },
 	Uninstall: func(ctx context.Context, c *Cluster) error {
 		_, err := c.Tool(ctx, "helm", "uninstall", "metalvip", "--namespace", "kube-system", "--wait", "--timeout", "2m")
 		// Helm keeps CRDs: remove them too, so that the next install starts from nothing.

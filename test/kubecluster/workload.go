@@ -39,7 +39,9 @@ const (
 )
 
 // workloadYAML: an L2 pool, a BGP pool (by name only) and the lab's router as BGP peer (with
-// graceful restart, so that it keeps a restarting agent's routes: an upgrade moves nothing); the
+// graceful restart, so that it keeps a restarting agent's routes: an upgrade moves nothing; BFD
+// at 300 ms, as 100 ms flaps sessions when the shared machine starves a daemon, and no test
+// here measures BGP failover); the
 // HTTP server as a Deployment on the labelled nodes, one pod per node; a LoadBalancer Service
 // per mode and traffic policy.
 const workloadYAML = `apiVersion: metalvip.io/v1alpha1
@@ -55,7 +57,7 @@ spec: {addresses: ["203.0.113.64/27"], autoAssign: false, announce: {mode: BGP}}
 apiVersion: metalvip.io/v1alpha1
 kind: BGPPeer
 metadata: {name: router}
-spec: {address: 198.51.100.1, peerASN: 64496, myASN: 64497, gracefulRestart: true, bfd: {enabled: true, minRxMilliseconds: 100, minTxMilliseconds: 100, multiplier: 3}}
+spec: {address: 198.51.100.1, peerASN: 64496, myASN: 64497, gracefulRestart: true, bfd: {enabled: true, minRxMilliseconds: 300, minTxMilliseconds: 300, multiplier: 3}}
 ---
 apiVersion: v1
 kind: Namespace

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -35,6 +36,7 @@ type Long struct {
 type longConn struct {
 	c  net.Conn
 	rd *bufio.Reader
+	by string // who answered its first request (the workload names its pod and node)
 }
 
 // StartLong opens n connections from ns to target, asks each once, then asks every one again
@@ -53,7 +55,8 @@ func StartLong(ns Namespace, target netip.AddrPort, n int, interval, timeout tim
 		}
 		lc := &longConn{c: c, rd: bufio.NewReader(c)}
 		l.conns = append(l.conns, lc)
-		if _, err := lc.ask(target, timeout); err != nil {
+		var err error
+		if lc.by, err = lc.ask(target, timeout); err != nil {
 			l.closeAll()
 			return nil, fmt.Errorf("long connection %d to %s: %w", i, target, err)
 		}
@@ -132,6 +135,28 @@ func (l *Long) Broken() (int, string) {
 		}
 	}
 	return n, first
+}
+
+// Breaks lists each broken connection: when, who served it, why; in the order they broke.
+func (l *Long) Breaks() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	type brk struct {
+		at   time.Time
+		line string
+	}
+	var bs []brk
+	for i, t := range l.brokenAt {
+		if !t.IsZero() {
+			bs = append(bs, brk{t, fmt.Sprintf("%s served by %q: %s", t.Format("15:04:05.000"), l.conns[i].by, l.why[i])})
+		}
+	}
+	slices.SortFunc(bs, func(a, b brk) int { return a.at.Compare(b.at) })
+	out := make([]string, len(bs))
+	for i, b := range bs {
+		out[i] = b.line
+	}
+	return out
 }
 
 // Asked is how many times the connections were asked again after they opened.
