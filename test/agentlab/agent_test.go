@@ -31,6 +31,7 @@ var agentBinary string
 func TestMain(m *testing.M) {
 	bins, cleanup := testenv.BuildMain("metalvip-agentlab", "./cmd/metalvip-agent")
 	agentBinary = bins[0]
+	testenv.LabLock("test/agentlab") // after the build: only the tests run one package at a time
 	code := m.Run()
 	cleanup()
 	os.Exit(code)

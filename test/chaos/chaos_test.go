@@ -51,6 +51,7 @@ var ccmBinary, agentBinary string
 func TestMain(m *testing.M) {
 	bins, cleanup := testenv.BuildMain("metalvip-chaos", "./cmd/metalvip-cloud-controller-manager", "./cmd/metalvip-agent")
 	ccmBinary, agentBinary = bins[0], bins[1]
+	testenv.LabLock("test/chaos") // after the build: only the tests run one package at a time
 	kubeapi.Main(m, cleanup)
 }
 

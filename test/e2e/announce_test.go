@@ -49,6 +49,7 @@ var ccmBinary, agentBinary, ctlBinary string
 func TestMain(m *testing.M) {
 	bins, cleanup := testenv.BuildMain("metalvip-e2e", "./cmd/metalvip-cloud-controller-manager", "./cmd/metalvip-agent", "./cmd/metalvipctl")
 	ccmBinary, agentBinary, ctlBinary = bins[0], bins[1], bins[2]
+	testenv.LabLock("test/e2e") // after the build: only the tests run one package at a time
 	kubeapi.Main(m, cleanup)
 }
 

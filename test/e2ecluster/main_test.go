@@ -30,6 +30,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	testenv.LabLock("test/e2ecluster")
 	sysctls = readSysctls()
 	code := m.Run()
 	mu.Lock()
