@@ -15,6 +15,9 @@ import (
 // package's TestMain; the lock holds until the process exits. Other packages (unit tests, the
 // API server's) still run beside it.
 func LabLock(pkg string) {
+	if lockFile != nil {
+		return // held already
+	}
 	path := filepath.Join(os.TempDir(), "metalvip-lab.lock")
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
@@ -30,9 +33,10 @@ func LabLock(pkg string) {
 		}
 		fmt.Fprintf(os.Stderr, "%s: lab lock taken after %s\n", pkg, time.Since(start).Round(time.Second))
 	}
-	// f stays open, unreferenced but never closed: the lock is the process's until it exits.
+	// f stays open (referenced, so no finalizer closes it): the lock is the process's until
+	// it exits.
 	lockFile = f
 }
 
-// lockFile keeps the lab lock's file open (and so the lock held) for the process's life.
+// lockFile keeps the lab lock's file open, and so the lock held, for the process's life.
 var lockFile *os.File
