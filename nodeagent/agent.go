@@ -374,6 +374,7 @@ func (a *Agent) answerLocked(changed bool) *agentv1.ApplyResponse {
 	return &agentv1.ApplyResponse{
 		Term: a.state.GetTerm(), Generation: a.state.GetGeneration(), Changed: changed,
 		Problems: a.problemsLocked(), Refused: cloneRefusals(a.checked.refused),
+		UnknownFields: slices.Clone(a.checked.unknown),
 	}
 }
 

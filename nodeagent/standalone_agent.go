@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 
+	"k8s.io/klog/v2"
+
 	"github.com/metalvip/metalvip/nodeagent/bgp"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
@@ -38,6 +40,9 @@ func (a *Agent) controlPlaneChanged() {
 // the CCM cannot take the control-plane endpoint, nor remove it.
 func (a *Agent) checkState(st *agentv1.DesiredState) checkedState {
 	c := checkItems(st)
+	if c.unknown = unknownFields(st.ProtoReflect()); len(c.unknown) > 0 {
+		klog.InfoS("The state has fields this agent does not know (a newer CCM): applied as if unset", "fields", c.unknown)
+	}
 	vip := a.controlPlaneWire().vip
 	if !vip.IsValid() {
 		return c

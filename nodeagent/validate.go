@@ -78,6 +78,7 @@ type checkedState struct {
 	refused       []*agentv1.Refusal
 	problems      []string   // items that are the CCM's own (heartbeat peers), left out
 	reserved      netip.Addr // the control-plane VIP announcements were refused for (standalone.go)
+	unknown       []string   // fields of the state this build does not know (unknown.go)
 }
 
 // checkedAnnouncement is an announcement checkItems accepted, with what it decoded of it: the

@@ -29,6 +29,7 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 		Restored:            a.restored,
 		Problems:            a.problemsLocked(),
 		Refused:             cloneRefusals(a.checked.refused),
+		UnknownFields:       slices.Clone(a.checked.unknown),
 		HeartbeatPublicKeys: a.identity.PublicKeys(),
 		Build:               agentapi.ThisBuild(),
 	}

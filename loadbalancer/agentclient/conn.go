@@ -215,6 +215,11 @@ func (a *Agents) apply(ctx context.Context, c *agentConn) error {
 	if len(resp.GetProblems()) > 0 {
 		klog.InfoS("Agent applied the state with problems", "node", c.node, "generation", gen, "problems", resp.GetProblems())
 	}
+	if u := resp.GetUnknownFields(); len(u) > 0 && resp.GetChanged() {
+		// An older agent (a rolling update): it applies the rest as if these were unset. Nothing
+		// here relies on an agent knowing a field; said once per change of state.
+		klog.InfoS("Agent does not know some fields of the state (an older build): applied as if unset", "node", c.node, "generation", gen, "fields", u)
+	}
 	klog.V(2).InfoS("Agent applied state", "node", c.node, "term", term, "generation", gen, "changed", resp.GetChanged(), "refused", len(resp.GetRefused()), "rtt", rtt.Round(100*time.Microsecond))
 	return nil
 }

@@ -1207,7 +1207,11 @@ type ApplyResponse struct {
 	Problems []string `protobuf:"bytes,4,rep,name=problems,proto3" json:"problems,omitempty"`
 	// refused lists the items of the state the agent did not take, each with the reason; the
 	// rest of the state is applied. A refusal is the object's fault, never the node's.
-	Refused       []*Refusal `protobuf:"bytes,5,rep,name=refused,proto3" json:"refused,omitempty"`
+	Refused []*Refusal `protobuf:"bytes,5,rep,name=refused,proto3" json:"refused,omitempty"`
+	// unknown_fields lists the fields of the state this agent does not know (sent by a newer
+	// CCM, during a rolling update), by path and number, e.g. "announcements[0].bgp: field 12";
+	// it applies the rest as if they were unset. The CCM relies on none of them.
+	UnknownFields []string `protobuf:"bytes,6,rep,name=unknown_fields,json=unknownFields,proto3" json:"unknown_fields,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1273,6 +1277,13 @@ func (x *ApplyResponse) GetProblems() []string {
 func (x *ApplyResponse) GetRefused() []*Refusal {
 	if x != nil {
 		return x.Refused
+	}
+	return nil
+}
+
+func (x *ApplyResponse) GetUnknownFields() []string {
+	if x != nil {
+		return x.UnknownFields
 	}
 	return nil
 }
@@ -1416,7 +1427,10 @@ type GetStateResponse struct {
 	Build *Build `protobuf:"bytes,14,opt,name=build,proto3" json:"build,omitempty"`
 	// applied_by is the build of the CCM whose Apply arrived last (ApplyRequest.sender); unset
 	// when none has arrived since the agent started, or its CCM says none (an older one).
-	AppliedBy     *Build `protobuf:"bytes,15,opt,name=applied_by,json=appliedBy,proto3" json:"applied_by,omitempty"`
+	AppliedBy *Build `protobuf:"bytes,15,opt,name=applied_by,json=appliedBy,proto3" json:"applied_by,omitempty"`
+	// unknown_fields lists the fields of the held state this agent does not know (see
+	// ApplyResponse.unknown_fields).
+	UnknownFields []string `protobuf:"bytes,16,rep,name=unknown_fields,json=unknownFields,proto3" json:"unknown_fields,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1552,6 +1566,13 @@ func (x *GetStateResponse) GetBuild() *Build {
 func (x *GetStateResponse) GetAppliedBy() *Build {
 	if x != nil {
 		return x.AppliedBy
+	}
+	return nil
+}
+
+func (x *GetStateResponse) GetUnknownFields() []string {
+	if x != nil {
+		return x.UnknownFields
 	}
 	return nil
 }
@@ -2495,7 +2516,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x06sender\x18\x02 \x01(\v2\x18.metalvip.agent.v1.BuildR\x06sender\"9\n" +
 	"\x05Build\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
-	"\x06commit\x18\x02 \x01(\tR\x06commit\"\xaf\x01\n" +
+	"\x06commit\x18\x02 \x01(\tR\x06commit\"\xd6\x01\n" +
 	"\rApplyResponse\x12\x12\n" +
 	"\x04term\x18\x01 \x01(\x04R\x04term\x12\x1e\n" +
 	"\n" +
@@ -2503,7 +2524,8 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"generation\x12\x18\n" +
 	"\achanged\x18\x03 \x01(\bR\achanged\x12\x1a\n" +
 	"\bproblems\x18\x04 \x03(\tR\bproblems\x124\n" +
-	"\arefused\x18\x05 \x03(\v2\x1a.metalvip.agent.v1.RefusalR\arefused\"\xc6\x01\n" +
+	"\arefused\x18\x05 \x03(\v2\x1a.metalvip.agent.v1.RefusalR\arefused\x12%\n" +
+	"\x0eunknown_fields\x18\x06 \x03(\tR\runknownFields\"\xc6\x01\n" +
 	"\aRefusal\x123\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1f.metalvip.agent.v1.Refusal.KindR\x04kind\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
@@ -2513,7 +2535,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11KIND_ANNOUNCEMENT\x10\x01\x12\x11\n" +
 	"\rKIND_BGP_PEER\x10\x02\"\x11\n" +
-	"\x0fGetStateRequest\"\xd1\x05\n" +
+	"\x0fGetStateRequest\"\xf8\x05\n" +
 	"\x10GetStateResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x1e\n" +
@@ -2535,7 +2557,8 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\rcontrol_plane\x18\r \x01(\v2%.metalvip.agent.v1.ControlPlaneStatusR\fcontrolPlane\x12.\n" +
 	"\x05build\x18\x0e \x01(\v2\x18.metalvip.agent.v1.BuildR\x05build\x127\n" +
 	"\n" +
-	"applied_by\x18\x0f \x01(\v2\x18.metalvip.agent.v1.BuildR\tappliedBy\"\xbe\x02\n" +
+	"applied_by\x18\x0f \x01(\v2\x18.metalvip.agent.v1.BuildR\tappliedBy\x12%\n" +
+	"\x0eunknown_fields\x18\x10 \x03(\tR\runknownFields\"\xbe\x02\n" +
 	"\x12ControlPlaneStatus\x12\x1f\n" +
 	"\vconfig_file\x18\x01 \x01(\tR\n" +
 	"configFile\x121\n" +
