@@ -57,7 +57,10 @@ bench-scale: deps ## 1,000 simulated nodes and 20,000 Services against the real 
 	$(GO) run ./test/scale $(SCALE_FLAGS)
 
 # Images: a multi-architecture OCI image index per binary, packed without a container daemon
-# (hack/tools/images). The tag is the chart's appVersion, the one manifests/install.yaml names.
+# (hack/tools/images). The tag is the chart's appVersion, the one manifests/install.yaml names;
+# each image also gets the build's own tag (appVersion and a hash of the images, new with any
+# changed binary), which _output/images/install.yaml and values.yaml name: applying them rolls out
+# a rebuilt tree, where the appVersion tag alone would change no pod spec.
 IMAGE_REGISTRY ?= ghcr.io/metalvip
 IMAGE_TAG      ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' charts/metalvip/Chart.yaml)
 PLATFORMS      ?= linux/amd64 linux/arm64
@@ -65,14 +68,18 @@ IMAGE_BINARIES := metalvip-cloud-controller-manager metalvip-agent
 HELM            = $$(hack/tool.sh helm)
 
 .PHONY: images
-images: ## Build the images: _output/images/oci (OCI layout, one index per binary) and _output/images/<os>-<arch>/*.tar.
+images: ## Build the images: _output/images/oci (OCI layout, one index per binary), _output/images/<os>-<arch>/*.tar, and install.yaml and chart values naming this build's own tag.
 	@for p in $(PLATFORMS); do \
 	  echo "go build $$p"; \
 	  CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build -trimpath -ldflags '$(LDFLAGS) -s -w' \
 	    -o _output/images/bin/$${p%/*}_$${p#*/}/ $(addprefix ./cmd/,$(IMAGE_BINARIES)); \
 	done
 	cd hack/tools && $(GO) run ./images build -bin ../../_output/images/bin -out ../../_output/images \
-	  -platforms '$(PLATFORMS)' -repository $(IMAGE_REGISTRY) -tag $(IMAGE_TAG) -version $(VERSION) -revision $(COMMIT)
+	  -platforms '$(PLATFORMS)' -repository $(IMAGE_REGISTRY) -tag $(IMAGE_TAG) -version $(VERSION) -revision $(COMMIT) \
+	  -build-tag-out ../../_output/images/build-tag
+	cd hack/tools && $(GO) run ./render -dir ../../manifests -tag $$(cat ../../_output/images/build-tag) \
+	  -o ../../_output/images/install.yaml -values ../../_output/images/values.yaml
+	@echo "this build: _output/images/install.yaml and values.yaml name its tag $$(cat _output/images/build-tag)"
 
 # The cluster harness's own images (test/kubecluster): the pods' sandbox and the workload, for
 # the host's platform only, imported into the test nodes' containerd (no registry there).

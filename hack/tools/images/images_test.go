@@ -4,13 +4,16 @@ import (
 	"archive/tar"
 	"bytes"
 	"debug/elf"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -267,12 +270,57 @@ func TestTheSameBinariesGiveTheSameDigests(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(bin, "linux_arm64", "metalvip-agent"), []byte("changed"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	third := build(t.TempDir())
+	thirdOut := t.TempDir()
+	third := build(thirdOut)
 	if third[1].Digest == first[1].Digest {
 		t.Error("a changed arm64 agent kept the agent index's digest")
 	}
 	if third[0].Digest != first[0].Digest {
 		t.Error("a changed agent changed the CCM's digest")
+	}
+	// The build's own tag: the same for the same binaries, another for a changed one, on
+	// every image; each tarball names both tags.
+	if first[0].BuildRef != second[0].BuildRef || first[0].BuildRef.TagStr() != first[1].BuildRef.TagStr() {
+		t.Errorf("build tags %s, %s (again), %s (the agent's); want one, the same twice", first[0].BuildRef, second[0].BuildRef, first[1].BuildRef)
+	}
+	if third[0].BuildRef.TagStr() == first[0].BuildRef.TagStr() || !strings.HasPrefix(third[0].BuildRef.TagStr(), "v1-") {
+		t.Errorf("a changed agent's build tag %s, before %s: want another, after the release's", third[0].BuildRef.TagStr(), first[0].BuildRef.TagStr())
+	}
+	tags, err := tarballTags(filepath.Join(thirdOut, "linux-amd64", "metalvip-agent.tar"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"example.test/metalvip/metalvip-agent:v1", "example.test/metalvip/metalvip-agent:" + third[1].BuildRef.TagStr()}; !slices.Equal(tags, want) {
+		t.Errorf("the agent's tarball names %v; want %v", tags, want)
+	}
+}
+
+// tarballTags reads the image names a docker-archive tarball gives (its manifest.json).
+func tarballTags(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			return nil, fmt.Errorf("%s: no manifest.json: %w", path, err)
+		}
+		if h.Name != "manifest.json" {
+			continue
+		}
+		var m []struct{ RepoTags []string }
+		if err := json.NewDecoder(tr).Decode(&m); err != nil {
+			return nil, err
+		}
+		var tags []string
+		for _, e := range m {
+			tags = append(tags, e.RepoTags...)
+		}
+		slices.Sort(tags)
+		return tags, nil
 	}
 }
 

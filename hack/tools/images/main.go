@@ -22,6 +22,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"flag"
 	"fmt"
@@ -79,7 +80,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: images build -bin DIR -out DIR [-platforms P] [-repository R] [-tag T] [-version V] [-revision C]\n       images push -layout DIR -registry REGISTRY\n       images single -bin FILE -ref REF -out FILE [-user U] [-platform P]")
+	fmt.Fprintln(os.Stderr, "usage: images build -bin DIR -out DIR [-platforms P] [-repository R] [-tag T] [-version V] [-revision C] [-build-tag-out FILE]\n       images push -layout DIR -registry REGISTRY\n       images single -bin FILE -ref REF -out FILE [-user U] [-platform P]")
 	os.Exit(2)
 }
 
@@ -93,6 +94,7 @@ func buildCommand(args []string) error {
 	fs.StringVar(&o.Tag, "tag", "", "image tag")
 	fs.StringVar(&o.Version, "version", "", "the binaries' version, for the labels")
 	fs.StringVar(&o.Revision, "revision", "", "source revision, for the labels")
+	buildTagOut := fs.String("build-tag-out", "", "write the build's own tag (every image's second tag, which changes with any binary) to this file")
 	_ = fs.Parse(args)
 	if o.BinDir == "" || o.OutDir == "" || o.Tag == "" {
 		return errors.New("-bin, -out and -tag are required")
@@ -109,7 +111,10 @@ func buildCommand(args []string) error {
 		return err
 	}
 	for _, b := range built {
-		fmt.Printf("%s@%s\n", b.Ref, b.Digest)
+		fmt.Printf("%s@%s (also %s)\n", b.Ref, b.Digest, b.BuildRef.TagStr())
+	}
+	if *buildTagOut != "" && len(built) > 0 {
+		return os.WriteFile(*buildTagOut, []byte(built[0].BuildRef.TagStr()+"\n"), 0o644)
 	}
 	return nil
 }
@@ -127,10 +132,14 @@ type Built struct {
 	Binary string
 	Ref    name.Tag
 	Digest v1.Hash
+	// BuildRef names the same image by the build's own tag (BuildTag).
+	BuildRef name.Tag
 }
 
 // Build writes one image index per binary into OutDir/oci, replacing what was there, and one
-// tarball per platform and binary.
+// tarball per platform and binary. Each tarball names its image twice: with Tag (the release's,
+// the one manifests/install.yaml names) and with BuildTag(Tag, the indexes), which changes
+// whenever a binary does, so that a rebuilt tree has a reference of its own to roll out.
 func Build(o BuildOptions) ([]Built, error) {
 	if len(o.Platforms) == 0 {
 		return nil, errors.New("no platform")
@@ -143,7 +152,13 @@ func Build(o BuildOptions) ([]Built, error) {
 	if err != nil {
 		return nil, err
 	}
+	type platformImg struct {
+		p   v1.Platform
+		img v1.Image
+	}
+	imgs := map[string][]platformImg{}
 	var out []Built
+	var digests []v1.Hash
 	for _, im := range Images {
 		ref, err := name.NewTag(o.Repository + "/" + im.Binary + ":" + o.Tag)
 		if err != nil {
@@ -155,13 +170,7 @@ func Build(o BuildOptions) ([]Built, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%s %s: %w", im.Binary, p, err)
 			}
-			tarPath := filepath.Join(o.OutDir, p.OS+"-"+p.Architecture, im.Binary+".tar")
-			if err := os.MkdirAll(filepath.Dir(tarPath), 0o755); err != nil {
-				return nil, err
-			}
-			if err := tarball.WriteToFile(tarPath, ref, img); err != nil {
-				return nil, fmt.Errorf("%s: %w", tarPath, err)
-			}
+			imgs[im.Binary] = append(imgs[im.Binary], platformImg{p, img})
 			plat := p
 			adds = append(adds, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &plat}})
 		}
@@ -173,9 +182,39 @@ func Build(o BuildOptions) ([]Built, error) {
 		if err != nil {
 			return nil, err
 		}
+		digests = append(digests, d)
 		out = append(out, Built{Binary: im.Binary, Ref: ref, Digest: d})
 	}
+	build := BuildTag(o.Tag, digests)
+	for i, b := range out {
+		buildRef, err := name.NewTag(o.Repository + "/" + b.Binary + ":" + build)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", b.Binary, err)
+		}
+		out[i].BuildRef = buildRef
+		for _, pi := range imgs[b.Binary] {
+			tarPath := filepath.Join(o.OutDir, pi.p.OS+"-"+pi.p.Architecture, b.Binary+".tar")
+			if err := os.MkdirAll(filepath.Dir(tarPath), 0o755); err != nil {
+				return nil, err
+			}
+			refs := map[name.Reference]v1.Image{b.Ref: pi.img, buildRef: pi.img}
+			if err := tarball.MultiRefWriteToFile(tarPath, refs); err != nil {
+				return nil, fmt.Errorf("%s: %w", tarPath, err)
+			}
+		}
+	}
 	return out, nil
+}
+
+// BuildTag is the tag of one build of every image: tag and the first 12 hex digits of the
+// sha256 of the images' index digests, in order ("v0.1.0-3f9c0a1b2c4d"). The same binaries give
+// the same tag; any changed binary another.
+func BuildTag(tag string, digests []v1.Hash) string {
+	h := sha256.New()
+	for _, d := range digests {
+		h.Write([]byte(d.String() + "\n"))
+	}
+	return fmt.Sprintf("%s-%x", tag, h.Sum(nil)[:6])
 }
 
 func singleCommand(args []string) error {

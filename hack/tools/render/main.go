@@ -36,11 +36,19 @@ func main() {
 	dir := flag.String("dir", "manifests", "folder of the kustomization")
 	out := flag.String("o", "", "file to write (- for stdout)")
 	imagesFile := flag.String("images", "", "file of binary=reference lines: pin these images (a release)")
-	valuesOut := flag.String("values", "", "with -images: also write Helm values pinning the chart to the same images")
+	valuesOut := flag.String("values", "", "with -images or -tag: also write Helm values pinning the chart to the same images")
+	tag := flag.String("tag", "", "name both images by this tag (a development build's own, which `make images` writes): its install.yaml and values roll out what was rebuilt")
 	flag.Parse()
-	if *out == "" || flag.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "usage: render -dir DIR -o FILE [-images FILE [-values FILE]]")
+	if *out == "" || flag.NArg() > 0 || (*tag != "" && *imagesFile != "") {
+		fmt.Fprintln(os.Stderr, "usage: render -dir DIR -o FILE [-images FILE | -tag TAG] [-values FILE]")
 		os.Exit(2)
+	}
+	if *tag != "" {
+		if err := runTag(*dir, *out, *tag, *valuesOut); err != nil {
+			fmt.Fprintf(os.Stderr, "render: %v\n", err)
+			os.Exit(1)
+		}
+		return
 	}
 	if err := run(*dir, *out, *imagesFile, *valuesOut); err != nil {
 		fmt.Fprintf(os.Stderr, "render: %v\n", err)
@@ -73,6 +81,33 @@ func run(dir, out, imagesFile, valuesOut string) error {
 		return write(valuesOut, v)
 	}
 	return nil
+}
+
+// runTag writes install.yaml with both images named by tag (kustomize's newTag), and the
+// chart's values naming the same tag.
+func runTag(dir, out, tag, valuesOut string) error {
+	if strings.Trim(strings.ToLower(tag), "abcdefghijklmnopqrstuvwxyz0123456789_.-") != "" || len(tag) > 128 || strings.HasPrefix(tag, ".") || strings.HasPrefix(tag, "-") {
+		return fmt.Errorf("-tag %q is not an image tag", tag)
+	}
+	data, err := renderWith(dir, func(k *types.Kustomization) error {
+		if len(k.Images) == 0 {
+			return errors.New("kustomization.yaml names no image")
+		}
+		for i := range k.Images {
+			k.Images[i].NewTag, k.Images[i].Digest = tag, ""
+		}
+		return nil
+	}, "# metalvip development build: manifests/kustomization.yaml with its images tagged "+tag+" (make images).\n")
+	if err != nil {
+		return err
+	}
+	if err := write(out, data); err != nil {
+		return err
+	}
+	if valuesOut == "" {
+		return nil
+	}
+	return write(valuesOut, []byte("# metalvip development build: helm upgrade ... -f this file (make images).\nimage:\n  tag: "+tag+"\n"))
 }
 
 func write(path string, data []byte) error {
@@ -163,12 +198,24 @@ func readPins(path string) ([]pin, error) {
 // Render builds the kustomization in dir, with the pinned images (if any) replacing the
 // kustomization's own image entries of the same binaries.
 func Render(dir string, pins []pin) ([]byte, error) {
+	h := header
+	var edit func(*types.Kustomization) error
+	if len(pins) > 0 {
+		h = "# metalvip release: manifests/kustomization.yaml with its images pinned by digest (make release).\n"
+		edit = func(k *types.Kustomization) error { return pinImages(k, pins) }
+	}
+	return renderWith(dir, edit, h)
+}
+
+// renderWith builds the kustomization in dir after edit (if any) changed an in-memory copy of
+// it, and puts h first.
+func renderWith(dir string, edit func(*types.Kustomization) error, h string) ([]byte, error) {
 	mem := filesys.MakeFsInMemory()
 	if err := copyInto(mem, dir); err != nil {
 		return nil, err
 	}
-	if len(pins) > 0 {
-		if err := pinImages(mem, pins); err != nil {
+	if edit != nil {
+		if err := editKustomization(mem, edit); err != nil {
 			return nil, err
 		}
 	}
@@ -182,10 +229,6 @@ func Render(dir string, pins []pin) ([]byte, error) {
 	body, err := res.AsYaml()
 	if err != nil {
 		return nil, err
-	}
-	h := header
-	if len(pins) > 0 {
-		h = "# metalvip release: manifests/kustomization.yaml with its images pinned by digest (make release).\n"
 	}
 	return append([]byte(h), body...), nil
 }
@@ -211,7 +254,8 @@ func copyInto(mem filesys.FileSystem, dir string) error {
 	})
 }
 
-func pinImages(mem filesys.FileSystem, pins []pin) error {
+// editKustomization lets edit change the in-memory kustomization.yaml.
+func editKustomization(mem filesys.FileSystem, edit func(*types.Kustomization) error) error {
 	const file = "/base/kustomization.yaml"
 	data, err := mem.ReadFile(file)
 	if err != nil {
@@ -221,6 +265,18 @@ func pinImages(mem filesys.FileSystem, pins []pin) error {
 	if err := yaml.UnmarshalStrict(data, &k); err != nil {
 		return fmt.Errorf("kustomization.yaml: %w", err)
 	}
+	if err := edit(&k); err != nil {
+		return err
+	}
+	out, err := yaml.Marshal(k)
+	if err != nil {
+		return err
+	}
+	return mem.WriteFile(file, out)
+}
+
+// pinImages names each pinned binary's image by its reference's name and digest.
+func pinImages(k *types.Kustomization, pins []pin) error {
 	for _, p := range pins {
 		i := slices.IndexFunc(k.Images, func(im types.Image) bool { return lastElem(im.Name) == p.binary })
 		if i < 0 {
@@ -228,11 +284,7 @@ func pinImages(mem filesys.FileSystem, pins []pin) error {
 		}
 		k.Images[i].NewName, k.Images[i].NewTag, k.Images[i].Digest = p.ref.name, "", p.ref.digest
 	}
-	out, err := yaml.Marshal(k)
-	if err != nil {
-		return err
-	}
-	return mem.WriteFile(file, out)
+	return nil
 }
 
 func lastElem(name string) string { return name[strings.LastIndex(name, "/")+1:] }

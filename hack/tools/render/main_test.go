@@ -146,3 +146,52 @@ func TestChartValuesPinBothImagesInOneRegistry(t *testing.T) {
 		t.Error("two registries were accepted")
 	}
 }
+
+// A development build's render (make images): both images by the build's own tag, nothing
+// else changed; the values name the same tag; a tag that is none is refused.
+func TestARenderByTagNamesBothImagesAndChangesNothingElse(t *testing.T) {
+	dir := filepath.Join("..", "..", "..", "manifests")
+	out := t.TempDir()
+	if err := runTag(dir, filepath.Join(out, "install.yaml"), "v0.1.0-0123456789ab", filepath.Join(out, "values.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	tagged, err := os.ReadFile(filepath.Join(out, "install.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := Render(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var images []string
+	for _, l := range strings.Split(string(tagged), "\n") {
+		if s := strings.TrimSpace(l); strings.HasPrefix(s, "image: ") {
+			images = append(images, strings.TrimPrefix(s, "image: "))
+		}
+	}
+	want := []string{"ghcr.io/metalvip/metalvip-cloud-controller-manager:v0.1.0-0123456789ab", "ghcr.io/metalvip/metalvip-agent:v0.1.0-0123456789ab"}
+	if strings.Join(images, " ") != strings.Join(want, " ") {
+		t.Errorf("images %v, want %v", images, want)
+	}
+	strip := func(b []byte) string {
+		var keep []string
+		for _, l := range strings.Split(string(b), "\n")[1:] {
+			if !strings.Contains(l, "image: ") {
+				keep = append(keep, l)
+			}
+		}
+		return strings.Join(keep, "\n")
+	}
+	if strip(plain) != strip(tagged) {
+		t.Error("the tag changed more than the image lines")
+	}
+	values, err := os.ReadFile(filepath.Join(out, "values.yaml"))
+	if err != nil || !strings.Contains(string(values), "image:\n  tag: v0.1.0-0123456789ab\n") {
+		t.Errorf("values %q (%v), want image.tag set", values, err)
+	}
+	for _, bad := range []string{"v0.1.0 x", "-x", "a/b", strings.Repeat("a", 129)} {
+		if err := runTag(dir, filepath.Join(out, "x.yaml"), bad, ""); err == nil {
+			t.Errorf("tag %q taken", bad)
+		}
+	}
+}
