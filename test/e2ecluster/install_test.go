@@ -401,12 +401,14 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 			if f.After == f.Victim || f.After == "" {
 				t.Errorf("trial %d: after %s died, %q answers", i, f.Victim, f.After)
 			}
-			if f.Outage > time.Second {
-				t.Errorf("trial %d: outage %s over 1 s (target 300 ms)", i, f.Outage)
+			// Bounded generously: this suite runs a 1.5-s profile (main_test.go); make bench
+			// measures the shipped one against its 300-ms target.
+			if f.Outage > 5*time.Second {
+				t.Errorf("trial %d: outage %s over 5 s", i, f.Outage)
 			}
 		}
 		slices.Sort(outages)
-		t.Logf("outages over %d trials: min %s, median %s, max %s (target: under 300 ms)", trials, outages[0], outages[len(outages)/2], outages[len(outages)-1])
+		t.Logf("outages over %d trials: min %s, median %s, max %s (heartbeats every %s, dead after %d misses)", trials, outages[0], outages[len(outages)/2], outages[len(outages)-1], c.Failover.Interval, c.Failover.Misses)
 	})
 
 	t.Run("a BGP ETP Local VIP's next hops follow the Deployment scaled and a pod deleted", func(t *testing.T) {

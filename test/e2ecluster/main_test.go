@@ -78,6 +78,10 @@ func cluster(t *testing.T) *kubecluster.Cluster {
 	}
 	root = testenv.NewMain("e2ecluster")
 	shared = kubecluster.New(root, kubecluster.Options{Images: images})
+	// The suite shares a 2-core machine with other packages' tests: stalls of up to a second
+	// (seen in CI: every agent took over its neighbours' VIPs at once) are no deaths here. The
+	// shipped profile's figures come from make bench, which runs alone.
+	shared.Failover = &kubecluster.FailoverProfile{Interval: "100ms", Misses: 15}
 	return shared
 }
 

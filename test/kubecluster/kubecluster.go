@@ -138,6 +138,11 @@ type Cluster struct {
 	Nodes      []*Node
 	// Timings of the bring-up, for the benchmarks.
 	ControlPlaneReady, NodesReady time.Duration
+	// Failover, when set, replaces the shipped heartbeat profile (50 ms x 3) in every install,
+	// upgrade and rollback (install.yaml's cloud-config, the chart's values): the e2e suite
+	// shares a 2-core machine with other tests, whose stalls of up to a second the shipped
+	// profile takes for deaths; the benchmarks leave it unset and measure the shipped one.
+	Failover *FailoverProfile
 
 	t      testenv.TB
 	opts   Options

@@ -103,21 +103,65 @@ func (c *Cluster) waitRollouts(ctx context.Context) error {
 	return nil
 }
 
-// applyAndRoll is `kubectl apply --server-side -f file` and the wait for the rollouts.
+// FailoverProfile is a heartbeat profile (cloud-config failover.interval and misses).
+type FailoverProfile struct {
+	Interval string // e.g. "100ms"
+	Misses   int
+}
+
+// shippedFailover is the profile install.yaml's cloud-config carries.
+const shippedFailover = "failover:\n      interval: 50ms\n      misses: 3\n"
+
+// installYAML returns file, or a copy with c.Failover's profile in its cloud-config.
+func (c *Cluster) installYAML(file string) (string, error) {
+	if c.Failover == nil {
+		return file, nil
+	}
+	if !filepath.IsAbs(file) { // the repository's, as kubectl in the control namespace reads it
+		root, err := testenv.RepoRoot()
+		if err != nil {
+			return "", err
+		}
+		file = filepath.Join(root, file)
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", err
+	}
+	if strings.Count(string(data), shippedFailover) != 1 {
+		return "", fmt.Errorf("%s: no cloud-config failover section with the shipped profile to replace", file)
+	}
+	data = []byte(strings.Replace(string(data), shippedFailover, fmt.Sprintf("failover:\n      interval: %s\n      misses: %d\n", c.Failover.Interval, c.Failover.Misses), 1))
+	out := filepath.Join(c.Dir, "install-"+strings.ReplaceAll(filepath.Base(filepath.Dir(file))+"-"+filepath.Base(file), "/", "-"))
+	return out, os.WriteFile(out, data, 0o600)
+}
+
+// applyAndRoll is `kubectl apply --server-side -f file` (with c.Failover's profile) and the wait
+// for the rollouts.
 func (c *Cluster) applyAndRoll(ctx context.Context, file string) error {
-	if _, err := c.Kubectl(ctx, "apply", "--server-side", "-f", file); err != nil {
+	f, err := c.installYAML(file)
+	if err != nil {
+		return err
+	}
+	if _, err := c.Kubectl(ctx, "apply", "--server-side", "-f", f); err != nil {
 		return err
 	}
 	return c.waitRollouts(ctx)
 }
 
 // chartSettings are the values the chart is installed, upgraded and rolled back with.
-var chartSettings = []string{"--set", "ccm.serviceMonitor.enabled=true", "--set", "agent.podMonitor.enabled=true"}
+func (c *Cluster) chartSettings() []string {
+	s := []string{"--set", "ccm.serviceMonitor.enabled=true", "--set", "agent.podMonitor.enabled=true"}
+	if c.Failover != nil {
+		s = append(s, "--set", "cloudConfig.failover.interval="+c.Failover.Interval, "--set", fmt.Sprintf("cloudConfig.failover.misses=%d", c.Failover.Misses))
+	}
+	return s
+}
 
 // helmUpgrade is `helm upgrade` of the release to chart with the settings (and more) and the
 // wait for the rollouts.
 func (c *Cluster) helmUpgrade(ctx context.Context, chart string, more ...string) error {
-	args := append([]string{"upgrade", "metalvip", chart, "--namespace", "kube-system", "--wait", "--timeout", "5m"}, chartSettings...)
+	args := append([]string{"upgrade", "metalvip", chart, "--namespace", "kube-system", "--wait", "--timeout", "5m"}, c.chartSettings()...)
 	if _, err := c.Tool(ctx, "helm", append(args, more...)...); err != nil {
 		return err
 	}
@@ -132,7 +176,11 @@ var Manifests = Installer{
 		if err := c.ApplyCerts(ctx); err != nil {
 			return err
 		}
-		_, err := c.Kubectl(ctx, "apply", "--server-side", "-f", "manifests/install.yaml")
+		f, err := c.installYAML("manifests/install.yaml")
+		if err != nil {
+			return err
+		}
+		_, err = c.Kubectl(ctx, "apply", "--server-side", "-f", f)
 		return err
 	},
 	Uninstall: func(ctx context.Context, c *Cluster) error {
@@ -164,7 +212,7 @@ var Chart = Installer{
 			"crd/servicemonitors.monitoring.coreos.com", "crd/podmonitors.monitoring.coreos.com"); err != nil {
 			return err
 		}
-		_, err = c.Tool(ctx, "helm", append([]string{"install", "metalvip", "charts/metalvip", "--namespace", "kube-system", "--wait", "--timeout", "3m"}, chartSettings...)...)
+		_, err = c.Tool(ctx, "helm", append([]string{"install", "metalvip", "charts/metalvip", "--namespace", "kube-system", "--wait", "--timeout", "3m"}, c.chartSettings()...)...)
 		return err
 	},
 	// A rollback to a version the release never had (helm rollback goes to an earlier
