@@ -56,15 +56,6 @@ func TestARenderPinsEveryImageByDigestAndChangesNothingElse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	images := func(b []byte) []string {
-		var out []string
-		for _, l := range strings.Split(string(b), "\n") {
-			if s := strings.TrimSpace(l); strings.HasPrefix(s, "image: ") {
-				out = append(out, strings.TrimPrefix(s, "image: "))
-			}
-		}
-		return out
-	}
 	want := []string{pins[0].ref.String(), pins[1].ref.String()}
 	if got := images(pinned); strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("pinned images %v, want %v", got, want)
@@ -73,16 +64,7 @@ func TestARenderPinsEveryImageByDigestAndChangesNothingElse(t *testing.T) {
 		t.Errorf("plain images %v", got)
 	}
 	// Apart from the header and the image lines, the two renders are the same.
-	strip := func(b []byte) string {
-		var keep []string
-		for _, l := range strings.Split(string(b), "\n")[1:] {
-			if !strings.Contains(l, "image: ") {
-				keep = append(keep, l)
-			}
-		}
-		return strings.Join(keep, "\n")
-	}
-	if strip(plain) != strip(pinned) {
+	if withoutImages(plain) != withoutImages(pinned) {
 		t.Error("pinning changed more than the image lines")
 	}
 	// The committed install.yaml is this render (make generate writes it; CI checks it).
@@ -163,26 +145,11 @@ func TestARenderByTagNamesBothImagesAndChangesNothingElse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var images []string
-	for _, l := range strings.Split(string(tagged), "\n") {
-		if s := strings.TrimSpace(l); strings.HasPrefix(s, "image: ") {
-			images = append(images, strings.TrimPrefix(s, "image: "))
-		}
-	}
 	want := []string{"ghcr.io/metalvip/metalvip-cloud-controller-manager:v0.1.0-0123456789ab", "ghcr.io/metalvip/metalvip-agent:v0.1.0-0123456789ab"}
-	if strings.Join(images, " ") != strings.Join(want, " ") {
-		t.Errorf("images %v, want %v", images, want)
+	if got := images(tagged); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("images %v, want %v", got, want)
 	}
-	strip := func(b []byte) string {
-		var keep []string
-		for _, l := range strings.Split(string(b), "\n")[1:] {
-			if !strings.Contains(l, "image: ") {
-				keep = append(keep, l)
-			}
-		}
-		return strings.Join(keep, "\n")
-	}
-	if strip(plain) != strip(tagged) {
+	if withoutImages(plain) != withoutImages(tagged) {
 		t.Error("the tag changed more than the image lines")
 	}
 	values, err := os.ReadFile(filepath.Join(out, "values.yaml"))
@@ -194,4 +161,26 @@ func TestARenderByTagNamesBothImagesAndChangesNothingElse(t *testing.T) {
 			t.Errorf("tag %q taken", bad)
 		}
 	}
+}
+
+// images lists a render's image references, in order.
+func images(b []byte) []string {
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if s := strings.TrimSpace(l); strings.HasPrefix(s, "image: ") {
+			out = append(out, strings.TrimPrefix(s, "image: "))
+		}
+	}
+	return out
+}
+
+// withoutImages is a render without its header and its image lines.
+func withoutImages(b []byte) string {
+	var keep []string
+	for _, l := range strings.Split(string(b), "\n")[1:] {
+		if !strings.Contains(l, "image: ") {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
 }
