@@ -159,6 +159,9 @@ type Agent struct {
 	heard map[string]heard
 	again map[netip.Addr]uint64
 	healthState
+	// restartingUntil: this agent gave its restart notice (Restart) and is back by then at
+	// the latest; GetState says so to a CCM that did not get the Event.
+	restartingUntil time.Time
 
 	watchMu  sync.Mutex
 	watchers map[chan *agentv1.Event]struct{}
@@ -523,6 +526,9 @@ func (a *Agent) Restart(ctx context.Context, grace time.Duration) error {
 	}
 	grace = min(grace, failover.MaxRestartGrace)
 	klog.InfoS("Planned restart: the peers and the CCM hold this node's VIPs for it", "grace", grace)
+	a.mu.Lock()
+	a.restartingUntil = time.Now().Add(grace)
+	a.mu.Unlock()
 	a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_RESTARTING, RestartGraceMillis: uint32(grace.Milliseconds())})
 	a.flushWatchers(ctx, restartFlush)
 	if live != nil {

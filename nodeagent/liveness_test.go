@@ -22,6 +22,8 @@ type fakeLiveness struct {
 	peers   []failover.Peer
 	seq     uint64
 	restart []time.Duration // the graces Restarting was given
+	// restarting: peers the view says are restarting, until when
+	restarting map[string]time.Time
 }
 
 func (f *fakeLiveness) SetPeers(p []failover.Peer) {
@@ -36,7 +38,7 @@ func (f *fakeLiveness) View() failover.View {
 	defer f.mu.Unlock()
 	v := failover.View{Node: f.cfg.Node, Seq: f.seq, Peers: map[string]failover.PeerView{}}
 	for _, p := range f.peers {
-		v.Peers[p.Node] = failover.PeerView{Alive: true, Sees: true}
+		v.Peers[p.Node] = failover.PeerView{Alive: true, Sees: true, RestartingUntil: f.restarting[p.Node]}
 	}
 	return v
 }
@@ -261,6 +263,9 @@ func TestARestartTellsThePeersAndTheCCMUnlessDraining(t *testing.T) {
 				if len(restart) != 0 || len(told) != 0 {
 					t.Errorf("peers told %v, the CCM %v; want nothing told", restart, told)
 				}
+				if resp, err := h.ccm(t).GetState(ctx(t), &agentv1.GetStateRequest{}); err != nil || len(resp.GetRestarting()) != 0 {
+					t.Errorf("GetState says %v restart (err %v); want none", resp.GetRestarting(), err)
+				}
 				return
 			}
 			if !slices.Equal(restart, []time.Duration{tc.want}) {
@@ -269,6 +274,45 @@ func TestARestartTellsThePeersAndTheCCMUnlessDraining(t *testing.T) {
 			if len(told) != 1 || time.Duration(told[0].GetRestartGraceMillis())*time.Millisecond != tc.want {
 				t.Errorf("the CCM's Watch got %v; want one KIND_RESTARTING of %s", told, tc.want)
 			}
+			// Until it exits, GetState says so too: to a CCM that starts leading meanwhile.
+			resp, err := h.ccm(t).GetState(ctx(t), &agentv1.GetStateRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := resp.GetRestarting(); len(n) != 1 || n[0].GetNode() != "node-a" || left(n[0]) > tc.want || left(n[0]) < tc.want-5*time.Second {
+				t.Errorf("GetState says %v restart; want node-a with about %s left", n, tc.want)
+			}
 		})
+	}
+}
+
+func left(n *agentv1.RestartNotice) time.Duration {
+	return time.Duration(n.GetGraceLeftMillis()) * time.Millisecond
+}
+
+// Issue 32: GetState lists the heartbeat peers that said they are restarting, with the grace
+// left: a CCM that starts leading while a peer is away learns it there, not from the peer.
+func TestGetStateSaysWhichPeersAreRestarting(t *testing.T) {
+	var f *fakeLiveness
+	h := serve(t, t.TempDir(), func(o *Options) {
+		o.NewLiveness = func(c failover.Config) (Liveness, error) {
+			f = &fakeLiveness{cfg: c, restarting: map[string]time.Time{"node-b": time.Now().Add(20 * time.Second), "node-c": time.Now().Add(-time.Second)}}
+			return f, nil
+		}
+	})
+	st := state(1, 1, withCandidates("203.0.113.10", "node-a", "node-b", "node-c"))
+	for i, n := range []string{"node-b", "node-c"} {
+		st.HeartbeatPeers = append(st.HeartbeatPeers, &agentv1.HeartbeatPeer{Node: n, Address: fmt.Sprintf("198.51.100.%d", 12+i), PublicKeys: [][]byte{h.agent.identity.PublicKeys()[0]}})
+	}
+	if _, err := h.ccm(t).Apply(ctx(t), &agentv1.ApplyRequest{State: st}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := h.ccm(t).GetState(ctx(t), &agentv1.GetStateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// node-c's grace is over: not said.
+	if n := resp.GetRestarting(); len(n) != 1 || n[0].GetNode() != "node-b" || left(n[0]) > 20*time.Second || left(n[0]) < 15*time.Second {
+		t.Errorf("GetState says %v restart; want node-b alone, with about 20 s left", n)
 	}
 }

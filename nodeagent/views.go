@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/internal/agentapi"
+	"github.com/metalvip/metalvip/nodeagent/failover"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
 
@@ -62,7 +64,29 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 		}
 	}
 	resp.L2, resp.Heartbeats = a.countersLocked()
+	resp.Restarting = a.restartingLocked(time.Now())
 	return resp, nil
+}
+
+// restartingLocked lists the nodes known to be in a planned restart at now, by name: this
+// one after its notice, and the peers whose heartbeats said so. The caller holds mu.
+func (a *Agent) restartingLocked(now time.Time) []*agentv1.RestartNotice {
+	until := map[string]time.Time{}
+	if a.live != nil {
+		until = a.live.View().Restarting(now)
+	}
+	if a.restartingUntil.After(now) {
+		if until == nil {
+			until = map[string]time.Time{}
+		}
+		until[a.opts.Node] = a.restartingUntil
+	}
+	var out []*agentv1.RestartNotice
+	for _, n := range slices.Sorted(maps.Keys(until)) {
+		left := min(until[n].Sub(now), failover.MaxRestartGrace)
+		out = append(out, &agentv1.RestartNotice{Node: n, GraceLeftMillis: uint32(left.Milliseconds())})
+	}
+	return out
 }
 
 // countersLocked returns the speaker's and the heartbeat monitors' counters so far. The

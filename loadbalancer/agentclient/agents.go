@@ -91,6 +91,10 @@ type Agents struct {
 	// whose own agent has not answered yet: a CCM that cannot read one node's keys must not
 	// make its peers count it dead.
 	seen map[string][][]byte
+	// discovering: Discover is under way; an agent not reached meanwhile is counted
+	// unreachable only when it ends, once every agent that answered said whether it is
+	// restarting (resolveDiscovery).
+	discovering atomic.Bool
 }
 
 type agentConn struct {
@@ -102,6 +106,7 @@ type agentConn struct {
 	kick   chan struct{}
 	probe  chan struct{} // a broken Watch asks for a reachability check now
 
+	reachMu   sync.Mutex // serialises setReachable
 	mu        sync.Mutex
 	desired   NodeState             // without term and generation; never changed once given
 	built     *agentv1.DesiredState // desired, materialised for the version built
@@ -114,6 +119,7 @@ type agentConn struct {
 	genTerm   uint64 // and the term
 	reachable bool
 	known     bool                  // reachability decided at least once
+	unreached error                 // not reached during Discover: not told yet, why
 	held      *agentv1.DesiredState // what the agent held when last asked, or acknowledged since
 	keys      [][]byte
 	sessions  []*agentv1.PeerStatus // the BGP sessions the agent last reported
@@ -122,6 +128,10 @@ type agentConn struct {
 	// restartUntil: the agent said it is restarting (Event KIND_RESTARTING); until then, or
 	// until it answers a new Watch, failing to reach it does not count it unreachable.
 	restartUntil time.Time
+	// peersRestarting: the nodes this agent's last GetState said are restarting (its heartbeat
+	// peers' notices), with the end of their grace; Discover reads them for agents it could
+	// not reach.
+	peersRestarting map[string]time.Time
 
 	renewAt atomic.Int64 // enrolled agents: when its certificate is due for renewal (Unix ns)
 }
@@ -137,6 +147,20 @@ func (c *agentConn) restarting(ev *agentv1.Event) {
 	c.restartUntil = time.Now().Add(grace)
 	c.mu.Unlock()
 	klog.InfoS("Agent restarting: not counted unreachable while it may be away, its VIPs wait for it", "node", c.node, "grace", grace)
+}
+
+// restartingUntil records that the agent is restarting until then, as its own GetState or
+// its heartbeat peers said (a leader that started while it was away never got its Event).
+func (c *agentConn) restartingUntil(until time.Time, by string) {
+	c.mu.Lock()
+	was := c.restartUntil
+	if until.After(was) {
+		c.restartUntil = until
+	}
+	c.mu.Unlock()
+	if was.IsZero() {
+		klog.InfoS("Agent restarting: not counted unreachable while it may be away, its VIPs wait for it", "node", c.node, "grace", time.Until(until).Round(time.Millisecond), "from", by)
+	}
 }
 
 // restartGrace returns until when the agent may be away restarting (zero: it is not).
@@ -360,10 +384,15 @@ func (a *Agents) SeeKeys(held map[string]*agentv1.DesiredState) {
 	}
 }
 
-// Discover waits until every agent's reachability is decided (each is asked for its state
-// before anything is pushed to it), or timeout passes, and returns the states the reachable
-// agents hold, by node.
-func (a *Agents) Discover(ctx context.Context, timeout time.Duration) map[string]*agentv1.DesiredState {
+// Discover sets the nodes (SetNodes) and waits until every agent's reachability is decided
+// (each is asked for its state before anything is pushed to it), or timeout passes, and
+// returns the states the reachable agents hold, by node. An agent not reached is counted
+// unreachable when it returns, unless the agents that answered say it is restarting
+// (resolveDiscovery).
+func (a *Agents) Discover(ctx context.Context, addrs map[string]netip.Addr, timeout time.Duration) map[string]*agentv1.DesiredState {
+	a.discovering.Store(true)
+	defer a.discovering.Store(false)
+	a.SetNodes(ctx, addrs)
 	deadline := time.Now().Add(timeout)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
@@ -385,35 +414,106 @@ func (a *Agents) Discover(ctx context.Context, timeout time.Duration) map[string
 			c.mu.Unlock()
 		}
 		if decided || time.Now().After(deadline) {
+			a.resolveDiscovery(conns)
 			return held
 		}
 		select {
 		case <-ctx.Done():
+			a.resolveDiscovery(conns)
 			return held
 		case <-tick.C:
 		}
 	}
 }
 
-func (a *Agents) setReachable(c *agentConn, ok bool, err error) {
+// resolveDiscovery tells the reachability of the agents Discover could not reach. One whose
+// heartbeat peers say it is restarting (a rolling update that restarts this CCM and the
+// agents at once: this leader never got its Event) stays counted reachable for the rest of its
+// grace, as with a leader that got the Event: its VIPs wait for it instead of moving away and
+// back; not back by then, it is counted unreachable (run). The others are unreachable now.
+func (a *Agents) resolveDiscovery(conns []*agentConn) {
+	type notice struct {
+		until time.Time
+		by    string
+	}
+	said := map[string]notice{}
+	for _, c := range conns {
+		c.mu.Lock()
+		if c.reachable {
+			for n, until := range c.peersRestarting {
+				if until.After(said[n].until) {
+					said[n] = notice{until, c.node}
+				}
+			}
+		}
+		c.mu.Unlock()
+	}
+	now := time.Now()
+	for _, c := range conns {
+		c.reachMu.Lock()
+		c.mu.Lock()
+		err := c.unreached
+		c.unreached = nil
+		n, restarting := said[c.node]
+		restarting = restarting && err != nil && n.until.After(now)
+		if restarting {
+			c.reachable = true
+		}
+		c.mu.Unlock()
+		switch {
+		case restarting:
+			c.restartingUntil(n.until, n.by)
+			a.tellReachable(c, true, nil)
+		case err != nil:
+			a.tellReachable(c, false, err)
+		}
+		c.reachMu.Unlock()
+	}
+}
+
+// setReachable records whether the agent answered, and tells the Reachability hook of a
+// change. An agent that is not reached within a restart grace is not counted unreachable:
+// then it returns false and changes nothing (the grace may begin while the call that failed
+// was under way: restartingAtStart).
+func (a *Agents) setReachable(c *agentConn, ok bool, err error) bool {
+	// One change told at a time, in the order made: the hook's last word is the state.
+	c.reachMu.Lock()
+	defer c.reachMu.Unlock()
 	c.mu.Lock()
-	changed := !c.known || c.reachable != ok
-	c.reachable, c.known = ok, true
+	if !ok && time.Now().Before(c.restartUntil) {
+		c.mu.Unlock()
+		return false
+	}
+	if !ok && a.discovering.Load() && (!c.known || c.unreached != nil) {
+		// Decided, told when Discover ends (resolveDiscovery).
+		c.known, c.reachable, c.unreached = true, false, err
+		c.mu.Unlock()
+		return true
+	}
+	changed := !c.known || c.reachable != ok || c.unreached != nil
+	c.reachable, c.known, c.unreached = ok, true, nil
 	c.mu.Unlock()
+	if changed {
+		a.tellReachable(c, ok, err)
+	}
+	return true
+}
+
+// tellReachable tells the log, the metric and the hook that the agent is reachable or not.
+// The caller holds c.reachMu.
+func (a *Agents) tellReachable(c *agentConn, ok bool, err error) {
 	v := 0.0
 	if ok {
 		v = 1
 	}
 	agentReachable.WithLabelValues(c.node).Set(v)
-	if changed {
-		if ok {
-			klog.InfoS("Agent reachable", "node", c.node)
-		} else {
-			klog.ErrorS(err, "Agent unreachable", "node", c.node)
-		}
-		if a.hooks.Reachability != nil {
-			a.hooks.Reachability(c.node, ok)
-		}
+	if ok {
+		klog.InfoS("Agent reachable", "node", c.node)
+	} else {
+		klog.ErrorS(err, "Agent unreachable", "node", c.node)
+	}
+	if a.hooks.Reachability != nil {
+		a.hooks.Reachability(c.node, ok)
 	}
 }
 

@@ -115,7 +115,10 @@ func (a *Agents) run(ctx context.Context, c *agentConn) {
 				wait = min(wait, time.Until(until)+time.Millisecond)
 				recheck = true
 			default:
-				a.setReachable(c, false, err)
+				if !a.setReachable(c, false, err) {
+					// A restart grace began meanwhile (its peers said so): as above.
+					wait, recheck = min(wait, time.Until(c.restartGrace())+time.Millisecond), true
+				}
 			}
 			backoff = min(2*backoff, maxBackoff)
 			continue
@@ -232,7 +235,25 @@ func (a *Agents) probe(ctx context.Context, c *agentConn) error {
 		return err
 	}
 	term := a.Term()
+	now := time.Now()
+	var restarting map[string]time.Time
+	for _, n := range resp.GetRestarting() {
+		left := min(time.Duration(n.GetGraceLeftMillis())*time.Millisecond, MaxRestartGrace)
+		if left <= 0 {
+			continue
+		}
+		if n.GetNode() == c.node {
+			// Between its restart notice and its exit: as if its Event had come.
+			c.restartingUntil(now.Add(left), c.node)
+			continue
+		}
+		if restarting == nil {
+			restarting = map[string]time.Time{}
+		}
+		restarting[n.GetNode()] = now.Add(left)
+	}
 	c.mu.Lock()
+	c.peersRestarting = restarting
 	c.held = resp.GetState()
 	if !c.known || resp.GetTerm() == term && resp.GetGeneration() > c.gen {
 		// Resume the generation from the agent: after a CCM restart, a leader change or a

@@ -141,3 +141,101 @@ func TestAnAgentGoneWithoutANoticeIsUnreachable(t *testing.T) {
 	stop()
 	expectReach(t, reach, false, 5*time.Second)
 }
+
+// peerAgent answers GetState as node, saying that the nodes in restarting are restarting
+// (the notices its heartbeat peers gave) for grace from now.
+type peerAgent struct {
+	agentv1.UnimplementedAgentServiceServer
+	node       string
+	restarting []string
+	grace      time.Duration
+}
+
+func (f *peerAgent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.GetStateResponse, error) {
+	resp := &agentv1.GetStateResponse{Node: f.node, State: &agentv1.DesiredState{}}
+	for _, n := range f.restarting {
+		resp.Restarting = append(resp.Restarting, &agentv1.RestartNotice{Node: n, GraceLeftMillis: uint32(f.grace.Milliseconds())})
+	}
+	return resp, nil
+}
+
+// discoverWithN1Away starts a new leader's Agents on n1 (127.0.0.44, nothing listening: its
+// agent is away) and n2 (127.0.0.45, answering as peer says), and returns whether Discover
+// counted n1 reachable and the hook's later word on n1.
+func discoverWithN1Away(t *testing.T, peer *peerAgent) (bool, <-chan bool) {
+	t.Helper()
+	port := freeTCPPort(t, "127.0.0.44")
+	serveAgent(t, "127.0.0.45:"+strconv.Itoa(port), peer)
+	reach := make(chan bool, 16)
+	a := New(Config{Port: port, Insecure: true, Timeout: time.Second}, 1, Hooks{Reachability: func(node string, ok bool) {
+		if node == "n1" {
+			reach <- ok
+		}
+	}})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); a.Close() })
+	held := a.Discover(ctx, map[string]netip.Addr{"n1": netip.MustParseAddr("127.0.0.44"), "n2": netip.MustParseAddr("127.0.0.45")}, 10*time.Second)
+	if _, ok := held["n2"]; !ok || !a.Reachable("n2") {
+		t.Fatalf("Discover did not reach n2 (held %v)", held)
+	}
+	return a.Reachable("n1"), reach
+}
+
+// Issue 32: a rolling update restarts the CCM and the agents at once. A new leader never got
+// the Event of an agent that was already away restarting; its heartbeat peers say so in their
+// GetState, and the leader does not count it unreachable (which moves its VIPs away and back)
+// until the grace they gave ends.
+func TestANewLeaderKeepsAnAgentItsPeersSayIsRestarting(t *testing.T) {
+	const grace = 3 * time.Second
+	start := time.Now()
+	reachable, reach := discoverWithN1Away(t, &peerAgent{node: "n2", restarting: []string{"n1"}, grace: grace})
+	if !reachable {
+		t.Fatal("n1, restarting as its peer n2 says, counted unreachable by the new leader")
+	}
+	// n1 was never told unreachable, and stays reachable until the grace runs out with n1
+	// still away: unreachable then, not before.
+	for len(reach) > 0 {
+		if !<-reach {
+			t.Fatal("n1 was told unreachable during Discover")
+		}
+	}
+	for {
+		select {
+		case ok := <-reach:
+			if ok {
+				t.Fatal("n1 counted reachable again after Discover: a change the first plan would take for a node returning")
+			}
+			if took := time.Since(start); took < grace-500*time.Millisecond {
+				t.Fatalf("n1 counted unreachable %s after the leader started, within the grace of %s its peer gave", took.Round(time.Millisecond), grace)
+			}
+			return
+		case <-time.After(grace + 30*time.Second):
+			t.Fatal("n1, away past its grace, never counted unreachable")
+		}
+	}
+}
+
+// The same leader without the peers' word: an agent away is unreachable (what the notice
+// changes).
+func TestANewLeaderCountsAnAgentAwayWithoutANoticeUnreachable(t *testing.T) {
+	if reachable, _ := discoverWithN1Away(t, &peerAgent{node: "n2"}); reachable {
+		t.Fatal("n1, away and said by no peer to be restarting, counted reachable")
+	}
+}
+
+// An agent whose GetState says it is restarting itself (between its notice and its exit) is
+// held as if its Event had come.
+func TestAnAgentThatSaysItIsRestartingIsNotUnreachableUntilItsGraceEnds(t *testing.T) {
+	port := freeTCPPort(t, "127.0.0.44")
+	const grace = 3 * time.Second
+	stop := serveAgent(t, "127.0.0.44:"+strconv.Itoa(port), &peerAgent{node: "n1", restarting: []string{"n1"}, grace: grace})
+	_, reach, done := watchReach(t, port)
+	defer done()
+	expectReach(t, reach, true, 30*time.Second)
+	said := time.Now()
+	stop()
+	expectReach(t, reach, false, grace+30*time.Second)
+	if took := time.Since(said); took < grace-500*time.Millisecond {
+		t.Errorf("counted unreachable %s after its GetState said it restarts with a grace of %s", took.Round(time.Millisecond), grace)
+	}
+}

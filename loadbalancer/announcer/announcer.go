@@ -384,9 +384,8 @@ func (a *Announcer) Run(ctx context.Context, fence Fence) {
 	// Nothing is pushed before the agents said what they hold: a plan made without it could
 	// move VIPs that are well placed, or withdraw them while agents seem unreachable.
 	a.loop.refreshNodes(a)
-	a.agents.SetNodes(ctx, a.loop.addrs)
 	start := time.Now()
-	held := a.agents.Discover(ctx, a.cfg.Discover)
+	held := a.agents.Discover(ctx, a.loop.addrs, a.cfg.Discover)
 	a.agents.SeeKeys(held)
 	a.loop.seed = seedPlan(held)
 	// The first plan sees the reachability Discover decided, not only what the hooks noted

@@ -70,8 +70,17 @@ func TestAPeerThatSaysItIsRestartingCountsAliveForItsGrace(t *testing.T) {
 	b.Restarting(grace)
 	exited := time.Now()
 	b.Close()
+	// What a's GetState tells a CCM that starts leading meanwhile: b restarts, until about
+	// the end of its grace.
+	waitUntil(t, time.Second, "a's view says b is restarting", func() bool { return a.View().Restarting(time.Now())["b"].After(exited) })
+	if until := a.View().Restarting(time.Now())["b"]; until.Sub(exited) > grace+100*time.Millisecond {
+		t.Errorf("a's view has b restarting until %s after its exit; its grace is %s", until.Sub(exited), grace)
+	}
 	waitUntil(t, 5*time.Second, "b counted dead once its grace ran out", func() bool { return !a.Alive("b") })
 	held := time.Since(exited)
+	if r := a.View().Restarting(time.Now()); len(r) > 0 {
+		t.Errorf("a's view still says %v restart after the grace ran out", r)
+	}
 	t.Logf("b counted alive %s after its exit (grace %s, deadline without it 60ms)", held.Round(time.Millisecond), grace)
 	// The grace runs from the proof of b's last heartbeat, which is at most an interval before
 	// its exit: well over the 60 ms deadline, never past the grace and a few ticks.
@@ -103,6 +112,8 @@ func TestARestartingPeerBackSoonerEndsItsGraceAndNeverCountsDead(t *testing.T) {
 	defer b2.Close()
 	b2.SetPeers(peers(next))
 	waitUntil(t, 5*time.Second, "a and the restarted b see each other", func() bool { return a.Sees("b") && b2.Sees("a") })
+	// Back: no longer said to be restarting, although a still holds it alive ReturnSettle.
+	waitUntil(t, time.Second, "a's view no longer says b is restarting", func() bool { return len(a.View().Restarting(time.Now())) == 0 })
 	// Back: the grace is over, so b's next exit without a notice is a death found at once.
 	waitUntil(t, 5*time.Second, "a's view of b without the restart grace", func() bool {
 		a.mu.Lock()

@@ -35,6 +35,9 @@ type PeerView struct {
 	// Proven: when a heartbeat echoing one of this node's last proved it alive (zero: never,
 	// since it became a peer).
 	Proven time.Time
+	// RestartingUntil: its last proven heartbeat said it is restarting (a planned exit) and it
+	// is not back yet; it counts alive until then (zero: no such notice).
+	RestartingUntil time.Time
 }
 
 // Alive reports whether node is alive; this node always is.
@@ -99,6 +102,26 @@ func (m *Monitor) viewLocked() View {
 			pv.Proven = p.proof
 			v.Peers[n] = pv
 		}
+		if !p.restartUntil.IsZero() && p.backSince.IsZero() && !p.departing {
+			pv := v.Peers[n]
+			pv.RestartingUntil = p.restartUntil
+			v.Peers[n] = pv
+		}
 	}
 	return v
+}
+
+// Restarting returns the peers whose last proven heartbeat said they are restarting and that
+// are not back yet, with the end of their grace, as of now; nil when none.
+func (v View) Restarting(now time.Time) map[string]time.Time {
+	var out map[string]time.Time
+	for n, pv := range v.Peers {
+		if pv.RestartingUntil.After(now) {
+			if out == nil {
+				out = map[string]time.Time{}
+			}
+			out[n] = pv.RestartingUntil
+		}
+	}
+	return out
 }

@@ -37,7 +37,13 @@ func TestAPlannedAgentRestartMovesNoVIP(t *testing.T) {
 	}
 	t.Run("L2: no other node answers the owner's VIP", func(t *testing.T) {
 		c.T = t
-		l2PlannedRestart(t, c)
+		l2PlannedRestart(t, c, false)
+	})
+	// A rolling update of install.yaml restarts the CCM and the agents at once: the new
+	// leader never gets the Event of an agent already away; the agent's peers tell it.
+	t.Run("L2: the same while the CCM restarts and a new leader starts with the agent away", func(t *testing.T) {
+		c.T = t
+		l2PlannedRestart(t, c, true)
 	})
 	t.Run("BGP: the router keeps every next hop", func(t *testing.T) {
 		c.T = t
@@ -45,11 +51,19 @@ func TestAPlannedAgentRestartMovesNoVIP(t *testing.T) {
 	})
 }
 
-func l2PlannedRestart(t *testing.T, c *cluster.Cluster) {
-	vip := c.Service("restart")
+// l2PlannedRestart restarts the agent of the VIP's owner (SIGTERM, started again 2 s later);
+// withCCM restarts the CCM too, while the agent is away, and starts the agent again only once
+// the new CCM has learnt what the agents hold.
+func l2PlannedRestart(t *testing.T, c *cluster.Cluster, withCCM bool) {
+	svc := "restart"
+	if withCCM {
+		svc = "restart-with-ccm"
+	}
+	vip := c.Service(svc)
 	var owner string
 	harness.Eventually(t, 30*time.Second, vip.String()+" answered", func() bool { owner = c.Owner(vip); return owner != "" })
-	announced := c.Announced("restart")
+	var announced string
+	harness.Eventually(t, 30*time.Second, svc+"'s Announced condition written", func() bool { announced = c.Announced(svc); return announced != "" })
 	watch, err := c.Lab.Client.WatchNeighbors([]netip.Addr{vip}, 20*time.Millisecond, 60*1000/20)
 	if err != nil {
 		t.Fatal(err)
@@ -60,6 +74,17 @@ func l2PlannedRestart(t *testing.T, c *cluster.Cluster) {
 	a := c.Agents[owner]
 	a.Proc.Stop(10 * time.Second) // SIGTERM, as the kubelet sends
 	stopped := time.Since(at)
+	if withCCM {
+		c.CCM.Stop(10 * time.Second)
+		c.StartCCM()
+		logBefore = 0
+		harness.Eventually(t, 30*time.Second, "the new CCM learnt what the agents hold", func() bool {
+			return strings.Contains(c.CCM.Output(), "Learnt what the agents announce")
+		})
+		if !strings.Contains(c.CCM.Output(), `node="`+owner+`" grace=`) {
+			t.Errorf("the new CCM did not take %s's restart from its peers", owner)
+		}
+	}
 	time.Sleep(2 * time.Second)
 	c.StartAgent(a)
 	back := harness.Eventually(t, 20*time.Second, owner+" answers "+vip.String()+" again", func() bool {
@@ -93,10 +118,10 @@ func l2PlannedRestart(t *testing.T, c *cluster.Cluster) {
 	if rounds < 100 {
 		t.Errorf("only %d ARP requests watched; the record proves nothing", rounds)
 	}
-	if got := c.Announced("restart"); got != announced {
+	if got := c.Announced(svc); got != announced {
 		t.Errorf("the Announced condition changed during the restart: %q, before %q", got, announced)
 	}
-	if moved := c.Events("restart", report.ReasonMoved); moved != "" {
+	if moved := c.Events(svc, report.ReasonMoved); moved != "" {
 		t.Errorf("Moved Events during a planned restart:\n%s", moved)
 	}
 	for l := range strings.SplitSeq(c.CCM.Output()[logBefore:], "\n") {

@@ -190,7 +190,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{24, 0}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{25, 0}
 }
 
 // DesiredState is everything one node should do.
@@ -1431,6 +1431,13 @@ type GetStateResponse struct {
 	// unknown_fields lists the fields of the held state this agent does not know (see
 	// ApplyResponse.unknown_fields).
 	UnknownFields []string `protobuf:"bytes,16,rep,name=unknown_fields,json=unknownFields,proto3" json:"unknown_fields,omitempty"`
+	// restarting lists the nodes this agent knows to be in a planned restart (a rolling
+	// update): itself, between its restart notice and its exit, and the heartbeat peers whose
+	// last proven heartbeat said so and that are not back yet, each with the grace left. A CCM
+	// that starts leading while an agent is away restarting never received that agent's notice
+	// (Event KIND_RESTARTING); it learns it here, from the agent's peers, and does not count
+	// the agent unreachable for that grace, so its VIPs wait for it instead of moving.
+	Restarting    []*RestartNotice `protobuf:"bytes,17,rep,name=restarting,proto3" json:"restarting,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1577,6 +1584,67 @@ func (x *GetStateResponse) GetUnknownFields() []string {
 	return nil
 }
 
+func (x *GetStateResponse) GetRestarting() []*RestartNotice {
+	if x != nil {
+		return x.Restarting
+	}
+	return nil
+}
+
+// RestartNotice says that a node's agent is restarting and will be back within
+// grace_left_millis (at most 30 s: MaxRestartGrace).
+type RestartNotice struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Node            string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	GraceLeftMillis uint32                 `protobuf:"varint,2,opt,name=grace_left_millis,json=graceLeftMillis,proto3" json:"grace_left_millis,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RestartNotice) Reset() {
+	*x = RestartNotice{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestartNotice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestartNotice) ProtoMessage() {}
+
+func (x *RestartNotice) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestartNotice.ProtoReflect.Descriptor instead.
+func (*RestartNotice) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *RestartNotice) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *RestartNotice) GetGraceLeftMillis() uint32 {
+	if x != nil {
+		return x.GraceLeftMillis
+	}
+	return 0
+}
+
 // ControlPlaneStatus is the control-plane VIP (kubeadm's --control-plane-endpoint) as this
 // node handles it: from the local file, held only while the local kube-apiserver is ready and,
 // in L2 mode, while this node sees a majority of the control-plane nodes.
@@ -1608,7 +1676,7 @@ type ControlPlaneStatus struct {
 
 func (x *ControlPlaneStatus) Reset() {
 	*x = ControlPlaneStatus{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1620,7 +1688,7 @@ func (x *ControlPlaneStatus) String() string {
 func (*ControlPlaneStatus) ProtoMessage() {}
 
 func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1633,7 +1701,7 @@ func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
 func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ControlPlaneStatus) GetConfigFile() string {
@@ -1722,7 +1790,7 @@ type HeartbeatCounters struct {
 
 func (x *HeartbeatCounters) Reset() {
 	*x = HeartbeatCounters{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1734,7 +1802,7 @@ func (x *HeartbeatCounters) String() string {
 func (*HeartbeatCounters) ProtoMessage() {}
 
 func (x *HeartbeatCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1747,7 +1815,7 @@ func (x *HeartbeatCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatCounters.ProtoReflect.Descriptor instead.
 func (*HeartbeatCounters) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *HeartbeatCounters) GetSent() uint64 {
@@ -1806,7 +1874,7 @@ type AnnouncedVIP struct {
 
 func (x *AnnouncedVIP) Reset() {
 	*x = AnnouncedVIP{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1818,7 +1886,7 @@ func (x *AnnouncedVIP) String() string {
 func (*AnnouncedVIP) ProtoMessage() {}
 
 func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1831,7 +1899,7 @@ func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnouncedVIP.ProtoReflect.Descriptor instead.
 func (*AnnouncedVIP) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AnnouncedVIP) GetVip() string {
@@ -1906,7 +1974,7 @@ type PeerStatus struct {
 
 func (x *PeerStatus) Reset() {
 	*x = PeerStatus{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1918,7 +1986,7 @@ func (x *PeerStatus) String() string {
 func (*PeerStatus) ProtoMessage() {}
 
 func (x *PeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1931,7 +1999,7 @@ func (x *PeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatus.ProtoReflect.Descriptor instead.
 func (*PeerStatus) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PeerStatus) GetAddress() string {
@@ -1994,7 +2062,7 @@ type L2Counters struct {
 
 func (x *L2Counters) Reset() {
 	*x = L2Counters{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2006,7 +2074,7 @@ func (x *L2Counters) String() string {
 func (*L2Counters) ProtoMessage() {}
 
 func (x *L2Counters) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2019,7 +2087,7 @@ func (x *L2Counters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Counters.ProtoReflect.Descriptor instead.
 func (*L2Counters) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *L2Counters) GetArpRequests() uint64 {
@@ -2079,7 +2147,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2091,7 +2159,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2104,7 +2172,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 type WatchResponse struct {
@@ -2116,7 +2184,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2128,7 +2196,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2141,7 +2209,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WatchResponse) GetEvent() *Event {
@@ -2168,7 +2236,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2180,7 +2248,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2193,7 +2261,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -2253,7 +2321,7 @@ type EnrollRequest struct {
 
 func (x *EnrollRequest) Reset() {
 	*x = EnrollRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2265,7 +2333,7 @@ func (x *EnrollRequest) String() string {
 func (*EnrollRequest) ProtoMessage() {}
 
 func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2278,7 +2346,7 @@ func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollRequest.ProtoReflect.Descriptor instead.
 func (*EnrollRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 type EnrollResponse struct {
@@ -2297,7 +2365,7 @@ type EnrollResponse struct {
 
 func (x *EnrollResponse) Reset() {
 	*x = EnrollResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2309,7 +2377,7 @@ func (x *EnrollResponse) String() string {
 func (*EnrollResponse) ProtoMessage() {}
 
 func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2322,7 +2390,7 @@ func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollResponse.ProtoReflect.Descriptor instead.
 func (*EnrollResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *EnrollResponse) GetNode() string {
@@ -2356,7 +2424,7 @@ type InstallRequest struct {
 
 func (x *InstallRequest) Reset() {
 	*x = InstallRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2368,7 +2436,7 @@ func (x *InstallRequest) String() string {
 func (*InstallRequest) ProtoMessage() {}
 
 func (x *InstallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2381,7 +2449,7 @@ func (x *InstallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallRequest.ProtoReflect.Descriptor instead.
 func (*InstallRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *InstallRequest) GetCertificate() []byte {
@@ -2399,7 +2467,7 @@ type InstallResponse struct {
 
 func (x *InstallResponse) Reset() {
 	*x = InstallResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2411,7 +2479,7 @@ func (x *InstallResponse) String() string {
 func (*InstallResponse) ProtoMessage() {}
 
 func (x *InstallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2424,7 +2492,7 @@ func (x *InstallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallResponse.ProtoReflect.Descriptor instead.
 func (*InstallResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 var File_metalvip_agent_v1_agent_proto protoreflect.FileDescriptor
@@ -2535,7 +2603,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11KIND_ANNOUNCEMENT\x10\x01\x12\x11\n" +
 	"\rKIND_BGP_PEER\x10\x02\"\x11\n" +
-	"\x0fGetStateRequest\"\xf8\x05\n" +
+	"\x0fGetStateRequest\"\xba\x06\n" +
 	"\x10GetStateResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x1e\n" +
@@ -2558,7 +2626,13 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x05build\x18\x0e \x01(\v2\x18.metalvip.agent.v1.BuildR\x05build\x127\n" +
 	"\n" +
 	"applied_by\x18\x0f \x01(\v2\x18.metalvip.agent.v1.BuildR\tappliedBy\x12%\n" +
-	"\x0eunknown_fields\x18\x10 \x03(\tR\runknownFields\"\xbe\x02\n" +
+	"\x0eunknown_fields\x18\x10 \x03(\tR\runknownFields\x12@\n" +
+	"\n" +
+	"restarting\x18\x11 \x03(\v2 .metalvip.agent.v1.RestartNoticeR\n" +
+	"restarting\"O\n" +
+	"\rRestartNotice\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12*\n" +
+	"\x11grace_left_millis\x18\x02 \x01(\rR\x0fgraceLeftMillis\"\xbe\x02\n" +
 	"\x12ControlPlaneStatus\x12\x1f\n" +
 	"\vconfig_file\x18\x01 \x01(\tR\n" +
 	"configFile\x121\n" +
@@ -2663,7 +2737,7 @@ func file_metalvip_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_metalvip_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_metalvip_agent_v1_agent_proto_goTypes = []any{
 	(Mode)(0),                  // 0: metalvip.agent.v1.Mode
 	(Refusal_Kind)(0),          // 1: metalvip.agent.v1.Refusal.Kind
@@ -2685,19 +2759,20 @@ var file_metalvip_agent_v1_agent_proto_goTypes = []any{
 	(*Refusal)(nil),            // 17: metalvip.agent.v1.Refusal
 	(*GetStateRequest)(nil),    // 18: metalvip.agent.v1.GetStateRequest
 	(*GetStateResponse)(nil),   // 19: metalvip.agent.v1.GetStateResponse
-	(*ControlPlaneStatus)(nil), // 20: metalvip.agent.v1.ControlPlaneStatus
-	(*HeartbeatCounters)(nil),  // 21: metalvip.agent.v1.HeartbeatCounters
-	(*AnnouncedVIP)(nil),       // 22: metalvip.agent.v1.AnnouncedVIP
-	(*PeerStatus)(nil),         // 23: metalvip.agent.v1.PeerStatus
-	(*L2Counters)(nil),         // 24: metalvip.agent.v1.L2Counters
-	(*WatchRequest)(nil),       // 25: metalvip.agent.v1.WatchRequest
-	(*WatchResponse)(nil),      // 26: metalvip.agent.v1.WatchResponse
-	(*Event)(nil),              // 27: metalvip.agent.v1.Event
-	(*EnrollRequest)(nil),      // 28: metalvip.agent.v1.EnrollRequest
-	(*EnrollResponse)(nil),     // 29: metalvip.agent.v1.EnrollResponse
-	(*InstallRequest)(nil),     // 30: metalvip.agent.v1.InstallRequest
-	(*InstallResponse)(nil),    // 31: metalvip.agent.v1.InstallResponse
-	nil,                        // 32: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	(*RestartNotice)(nil),      // 20: metalvip.agent.v1.RestartNotice
+	(*ControlPlaneStatus)(nil), // 21: metalvip.agent.v1.ControlPlaneStatus
+	(*HeartbeatCounters)(nil),  // 22: metalvip.agent.v1.HeartbeatCounters
+	(*AnnouncedVIP)(nil),       // 23: metalvip.agent.v1.AnnouncedVIP
+	(*PeerStatus)(nil),         // 24: metalvip.agent.v1.PeerStatus
+	(*L2Counters)(nil),         // 25: metalvip.agent.v1.L2Counters
+	(*WatchRequest)(nil),       // 26: metalvip.agent.v1.WatchRequest
+	(*WatchResponse)(nil),      // 27: metalvip.agent.v1.WatchResponse
+	(*Event)(nil),              // 28: metalvip.agent.v1.Event
+	(*EnrollRequest)(nil),      // 29: metalvip.agent.v1.EnrollRequest
+	(*EnrollResponse)(nil),     // 30: metalvip.agent.v1.EnrollResponse
+	(*InstallRequest)(nil),     // 31: metalvip.agent.v1.InstallRequest
+	(*InstallResponse)(nil),    // 32: metalvip.agent.v1.InstallResponse
+	nil,                        // 33: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
 }
 var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
 	5,  // 0: metalvip.agent.v1.DesiredState.announcements:type_name -> metalvip.agent.v1.Announcement
@@ -2715,35 +2790,36 @@ var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
 	15, // 12: metalvip.agent.v1.ApplyRequest.sender:type_name -> metalvip.agent.v1.Build
 	17, // 13: metalvip.agent.v1.ApplyResponse.refused:type_name -> metalvip.agent.v1.Refusal
 	1,  // 14: metalvip.agent.v1.Refusal.kind:type_name -> metalvip.agent.v1.Refusal.Kind
-	22, // 15: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
-	23, // 16: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
-	24, // 17: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
+	23, // 15: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
+	24, // 16: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
+	25, // 17: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
 	3,  // 18: metalvip.agent.v1.GetStateResponse.state:type_name -> metalvip.agent.v1.DesiredState
 	17, // 19: metalvip.agent.v1.GetStateResponse.refused:type_name -> metalvip.agent.v1.Refusal
-	21, // 20: metalvip.agent.v1.GetStateResponse.heartbeats:type_name -> metalvip.agent.v1.HeartbeatCounters
-	20, // 21: metalvip.agent.v1.GetStateResponse.control_plane:type_name -> metalvip.agent.v1.ControlPlaneStatus
+	22, // 20: metalvip.agent.v1.GetStateResponse.heartbeats:type_name -> metalvip.agent.v1.HeartbeatCounters
+	21, // 21: metalvip.agent.v1.GetStateResponse.control_plane:type_name -> metalvip.agent.v1.ControlPlaneStatus
 	15, // 22: metalvip.agent.v1.GetStateResponse.build:type_name -> metalvip.agent.v1.Build
 	15, // 23: metalvip.agent.v1.GetStateResponse.applied_by:type_name -> metalvip.agent.v1.Build
-	22, // 24: metalvip.agent.v1.ControlPlaneStatus.vip:type_name -> metalvip.agent.v1.AnnouncedVIP
-	32, // 25: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
-	0,  // 26: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
-	27, // 27: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
-	2,  // 28: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
-	14, // 29: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
-	18, // 30: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
-	25, // 31: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
-	28, // 32: metalvip.agent.v1.AgentService.Enroll:input_type -> metalvip.agent.v1.EnrollRequest
-	30, // 33: metalvip.agent.v1.AgentService.Install:input_type -> metalvip.agent.v1.InstallRequest
-	16, // 34: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
-	19, // 35: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
-	26, // 36: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
-	29, // 37: metalvip.agent.v1.AgentService.Enroll:output_type -> metalvip.agent.v1.EnrollResponse
-	31, // 38: metalvip.agent.v1.AgentService.Install:output_type -> metalvip.agent.v1.InstallResponse
-	34, // [34:39] is the sub-list for method output_type
-	29, // [29:34] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	20, // 24: metalvip.agent.v1.GetStateResponse.restarting:type_name -> metalvip.agent.v1.RestartNotice
+	23, // 25: metalvip.agent.v1.ControlPlaneStatus.vip:type_name -> metalvip.agent.v1.AnnouncedVIP
+	33, // 26: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	0,  // 27: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
+	28, // 28: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
+	2,  // 29: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
+	14, // 30: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
+	18, // 31: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
+	26, // 32: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
+	29, // 33: metalvip.agent.v1.AgentService.Enroll:input_type -> metalvip.agent.v1.EnrollRequest
+	31, // 34: metalvip.agent.v1.AgentService.Install:input_type -> metalvip.agent.v1.InstallRequest
+	16, // 35: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
+	19, // 36: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
+	27, // 37: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
+	30, // 38: metalvip.agent.v1.AgentService.Enroll:output_type -> metalvip.agent.v1.EnrollResponse
+	32, // 39: metalvip.agent.v1.AgentService.Install:output_type -> metalvip.agent.v1.InstallResponse
+	35, // [35:40] is the sub-list for method output_type
+	30, // [30:35] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_metalvip_agent_v1_agent_proto_init() }
@@ -2757,7 +2833,7 @@ func file_metalvip_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_metalvip_agent_v1_agent_proto_rawDesc), len(file_metalvip_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   30,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
