@@ -43,10 +43,11 @@ demo-cluster: deps cluster-deps ## The same on real kubelets (as root): a cluste
 	$(GO) run ./test/democluster
 
 .PHONY: cluster-deps
-cluster-deps: ## Build what the real-kubelet cluster needs: kubelet, kube-proxy, scheduler, controller-manager (.cache/bin), kubectl, helm, the images.
+cluster-deps: ## Build what the real-kubelet cluster needs: kubelet, kube-proxy, scheduler, controller-manager (.cache/bin), kubectl, helm, the images, and the previous version's (hack/previous.sh).
 	hack/kube.sh kube-apiserver kubelet kube-proxy kube-scheduler kube-controller-manager kubectl
 	hack/tool.sh helm >/dev/null
 	$(MAKE) images cluster-images
+	hack/previous.sh
 
 .PHONY: bench
 bench: deps cluster-deps ## Measure against the targets and write docs/benchmarks.md (as root; about 20 minutes, the first time longer: it builds the real-kubelet cluster).

@@ -40,7 +40,12 @@ func kubeletFailover(r *report) {
 	if err != nil {
 		m.Fatalf("%v", err)
 	}
-	c := kubecluster.New(m, kubecluster.Options{Images: images})
+	// The version the rollback goes to and the upgrade comes from (hack/previous.sh).
+	prev, err := kubecluster.PreviousVersion()
+	if err != nil {
+		m.Fatalf("%v", err)
+	}
+	c := kubecluster.New(m, kubecluster.Options{Images: append(images, prev.Images...)})
 	empty := ""
 	if err := c.Label(ctx, "node1", kubecluster.ControlPlaneLabel, &empty); err != nil {
 		m.Fatalf("%v", err)
@@ -83,34 +88,39 @@ func kubeletFailover(r *report) {
 			*kubeletsTrials, c.ControlPlaneReady.Round(100*time.Millisecond), c.NodesReady.Round(100*time.Millisecond), initialised.Round(100*time.Millisecond), agents.Round(100*time.Millisecond)),
 		[][]string{{"outage p50", "p99", "max", "min", "trials whose node's return cost traffic", "return max"},
 			{d(outages, 50), d(outages, 99), figure.Duration(time.Duration(slices.Max(outages))), figure.Duration(time.Duration(slices.Min(outages))), fmt.Sprintf("%d of %d", lost, len(returns)), figure.Duration(time.Duration(slices.Max(returns)))}})
-	rollingUpdates(m, c, w, r)
+	rollingUpdates(m, c, w, prev, r)
 }
 
 // rollSection is the rolling update's section, after the real-kubelet failover's.
 var rollSection = kubeletsSection + ": a rolling update of the agents"
 
 // rollingUpdates measures a rolling update of the agents (kubectl rollout restart) as install.yaml
-// runs them (a restart grace; the BGPPeer with graceful restart), then as before issue 32 (no
-// grace, no graceful restart), which the table shows first.
-func rollingUpdates(m *testenv.Main, c *kubecluster.Cluster, w *kubecluster.Workload, r *report) {
+// runs them (a restart grace; the BGPPeer with graceful restart), a rollback to the previous
+// version and the upgrade back (kubectl apply: the CCM and the agents roll at once), then the
+// agents' rolling update as before issue 32 (no grace, no graceful restart), which the table
+// shows first.
+func rollingUpdates(m *testenv.Main, c *kubecluster.Cluster, w *kubecluster.Workload, prev kubecluster.Previous, r *report) {
 	ctx := context.Background()
-	measure := func(what string) kubecluster.Roll {
-		roll, err := c.MeasureRoll(ctx, w, what, c.RolloutRestartAgents)
+	measure := func(what string, roll func(context.Context) error) kubecluster.Roll {
+		x, err := c.MeasureRoll(ctx, w, what, roll)
 		if err != nil {
 			m.Fatalf("%v\n%s", err, c.Describe(ctx))
 		}
-		harness.Step("  %s", roll)
-		return roll
+		harness.Step("  %s", x)
+		return x
 	}
-	harness.Step("real kubelets: a rolling update of the agents, with the restart grace and graceful restart, then without")
-	with := measure("with --restart-grace=20s (install.yaml) and gracefulRestart on the BGPPeer")
+	short := prev.Commit[:min(12, len(prev.Commit))]
+	harness.Step("real kubelets: a rolling update of the agents with the restart grace and graceful restart, a rollback to %s and the upgrade back, the rolling update without", short)
+	with := measure("with --restart-grace=20s (install.yaml) and gracefulRestart on the BGPPeer", c.RolloutRestartAgents)
+	back := measure("a rollback to "+short+" (kubectl apply of its install.yaml)", func(ctx context.Context) error { return kubecluster.Manifests.Downgrade(ctx, c, prev) })
+	up := measure("the upgrade from "+short+" to this tree (kubectl apply)", func(ctx context.Context) error { return kubecluster.Manifests.Upgrade(ctx, c) })
 	if err := c.SetAgentRestartGrace(ctx, "0s"); err != nil {
 		m.Fatalf("%v", err)
 	}
 	if err := c.SetRouterGracefulRestart(ctx, w, false); err != nil {
 		m.Fatalf("%v", err)
 	}
-	without := measure("without (before issue 32: no restart grace, no graceful restart)")
+	without := measure("without (before issue 32: no restart grace, no graceful restart)", c.RolloutRestartAgents)
 	row := func(name string, x kubecluster.Roll) []string {
 		return []string{name, x.Took.Round(100 * time.Millisecond).String(),
 			fmt.Sprintf("%d of %d", x.Probes[0].Lost, x.Probes[0].Sent), fmt.Sprintf("%d of %d", x.Probes[1].Lost, x.Probes[1].Sent),
@@ -120,7 +130,8 @@ func rollingUpdates(m *testenv.Main, c *kubecluster.Cluster, w *kubecluster.Work
 			fmt.Sprint(len(x.Moved))}
 	}
 	r.addAfter(kubeletsSection, rollSection,
-		"The same cluster, Deployment and Services as above: `kubectl rollout restart daemonset/metalvip-agent` (one node's agent at a time: SIGTERM, a new pod, Ready, the next) while the client sends an HTTP GET on a new connection every 20 ms (2 s timeout) to the L2 VIP (externalTrafficPolicy Cluster) and the remote client, behind the router, to the BGP VIP (Cluster, ECMP over the three nodes), each beside 20 long-lived keep-alive connections asked every 250 ms; the router's kernel route to the BGP VIP sampled every 50 ms; every ARP request for the two L2 VIPs on the wire and who answered it. Until 5 s after the rollout's end. A long connection breaks when its VIP's traffic reaches a node whose conntrack does not know it (a moved L2 VIP, a changed ECMP set). Today's build: the agents as install.yaml runs them (`--restart-grace=20s`, their Pod's name), the BGPPeer with `gracefulRestart: true`; before issue 32: the grace off and graceful restart off, as a build before it ran.",
-		[][]string{{"agents", "rollout", "L2 probes lost", "BGP probes lost", "L2 long connections broken", "BGP long connections broken", "route samples with a next hop missing", "ARP requests answered by another node", "Moved Events"},
-			row("before issue 32", without), row("today (install.yaml)", with)})
+		"The same cluster, Deployment and Services as above: `kubectl rollout restart daemonset/metalvip-agent` (one node's agent at a time: SIGTERM, a new pod, Ready, the next) while the client sends an HTTP GET on a new connection every 20 ms (2 s timeout) to the L2 VIP (externalTrafficPolicy Cluster) and the remote client, behind the router, to the BGP VIP (Cluster, ECMP over the three nodes), each beside 20 long-lived keep-alive connections asked every 250 ms; the router's kernel route to the BGP VIP sampled every 50 ms; every ARP request for the two L2 VIPs on the wire and who answered it. Until 5 s after the rollout's end. A long connection breaks when its VIP's traffic reaches a node whose conntrack does not know it (a moved L2 VIP, a changed ECMP set). Today's build: the agents as install.yaml runs them (`--restart-grace=20s`, their Pod's name), the BGPPeer with `gracefulRestart: true`; before issue 32: the grace off and graceful restart off, as a build before it ran. The rollback and the upgrade: `kubectl apply --server-side` of the previous version's install.yaml (hack/previous.commit, "+short+", its images tagged :previous) and then of this tree's, which rolls the CCM's Deployment and the agents' DaemonSet at once.",
+		[][]string{{"rollout", "took", "L2 probes lost", "BGP probes lost", "L2 long connections broken", "BGP long connections broken", "route samples with a next hop missing", "ARP requests answered by another node", "Moved Events"},
+			row("the agents, before issue 32", without), row("the agents, today (install.yaml)", with),
+			row("a rollback to "+short, back), row("the upgrade back from "+short, up)})
 }
