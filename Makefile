@@ -93,13 +93,14 @@ cluster-images: ## Build the test cluster's pause and HTTP server images into _o
 	cd hack/tools && $(GO) run ./images single -bin ../../$(CLUSTER_IMAGES)/bin/httpd -ref example.test/httpd:v1 -out ../../$(CLUSTER_IMAGES)/httpd.tar -platform $$($(GO) env GOOS)/$$($(GO) env GOARCH)
 
 .PHONY: release
-release: images ## Push the images to REGISTRY and write _output/release: install.yaml and chart values pinned by digest, the chart package.
+release: images ## Push the images to REGISTRY and write _output/release: install.yaml and chart values pinned by digest, the chart package, the release notes (NOTES.md).
 	@if [ -z "$(REGISTRY)" ]; then echo "make release REGISTRY=registry.example/metalvip [IMAGE_TAG=...] [VERSION=...]" >&2; exit 2; fi
 	@mkdir -p _output/release
 	cd hack/tools && $(GO) run ./images push -layout ../../_output/images/oci -registry $(REGISTRY) > ../../_output/release/images.txt
 	cd hack/tools && $(GO) run ./render -dir ../../manifests -images ../../_output/release/images.txt \
 	  -o ../../_output/release/install.yaml -values ../../_output/release/values.yaml
 	$(HELM) package charts/metalvip -d _output/release
+	hack/release-notes.sh $(VERSION) $(COMMIT) _output/release/images.txt > _output/release/NOTES.md
 	@cat _output/release/images.txt
 
 .PHONY: chart

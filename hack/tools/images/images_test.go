@@ -66,6 +66,16 @@ func TestReleasePushesAndPullsByDigest(t *testing.T) {
 	pins := readFile(t, filepath.Join(release, "images.txt"))
 	installYAML := readFile(t, filepath.Join(release, "install.yaml"))
 	values := readFile(t, filepath.Join(release, "values.yaml"))
+	// The release notes: the version, what changed (CHANGELOG.md), the images by digest.
+	notes := readFile(t, filepath.Join(release, "NOTES.md"))
+	if !strings.HasPrefix(notes, "# metalvip "+version+"\n") || !strings.Contains(notes, commit) || !strings.Contains(notes, "\n## Changes\n") || !strings.Contains(notes, "\n### Added\n") {
+		t.Errorf("the release notes lack the version, the commit or CHANGELOG.md's changes:\n%s", notes)
+	}
+	for _, im := range Images {
+		if ref := pinOf(t, pins, im.Binary); !strings.Contains(notes, "- `"+ref+"`\n") {
+			t.Errorf("the release notes do not name the image %s", ref)
+		}
+	}
 	lp, err := layout.FromPath(filepath.Join(repoRoot, "_output", "images", "oci"))
 	if err != nil {
 		t.Fatal(err)
