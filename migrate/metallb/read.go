@@ -129,7 +129,7 @@ func (c *Config) take(u *unstructured.Unstructured) (string, error) {
 		return "", nil
 	}
 	if gv.Group == "" && kind == "ConfigMap" && legacyConfig(u) {
-		return "", fmt.Errorf("ConfigMap %s/%s is MetalLB's configuration before v0.13 (address-pools in data.config), which this converter does not read: convert it to MetalLB's custom resources first with MetalLB's own configmaptocrs, then convert those", u.GetNamespace(), u.GetName())
+		return "", fmt.Errorf("ConfigMap %s/%s is MetalLB's configuration before v0.13 (data.config), which this converter does not read: convert it to MetalLB's custom resources first with MetalLB's own configmaptocrs, then convert those", u.GetNamespace(), u.GetName())
 	}
 	if gv.Group != metalLBGroup {
 		if gv.Group == "apps" && (kind == "Deployment" || kind == "DaemonSet") && u.GetNamespace() == c.Namespace {
@@ -214,10 +214,18 @@ func (c *Config) ReadCluster(ctx context.Context, cfg *rest.Config) ([]string, e
 }
 
 // legacyConfig reports whether a ConfigMap is MetalLB's configuration of before v0.13: a
-// data.config that speaks of address-pools.
+// data.config with one of its top-level keys (a part of it may hold only peers, BFD profiles
+// or communities).
 func legacyConfig(u *unstructured.Unstructured) bool {
 	cfg, _, _ := unstructured.NestedString(u.Object, "data", "config")
-	return strings.Contains(cfg, "address-pools")
+	for l := range strings.SplitSeq(cfg, "\n") {
+		for _, key := range []string{"address-pools:", "peers:", "bgp-communities:", "bfd-profiles:"} {
+			if strings.HasPrefix(l, key) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // noteClass notes the loadBalancerClass a MetalLB workload (its controller or speaker) was

@@ -47,7 +47,14 @@ func TestReadingMetalLBObjects(t *testing.T) {
 		{
 			name:     "MetalLB's legacy ConfigMap is refused with the way to convert it, not skipped",
 			in:       "{apiVersion: v1, kind: ConfigMap, metadata: {name: config, namespace: metallb-system}, data: {config: \"address-pools:\\n- name: default\\n  protocol: layer2\\n  addresses: [203.0.113.0/24]\\n\"}}\n---\n",
-			errorHas: "ConfigMap metallb-system/config is MetalLB's configuration before v0.13 (address-pools in data.config), which this converter does not read: convert it to MetalLB's custom resources first with MetalLB's own configmaptocrs",
+			errorHas: "ConfigMap metallb-system/config is MetalLB's configuration before v0.13 (data.config), which this converter does not read: convert it to MetalLB's custom resources first with MetalLB's own configmaptocrs",
+		},
+		{
+			// Found in the corpus (test/migration/testdata/corpus/37-*): it was skipped as
+			// not MetalLB's, and nothing converted, with exit 0.
+			name:     "a legacy ConfigMap holding only communities or BFD profiles is refused too",
+			in:       "{apiVersion: v1, kind: ConfigMap, metadata: {name: config, namespace: metallb-system}, data: {config: \"bgp-communities:\n  no-export: 65535:65281\n\"}}\n---\n",
+			errorHas: "MetalLB's configuration before v0.13 (data.config)",
 		},
 		{
 			name:    "another ConfigMap is skipped and counted",
