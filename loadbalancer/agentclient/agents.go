@@ -455,9 +455,10 @@ func (a *Agents) resolveDiscovery(conns []*agentConn) {
 		err := c.unreached
 		c.unreached = nil
 		n, restarting := said[c.node]
-		restarting = restarting && err != nil && n.until.After(now)
+		// Not reached, or not answered yet (a call still under way at the deadline).
+		restarting = restarting && (err != nil || !c.known) && n.until.After(now)
 		if restarting {
-			c.reachable = true
+			c.reachable, c.known = true, true
 		}
 		c.mu.Unlock()
 		switch {
