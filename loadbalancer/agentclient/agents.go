@@ -432,6 +432,9 @@ func (a *Agents) Discover(ctx context.Context, addrs map[string]netip.Addr, time
 // grace, as with a leader that got the Event: its VIPs wait for it instead of moving away and
 // back; not back by then, it is counted unreachable (run). The others are unreachable now.
 func (a *Agents) resolveDiscovery(conns []*agentConn) {
+	// From now on a failed call is told at once (setReachable); one told before this agent's
+	// turn below is taken back by it, in order (reachMu), if its peers say it is restarting.
+	a.discovering.Store(false)
 	type notice struct {
 		until time.Time
 		by    string
@@ -455,8 +458,8 @@ func (a *Agents) resolveDiscovery(conns []*agentConn) {
 		err := c.unreached
 		c.unreached = nil
 		n, restarting := said[c.node]
-		// Not reached, or not answered yet (a call still under way at the deadline).
-		restarting = restarting && (err != nil || !c.known) && n.until.After(now)
+		// Not reached (told yet or not), or not answered yet (a call under way at the deadline).
+		restarting = restarting && (!c.reachable || !c.known) && n.until.After(now)
 		if restarting {
 			c.reachable, c.known = true, true
 		}
@@ -475,7 +478,7 @@ func (a *Agents) resolveDiscovery(conns []*agentConn) {
 // setReachable records whether the agent answered, and tells the Reachability hook of a
 // change. An agent that is not reached within a restart grace is not counted unreachable:
 // then it returns false and changes nothing (the grace may begin while the call that failed
-// was under way: restartingAtStart).
+// was under way: resolveDiscovery).
 func (a *Agents) setReachable(c *agentConn, ok bool, err error) bool {
 	// One change told at a time, in the order made: the hook's last word is the state.
 	c.reachMu.Lock()
