@@ -73,12 +73,9 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 func (a *Agent) restartingLocked(now time.Time) []*agentv1.RestartNotice {
 	until := map[string]time.Time{}
 	if a.live != nil {
-		until = a.live.View().Restarting(now)
+		maps.Copy(until, a.live.View().Restarting(now))
 	}
 	if a.restartingUntil.After(now) {
-		if until == nil {
-			until = map[string]time.Time{}
-		}
 		until[a.opts.Node] = a.restartingUntil
 	}
 	var out []*agentv1.RestartNotice

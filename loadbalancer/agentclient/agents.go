@@ -143,14 +143,12 @@ const MaxRestartGrace = 30 * time.Second
 // restarting records an agent's restart notice; an agent that answers a new Watch is back.
 func (c *agentConn) restarting(ev *agentv1.Event) {
 	grace := min(time.Duration(ev.GetRestartGraceMillis())*time.Millisecond, MaxRestartGrace)
-	c.mu.Lock()
-	c.restartUntil = time.Now().Add(grace)
-	c.mu.Unlock()
-	klog.InfoS("Agent restarting: not counted unreachable while it may be away, its VIPs wait for it", "node", c.node, "grace", grace)
+	c.restartingUntil(time.Now().Add(grace), c.node)
 }
 
-// restartingUntil records that the agent is restarting until then, as its own GetState or
-// its heartbeat peers said (a leader that started while it was away never got its Event).
+// restartingUntil records that the agent is restarting until then, as its Event, its own
+// GetState or its heartbeat peers (by) said (a leader that started while it was away never
+// got its Event).
 func (c *agentConn) restartingUntil(until time.Time, by string) {
 	c.mu.Lock()
 	was := c.restartUntil
@@ -390,8 +388,7 @@ func (a *Agents) SeeKeys(held map[string]*agentv1.DesiredState) {
 // unreachable when it returns, unless the agents that answered say it is restarting
 // (resolveDiscovery).
 func (a *Agents) Discover(ctx context.Context, addrs map[string]netip.Addr, timeout time.Duration) map[string]*agentv1.DesiredState {
-	a.discovering.Store(true)
-	defer a.discovering.Store(false)
+	a.discovering.Store(true) // until resolveDiscovery, on every way out
 	a.SetNodes(ctx, addrs)
 	deadline := time.Now().Add(timeout)
 	tick := time.NewTicker(10 * time.Millisecond)

@@ -112,14 +112,11 @@ func (m *Monitor) viewLocked() View {
 }
 
 // Restarting returns the peers whose last proven heartbeat said they are restarting and that
-// are not back yet, with the end of their grace, as of now; nil when none.
+// are not back yet, with the end of their grace, as of now.
 func (v View) Restarting(now time.Time) map[string]time.Time {
-	var out map[string]time.Time
+	out := map[string]time.Time{}
 	for n, pv := range v.Peers {
 		if pv.RestartingUntil.After(now) {
-			if out == nil {
-				out = map[string]time.Time{}
-			}
 			out[n] = pv.RestartingUntil
 		}
 	}
