@@ -89,7 +89,7 @@ func golden(t *testing.T, path string, got []byte) {
 	}
 	want, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatalf("%v (go test ./migrate/metallb -run Corpus -update writes it)", err)
+		t.Fatalf("%v (go test ./migrate/metallb -run RealMetalLB -update writes it)", err)
 	}
 	if !bytes.Equal(got, want) {
 		t.Errorf("the conversion differs from %s (review, then -update):\n%s", path, got)
