@@ -125,9 +125,12 @@ type agentConn struct {
 	sessions  []*agentv1.PeerStatus // the BGP sessions the agent last reported
 	cpVIP     netip.Addr            // the control-plane VIP the agent last reported serving
 	build     *agentv1.Build        // the build the agent last said it is (nil: none said)
-	// restartUntil: the agent said it is restarting (Event KIND_RESTARTING); until then, or
-	// until it answers a new Watch, failing to reach it does not count it unreachable.
+	// restartUntil: the agent said it is restarting (Event KIND_RESTARTING, its GetState, or
+	// its peers did); until then, or until a GetState asked after restartSaid answers without
+	// the agent listing itself (a new process), failing to reach it does not count it
+	// unreachable.
 	restartUntil time.Time
+	restartSaid  time.Time
 	// peersRestarting: the nodes this agent's last GetState said are restarting (its heartbeat
 	// peers' notices), with the end of their grace; Discover reads them for agents it could
 	// not reach.
@@ -140,7 +143,8 @@ type agentConn struct {
 // unreachable (the agent's heartbeat peers bound it the same way: failover.MaxRestartGrace).
 const MaxRestartGrace = 30 * time.Second
 
-// restarting records an agent's restart notice; an agent that answers a new Watch is back.
+// restarting records an agent's restart notice; an agent whose GetState, asked after it, no
+// longer lists itself as restarting is back (probe).
 func (c *agentConn) restarting(ev *agentv1.Event) {
 	grace := min(time.Duration(ev.GetRestartGraceMillis())*time.Millisecond, MaxRestartGrace)
 	c.restartingUntil(time.Now().Add(grace), c.node)
@@ -155,6 +159,7 @@ func (c *agentConn) restartingUntil(until time.Time, by string) {
 	if until.After(was) {
 		c.restartUntil = until
 	}
+	c.restartSaid = time.Now()
 	c.mu.Unlock()
 	if was.IsZero() {
 		klog.InfoS("Agent restarting: not counted unreachable while it may be away, its VIPs wait for it", "node", c.node, "grace", time.Until(until).Round(time.Millisecond), "from", by)
@@ -168,11 +173,16 @@ func (c *agentConn) restartGrace() time.Time {
 	return c.restartUntil
 }
 
-// back ends a restart grace: the agent answers a new Watch.
-func (c *agentConn) back() {
+// back ends a restart grace: a GetState asked at asked answered without the agent listing
+// itself as restarting. The old process answers listing itself until it exits (and a Watch it
+// answers says nothing: a stream broken and opened again may reach the old process); an
+// answer to a call made before the notice says nothing either.
+func (c *agentConn) back(asked time.Time) {
 	c.mu.Lock()
-	was := !c.restartUntil.IsZero()
-	c.restartUntil = time.Time{}
+	was := !c.restartUntil.IsZero() && c.restartSaid.Before(asked)
+	if was {
+		c.restartUntil, c.restartSaid = time.Time{}, time.Time{}
+	}
 	c.mu.Unlock()
 	if was {
 		klog.InfoS("Agent back from its restart", "node", c.node)

@@ -230,6 +230,7 @@ func (a *Agents) apply(ctx context.Context, c *agentConn) error {
 func (a *Agents) probe(ctx context.Context, c *agentConn) error {
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
+	asked := time.Now()
 	resp, err := c.client.GetState(cctx, &agentv1.GetStateRequest{})
 	if err != nil {
 		return err
@@ -237,6 +238,7 @@ func (a *Agents) probe(ctx context.Context, c *agentConn) error {
 	term := a.Term()
 	now := time.Now()
 	var restarting map[string]time.Time
+	self := false
 	for _, n := range resp.GetRestarting() {
 		left := min(time.Duration(n.GetGraceLeftMillis())*time.Millisecond, MaxRestartGrace)
 		if left <= 0 {
@@ -245,12 +247,16 @@ func (a *Agents) probe(ctx context.Context, c *agentConn) error {
 		if n.GetNode() == c.node {
 			// Between its restart notice and its exit: as if its Event had come.
 			c.restartingUntil(now.Add(left), c.node)
+			self = true
 			continue
 		}
 		if restarting == nil {
 			restarting = map[string]time.Time{}
 		}
 		restarting[n.GetNode()] = now.Add(left)
+	}
+	if !self {
+		c.back(asked)
 	}
 	c.mu.Lock()
 	c.peersRestarting = restarting
@@ -324,9 +330,9 @@ func (a *Agents) watch(ctx context.Context, c *agentConn) {
 		if err == nil {
 			if _, herr := stream.Header(); herr == nil {
 				backoff = 500 * time.Millisecond
-				c.back()
 				// The agent answers, perhaps after a restart: ask what it holds now (the
-				// state is sent again if it lost it) and check reachability.
+				// state is sent again if it lost it, its restart grace ends if it no longer
+				// says it restarts) and check reachability.
 				select {
 				case c.probe <- struct{}{}:
 				default:

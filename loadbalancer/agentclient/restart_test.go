@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,7 +17,8 @@ import (
 )
 
 // restartingAgent answers GetState, and on its Watch stream says it restarts with grace once
-// restart is closed.
+// restart is closed; from then on its GetState lists itself as restarting, as the agent's does
+// until it exits.
 type restartingAgent struct {
 	agentv1.UnimplementedAgentServiceServer
 	restart chan struct{}
@@ -24,7 +26,13 @@ type restartingAgent struct {
 }
 
 func (f *restartingAgent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.GetStateResponse, error) {
-	return &agentv1.GetStateResponse{Node: "n1"}, nil
+	resp := &agentv1.GetStateResponse{Node: "n1"}
+	select {
+	case <-f.restart:
+		resp.Restarting = []*agentv1.RestartNotice{{Node: "n1", GraceLeftMillis: uint32(f.grace.Milliseconds())}}
+	default:
+	}
+	return resp, nil
 }
 
 func (f *restartingAgent) Watch(_ *agentv1.WatchRequest, s agentv1.AgentService_WatchServer) error {
@@ -237,5 +245,54 @@ func TestAnAgentThatSaysItIsRestartingIsNotUnreachableUntilItsGraceEnds(t *testi
 	expectReach(t, reach, false, grace+30*time.Second)
 	if took := time.Since(said); took < grace-500*time.Millisecond {
 		t.Errorf("counted unreachable %s after its GetState said it restarts with a grace of %s", took.Round(time.Millisecond), grace)
+	}
+}
+
+// reWatchedAgent is a peerAgent whose Watch streams end soon after they open, so that the
+// client opens them again and again, and says on opened when one opens again; its GetState
+// answers slowly. A new Watch answered by the old process (between its notice and its exit)
+// does not mean it is back.
+type reWatchedAgent struct {
+	peerAgent
+	watches atomic.Int32
+	opened  chan struct{}
+}
+
+func (f *reWatchedAgent) GetState(ctx context.Context, req *agentv1.GetStateRequest) (*agentv1.GetStateResponse, error) {
+	time.Sleep(300 * time.Millisecond)
+	return f.peerAgent.GetState(ctx, req)
+}
+
+func (f *reWatchedAgent) Watch(_ *agentv1.WatchRequest, s agentv1.AgentService_WatchServer) error {
+	_ = s.SendHeader(metadata.MD{})
+	if f.watches.Add(1) > 2 {
+		select {
+		case f.opened <- struct{}{}:
+		default:
+		}
+	}
+	time.Sleep(20 * time.Millisecond)
+	return nil
+}
+
+func TestAnAgentStillSayingItRestartsIsNotBackBecauseItAnswersAWatch(t *testing.T) {
+	port := freeTCPPort(t, "127.0.0.44")
+	const grace = 4 * time.Second
+	fake := &reWatchedAgent{peerAgent: peerAgent{node: "n1", restarting: []string{"n1"}, grace: grace}, opened: make(chan struct{})}
+	stop := serveAgent(t, "127.0.0.44:"+strconv.Itoa(port), fake)
+	_, reach, done := watchReach(t, port)
+	defer done()
+	expectReach(t, reach, true, 30*time.Second)
+	select {
+	case <-fake.opened:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no Watch opened again within 30s")
+	}
+	// The GetState that the new Watch asks for is under way: the old process exits meanwhile.
+	said := time.Now()
+	stop()
+	expectReach(t, reach, false, grace+30*time.Second)
+	if took := time.Since(said); took < grace/3 {
+		t.Errorf("counted unreachable %s after its GetState said it restarts with a grace of %s (a Watch it answered ended the grace)", took.Round(time.Millisecond), grace)
 	}
 }
