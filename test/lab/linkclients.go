@@ -3,6 +3,7 @@ package lab
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -137,9 +138,21 @@ func (h *Host) ForgeARP(packets []*arp.Packet) (time.Duration, error) {
 			return err
 		}
 		start := time.Now()
+		// A busy machine drains the link slower than the loop writes: the socket's buffer
+		// fills (ENOBUFS). Wait for it to drain, within bounds, as a real flooder's
+		// qdisc would.
+		waits := 0
 		for i, f := range frames {
-			if _, err := unix.Write(fd, f); err != nil {
-				return fmt.Errorf("forged frame %d of %d: %w", i, len(frames), err)
+			for {
+				_, err := unix.Write(fd, f)
+				if err == nil {
+					break
+				}
+				if !errors.Is(err, unix.ENOBUFS) || waits >= 5000 {
+					return fmt.Errorf("forged frame %d of %d (after %d waits for the buffer): %w", i, len(frames), waits, err)
+				}
+				waits++
+				time.Sleep(time.Millisecond)
 			}
 		}
 		took = time.Since(start)
