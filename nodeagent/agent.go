@@ -27,6 +27,7 @@ import (
 
 	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/nodeagent/bgp"
+	"github.com/metalvip/metalvip/nodeagent/dataplane"
 	"github.com/metalvip/metalvip/nodeagent/failover"
 	"github.com/metalvip/metalvip/nodeagent/l2"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
@@ -86,6 +87,9 @@ type Options struct {
 	HearPeerTimeout time.Duration
 	// Observer is told what the agent does, for metrics; nil for none.
 	Observer Observer
+	// DataPlane says how to check the node's kube-proxy (its Healthz empty: not checked);
+	// its OnChange is the agent's.
+	DataPlane dataplane.Config
 }
 
 // Liveness is the seam to the heartbeat exchange. It tells its changes through
@@ -162,6 +166,8 @@ type Agent struct {
 	// restartingUntil: this agent gave its restart notice (Restart) and is back by then at
 	// the latest; GetState says so to a CCM that did not get the Event.
 	restartingUntil time.Time
+	// dataPlane asks the node's kube-proxy whether it serves (GetState's data_plane).
+	dataPlane *dataplane.Checker
 
 	watchMu  sync.Mutex
 	watchers map[chan *agentv1.Event]struct{}
@@ -226,6 +232,10 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 	}
 	a.identity = id
 	klog.InfoS("Heartbeat identity", "boot", id.Boot(), "keys", len(id.PublicKeys()))
+
+	dp := opts.DataPlane
+	dp.OnChange = func() { a.emit(&agentv1.Event{Kind: agentv1.Event_KIND_DATA_PLANE}) }
+	a.dataPlane = dataplane.New(dp)
 
 	a.rememberClients() // before the restored state's first Set
 	st, problem := a.restore()
@@ -487,6 +497,7 @@ func (a *Agent) applyLocked(ctx context.Context) {
 	}
 	a.setL2Locked(vips)
 	problems = append(problems, a.applyBGPLocked(ctx, st, routes, cp)...)
+	a.dataPlane.SetPorts(a.checked.hcPorts)
 
 	a.emitChanges(views)
 	a.views, a.problems = views, problems
@@ -569,6 +580,7 @@ func (a *Agent) close(ctx context.Context, restart bool) error {
 	}
 	close(a.stop)
 	<-a.done
+	a.dataPlane.Close()
 	if a.opts.ControlPlane != nil {
 		a.opts.ControlPlane.close() // its heartbeats' callbacks take applyMu and mu
 	}

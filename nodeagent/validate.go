@@ -78,6 +78,7 @@ type checkedState struct {
 	refused       []*agentv1.Refusal
 	problems      []string   // items that are the CCM's own (heartbeat peers), left out
 	reserved      netip.Addr // the control-plane VIP announcements were refused for (standalone.go)
+	hcPorts       []uint16   // health check node ports to ask kube-proxy (dataplane)
 	unknown       []string   // fields of the state this build does not know (unknown.go)
 }
 
@@ -213,6 +214,13 @@ func checkItems(st *agentv1.DesiredState) checkedState {
 			fp.PublicKeys = append(fp.PublicKeys, key)
 		}
 		c.hbPeers[hp.GetNode()] = fp
+	}
+	for i, p := range st.GetHealthCheckNodePorts() {
+		if p == 0 || p > 65535 {
+			c.problems = append(c.problems, fmt.Sprintf("health_check_node_ports[%d]: %d is not a port; left out", i, p))
+			continue
+		}
+		c.hcPorts = append(c.hcPorts, uint16(p))
 	}
 	return c
 }

@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/internal/agentapi"
+	"github.com/metalvip/metalvip/nodeagent/dataplane"
 	"github.com/metalvip/metalvip/nodeagent/failover"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
@@ -65,7 +66,26 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 	}
 	resp.L2, resp.Heartbeats = a.countersLocked()
 	resp.Restarting = a.restartingLocked(time.Now())
+	resp.DataPlane = dataPlaneOf(a.dataPlane.Status())
 	return resp, nil
+}
+
+// dataPlaneOf is GetState's data_plane: nil when kube-proxy is not checked.
+func dataPlaneOf(s dataplane.Status) *agentv1.DataPlane {
+	if !s.Checked {
+		return nil
+	}
+	dp := &agentv1.DataPlane{Ready: s.Ready, SinceUnixMillis: s.Since.UnixMilli()}
+	if !s.Ready {
+		dp.Detail = s.Detail
+	}
+	for _, p := range s.Serving {
+		dp.ServingPorts = append(dp.ServingPorts, uint32(p))
+	}
+	for _, p := range s.Waiting {
+		dp.WaitingPorts = append(dp.WaitingPorts, uint32(p))
+	}
+	return dp
 }
 
 // restartingLocked lists the nodes known to be in a planned restart at now, by name: this

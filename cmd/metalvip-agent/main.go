@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -37,6 +38,7 @@ import (
 	"github.com/metalvip/metalvip/internal/version"
 	"github.com/metalvip/metalvip/nodeagent"
 	"github.com/metalvip/metalvip/nodeagent/bgp"
+	"github.com/metalvip/metalvip/nodeagent/dataplane"
 	"github.com/metalvip/metalvip/nodeagent/failover"
 	"github.com/metalvip/metalvip/nodeagent/l2"
 )
@@ -56,6 +58,8 @@ type flags struct {
 	keyLifetime               time.Duration
 	controlPlane              string
 	printKey                  bool
+	kubeProxyHealthz          string
+	dataPlaneGrace            time.Duration
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -82,6 +86,8 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.podNamespace, "pod-namespace", "", "the namespace of --pod-name")
 	fs.DurationVar(&f.keyLifetime, "heartbeat-key-lifetime", 30*24*time.Hour, "how old this node's heartbeat key may grow before a new one replaces it, without a failover (0: never by age; SIGHUP rotates at once)")
 	fs.StringVar(&f.controlPlane, "control-plane-config", "", "local file of the control-plane VIP (standalone mode, docs/control-plane.md); read again when it changes")
+	fs.StringVar(&f.kubeProxyHealthz, "kube-proxy-healthz", "", "kube-proxy's health URL (http://127.0.0.1:10256/healthz): this node takes no VIP while kube-proxy is not healthy, and joins a Service with externalTrafficPolicy Local only once kube-proxy says on its health check node port (on the --listen-address host) that it sends the traffic to this node's endpoints. Empty: not checked (nodes without kube-proxy). See docs/announcing.md")
+	fs.DurationVar(&f.dataPlaneGrace, "data-plane-grace", 10*time.Second, "with --kube-proxy-healthz: how long kube-proxy may fail to answer healthy (a restart of kube-proxy) before this node takes no VIP; 2s to 5m")
 	fs.BoolVar(&f.printKey, "print-heartbeat-key", false, "print this node's control-plane heartbeat public key (made in --state-dir if there is none) for the control-plane file, and exit")
 	klog.InitFlags(fs)
 	fs.BoolFunc("version", "print the version and exit", func(string) error { fmt.Println(version.String("metalvip-agent")); os.Exit(0); return nil })
@@ -142,6 +148,15 @@ func parseFlags(args []string) (*flags, error) {
 		}
 	}
 	var err error
+	if f.kubeProxyHealthz != "" {
+		u, err := url.Parse(f.kubeProxyHealthz)
+		if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+			return nil, fmt.Errorf("--kube-proxy-healthz=%q: give kube-proxy's health URL, such as http://127.0.0.1:10256/healthz", f.kubeProxyHealthz)
+		}
+	}
+	if f.dataPlaneGrace < 2*time.Second || f.dataPlaneGrace > 5*time.Minute {
+		return nil, fmt.Errorf("--data-plane-grace=%s: give 2s to 5m", f.dataPlaneGrace)
+	}
 	if f.listen, err = hostPort(f.listen, "7472"); err != nil {
 		return nil, fmt.Errorf("--listen-address: %w", err)
 	}
@@ -234,6 +249,7 @@ func run(f *flags) error {
 		NewBGP:               func(ctx context.Context, cfg bgp.Config) (nodeagent.BGP, error) { return bgp.New(ctx, cfg) },
 		HeartbeatKeyLifetime: f.keyLifetime,
 		ControlPlane:         cp,
+		DataPlane:            dataPlaneConfig(f),
 	})
 	if err != nil {
 		speaker.Close()
@@ -323,6 +339,23 @@ func run(f *flags) error {
 		srv.Stop()
 	}
 	return err
+}
+
+// dataPlaneConfig is how the agent asks kube-proxy: its health URL every second, failing
+// --data-plane-grace in a row before the node takes no VIP; the health check node ports on
+// the listen address's host (the node's address; kube-proxy serves them on the node's
+// addresses), or on 127.0.0.1 when it listens on every address.
+func dataPlaneConfig(f *flags) dataplane.Config {
+	host := netip.MustParseAddr("127.0.0.1")
+	if h, _, err := net.SplitHostPort(f.listen); err == nil {
+		if a, err := netip.ParseAddr(h); err == nil && !a.IsUnspecified() {
+			host = a.Unmap()
+		} else if err == nil && a.Is6() {
+			host = netip.IPv6Loopback()
+		}
+	}
+	return dataplane.Config{Healthz: f.kubeProxyHealthz, PortHost: host, Interval: time.Second,
+		Misses: int(f.dataPlaneGrace / time.Second)}
 }
 
 // hostPort returns s as host:port: s itself when it is one, else s as a bare IP address with

@@ -15,6 +15,17 @@ func TestParseFlags(t *testing.T) {
 	if f, err := parseFlags([]string{"--node-name", "n1", "--insecure", "--metrics-auth", "kubernetes", "--kubeconfig", "/k"}); err != nil || f.metricsAuth != "kubernetes" || f.kubeconfig != "/k" {
 		t.Errorf("--metrics-auth=kubernetes: %+v, %v", f, err)
 	}
+	// kube-proxy checked on the node's address: its health check node ports there.
+	if f, err := parseFlags([]string{"--node-name", "n1", "--insecure", "--listen-address", "198.51.100.7", "--kube-proxy-healthz", "http://127.0.0.1:10256/healthz"}); err != nil {
+		t.Fatal(err)
+	} else if c := dataPlaneConfig(f); c.Healthz != "http://127.0.0.1:10256/healthz" || c.PortHost.String() != "198.51.100.7" || c.Misses != 10 {
+		t.Errorf("data plane %+v", c)
+	}
+	if f, err := parseFlags([]string{"--node-name", "n1", "--insecure", "--data-plane-grace", "3s"}); err != nil {
+		t.Fatal(err)
+	} else if c := dataPlaneConfig(f); c.Healthz != "" || c.PortHost.String() != "127.0.0.1" || c.Misses != 3 {
+		t.Errorf("data plane, kube-proxy not checked, listening everywhere: %+v", c)
+	}
 	if _, err := parseFlags([]string{"--node-name", "n1", "--tls-ca", "a", "--tls-cert", "b", "--tls-key", "c"}); err != nil {
 		t.Errorf("TLS flags: %v", err)
 	}
@@ -43,6 +54,9 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--node-name", "n1", "--insecure", "--kubeconfig", "/k"}, "add one of them"},
 		{[]string{"--node-name", "n1", "--insecure", "--restart-grace", "500ms"}, "give 0 (off) or 1s to 30s"},
 		{[]string{"--node-name", "n1", "--insecure", "--restart-grace", "31s"}, "give 0 (off) or 1s to 30s"},
+		{[]string{"--node-name", "n1", "--insecure", "--kube-proxy-healthz", "127.0.0.1:10256"}, "give kube-proxy's health URL"},
+		{[]string{"--node-name", "n1", "--insecure", "--kube-proxy-healthz", "ftp://127.0.0.1/healthz"}, "give kube-proxy's health URL"},
+		{[]string{"--node-name", "n1", "--insecure", "--data-plane-grace", "1s"}, "give 2s to 5m"},
 		{[]string{"--node-name", "n1", "--insecure", "--pod-name", "metalvip-agent-x"}, "go together"},
 	} {
 		if _, err := parseFlags(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -285,6 +285,19 @@ func printAgent(out io.Writer, st *agentv1.GetStateResponse) {
 		fmt.Fprintf(w, "ARP: %s requests, %s replies, %s gratuitous; NDP: %s solicitations, %s advertisements, %s unsolicited; %s targeted replies to clients taken over\n",
 			n(c.GetArpRequests()), n(c.GetArpReplies()), n(c.GetGratuitousArps()), n(c.GetNeighborSolicitations()), n(c.GetNeighborAdvertisements()), n(c.GetUnsolicitedAdvertisements()), n(c.GetTargetedReplies()))
 	}
+	if dp := st.GetDataPlane(); dp != nil {
+		fmt.Fprintln(w)
+		since := time.UnixMilli(dp.GetSinceUnixMillis()).UTC().Format(time.RFC3339)
+		if dp.GetReady() {
+			fmt.Fprintf(w, "kube-proxy: healthy (since %s)", since)
+		} else {
+			fmt.Fprintf(w, "kube-proxy: NOT healthy since %s, the node takes no VIP: %s", since, dp.GetDetail())
+		}
+		if len(dp.GetServingPorts())+len(dp.GetWaitingPorts()) > 0 {
+			fmt.Fprintf(w, "; health check node ports serving %v, waiting %v", dp.GetServingPorts(), dp.GetWaitingPorts())
+		}
+		fmt.Fprintln(w)
+	}
 	for _, p := range st.GetProblems() {
 		fmt.Fprintf(w, "Problem: %s\n", p)
 	}

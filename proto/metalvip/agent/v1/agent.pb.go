@@ -142,6 +142,9 @@ const (
 	// (which would move its VIPs away and back) until then. Its peers hear the same in its
 	// heartbeats.
 	Event_KIND_RESTARTING Event_Kind = 6
+	// KIND_DATA_PLANE: what GetStateResponse.data_plane says changed (kube-proxy became
+	// healthy or not, or a health check node port began or stopped serving).
+	Event_KIND_DATA_PLANE Event_Kind = 7
 )
 
 // Enum value maps for Event_Kind.
@@ -154,6 +157,7 @@ var (
 		4: "KIND_SESSION_UP",
 		5: "KIND_SESSION_DOWN",
 		6: "KIND_RESTARTING",
+		7: "KIND_DATA_PLANE",
 	}
 	Event_Kind_value = map[string]int32{
 		"KIND_UNSPECIFIED":  0,
@@ -163,6 +167,7 @@ var (
 		"KIND_SESSION_UP":   4,
 		"KIND_SESSION_DOWN": 5,
 		"KIND_RESTARTING":   6,
+		"KIND_DATA_PLANE":   7,
 	}
 )
 
@@ -190,7 +195,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{25, 0}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{26, 0}
 }
 
 // DesiredState is everything one node should do.
@@ -215,9 +220,16 @@ type DesiredState struct {
 	// routes carry GRACEFUL_SHUTDOWN (65535:0, RFC 8326; LOCAL_PREF 0 to iBGP peers), and it
 	// keeps answering the L2 VIPs it answers while it stays their candidate, even behind a
 	// higher-ranked live one (make-before-break); the CCM takes it off after the drain delay.
-	Draining      bool `protobuf:"varint,9,opt,name=draining,proto3" json:"draining,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Draining bool `protobuf:"varint,9,opt,name=draining,proto3" json:"draining,omitempty"`
+	// health_check_node_ports are those of the Services with externalTrafficPolicy Local that
+	// have a ready endpoint on this node: an agent that checks its data plane asks kube-proxy
+	// there whether the rules it wrote send their traffic to this node's endpoints, and says it
+	// in GetStateResponse.data_plane. Until then the node does not join their VIPs' candidates
+	// or announcers (kube-proxy drops an ETP Local Service's traffic on a node it believes has
+	// no local endpoint).
+	HealthCheckNodePorts []uint32 `protobuf:"varint,10,rep,packed,name=health_check_node_ports,json=healthCheckNodePorts,proto3" json:"health_check_node_ports,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *DesiredState) Reset() {
@@ -311,6 +323,13 @@ func (x *DesiredState) GetDraining() bool {
 		return x.Draining
 	}
 	return false
+}
+
+func (x *DesiredState) GetHealthCheckNodePorts() []uint32 {
+	if x != nil {
+		return x.HealthCheckNodePorts
+	}
+	return nil
 }
 
 // HeartbeatPeer is another node's heartbeat identity, as its agent reported it in GetState.
@@ -1437,7 +1456,10 @@ type GetStateResponse struct {
 	// that starts leading while an agent is away restarting never received that agent's notice
 	// (Event KIND_RESTARTING); it learns it here, from the agent's peers, and does not count
 	// the agent unreachable for that grace, so its VIPs wait for it instead of moving.
-	Restarting    []*RestartNotice `protobuf:"bytes,17,rep,name=restarting,proto3" json:"restarting,omitempty"`
+	Restarting []*RestartNotice `protobuf:"bytes,17,rep,name=restarting,proto3" json:"restarting,omitempty"`
+	// data_plane is what the node's kube-proxy says (metalvip-agent --data-plane-health);
+	// unset from an agent that does not check it, or an older one: the node counts as ready.
+	DataPlane     *DataPlane `protobuf:"bytes,18,opt,name=data_plane,json=dataPlane,proto3" json:"data_plane,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1591,6 +1613,98 @@ func (x *GetStateResponse) GetRestarting() []*RestartNotice {
 	return nil
 }
 
+func (x *GetStateResponse) GetDataPlane() *DataPlane {
+	if x != nil {
+		return x.DataPlane
+	}
+	return nil
+}
+
+// DataPlane is whether the node's data plane serves: kube-proxy's /healthz, and for the
+// Services with externalTrafficPolicy Local this node stands for, their health check node
+// ports.
+type DataPlane struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ready: kube-proxy's /healthz answers 200 (its rules are in sync with the API server).
+	Ready bool `protobuf:"varint,1,opt,name=ready,proto3" json:"ready,omitempty"`
+	// detail says why not ready: what kube-proxy answered, or that it does not.
+	Detail string `protobuf:"bytes,2,opt,name=detail,proto3" json:"detail,omitempty"`
+	// since_unix_millis is when ready last changed (the agent's start at first).
+	SinceUnixMillis int64 `protobuf:"varint,3,opt,name=since_unix_millis,json=sinceUnixMillis,proto3" json:"since_unix_millis,omitempty"`
+	// serving_ports are the health check node ports (DesiredState.health_check_node_ports)
+	// where kube-proxy says this node has local endpoints; waiting_ports those where it does
+	// not yet, or does not answer.
+	ServingPorts  []uint32 `protobuf:"varint,4,rep,packed,name=serving_ports,json=servingPorts,proto3" json:"serving_ports,omitempty"`
+	WaitingPorts  []uint32 `protobuf:"varint,5,rep,packed,name=waiting_ports,json=waitingPorts,proto3" json:"waiting_ports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DataPlane) Reset() {
+	*x = DataPlane{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DataPlane) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DataPlane) ProtoMessage() {}
+
+func (x *DataPlane) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DataPlane.ProtoReflect.Descriptor instead.
+func (*DataPlane) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *DataPlane) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *DataPlane) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *DataPlane) GetSinceUnixMillis() int64 {
+	if x != nil {
+		return x.SinceUnixMillis
+	}
+	return 0
+}
+
+func (x *DataPlane) GetServingPorts() []uint32 {
+	if x != nil {
+		return x.ServingPorts
+	}
+	return nil
+}
+
+func (x *DataPlane) GetWaitingPorts() []uint32 {
+	if x != nil {
+		return x.WaitingPorts
+	}
+	return nil
+}
+
 // RestartNotice says that a node's agent is restarting and will be back within
 // grace_left_millis (at most 30 s: MaxRestartGrace).
 type RestartNotice struct {
@@ -1603,7 +1717,7 @@ type RestartNotice struct {
 
 func (x *RestartNotice) Reset() {
 	*x = RestartNotice{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1615,7 +1729,7 @@ func (x *RestartNotice) String() string {
 func (*RestartNotice) ProtoMessage() {}
 
 func (x *RestartNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1628,7 +1742,7 @@ func (x *RestartNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartNotice.ProtoReflect.Descriptor instead.
 func (*RestartNotice) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RestartNotice) GetNode() string {
@@ -1676,7 +1790,7 @@ type ControlPlaneStatus struct {
 
 func (x *ControlPlaneStatus) Reset() {
 	*x = ControlPlaneStatus{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1688,7 +1802,7 @@ func (x *ControlPlaneStatus) String() string {
 func (*ControlPlaneStatus) ProtoMessage() {}
 
 func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1701,7 +1815,7 @@ func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
 func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ControlPlaneStatus) GetConfigFile() string {
@@ -1790,7 +1904,7 @@ type HeartbeatCounters struct {
 
 func (x *HeartbeatCounters) Reset() {
 	*x = HeartbeatCounters{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +1916,7 @@ func (x *HeartbeatCounters) String() string {
 func (*HeartbeatCounters) ProtoMessage() {}
 
 func (x *HeartbeatCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +1929,7 @@ func (x *HeartbeatCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatCounters.ProtoReflect.Descriptor instead.
 func (*HeartbeatCounters) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HeartbeatCounters) GetSent() uint64 {
@@ -1874,7 +1988,7 @@ type AnnouncedVIP struct {
 
 func (x *AnnouncedVIP) Reset() {
 	*x = AnnouncedVIP{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1886,7 +2000,7 @@ func (x *AnnouncedVIP) String() string {
 func (*AnnouncedVIP) ProtoMessage() {}
 
 func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1899,7 +2013,7 @@ func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnouncedVIP.ProtoReflect.Descriptor instead.
 func (*AnnouncedVIP) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AnnouncedVIP) GetVip() string {
@@ -1974,7 +2088,7 @@ type PeerStatus struct {
 
 func (x *PeerStatus) Reset() {
 	*x = PeerStatus{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1986,7 +2100,7 @@ func (x *PeerStatus) String() string {
 func (*PeerStatus) ProtoMessage() {}
 
 func (x *PeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1999,7 +2113,7 @@ func (x *PeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatus.ProtoReflect.Descriptor instead.
 func (*PeerStatus) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PeerStatus) GetAddress() string {
@@ -2062,7 +2176,7 @@ type L2Counters struct {
 
 func (x *L2Counters) Reset() {
 	*x = L2Counters{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2074,7 +2188,7 @@ func (x *L2Counters) String() string {
 func (*L2Counters) ProtoMessage() {}
 
 func (x *L2Counters) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2087,7 +2201,7 @@ func (x *L2Counters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Counters.ProtoReflect.Descriptor instead.
 func (*L2Counters) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *L2Counters) GetArpRequests() uint64 {
@@ -2147,7 +2261,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2159,7 +2273,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2172,7 +2286,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 type WatchResponse struct {
@@ -2184,7 +2298,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2310,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2323,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WatchResponse) GetEvent() *Event {
@@ -2236,7 +2350,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2248,7 +2362,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2261,7 +2375,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -2321,7 +2435,7 @@ type EnrollRequest struct {
 
 func (x *EnrollRequest) Reset() {
 	*x = EnrollRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2333,7 +2447,7 @@ func (x *EnrollRequest) String() string {
 func (*EnrollRequest) ProtoMessage() {}
 
 func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2346,7 +2460,7 @@ func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollRequest.ProtoReflect.Descriptor instead.
 func (*EnrollRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 type EnrollResponse struct {
@@ -2365,7 +2479,7 @@ type EnrollResponse struct {
 
 func (x *EnrollResponse) Reset() {
 	*x = EnrollResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2377,7 +2491,7 @@ func (x *EnrollResponse) String() string {
 func (*EnrollResponse) ProtoMessage() {}
 
 func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2390,7 +2504,7 @@ func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollResponse.ProtoReflect.Descriptor instead.
 func (*EnrollResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EnrollResponse) GetNode() string {
@@ -2424,7 +2538,7 @@ type InstallRequest struct {
 
 func (x *InstallRequest) Reset() {
 	*x = InstallRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2436,7 +2550,7 @@ func (x *InstallRequest) String() string {
 func (*InstallRequest) ProtoMessage() {}
 
 func (x *InstallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2449,7 +2563,7 @@ func (x *InstallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallRequest.ProtoReflect.Descriptor instead.
 func (*InstallRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *InstallRequest) GetCertificate() []byte {
@@ -2467,7 +2581,7 @@ type InstallResponse struct {
 
 func (x *InstallResponse) Reset() {
 	*x = InstallResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2479,7 +2593,7 @@ func (x *InstallResponse) String() string {
 func (*InstallResponse) ProtoMessage() {}
 
 func (x *InstallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2492,14 +2606,14 @@ func (x *InstallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallResponse.ProtoReflect.Descriptor instead.
 func (*InstallResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 var File_metalvip_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1dmetalvip/agent/v1/agent.proto\x12\x11metalvip.agent.v1\"\x9c\x03\n" +
+	"\x1dmetalvip/agent/v1/agent.proto\x12\x11metalvip.agent.v1\"\xd3\x03\n" +
 	"\fDesiredState\x12\x12\n" +
 	"\x04term\x18\x01 \x01(\x04R\x04term\x12\x1e\n" +
 	"\n" +
@@ -2511,7 +2625,9 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x02l2\x18\x06 \x01(\v2\x1c.metalvip.agent.v1.L2OptionsR\x02l2\x12/\n" +
 	"\x03bgp\x18\a \x01(\v2\x1d.metalvip.agent.v1.BGPOptionsR\x03bgp\x12I\n" +
 	"\x0fheartbeat_peers\x18\b \x03(\v2 .metalvip.agent.v1.HeartbeatPeerR\x0eheartbeatPeers\x12\x1a\n" +
-	"\bdraining\x18\t \x01(\bR\bdraining\"|\n" +
+	"\bdraining\x18\t \x01(\bR\bdraining\x125\n" +
+	"\x17health_check_node_ports\x18\n" +
+	" \x03(\rR\x14healthCheckNodePorts\"|\n" +
 	"\rHeartbeatPeer\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1f\n" +
@@ -2603,7 +2719,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11KIND_ANNOUNCEMENT\x10\x01\x12\x11\n" +
 	"\rKIND_BGP_PEER\x10\x02\"\x11\n" +
-	"\x0fGetStateRequest\"\xba\x06\n" +
+	"\x0fGetStateRequest\"\xf7\x06\n" +
 	"\x10GetStateResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x1e\n" +
@@ -2629,7 +2745,15 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x0eunknown_fields\x18\x10 \x03(\tR\runknownFields\x12@\n" +
 	"\n" +
 	"restarting\x18\x11 \x03(\v2 .metalvip.agent.v1.RestartNoticeR\n" +
-	"restarting\"O\n" +
+	"restarting\x12;\n" +
+	"\n" +
+	"data_plane\x18\x12 \x01(\v2\x1c.metalvip.agent.v1.DataPlaneR\tdataPlane\"\xaf\x01\n" +
+	"\tDataPlane\x12\x14\n" +
+	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x16\n" +
+	"\x06detail\x18\x02 \x01(\tR\x06detail\x12*\n" +
+	"\x11since_unix_millis\x18\x03 \x01(\x03R\x0fsinceUnixMillis\x12#\n" +
+	"\rserving_ports\x18\x04 \x03(\rR\fservingPorts\x12#\n" +
+	"\rwaiting_ports\x18\x05 \x03(\rR\fwaitingPorts\"O\n" +
 	"\rRestartNotice\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12*\n" +
 	"\x11grace_left_millis\x18\x02 \x01(\rR\x0fgraceLeftMillis\"\xbe\x02\n" +
@@ -2686,7 +2810,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x10targeted_replies\x18\a \x01(\x04R\x0ftargetedReplies\"\x0e\n" +
 	"\fWatchRequest\"?\n" +
 	"\rWatchResponse\x12.\n" +
-	"\x05event\x18\x01 \x01(\v2\x18.metalvip.agent.v1.EventR\x05event\"\x80\x03\n" +
+	"\x05event\x18\x01 \x01(\v2\x18.metalvip.agent.v1.EventR\x05event\"\x95\x03\n" +
 	"\x05Event\x121\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1d.metalvip.agent.v1.Event.KindR\x04kind\x12\x1b\n" +
 	"\tunix_nano\x18\x02 \x01(\x03R\bunixNano\x12\x10\n" +
@@ -2696,7 +2820,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"generation\x18\x05 \x01(\x04R\n" +
 	"generation\x12\x16\n" +
 	"\x06detail\x18\x06 \x01(\tR\x06detail\x120\n" +
-	"\x14restart_grace_millis\x18\a \x01(\rR\x12restartGraceMillis\"\x96\x01\n" +
+	"\x14restart_grace_millis\x18\a \x01(\rR\x12restartGraceMillis\"\xab\x01\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fKIND_APPLIED\x10\x01\x12\x12\n" +
@@ -2704,7 +2828,8 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\rKIND_RELEASED\x10\x03\x12\x13\n" +
 	"\x0fKIND_SESSION_UP\x10\x04\x12\x15\n" +
 	"\x11KIND_SESSION_DOWN\x10\x05\x12\x13\n" +
-	"\x0fKIND_RESTARTING\x10\x06\"\x0f\n" +
+	"\x0fKIND_RESTARTING\x10\x06\x12\x13\n" +
+	"\x0fKIND_DATA_PLANE\x10\a\"\x0f\n" +
 	"\rEnrollRequest\"k\n" +
 	"\x0eEnrollResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12/\n" +
@@ -2737,7 +2862,7 @@ func file_metalvip_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_metalvip_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_metalvip_agent_v1_agent_proto_goTypes = []any{
 	(Mode)(0),                  // 0: metalvip.agent.v1.Mode
 	(Refusal_Kind)(0),          // 1: metalvip.agent.v1.Refusal.Kind
@@ -2759,20 +2884,21 @@ var file_metalvip_agent_v1_agent_proto_goTypes = []any{
 	(*Refusal)(nil),            // 17: metalvip.agent.v1.Refusal
 	(*GetStateRequest)(nil),    // 18: metalvip.agent.v1.GetStateRequest
 	(*GetStateResponse)(nil),   // 19: metalvip.agent.v1.GetStateResponse
-	(*RestartNotice)(nil),      // 20: metalvip.agent.v1.RestartNotice
-	(*ControlPlaneStatus)(nil), // 21: metalvip.agent.v1.ControlPlaneStatus
-	(*HeartbeatCounters)(nil),  // 22: metalvip.agent.v1.HeartbeatCounters
-	(*AnnouncedVIP)(nil),       // 23: metalvip.agent.v1.AnnouncedVIP
-	(*PeerStatus)(nil),         // 24: metalvip.agent.v1.PeerStatus
-	(*L2Counters)(nil),         // 25: metalvip.agent.v1.L2Counters
-	(*WatchRequest)(nil),       // 26: metalvip.agent.v1.WatchRequest
-	(*WatchResponse)(nil),      // 27: metalvip.agent.v1.WatchResponse
-	(*Event)(nil),              // 28: metalvip.agent.v1.Event
-	(*EnrollRequest)(nil),      // 29: metalvip.agent.v1.EnrollRequest
-	(*EnrollResponse)(nil),     // 30: metalvip.agent.v1.EnrollResponse
-	(*InstallRequest)(nil),     // 31: metalvip.agent.v1.InstallRequest
-	(*InstallResponse)(nil),    // 32: metalvip.agent.v1.InstallResponse
-	nil,                        // 33: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	(*DataPlane)(nil),          // 20: metalvip.agent.v1.DataPlane
+	(*RestartNotice)(nil),      // 21: metalvip.agent.v1.RestartNotice
+	(*ControlPlaneStatus)(nil), // 22: metalvip.agent.v1.ControlPlaneStatus
+	(*HeartbeatCounters)(nil),  // 23: metalvip.agent.v1.HeartbeatCounters
+	(*AnnouncedVIP)(nil),       // 24: metalvip.agent.v1.AnnouncedVIP
+	(*PeerStatus)(nil),         // 25: metalvip.agent.v1.PeerStatus
+	(*L2Counters)(nil),         // 26: metalvip.agent.v1.L2Counters
+	(*WatchRequest)(nil),       // 27: metalvip.agent.v1.WatchRequest
+	(*WatchResponse)(nil),      // 28: metalvip.agent.v1.WatchResponse
+	(*Event)(nil),              // 29: metalvip.agent.v1.Event
+	(*EnrollRequest)(nil),      // 30: metalvip.agent.v1.EnrollRequest
+	(*EnrollResponse)(nil),     // 31: metalvip.agent.v1.EnrollResponse
+	(*InstallRequest)(nil),     // 32: metalvip.agent.v1.InstallRequest
+	(*InstallResponse)(nil),    // 33: metalvip.agent.v1.InstallResponse
+	nil,                        // 34: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
 }
 var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
 	5,  // 0: metalvip.agent.v1.DesiredState.announcements:type_name -> metalvip.agent.v1.Announcement
@@ -2790,36 +2916,37 @@ var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
 	15, // 12: metalvip.agent.v1.ApplyRequest.sender:type_name -> metalvip.agent.v1.Build
 	17, // 13: metalvip.agent.v1.ApplyResponse.refused:type_name -> metalvip.agent.v1.Refusal
 	1,  // 14: metalvip.agent.v1.Refusal.kind:type_name -> metalvip.agent.v1.Refusal.Kind
-	23, // 15: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
-	24, // 16: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
-	25, // 17: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
+	24, // 15: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
+	25, // 16: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
+	26, // 17: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
 	3,  // 18: metalvip.agent.v1.GetStateResponse.state:type_name -> metalvip.agent.v1.DesiredState
 	17, // 19: metalvip.agent.v1.GetStateResponse.refused:type_name -> metalvip.agent.v1.Refusal
-	22, // 20: metalvip.agent.v1.GetStateResponse.heartbeats:type_name -> metalvip.agent.v1.HeartbeatCounters
-	21, // 21: metalvip.agent.v1.GetStateResponse.control_plane:type_name -> metalvip.agent.v1.ControlPlaneStatus
+	23, // 20: metalvip.agent.v1.GetStateResponse.heartbeats:type_name -> metalvip.agent.v1.HeartbeatCounters
+	22, // 21: metalvip.agent.v1.GetStateResponse.control_plane:type_name -> metalvip.agent.v1.ControlPlaneStatus
 	15, // 22: metalvip.agent.v1.GetStateResponse.build:type_name -> metalvip.agent.v1.Build
 	15, // 23: metalvip.agent.v1.GetStateResponse.applied_by:type_name -> metalvip.agent.v1.Build
-	20, // 24: metalvip.agent.v1.GetStateResponse.restarting:type_name -> metalvip.agent.v1.RestartNotice
-	23, // 25: metalvip.agent.v1.ControlPlaneStatus.vip:type_name -> metalvip.agent.v1.AnnouncedVIP
-	33, // 26: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
-	0,  // 27: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
-	28, // 28: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
-	2,  // 29: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
-	14, // 30: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
-	18, // 31: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
-	26, // 32: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
-	29, // 33: metalvip.agent.v1.AgentService.Enroll:input_type -> metalvip.agent.v1.EnrollRequest
-	31, // 34: metalvip.agent.v1.AgentService.Install:input_type -> metalvip.agent.v1.InstallRequest
-	16, // 35: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
-	19, // 36: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
-	27, // 37: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
-	30, // 38: metalvip.agent.v1.AgentService.Enroll:output_type -> metalvip.agent.v1.EnrollResponse
-	32, // 39: metalvip.agent.v1.AgentService.Install:output_type -> metalvip.agent.v1.InstallResponse
-	35, // [35:40] is the sub-list for method output_type
-	30, // [30:35] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	21, // 24: metalvip.agent.v1.GetStateResponse.restarting:type_name -> metalvip.agent.v1.RestartNotice
+	20, // 25: metalvip.agent.v1.GetStateResponse.data_plane:type_name -> metalvip.agent.v1.DataPlane
+	24, // 26: metalvip.agent.v1.ControlPlaneStatus.vip:type_name -> metalvip.agent.v1.AnnouncedVIP
+	34, // 27: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	0,  // 28: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
+	29, // 29: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
+	2,  // 30: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
+	14, // 31: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
+	18, // 32: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
+	27, // 33: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
+	30, // 34: metalvip.agent.v1.AgentService.Enroll:input_type -> metalvip.agent.v1.EnrollRequest
+	32, // 35: metalvip.agent.v1.AgentService.Install:input_type -> metalvip.agent.v1.InstallRequest
+	16, // 36: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
+	19, // 37: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
+	28, // 38: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
+	31, // 39: metalvip.agent.v1.AgentService.Enroll:output_type -> metalvip.agent.v1.EnrollResponse
+	33, // 40: metalvip.agent.v1.AgentService.Install:output_type -> metalvip.agent.v1.InstallResponse
+	36, // [36:41] is the sub-list for method output_type
+	31, // [31:36] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_metalvip_agent_v1_agent_proto_init() }
@@ -2833,7 +2960,7 @@ func file_metalvip_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_metalvip_agent_v1_agent_proto_rawDesc), len(file_metalvip_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   31,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
