@@ -74,6 +74,9 @@ type Hooks struct {
 	// Build: the build the node's agent says it is (GetState build) changed, or was first
 	// said.
 	Build func(node string, build *agentv1.Build)
+	// DataPlane: what the node's agent says of its kube-proxy (GetState data_plane) changed;
+	// nil from an agent that does not check it.
+	DataPlane func(node string, dp *agentv1.DataPlane)
 }
 
 // Agents keeps one connection per node's agent, pushes each node's desired state to it (only
@@ -125,6 +128,7 @@ type agentConn struct {
 	sessions  []*agentv1.PeerStatus // the BGP sessions the agent last reported
 	cpVIP     netip.Addr            // the control-plane VIP the agent last reported serving
 	build     *agentv1.Build        // the build the agent last said it is (nil: none said)
+	dataPlane *agentv1.DataPlane    // what the agent last said of its kube-proxy
 	// restartUntil: the agent said it is restarting (Event KIND_RESTARTING, its GetState, or
 	// its peers did); until then, or until a GetState asked after restartSaid answers without
 	// the agent listing itself (a new process), failing to reach it does not count it

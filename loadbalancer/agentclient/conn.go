@@ -285,7 +285,12 @@ func (a *Agents) probe(ctx context.Context, c *agentConn) error {
 	if buildChanged {
 		c.build = resp.GetBuild()
 	}
+	dataPlaneChanged := !c.known || !proto.Equal(c.dataPlane, resp.GetDataPlane())
+	c.dataPlane = resp.GetDataPlane()
 	c.mu.Unlock()
+	if dataPlaneChanged && a.hooks.DataPlane != nil {
+		a.hooks.DataPlane(c.node, resp.GetDataPlane())
+	}
 	if buildChanged && a.hooks.Build != nil {
 		a.hooks.Build(c.node, resp.GetBuild())
 	}
@@ -352,8 +357,9 @@ func (a *Agents) watch(ctx context.Context, c *agentConn) {
 				if resp.GetEvent().GetKind() == agentv1.Event_KIND_RESTARTING {
 					c.restarting(resp.GetEvent())
 				}
-				if k := resp.GetEvent().GetKind(); k == agentv1.Event_KIND_SESSION_UP || k == agentv1.Event_KIND_SESSION_DOWN {
-					// A session changed: ask for the sessions now (for the BGPPeer's status).
+				if k := resp.GetEvent().GetKind(); k == agentv1.Event_KIND_SESSION_UP || k == agentv1.Event_KIND_SESSION_DOWN || k == agentv1.Event_KIND_DATA_PLANE {
+					// A session changed: ask for the sessions now (for the BGPPeer's status);
+					// or the data plane: ask what kube-proxy serves now (who may announce).
 					select {
 					case c.probe <- struct{}{}:
 					default:

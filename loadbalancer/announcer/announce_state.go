@@ -49,6 +49,8 @@ type loopState struct {
 	statusSet map[string]string                 // pool/peer/node status last set (text form)
 	conflicts map[string][]desired.PeerConflict // node -> peers left off it
 	sessions  map[string][]*agentv1.PeerStatus  // node -> its BGP sessions, as its agent reported them
+
+	dataPlane dataPlanes // what each node's agent says of its kube-proxy, and the ports it is asked
 }
 
 // nodePart is one node's announcements, ordered by VIP in a copy-on-write tree (a snapshot
@@ -111,6 +113,7 @@ func newLoopState(maxCandidates int, records Records) loopState {
 		statusSet: map[string]string{},
 		conflicts: map[string][]desired.PeerConflict{},
 		sessions:  map[string][]*agentv1.PeerStatus{},
+		dataPlane: newDataPlanes(),
 	}
 }
 
@@ -145,7 +148,7 @@ func (s *loopState) plannerNodes(d desired.Drain) []planner.Node {
 // it announces lingers for the drain's delay, see drainRound).
 func (s *loopState) plannerNode(n *v1.Node, d desired.Drain) planner.Node {
 	pn := desired.Node(n, s.reachable[n.Name])
-	pn.Excluded = pn.Excluded || d.Draining(n)
+	pn.Excluded = pn.Excluded || d.Draining(n) || s.dataPlane.down(n.Name)
 	return pn
 }
 

@@ -234,17 +234,17 @@ func (a *Announcer) writePoolConditions() {
 // eligibility says which nodes may announce a pool's addresses, and if none why.
 func (a *Announcer) eligibility(p *pools.Pool) metav1.Condition {
 	s := &a.loop
-	return eligibilityOf(p, s.nodeList, func(n *v1.Node) planner.Node { return s.plannerNode(n, a.cfg.Drain) })
+	return eligibilityOf(p, s.nodeList, func(n *v1.Node) planner.Node { return s.plannerNode(n, a.cfg.Drain) }, s.dataPlane.down)
 }
 
 // eligibilityOf is a pool's NodesEligible condition among nodes, each as the planner knows it.
-func eligibilityOf(p *pools.Pool, nodes []*v1.Node, plan func(*v1.Node) planner.Node) metav1.Condition {
+func eligibilityOf(p *pools.Pool, nodes []*v1.Node, plan func(*v1.Node) planner.Node, kubeProxyDown func(node string) bool) metav1.Condition {
 	c := metav1.Condition{Type: PoolNodesEligible, ObservedGeneration: p.Generation}
 	if !p.Valid() {
 		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "InvalidSpec", "The pool is announced from no node: "+pools.Problems(p.Problems)
 		return c
 	}
-	var eligible, excluded, unreachable []string
+	var eligible, excluded, unreachable, proxyDown []string
 	matching := 0
 	for _, n := range nodes {
 		if sel := p.Announce.NodeSelector; sel != nil && !sel.Matches(labels.Set(n.Labels)) {
@@ -253,6 +253,8 @@ func eligibilityOf(p *pools.Pool, nodes []*v1.Node, plan func(*v1.Node) planner.
 		matching++
 		pn := plan(n)
 		switch {
+		case pn.Excluded && kubeProxyDown(n.Name):
+			proxyDown = append(proxyDown, n.Name)
 		case pn.Excluded:
 			excluded = append(excluded, n.Name)
 		case !pn.AgentReachable:
@@ -268,6 +270,9 @@ func eligibilityOf(p *pools.Pool, nodes []*v1.Node, plan func(*v1.Node) planner.
 		if len(excluded) > 0 {
 			c.Message += fmt.Sprintf("; excluded (label %s, being deleted or drained): %s", desired.LabelExcludeLB, short(excluded))
 		}
+		if len(proxyDown) > 0 {
+			c.Message += "; kube-proxy not healthy: " + short(proxyDown)
+		}
 	case matching == 0:
 		c.Status, c.Reason = metav1.ConditionFalse, "NoNodeMatches"
 		c.Message = fmt.Sprintf("No node matches spec.announce.nodeSelector (%d nodes); its addresses are given out but answered by no one", len(nodes))
@@ -279,6 +284,9 @@ func eligibilityOf(p *pools.Pool, nodes []*v1.Node, plan func(*v1.Node) planner.
 		}
 		if len(unreachable) > 0 {
 			why = append(why, "agent unreachable: "+short(unreachable))
+		}
+		if len(proxyDown) > 0 {
+			why = append(why, "kube-proxy not healthy (DataPlaneNotReady Events on the nodes): "+short(proxyDown))
 		}
 		c.Message = "No node may announce the pool's addresses: " + strings.Join(why, "; ") +
 			". Remove the label from the nodes that should announce, or run the agents there"

@@ -75,11 +75,12 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 			r.nodes[n.Name] = true
 		}
 	}
+	dataPlane := a.dataPlaneRound(ch, &r)
 	a.reserveRound(ch)
 	for ip := range r.spec {
 		a.specRound(ip, &r)
 	}
-	a.planRound(ch.nodes || reach, &r)
+	a.planRound(ch.nodes || reach || dataPlane, &r)
 	for ip := range r.entry {
 		a.entryRound(ip, &r)
 	}
@@ -117,6 +118,12 @@ func (a *Announcer) serviceRound(key string, r *round) {
 	svc := a.service(key)
 	if svc != nil && a.cfg.Serves.Ours(svc) {
 		now = desired.StatusIPs(svc)
+	}
+	if len(now) == 0 || !desired.Local(svc) {
+		// No Local address of ours: no node watches its health check node port.
+		for _, n := range s.dataPlane.setPorts(key, 0, nil) {
+			r.nodes[n] = true
+		}
 	}
 	if svc != nil && a.cfg.Serves.WantsExternalIPs(svc) {
 		s.extWant[key] = true
@@ -175,8 +182,14 @@ func (a *Announcer) specRound(ip netip.Addr, r *round) {
 		if desired.Local(svc) {
 			sel := labels.SelectorFromSet(labels.Set{"kubernetes.io/service-name": svc.Name})
 			es, _ := a.endpoints.EndpointSlices(svc.Namespace).List(sel)
-			sh.EndpointNodes = desired.ReadyEndpointNodes(es)
-			sh.EndpointCounts = desired.ReadyEndpointCounts(es)
+			nodes, counts := desired.ReadyEndpointNodes(es), desired.ReadyEndpointCounts(es)
+			// Each node with an endpoint watches the health check node port; it joins once
+			// its kube-proxy serves the endpoint there (dataPlanes).
+			port := uint32(max(svc.Spec.HealthCheckNodePort, 0))
+			for _, n := range s.dataPlane.setPorts(k, port, nodes) {
+				r.nodes[n] = true
+			}
+			sh.EndpointNodes, sh.EndpointCounts = s.dataPlane.serving(nodes, counts, port, slices.Concat(s.annNodes[ip], s.seed[ip].Nodes))
 		}
 		sharers = append(sharers, sh)
 	}
@@ -307,7 +320,7 @@ func (a *Announcer) statusRound(ch changes, reach bool, r *round) {
 	for g := range r.grps {
 		a.groupEvents(g)
 	}
-	if ch.nodes || len(ch.pools) > 0 || len(ch.reach) > 0 {
+	if ch.nodes || len(ch.pools) > 0 || len(ch.reach) > 0 || len(ch.dataPlane) > 0 {
 		a.writePoolConditions()
 	}
 	if ch.peers || ch.nodes || reach || len(ch.refused) > 0 {
@@ -374,6 +387,7 @@ func (a *Announcer) pushRound(r *round) {
 	for _, name := range s.pushes.forget(func(n string) bool { return s.byName[n] != nil }) {
 		delete(s.parts, name)
 		delete(s.conflicts, name)
+		s.dataPlane.forget(name)
 	}
 }
 
@@ -385,6 +399,7 @@ func (a *Announcer) nodeHead(n *v1.Node) (*agentv1.DesiredState, []desired.PeerC
 	st := desired.NodeState(n, nil, peers, slices.Collect(maps.Keys(p.peers)), a.cfg.Options, s.addrOf, a.agents.Keys)
 	desired.Departing(st, s.cutOff.departing(n.Name), s.addrOf, a.agents.Keys)
 	st.Draining = a.cfg.Drain.Draining(n)
+	st.HealthCheckNodePorts = s.dataPlane.portsOf(n.Name)
 	// The ClusterIP ranges come from every eligible node the peers select (a drained one
 	// during its delay, with GRACEFUL_SHUTDOWN).
 	if pn := desired.Node(n, s.reachable[n.Name]); !pn.Excluded && (!st.Draining || a.lingering(n.Name)) && len(peers) > 0 {

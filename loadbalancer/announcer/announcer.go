@@ -134,6 +134,8 @@ type changes struct {
 	sessions   map[string][]*agentv1.PeerStatus // node -> its BGP sessions, as reported
 	// controlPlane: node -> the control-plane VIP its agent reports serving (invalid: none)
 	controlPlane map[string]netip.Addr
+	// dataPlane: node -> what its agent says of its kube-proxy (nil: not checked)
+	dataPlane map[string]*agentv1.DataPlane
 }
 
 type refusal struct {
@@ -148,7 +150,7 @@ type tookOver struct {
 
 func newChanges() changes {
 	return changes{services: map[string]bool{}, pools: map[string]bool{}, records: map[string]bool{}, reach: map[string]bool{}, applied: map[string]bool{}, refused: map[string]refusal{}, sessions: map[string][]*agentv1.PeerStatus{},
-		controlPlane: map[string]netip.Addr{}}
+		controlPlane: map[string]netip.Addr{}, dataPlane: map[string]*agentv1.DataPlane{}}
 }
 
 // New returns an announcer; Register and Run make it work.
@@ -197,6 +199,9 @@ func (a *Announcer) newAgents(term uint64) *agentclient.Agents {
 			a.note(func(c *changes) { c.controlPlane[node] = vip })
 		},
 		Build: a.agentBuild,
+		DataPlane: func(node string, dp *agentv1.DataPlane) {
+			a.note(func(c *changes) { c.dataPlane[node] = dp })
+		},
 	})
 }
 

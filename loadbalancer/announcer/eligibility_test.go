@@ -52,9 +52,12 @@ func TestAPoolsEligibleNodesAreSaidWithWhyNone(t *testing.T) {
 		{"matching nodes excluded or unreachable", pool(map[string]v1alpha1.LabelValue{"rack": "a"}, "203.0.113.0/28"), plan([]string{"node1", "node2"}), metav1.ConditionFalse, "NoEligibleNode", "excluded by the label"},
 		{"unreachable agents", pool(nil, "203.0.113.0/28"), plan(nil, "node1", "node2", "node3"), metav1.ConditionFalse, "NoEligibleNode", "agent unreachable: node1, node2, node3"},
 		{"an invalid pool fails closed", pool(nil, "not-an-address"), plan(nil), metav1.ConditionFalse, "InvalidSpec", "The pool is announced from no node"},
+		{"kube-proxy not healthy on one", pool(nil, "203.0.113.0/28"), plan([]string{"node3"}), metav1.ConditionTrue, "Eligible", "2 of 3 nodes may announce: node1, node2; kube-proxy not healthy: node3"},
+		{"kube-proxy not healthy on the selected ones", pool(map[string]v1alpha1.LabelValue{"rack": "b"}, "203.0.113.0/28"), plan([]string{"node3"}), metav1.ConditionFalse, "NoEligibleNode", "kube-proxy not healthy (DataPlaneNotReady Events on the nodes): node3"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := eligibilityOf(tc.pool, nodes, tc.plan)
+			// node3's agent says its kube-proxy is not healthy, where the plan excludes it.
+			c := eligibilityOf(tc.pool, nodes, tc.plan, func(n string) bool { return n == "node3" })
 			if c.Type != PoolNodesEligible || c.ObservedGeneration != 4 || c.Status != tc.status || c.Reason != tc.reason || !strings.Contains(c.Message, tc.message) {
 				t.Errorf("%s %s %s %q (generation %d); want %s %s containing %q", c.Type, c.Status, c.Reason, c.Message, c.ObservedGeneration, tc.status, tc.reason, tc.message)
 			}

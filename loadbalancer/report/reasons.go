@@ -33,4 +33,8 @@ const (
 	ReasonAgentReachable   = "AgentReachable"
 	ReasonAgentUnreachable = "AgentUnreachable"
 	ReasonAgentVersionSkew = "AgentVersionSkew"
+	// ReasonDataPlaneNotReady: the node's kube-proxy does not answer healthy (its agent's
+	// --kube-proxy-healthz): the node takes no VIP until it does (ReasonDataPlaneReady).
+	ReasonDataPlaneNotReady = "DataPlaneNotReady"
+	ReasonDataPlaneReady    = "DataPlaneReady"
 )
