@@ -411,6 +411,58 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 		t.Logf("outages over %d trials: min %s, median %s, max %s (heartbeats every %s, dead after %d misses)", trials, outages[0], outages[len(outages)/2], outages[len(outages)-1], c.Failover.Interval, c.Failover.Misses)
 	})
 
+	t.Run("kube-proxy stopped on the L2 VIP's owner: a Warning DataPlaneNotReady names the node, the VIP moves and answers; kube-proxy back: DataPlaneReady, the node eligible again", func(t *testing.T) {
+		owner, err := c.WaitOwner(l2, 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := c.Node(owner)
+		since := time.Now()
+		n.StopProxy()
+		restarted := false
+		defer func() {
+			if !restarted {
+				n.StartProxy()
+			}
+		}()
+		// The agents' --data-plane-grace is 10 s (install.yaml and the chart).
+		var warned []string
+		d, err := kubecluster.WaitFor(time.Minute, func() (bool, string) {
+			warned = c.EventsSince(ctx, "default", report.ReasonDataPlaneNotReady, since)
+			return slices.ContainsFunc(warned, func(e string) bool { return strings.Contains(e, "Node/"+owner+":") }), fmt.Sprintf("DataPlaneNotReady Events %v", warned)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s after kube-proxy stopped on %s: %v", d.Round(time.Millisecond), owner, warned)
+		var now string
+		if _, err := kubecluster.WaitFor(time.Minute, func() (bool, string) {
+			now, err = c.Owner(l2)
+			return now != "" && now != owner, fmt.Sprintf("ARP for %s answered by %q (%v)", l2, now, err)
+		}); err != nil {
+			t.Fatalf("the VIP stays on %s, whose kube-proxy is stopped: %v", owner, err)
+		}
+		if _, err := kubecluster.WaitFor(30*time.Second, func() (bool, string) {
+			body, err := probe.Get(c.Lab.Client, netip.AddrPortFrom(l2, 80), time.Second)
+			return err == nil && servedByWorkload(body), fmt.Sprintf("%q, %v", body, err)
+		}); err != nil {
+			t.Fatalf("%s on %s: %v", l2, now, err)
+		}
+		if msg, err := c.Announced(ctx, l2); err != nil || strings.Contains(msg, owner) {
+			t.Errorf("the Announced condition still names %s: %q (%v)", owner, msg, err)
+		}
+		back := time.Now()
+		n.StartProxy()
+		restarted = true
+		if _, err := kubecluster.WaitFor(time.Minute, func() (bool, string) {
+			evs := c.EventsSince(ctx, "default", report.ReasonDataPlaneReady, back)
+			return slices.ContainsFunc(evs, func(e string) bool { return strings.Contains(e, "Node/"+owner+":") }), fmt.Sprintf("DataPlaneReady Events %v", evs)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("the VIP moved to %s; kube-proxy back on %s", now, owner)
+	})
+
 	t.Run("a BGP ETP Local VIP's next hops follow the Deployment scaled and a pod deleted", func(t *testing.T) {
 		follow := func(what string) {
 			t.Helper()

@@ -245,6 +245,8 @@ agent:
   metricsPort: 7484
   metricsAuth: none
   restartGrace: 12s
+  kubeProxyHealthz: http://127.0.0.1:10999/healthz
+  dataPlaneGrace: 30s
   interfaces: [eth1, bond0]
   stateDir: /var/lib/metalvip
   priorityClassName: ""
@@ -325,7 +327,7 @@ func TestTheChartsValuesReachTheObjects(t *testing.T) {
 	if a.LivenessProbe.HTTPGet.Scheme != corev1.URISchemeHTTP {
 		t.Errorf("agent probes over %s with metricsAuth none (plain HTTP)", a.LivenessProbe.HTTPGet.Scheme)
 	}
-	for _, want := range []string{"--restart-grace=12s", "--pod-name=$(POD_NAME)", "--pod-namespace=$(POD_NAMESPACE)"} {
+	for _, want := range []string{"--restart-grace=12s", "--pod-name=$(POD_NAME)", "--pod-namespace=$(POD_NAMESPACE)", "--kube-proxy-healthz=http://127.0.0.1:10999/healthz", "--data-plane-grace=30s"} {
 		if !slices.Contains(a.Args, want) {
 			t.Errorf("agent args %v lack %s", a.Args, want)
 		}
@@ -346,7 +348,7 @@ func TestTheChartsValuesReachTheObjects(t *testing.T) {
 		t.Error("the agent is granted token reviews with metricsAuth none")
 	}
 	// Both off: no token, no grant, no flags.
-	out, err = helm(t, "template", "metalvip", chartDir, "--namespace", "metalvip-system", "--values", values, "--set", "agent.restartGrace=0s")
+	out, err = helm(t, "template", "metalvip", chartDir, "--namespace", "metalvip-system", "--values", values, "--set", "agent.restartGrace=0s", "--set", "agent.kubeProxyHealthz=")
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, out)
 	}
@@ -360,6 +362,11 @@ func TestTheChartsValuesReachTheObjects(t *testing.T) {
 	}
 	if findDoc(off, "Role", "metalvip:agent:planned-restart") != nil || slices.ContainsFunc(plain.Spec.Template.Spec.Containers[0].Args, func(a string) bool { return strings.HasPrefix(a, "--restart-grace") }) {
 		t.Error("restartGrace 0s still renders the grace or its grant")
+	}
+	if slices.ContainsFunc(plain.Spec.Template.Spec.Containers[0].Args, func(a string) bool {
+		return strings.HasPrefix(a, "--kube-proxy-healthz") || strings.HasPrefix(a, "--data-plane-grace")
+	}) {
+		t.Error(`kubeProxyHealthz "" still renders the kube-proxy check`)
 	}
 	sm := endpointOf(t, docs, "ServiceMonitor", "metalvip-cloud-controller-manager", "endpoints")
 	if sm.TLSConfig["serverName"] != "ccm.example" || sm.TLSConfig["insecureSkipVerify"] != nil {
@@ -498,6 +505,8 @@ func TestTheChartRefusesBadValuesByName(t *testing.T) {
 		{"a ServiceAccount name in capitals is refused", "ccm.serviceAccount.name=CCM", "/ccm/serviceAccount/name"},
 		{"a restart grace over 30 s is refused", "agent.restartGrace=31s", "/agent/restartGrace"},
 		{"a restart grace below 1 s is refused", "agent.restartGrace=500ms", "/agent/restartGrace"},
+		{"a kube-proxy health address without scheme is refused", "agent.kubeProxyHealthz=127.0.0.1:10256", "/agent/kubeProxyHealthz"},
+		{"a data-plane grace below 2 s is refused", "agent.dataPlaneGrace=1s", "/agent/dataPlaneGrace"},
 		{"a drain delay over 10 minutes is refused", "cloudConfig.drain.delay=11m", "cloudConfig.drain.delay: 11m is out of range; write at most 10m"},
 		{"a Prometheus account without namespace is refused", "ccm.serviceMonitor.enabled=true,ccm.serviceMonitor.prometheusServiceAccount.name=p", "prometheusServiceAccount.namespace is required"},
 	} {

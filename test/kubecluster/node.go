@@ -237,6 +237,17 @@ func (n *Node) startProxy() {
 	n.proxy = n.start("kube-proxy", n.c.bins.KubeProxy, "--config", filepath.Join(n.Dir, "kube-proxy.yaml"), "--v=2")
 }
 
+// StopProxy stops the node's kube-proxy, as when it crashes or is being replaced: the rules it
+// wrote stay in the kernel, its health servers go.
+func (n *Node) StopProxy() {
+	if n.proxy != nil {
+		n.proxy.Stop(5 * time.Second)
+	}
+}
+
+// StartProxy starts the node's kube-proxy again.
+func (n *Node) StartProxy() { n.startProxy() }
+
 func (n *Node) startKubelet() {
 	n.kubelet = n.start("kubelet", n.c.bins.Kubelet, "--config", filepath.Join(n.Dir, "kubelet.yaml"),
 		"--kubeconfig", n.c.Kubeconfig, "--root-dir", filepath.Join(n.Dir, "kubelet"),
