@@ -3,6 +3,7 @@ package announcer
 import (
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 
 	v1 "k8s.io/api/core/v1"
@@ -16,21 +17,68 @@ import (
 // of the Services with externalTrafficPolicy Local that have a ready endpoint on it. Only the
 // loop calls it.
 //
-// A node whose kube-proxy is not healthy takes no VIP (plannerNode). A node joins a Local
-// Service's candidates or announcers only once its kube-proxy says on the Service's health
-// check node port that it sends the traffic to the node's endpoints: kube-proxy drops a
-// Local Service's traffic on a node it believes has none, for up to its sync period after
-// the pod became ready. A node that announces the Service already stays (its port failing
-// for a moment moves nothing; its endpoints leaving do, through the EndpointSlices), and
-// when no node serves yet every node with an endpoint stays, as without the check.
+// A node whose kube-proxy is not healthy takes no VIP (plannerNode). kube-proxy drops a Local
+// Service's traffic on a node it believes has no endpoint, for up to its sync period after
+// the pod became ready; so a node joins a Local Service's BGP announcers only once its
+// kube-proxy says on the Service's health check node port that it sends the traffic to the
+// node's endpoints (serving), and stands by for its L2 address after the candidates that
+// serve (rank): it takes over only when none of those lives. A node that announces the
+// Service already stays (its port failing for a moment moves nothing; its endpoints leaving
+// do, through the EndpointSlices), and when no node serves yet every node with an endpoint
+// announces, as without the check.
 type dataPlanes struct {
 	said  map[string]*agentv1.DataPlane // node -> its agent's word; nil: it does not check
 	ports map[string]map[string]uint32  // node -> Service -> its health check node port
 	nodes map[string][]string           // Service -> the nodes in ports
+	vips  map[netip.Addr][]uint32       // address -> the ports of its Local Services
 }
 
 func newDataPlanes() dataPlanes {
-	return dataPlanes{said: map[string]*agentv1.DataPlane{}, ports: map[string]map[string]uint32{}, nodes: map[string][]string{}}
+	return dataPlanes{said: map[string]*agentv1.DataPlane{}, ports: map[string]map[string]uint32{}, nodes: map[string][]string{},
+		vips: map[netip.Addr][]uint32{}}
+}
+
+// setVIP records the health check node ports of the Local Services behind an address (none:
+// forgets it).
+func (d *dataPlanes) setVIP(ip netip.Addr, ports []uint32) {
+	if len(ports) == 0 {
+		delete(d.vips, ip)
+		return
+	}
+	d.vips[ip] = ports
+}
+
+// rank orders an L2 address's standbys (every candidate but the first, which answers and
+// stays) so that those whose kube-proxy serves every Local Service behind it come first, each
+// group in the plan's order: a standby whose kube-proxy has not written its pod's rules yet
+// takes over only when no serving one lives. It returns nodes itself when nothing changes.
+func (d *dataPlanes) rank(nodes []string, ip netip.Addr) []string {
+	ports := d.vips[ip]
+	if len(ports) == 0 || len(nodes) < 3 {
+		return nodes
+	}
+	serves := func(n string) bool {
+		for _, p := range ports {
+			if !d.serves(n, p) {
+				return false
+			}
+		}
+		return true
+	}
+	out := make([]string, 0, len(nodes))
+	out = append(out, nodes[0])
+	var later []string
+	for _, n := range nodes[1:] {
+		if serves(n) {
+			out = append(out, n)
+		} else {
+			later = append(later, n)
+		}
+	}
+	if len(later) == 0 {
+		return nodes
+	}
+	return append(out, later...)
 }
 
 // down reports whether the node's agent says its kube-proxy is not healthy.

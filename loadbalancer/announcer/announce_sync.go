@@ -160,6 +160,7 @@ func (a *Announcer) specRound(ip netip.Addr, r *round) {
 		r.grps[old.Group] = true
 	}
 	if len(keys) == 0 {
+		s.dataPlane.setVIP(ip, nil)
 		delete(s.vips, ip)
 		s.pools.plan(ip, nil)
 		delete(s.weights, ip)
@@ -172,7 +173,10 @@ func (a *Announcer) specRound(ip netip.Addr, r *round) {
 		}
 		return
 	}
+	pool := s.pools.resolve(s.set, ip)
+	bgp := pool != nil && pool.Announce.Mode == planner.BGP
 	var sharers []desired.Sharer
+	var ports []uint32
 	for _, k := range keys {
 		svc := a.service(k)
 		if svc == nil {
@@ -182,18 +186,24 @@ func (a *Announcer) specRound(ip netip.Addr, r *round) {
 		if desired.Local(svc) {
 			sel := labels.SelectorFromSet(labels.Set{"kubernetes.io/service-name": svc.Name})
 			es, _ := a.endpoints.EndpointSlices(svc.Namespace).List(sel)
-			nodes, counts := desired.ReadyEndpointNodes(es), desired.ReadyEndpointCounts(es)
-			// Each node with an endpoint watches the health check node port; it joins once
-			// its kube-proxy serves the endpoint there (dataPlanes).
+			sh.EndpointNodes, sh.EndpointCounts = desired.ReadyEndpointNodes(es), desired.ReadyEndpointCounts(es)
+			// Each node with an endpoint watches the health check node port (dataPlanes):
+			// it joins the BGP announcers once its kube-proxy serves the endpoint there, and
+			// stands by for an L2 address after those that serve (entryRound).
 			port := uint32(max(svc.Spec.HealthCheckNodePort, 0))
-			for _, n := range s.dataPlane.setPorts(k, port, nodes) {
+			for _, n := range s.dataPlane.setPorts(k, port, sh.EndpointNodes) {
 				r.nodes[n] = true
 			}
-			sh.EndpointNodes, sh.EndpointCounts = s.dataPlane.serving(nodes, counts, port, slices.Concat(s.annNodes[ip], s.seed[ip].Nodes))
+			if port != 0 {
+				ports = append(ports, port)
+			}
+			if bgp {
+				sh.EndpointNodes, sh.EndpointCounts = s.dataPlane.serving(sh.EndpointNodes, sh.EndpointCounts, port, slices.Concat(s.annNodes[ip], s.seed[ip].Nodes))
+			}
 		}
 		sharers = append(sharers, sh)
 	}
-	pool := s.pools.resolve(s.set, ip)
+	s.dataPlane.setVIP(ip, ports)
 	v := desired.VIP(ip, sharers, pool)
 	if w := desired.Weights(v, sharers, pool); w != nil {
 		s.weights[ip] = w
@@ -248,6 +258,9 @@ func (a *Announcer) entryRound(ip netip.Addr, r *round) {
 		pool := s.pools.of(ip)
 		e = desired.Linger(e, s.vips[ip], s.annNodes[ip], a.lingering,
 			pool != nil && pool.Announce.PerClient, pool != nil && pool.VirtualMAC(ip) != "")
+		if e.Mode == planner.L2 {
+			e.Nodes = s.dataPlane.rank(e.Nodes, ip)
+		}
 	}
 	var next *agentv1.Announcement
 	if v, known := s.vips[ip]; ok && known {

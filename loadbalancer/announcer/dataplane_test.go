@@ -2,6 +2,7 @@ package announcer
 
 import (
 	"maps"
+	"net/netip"
 	"slices"
 	"testing"
 
@@ -68,5 +69,32 @@ func TestALocalServiceJoinsANodeOnceItsKubeProxyServesIt(t *testing.T) {
 	slices.Sort(changed)
 	if !slices.Equal(changed, []string{"a", "b"}) || len(d.ports) != 0 || len(d.nodes) != 0 {
 		t.Errorf("changed %v, left %v %v", changed, d.ports, d.nodes)
+	}
+}
+
+// TestAnL2StandbyWhoseKubeProxyDoesNotServeYetStandsByLast: the first candidate answers and
+// stays; the standbys whose kube-proxy serves every Local Service behind the address come
+// before those that do not, each in the plan's order.
+func TestAnL2StandbyWhoseKubeProxyDoesNotServeYetStandsByLast(t *testing.T) {
+	d := newDataPlanes()
+	ip := netip.MustParseAddr("203.0.113.7")
+	nodes := []string{"a", "b", "c", "d"}
+	if got := d.rank(nodes, ip); !slices.Equal(got, nodes) {
+		t.Errorf("no Local Service: %v", got)
+	}
+	d.setVIP(ip, []uint32{31000, 31001})                                               // two Local Services share it
+	d.take("a", &agentv1.DataPlane{Ready: true})                                       // answers: stays first
+	d.take("b", &agentv1.DataPlane{Ready: true, ServingPorts: []uint32{31000}})        // one of two
+	d.take("c", &agentv1.DataPlane{Ready: true, ServingPorts: []uint32{31000, 31001}}) // both
+	// d does not check.
+	if got := d.rank(nodes, ip); !slices.Equal(got, []string{"a", "c", "d", "b"}) {
+		t.Errorf("ranked %v, want a c d b", got)
+	}
+	if !slices.Equal(nodes, []string{"a", "b", "c", "d"}) {
+		t.Errorf("the plan's list changed in place: %v", nodes)
+	}
+	d.setVIP(ip, nil)
+	if got := d.rank(nodes, ip); !slices.Equal(got, nodes) {
+		t.Errorf("forgotten: %v", got)
 	}
 }
