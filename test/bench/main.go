@@ -93,6 +93,10 @@ func main() {
 		kubeletsAlone(m, r)
 		return
 	}
+	if *freshOnly {
+		freshAlone(m, r)
+		return
+	}
 	if *goBench {
 		harness.Step("Go benchmarks of the allocator, the planner and the announcer")
 		goBenchmarks(m, r)
@@ -184,6 +188,7 @@ func main() {
 		"./test/controlplane/", "TestTheControlPlaneVIP", fmt.Sprintf("METALVIP_CP_TRIALS=%d", *trials))
 	if *onKubelets {
 		kubeletFailover(r)
+		kubeletFresh(r)
 	}
 
 	write(m, r)

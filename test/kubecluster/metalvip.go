@@ -376,6 +376,11 @@ func (c *Cluster) NextHops(vip netip.Addr) ([]string, error) {
 // WaitFor polls cond every 100 ms until it holds or timeout passes; it returns how long it
 // took, or the last reason cond gave.
 func WaitFor(timeout time.Duration, cond func() (bool, string)) (time.Duration, error) {
+	return WaitForEvery(100*time.Millisecond, timeout, cond)
+}
+
+// WaitForEvery is WaitFor asking cond every interval.
+func WaitForEvery(interval, timeout time.Duration, cond func() (bool, string)) (time.Duration, error) {
 	start := time.Now()
 	for {
 		ok, why := cond()
@@ -385,7 +390,7 @@ func WaitFor(timeout time.Duration, cond func() (bool, string)) (time.Duration, 
 		if time.Since(start) > timeout {
 			return time.Since(start), fmt.Errorf("not within %s: %s", timeout, why)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(interval)
 	}
 }
 

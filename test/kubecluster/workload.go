@@ -268,6 +268,17 @@ func (c *Cluster) WaitOwner(vip netip.Addr, timeout time.Duration) (string, erro
 // address of a Service with externalTrafficPolicy Local: the kill waits until the kube-proxy
 // of every node running a ready pod routes it to that pod (ProxiesReady).
 func (c *Cluster) KillOwner(ctx context.Context, vip netip.Addr) (Failover, error) {
+	return c.killOwner(ctx, vip, nil)
+}
+
+// KillOwnerAfter is KillOwner without waiting for the kube-proxies: once the client's probes
+// are answered, prepare is called with the owner (e.g. to make a pod on another node fresh,
+// FreshPod) and the owner dies at the time it returns.
+func (c *Cluster) KillOwnerAfter(ctx context.Context, vip netip.Addr, prepare func(owner string) (time.Time, error)) (Failover, error) {
+	return c.killOwner(ctx, vip, prepare)
+}
+
+func (c *Cluster) killOwner(ctx context.Context, vip netip.Addr, prepare func(owner string) (time.Time, error)) (Failover, error) {
 	owner, err := c.WaitOwner(vip, 20*time.Second)
 	if err != nil {
 		return Failover{}, err
@@ -286,11 +297,16 @@ func (c *Cluster) KillOwner(ctx context.Context, vip netip.Addr) (Failover, erro
 	// a takeover by a node whose kube-proxy does not yet know its local pod drops every
 	// connection until its next sync (a kill about a second after DeployWorkload cost 360-620 ms so: the standby's kube-proxy
 	// answered 503 on the health check port and synced 380 ms after the kill).
-	start := time.Now()
-	if _, err := WaitFor(30*time.Second, func() (bool, string) { return c.ProxiesReady(ctx, vip) }); err != nil {
-		return f, fmt.Errorf("kube-proxy before the kill: %w", err)
+	var killAt time.Time
+	if prepare == nil {
+		start := time.Now()
+		if _, err := WaitFor(30*time.Second, func() (bool, string) { return c.ProxiesReady(ctx, vip) }); err != nil {
+			return f, fmt.Errorf("kube-proxy before the kill: %w", err)
+		}
+		f.ProxyWait = time.Since(start)
+	} else if killAt, err = prepare(owner); err != nil {
+		return f, err
 	}
-	f.ProxyWait = time.Since(start)
 	f.Plan, _ = c.Announced(ctx, vip)
 	// One node answers before the kill: with two, the client may already send to the other
 	// and the kill measures nothing (a trial once measured 5.9 ms so).
@@ -302,6 +318,7 @@ func (c *Cluster) KillOwner(ctx context.Context, vip netip.Addr) (Failover, erro
 		}
 		return f, fmt.Errorf("%s answered by %v before the kill (%v); want %s alone", vip, by, err, owner)
 	}
+	time.Sleep(time.Until(killAt))
 	at := time.Now()
 	if err := c.Node(owner).Kill(); err != nil {
 		return f, err
@@ -323,6 +340,38 @@ func (c *Cluster) KillOwner(ctx context.Context, vip netip.Addr) (Failover, erro
 	o = prober.OutageBetween(back, time.Now().Add(-time.Second))
 	f.Return, f.ReturnLost = o.Longest, o.Lost
 	return f, nil
+}
+
+// FreshPod deletes the workload's pod on node and waits until its replacement there is
+// Ready (the Deployment's spread puts it back on the node); it returns when it saw it Ready
+// (polled every 20 ms).
+func (c *Cluster) FreshPod(ctx context.Context, node string) (time.Time, error) {
+	pods, err := c.PodsOn(ctx, WorkloadNamespace, WorkloadSelector, false)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if len(pods[node]) != 1 {
+		return time.Time{}, fmt.Errorf("%d workload pods on %s, want 1", len(pods[node]), node)
+	}
+	old := pods[node][0].Name
+	if err := c.Client.CoreV1().Pods(WorkloadNamespace).Delete(ctx, old, metav1.DeleteOptions{}); err != nil {
+		return time.Time{}, err
+	}
+	var ready time.Time
+	_, err = WaitForEvery(20*time.Millisecond, time.Minute, func() (bool, string) {
+		pods, err := c.PodsOn(ctx, WorkloadNamespace, WorkloadSelector, true)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, p := range pods[node] {
+			if p.Name != old {
+				ready = time.Now()
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("no ready replacement of %s on %s yet", old, node)
+	})
+	return ready, err
 }
 
 // agentLog returns the lines of node's agent pod logged from since on that contain match.
