@@ -354,8 +354,9 @@ func dataPlaneConfig(f *flags) dataplane.Config {
 			host = netip.IPv6Loopback()
 		}
 	}
+	// Failed answers a second apart span the grace: one more than its seconds.
 	return dataplane.Config{Healthz: f.kubeProxyHealthz, PortHost: host, Interval: time.Second,
-		Misses: int(f.dataPlaneGrace / time.Second)}
+		Misses: int(f.dataPlaneGrace/time.Second) + 1}
 }
 
 // hostPort returns s as host:port: s itself when it is one, else s as a bare IP address with

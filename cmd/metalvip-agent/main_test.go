@@ -18,12 +18,12 @@ func TestParseFlags(t *testing.T) {
 	// kube-proxy checked on the node's address: its health check node ports there.
 	if f, err := parseFlags([]string{"--node-name", "n1", "--insecure", "--listen-address", "198.51.100.7", "--kube-proxy-healthz", "http://127.0.0.1:10256/healthz"}); err != nil {
 		t.Fatal(err)
-	} else if c := dataPlaneConfig(f); c.Healthz != "http://127.0.0.1:10256/healthz" || c.PortHost.String() != "198.51.100.7" || c.Misses != 10 {
+	} else if c := dataPlaneConfig(f); c.Healthz != "http://127.0.0.1:10256/healthz" || c.PortHost.String() != "198.51.100.7" || c.Misses != 11 {
 		t.Errorf("data plane %+v", c)
 	}
 	if f, err := parseFlags([]string{"--node-name", "n1", "--insecure", "--data-plane-grace", "3s"}); err != nil {
 		t.Fatal(err)
-	} else if c := dataPlaneConfig(f); c.Healthz != "" || c.PortHost.String() != "127.0.0.1" || c.Misses != 3 {
+	} else if c := dataPlaneConfig(f); c.Healthz != "" || c.PortHost.String() != "127.0.0.1" || c.Misses != 4 {
 		t.Errorf("data plane, kube-proxy not checked, listening everywhere: %+v", c)
 	}
 	if _, err := parseFlags([]string{"--node-name", "n1", "--tls-ca", "a", "--tls-cert", "b", "--tls-key", "c"}); err != nil {
