@@ -21,6 +21,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,14 +35,14 @@ type Config struct {
 	Healthz string
 	// PortHost is where the health check node ports answer: the node's address.
 	PortHost netip.Addr
-	// Interval is how often kube-proxy's /healthz, and a port that serves, are asked; a port
-	// that does not serve yet is asked four times as often. 0: 1 s.
+	// Interval is how often kube-proxy's /healthz is asked; a port that serves is asked twice
+	// as often, one that does not serve yet four times. 0: 1 s.
 	Interval time.Duration
 	// Timeout bounds each request; 0: 1 s.
 	Timeout time.Duration
 	// Misses is how many answers in a row /healthz must fail before kube-proxy counts as not
-	// healthy, and a port that served must fail before it counts as not serving (one slow
-	// answer on a busy node, or kube-proxy restarting, is not a broken data plane); 0: 2.
+	// healthy (one slow answer on a busy node, or kube-proxy restarting, is not a broken data
+	// plane); 0: 2.
 	Misses int
 	// OnChange is called (without locks held) when Status changes.
 	OnChange func()
@@ -231,7 +232,7 @@ func (c *Checker) loop() {
 			if ctx.Err() != nil {
 				return
 			}
-			ok := c.serves(ctx, p)
+			ok, said := c.serves(ctx, p)
 			c.mu.Lock()
 			if st, known := c.ports[p]; known {
 				if ok {
@@ -239,12 +240,15 @@ func (c *Checker) loop() {
 				} else {
 					st.misses++
 				}
-				if serving := ok || st.serving && st.misses < c.cfg.Misses; serving != st.serving {
+				// kube-proxy's 503 says it has no local endpoint (the pod went, or its
+				// replacement is not in the rules yet): at once. No answer at all (kube-proxy
+				// restarting) only after portMisses in a row.
+				if serving := ok || st.serving && !said && st.misses < portMisses; serving != st.serving {
 					st.serving, changed = serving, true
 					klog.V(2).InfoS("kube-proxy health check node port", "port", p, "localEndpoints", serving)
 				}
 				if st.serving {
-					st.next = time.Now().Add(c.cfg.Interval)
+					st.next = time.Now().Add(c.cfg.Interval / 2)
 				} else {
 					st.next = time.Now().Add(fast)
 				}
@@ -294,11 +298,16 @@ func (c *Checker) checkHealth(ctx context.Context) bool {
 }
 
 // serves asks the health check node port whether kube-proxy sends the Service's traffic to
-// endpoints on this node (200; 503 when it has none).
-func (c *Checker) serves(ctx context.Context, p uint16) bool {
-	ok, _ := c.get(ctx, "http://"+net.JoinHostPort(c.cfg.PortHost.String(), strconv.Itoa(int(p)))+"/")
-	return ok
+// endpoints on this node: 200 (ok), or another answer such as its 503 when it has none
+// (said: kube-proxy answered, not a failure to reach it).
+func (c *Checker) serves(ctx context.Context, p uint16) (ok, said bool) {
+	ok, detail := c.get(ctx, "http://"+net.JoinHostPort(c.cfg.PortHost.String(), strconv.Itoa(int(p)))+"/")
+	return ok, strings.HasPrefix(detail, "kube-proxy answers ")
 }
+
+// portMisses is how many times in a row a health check node port that served must fail to
+// answer before it counts as not serving.
+const portMisses = 2
 
 // get reports whether url answers 200, else what it did.
 func (c *Checker) get(ctx context.Context, url string) (bool, string) {

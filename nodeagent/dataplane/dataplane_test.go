@@ -133,3 +133,42 @@ func TestOneMissIsNotUnhealthy(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A port that served and fails to answer once (kube-proxy busy) still serves; kube-proxy's
+// 503 (its endpoint went) makes it wait at once.
+func TestAPortWaitsOnKubeProxysNoNotOnOneFailedAnswer(t *testing.T) {
+	var n atomic.Int32
+	var gone atomic.Bool
+	svc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		switch {
+		case gone.Load():
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case n.Add(1)%2 == 0:
+			// No answer: the connection dropped.
+			if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+				conn.Close()
+			}
+		}
+	}))
+	defer svc.Close()
+	hz := fakeProxy(t, new(atomic.Bool))
+	c := New(Config{Healthz: hz.URL, PortHost: netip.MustParseAddr("127.0.0.1"), Interval: 100 * time.Millisecond, Misses: 1000})
+	defer c.Close()
+	p := portOf(t, svc)
+	c.SetPorts([]uint16{p})
+	waitFor(t, c, "serving", func(s Status) bool { return slices.Equal(s.Serving, []uint16{p}) })
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		if s := c.Status(); len(s.Serving) != 1 {
+			t.Fatalf("not serving after single failed answers between good ones: %+v", s)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	gone.Store(true)
+	start := time.Now()
+	waitFor(t, c, "waiting", func(s Status) bool { return slices.Equal(s.Waiting, []uint16{p}) })
+	if n.Load() < 4 {
+		t.Errorf("only %d answers before the 503", n.Load())
+	}
+	t.Logf("waiting %s after kube-proxy said 503", time.Since(start).Round(time.Millisecond))
+}
