@@ -64,21 +64,26 @@ func kubeletFresh(r *report) {
 	}
 	vip := w.VIPs[kubecluster.ServiceL2Local]
 
-	var fresh, settled []float64
+	// One of the two standbys gets a new pod; the owner dies 0 to 1.6 s after it is Ready (in
+	// steps of 400 ms), while that node's kube-proxy may still be writing the rules.
+	killFresh := func(i int) (kubecluster.Failover, string, error) {
+		kind := ""
+		delay := time.Duration(i%5) * 400 * time.Millisecond
+		f, err := c.KillOwnerAfter(ctx, vip, func(owner string) (time.Time, error) {
+			others := slices.DeleteFunc(slices.Clone(workers), func(n string) bool { return n == owner })
+			node := others[i%len(others)]
+			ready, err := c.FreshPod(ctx, node)
+			kind = fmt.Sprintf("fresh pod on %s, kill %s after it was Ready", node, delay)
+			return ready.Add(delay), err
+		})
+		return f, kind, err
+	}
+	var fresh, settled, unchecked []float64
 	for i := range 2 * *freshTrials {
-		kind := "fresh"
+		var kind string
 		var f kubecluster.Failover
 		if i%2 == 0 {
-			// One of the two standbys gets a new pod; the owner dies 0 to 1.6 s after it is
-			// Ready (in steps of 400 ms), while its kube-proxy may still be writing the rules.
-			delay := time.Duration((i/2)%5) * 400 * time.Millisecond
-			f, err = c.KillOwnerAfter(ctx, vip, func(owner string) (time.Time, error) {
-				others := slices.DeleteFunc(slices.Clone(workers), func(n string) bool { return n == owner })
-				node := others[(i/2)%len(others)]
-				ready, err := c.FreshPod(ctx, node)
-				kind = fmt.Sprintf("fresh pod on %s, kill %s after it was Ready", node, delay)
-				return ready.Add(delay), err
-			})
+			f, kind, err = killFresh(i / 2)
 		} else {
 			kind = "every kube-proxy serving"
 			f, err = c.KillOwner(ctx, vip)
@@ -93,11 +98,25 @@ func kubeletFresh(r *report) {
 			settled = append(settled, float64(f.Outage))
 		}
 	}
+	// The same fresh kills with agents that do not ask kube-proxy (as before issue 31).
+	if err := c.UncheckKubeProxy(ctx); err != nil {
+		m.Fatalf("%v\n%s", err, c.Describe(ctx))
+	}
+	time.Sleep(5 * time.Second)
+	for i := range *freshTrials {
+		f, kind, err := killFresh(i)
+		if err != nil {
+			m.Fatalf("unchecked trial %d (%s): %v\n%s", i, kind, err, c.Describe(ctx))
+		}
+		harness.Step("  unchecked trial %d (%s): %s", i, kind, f)
+		unchecked = append(unchecked, float64(f.Outage))
+	}
 	d := func(xs []float64, p float64) string { return figure.Duration(time.Duration(figure.Percentile(xs, p))) }
 	row := func(what string, xs []float64) []string {
 		return []string{what, d(xs, 50), d(xs, 99), figure.Duration(time.Duration(slices.Max(xs))), figure.Duration(time.Duration(slices.Min(xs))), fmt.Sprint(len(xs))}
 	}
 	r.addAfter(kubeletsSection, freshSection,
-		fmt.Sprintf("Four nodes of real kubelets (test/kubecluster, install.yaml: the agents ask kube-proxy, `--kube-proxy-healthz`), the CCM on node1, a pod of the HTTP server on each of node2, node3 and node4 behind an L2 Service with externalTrafficPolicy Local (candidates: those three). Trials alternate. Fresh: the pod on one of the two standbys is deleted, and the owner is killed hard 0, 0.4, 0.8, 1.2 or 1.6 s after its replacement is Ready, when that node's kube-proxy may not have written its rules yet (it drops the Service's traffic until then: before this check a takeover by it cost 360-620 ms). Serving: the owner is killed once every kube-proxy says on the Service's health check node port that it serves its pod. The client sends an HTTP GET every 20 ms on a new connection (250 ms timeout); the outage runs from the first unanswered GET to the first answered one. The killed node is revived and settled before the next trial. %d trials each.", *freshTrials),
-		[][]string{{"kill", "outage p50", "p99", "max", "min", "trials"}, row("0-1.6 s after a standby's pod became Ready", fresh), row("every kube-proxy serving", settled)})
+		fmt.Sprintf("Four nodes of real kubelets (test/kubecluster, install.yaml: the agents ask kube-proxy, `--kube-proxy-healthz`), the CCM on node1, a pod of the HTTP server on each of node2, node3 and node4 behind an L2 Service with externalTrafficPolicy Local (candidates: those three). Trials alternate. Fresh: the pod on one of the two standbys is deleted, and the owner is killed hard 0, 0.4, 0.8, 1.2 or 1.6 s after its replacement is Ready, when that node's kube-proxy may not have written its rules yet (it drops the Service's traffic until then: before this check a takeover by it cost 360-620 ms). Serving: the owner is killed once every kube-proxy says on the Service's health check node port that it serves its pod. The client sends an HTTP GET every 20 ms on a new connection (250 ms timeout); the outage runs from the first unanswered GET to the first answered one. The killed node is revived and settled before the next trial. %d trials each; then the fresh kills again with the agents' `--kube-proxy-healthz` removed (as before issue 31).", *freshTrials),
+		[][]string{{"kill", "outage p50", "p99", "max", "min", "trials"}, row("0-1.6 s after a standby's pod became Ready", fresh), row("every kube-proxy serving", settled),
+			row("0-1.6 s after, agents not asking kube-proxy", unchecked)})
 }

@@ -256,6 +256,28 @@ func (c *Cluster) SetAgentRestartGrace(ctx context.Context, grace string) error 
 	return err
 }
 
+// UncheckKubeProxy removes the agents' --kube-proxy-healthz and --data-plane-grace (they no
+// longer ask kube-proxy, as before issue 31) and waits for the rolling update that follows.
+func (c *Cluster) UncheckKubeProxy(ctx context.Context) error {
+	ds, err := c.Client.AppsV1().DaemonSets(MetalvipNamespace).Get(ctx, AgentDaemonSet, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	ctr := &ds.Spec.Template.Spec.Containers[0]
+	n := len(ctr.Args)
+	ctr.Args = slices.DeleteFunc(ctr.Args, func(a string) bool {
+		return strings.HasPrefix(a, "--kube-proxy-healthz=") || strings.HasPrefix(a, "--data-plane-grace=")
+	})
+	if len(ctr.Args) == n {
+		return fmt.Errorf("the agents do not ask kube-proxy: %v", ctr.Args)
+	}
+	if _, err := c.Client.AppsV1().DaemonSets(MetalvipNamespace).Update(ctx, ds, metav1.UpdateOptions{}); err != nil {
+		return err
+	}
+	_, err = c.Kubectl(ctx, "-n", MetalvipNamespace, "rollout", "status", "daemonset/"+AgentDaemonSet, "--timeout", "5m")
+	return err
+}
+
 // SetRouterGracefulRestart turns graceful restart on the workload's BGPPeer on or off and
 // waits until the router routes the BGP VIP through every node again (the sessions restart
 // to negotiate it), with 5 s to settle.
