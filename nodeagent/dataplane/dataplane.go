@@ -36,7 +36,8 @@ type Config struct {
 	// PortHost is where the health check node ports answer: the node's address.
 	PortHost netip.Addr
 	// Interval is how often kube-proxy's /healthz is asked; a port that serves is asked twice
-	// as often, one that does not serve yet four times. 0: 1 s.
+	// as often (all of them at most 200 times a second together), one that does not serve
+	// yet four times. 0: 1 s.
 	Interval time.Duration
 	// Timeout bounds each request; 0: 1 s.
 	Timeout time.Duration
@@ -248,9 +249,11 @@ func (c *Checker) loop() {
 					klog.V(2).InfoS("kube-proxy health check node port", "port", p, "localEndpoints", serving)
 				}
 				if st.serving {
-					st.next = time.Now().Add(c.cfg.Interval / 2)
+					// Twice a second per port, at most servingRate for them all (a node
+					// with a thousand Local Services asks each every 5 s).
+					st.next = time.Now().Add(max(c.cfg.Interval/2, time.Duration(len(c.ports))*time.Second/servingRate))
 				} else {
-					st.next = time.Now().Add(fast)
+					st.next = time.Now().Add(max(fast, time.Duration(len(c.ports))*time.Second/(2*servingRate)))
 				}
 			}
 			c.mu.Unlock()
@@ -304,6 +307,10 @@ func (c *Checker) serves(ctx context.Context, p uint16) (ok, said bool) {
 	ok, detail := c.get(ctx, "http://"+net.JoinHostPort(c.cfg.PortHost.String(), strconv.Itoa(int(p)))+"/")
 	return ok, strings.HasPrefix(detail, "kube-proxy answers ")
 }
+
+// servingRate bounds the requests per second for the ports that serve already (twice that
+// for those that wait).
+const servingRate = 200
 
 // portMisses is how many times in a row a health check node port that served must fail to
 // answer before it counts as not serving.
