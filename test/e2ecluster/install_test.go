@@ -448,8 +448,12 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 		}); err != nil {
 			t.Fatalf("%s on %s: %v", l2, now, err)
 		}
-		if msg, err := c.Announced(ctx, l2); err != nil || strings.Contains(msg, owner) {
-			t.Errorf("the Announced condition still names %s: %q (%v)", owner, msg, err)
+		// The condition follows the plan (written paced, after the agents): wait for it.
+		if _, err := kubecluster.WaitFor(30*time.Second, func() (bool, string) {
+			msg, err := c.Announced(ctx, l2)
+			return err == nil && !strings.Contains(msg, owner), fmt.Sprintf("the Announced condition says %q (%v)", msg, err)
+		}); err != nil {
+			t.Errorf("the Announced condition still names %s: %v", owner, err)
 		}
 		back := time.Now()
 		n.StartProxy()
