@@ -43,6 +43,9 @@ func (a *Agent) applyBGPLocked(ctx context.Context, st *agentv1.DesiredState, ro
 		if !cfg.RouterID.IsValid() {
 			return append(problems, "BGP: no router ID: the node has no IPv4 address to use; give the agent --router-id (a 32-bit ID unique among the peers, written as an IPv4 address)")
 		}
+		// A state resumed from disk: the routers may hold this node's routes from before the
+		// restart (graceful restart); the speaker tells them it restarts.
+		cfg.Restarting = a.restored
 		s, err := a.opts.NewBGP(ctx, cfg)
 		if err != nil {
 			return append(problems, fmt.Sprintf("BGP: start the speaker: %v", err))

@@ -25,6 +25,12 @@ type Config struct {
 	ListenAddresses []netip.Addr
 	// Logger receives gobgp's log; nil sends it to klog.
 	Logger *slog.Logger
+	// Restarting: the agent resumed the routes it advertised before (a restart). The first
+	// session to each peer with graceful restart says so (RFC 4724: the restart state and
+	// forwarding state bits), so the peer keeps this node's routes until they are sent again;
+	// without the forwarding state bit a peer drops them when the new session comes up, and
+	// its ECMP set loses the node until the UPDATE follows (connections through it reset).
+	Restarting bool
 }
 
 // BFD configures Bidirectional Forwarding Detection (RFC 5880, single hop, RFC 5881) for a
@@ -116,6 +122,10 @@ const (
 	idleHoldAfterReset = 5 * time.Second
 	// gracefulRestartTime is how long a peer keeps our routes after we vanish (GR only).
 	gracefulRestartTime = 120 * time.Second
+	// restartDeferral bounds how long a restarting speaker waits for a peer's End-of-RIB
+	// before it sends its routes (gobgp's deferral time; its default is 360 s). Part of the
+	// peer's configuration from the start: a change of it resets the session.
+	restartDeferral = 10 * time.Second
 )
 
 // ErrShutdown is returned by every method called after Shutdown.

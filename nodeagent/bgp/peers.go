@@ -57,7 +57,12 @@ func (s *Speaker) SetPeers(ctx context.Context, peers []Peer) error {
 		s.sessions[addr] = &session{SessionState: SessionState{Peer: addr, State: "Idle", Since: time.Now()}, bfd: p.BFD.Enabled}
 		s.stateMu.Unlock()
 		// BFD is armed once the session is up (see bfdLoop).
-		if err := s.server.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(p, false)}); err != nil {
+		ap := apiPeer(p, false)
+		if s.restarting && ap.GracefulRestart != nil {
+			// Its state, not its configuration: arming BFD later leaves the session be.
+			ap.GracefulRestart.LocalRestarting = true
+		}
+		if err := s.server.AddPeer(ctx, &api.AddPeerRequest{Peer: ap}); err != nil {
 			s.stateMu.Lock()
 			delete(s.sessions, addr)
 			s.stateMu.Unlock()
@@ -66,6 +71,7 @@ func (s *Speaker) SetPeers(ctx context.Context, peers []Peer) error {
 		}
 		s.peers[addr] = p
 	}
+	s.restarting = false
 	return errors.Join(errs...)
 }
 
@@ -114,7 +120,8 @@ func apiPeer(p Peer, bfd bool) *api.Peer {
 		}
 	}
 	if p.GracefulRestart {
-		out.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: uint32(gracefulRestartTime / time.Second)}
+		out.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: uint32(gracefulRestartTime / time.Second),
+			DeferralTime: uint32(restartDeferral / time.Second)}
 		afiSafi.MpGracefulRestart = &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}}
 	}
 	return out

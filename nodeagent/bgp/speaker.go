@@ -63,6 +63,9 @@ type Speaker struct {
 	routes   map[netip.Prefix]route
 	bfdArmed map[netip.Addr]bool // peers whose BFD runs in gobgp now (see bfdLoop)
 	closed   bool
+	// restarting: the peers SetPeers adds first are told this speaker restarts
+	// (Config.Restarting); peers added after are new.
+	restarting bool
 
 	bfdKick chan struct{}
 	stopBFD context.CancelFunc
@@ -96,15 +99,16 @@ func New(ctx context.Context, cfg Config) (*Speaker, error) {
 		logger = slog.New(logr.ToSlogHandler(klog.Background().WithName("gobgp").V(2)))
 	}
 	s := &Speaker{
-		cfg:       cfg,
-		server:    server.NewBgpServer(server.LoggerOption(logger, nil)),
-		serveDone: make(chan struct{}),
-		peers:     map[netip.Addr]Peer{},
-		routes:    map[netip.Prefix]route{},
-		bfdArmed:  map[netip.Addr]bool{},
-		bfdKick:   make(chan struct{}, 1),
-		bfdDone:   make(chan struct{}),
-		sessions:  map[netip.Addr]*session{},
+		cfg:        cfg,
+		restarting: cfg.Restarting,
+		server:     server.NewBgpServer(server.LoggerOption(logger, nil)),
+		serveDone:  make(chan struct{}),
+		peers:      map[netip.Addr]Peer{},
+		routes:     map[netip.Prefix]route{},
+		bfdArmed:   map[netip.Addr]bool{},
+		bfdKick:    make(chan struct{}, 1),
+		bfdDone:    make(chan struct{}),
+		sessions:   map[netip.Addr]*session{},
 	}
 	go func() {
 		defer close(s.serveDone)
