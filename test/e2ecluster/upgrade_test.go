@@ -2,8 +2,10 @@ package e2ecluster
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/metalvip/metalvip/test/kubecluster"
 )
@@ -15,6 +17,7 @@ import (
 // owner fails beyond a starved agent's maxDouble, as for a CCM replacement.
 func rollingUpdate(t *testing.T, c *kubecluster.Cluster, w *kubecluster.Workload, what string, roll func(context.Context) error) {
 	t.Helper()
+	start := time.Now()
 	r, err := c.MeasureRoll(context.Background(), w, what, roll)
 	t.Log(r)
 	if err != nil {
@@ -48,6 +51,7 @@ func rollingUpdate(t *testing.T, c *kubecluster.Cluster, w *kubecluster.Workload
 		for pod, log := range r.Logs {
 			t.Logf("%s's log during %s:\n%s", pod, what, log)
 		}
+		t.Logf("the router's session and BFD events during %s:\n%s", what, routerEvents(c, start))
 	}
 	if len(r.ARPWrong) > 0 {
 		t.Logf("ARP requests answered by another node than the owner during %s; the first:\n%s", what, strings.Join(r.ARPWrong[:min(len(r.ARPWrong), 10)], "\n"))
@@ -55,4 +59,17 @@ func rollingUpdate(t *testing.T, c *kubecluster.Cluster, w *kubecluster.Workload
 	if r.ARPWorst > maxDouble {
 		t.Errorf("another node answered an owner's VIP for %s in a row during %s (more than %s)", r.ARPWorst, what, maxDouble)
 	}
+}
+
+// routerEvents is the router's FRR log since start without the lines of a session's setup
+// that say nothing of its fate (capabilities, update groups, flags).
+func routerEvents(c *kubecluster.Cluster, start time.Time) string {
+	noise := []string{"Update Group Hash", "OPEN has", "rcv OPEN w/", "rcvd OPEN w/", "hostname", "PEER_FLAG_", "afi/safi", "routeadv timer", "keepalive timer", "sessions updated"}
+	var keep []string
+	for _, line := range strings.Split(c.Lab.RouterLog(start, 1<<20), "\n") {
+		if !slices.ContainsFunc(noise, func(n string) bool { return strings.Contains(line, n) }) {
+			keep = append(keep, line)
+		}
+	}
+	return strings.Join(keep[max(0, len(keep)-300):], "\n")
 }

@@ -24,17 +24,25 @@ func (l *Lab) frrName() string { return "mvlab-" + l.ID }
 // such a path is used only when no other is left.
 func (l *Lab) FRRConfig() map[string]string {
 	o := l.opts
-	header := fmt.Sprintf("frr defaults traditional\nhostname router\nlog file %s/frr.log informational\n!\n", l.Dir)
+	// Millisecond timestamps and the session and BFD events at debug level: a test that fails
+	// shows the router's side of it (RouterLog).
+	header := fmt.Sprintf("frr defaults traditional\nhostname router\nlog file %s/frr.log debugging\nlog timestamp precision 3\n!\n", l.Dir)
 	return map[string]string{
 		"zebra": header + "ip forwarding\nipv6 forwarding\n!\n",
-		"bfdd": header + fmt.Sprintf(`bfd
+		"bfdd": header + fmt.Sprintf(`debug bfd peer
+!
+bfd
  profile lab
   transmit-interval %d
   receive-interval %d
   detect-multiplier 3
 !
 `, o.BFDIntervalMS, o.BFDIntervalMS),
-		"bgpd": header + fmt.Sprintf(`router bgp %d
+		"bgpd": header + fmt.Sprintf(`debug bgp neighbor-events
+debug bgp bfd
+debug bgp graceful-restart
+!
+router bgp %d
  bgp router-id 198.51.100.1
  no bgp ebgp-requires-policy
  no bgp default ipv4-unicast
@@ -155,6 +163,31 @@ func (l *Lab) RestartRouter() error {
 		}
 	}
 	return l.startFRR()
+}
+
+// RouterLog returns the lines of the router's FRR log stamped at since or later (FRR's local
+// time, to the millisecond), at most max of them (the last ones).
+func (l *Lab) RouterLog(since time.Time, max int) string {
+	b, err := os.ReadFile(filepath.Join(l.Dir, "frr.log"))
+	if err != nil {
+		return err.Error()
+	}
+	const stamp = "2006/01/02 15:04:05.000"
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if len(line) < len(stamp) {
+			continue
+		}
+		at, err := time.ParseInLocation(stamp, line[:len(stamp)], time.Local)
+		if err != nil || at.Before(since.Truncate(time.Millisecond)) {
+			continue
+		}
+		out = append(out, line)
+	}
+	if len(out) > max {
+		out = out[len(out)-max:]
+	}
+	return strings.Join(out, "\n")
 }
 
 // Vtysh runs one vtysh command against the router's FRR.
