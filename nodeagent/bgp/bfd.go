@@ -25,6 +25,10 @@ import (
 // loss starts every session's BFD afresh, with no stale discriminator.
 const bfdSettle = 500 * time.Millisecond
 
+// bfdHoldMargin is added to the BFD detection time a restarted speaker waits out before its
+// first session to a graceful-restart peer (see deferFirstSession).
+const bfdHoldMargin = 500 * time.Millisecond
+
 // bfdLoop arms and disarms BFD as sessions come and go, until ctx ends. It owns no state:
 // it works under s.mu, like SetPeers.
 func (s *Speaker) bfdLoop(ctx context.Context) {
@@ -69,6 +73,19 @@ func (s *Speaker) reconcileBFD(ctx context.Context) time.Duration {
 		}
 	}
 	now := time.Now()
+	for addr, d := range s.deferred {
+		if wait := d.until.Sub(now); wait > 0 {
+			soonest(wait)
+			continue
+		}
+		if err := s.addPeer(ctx, s.peers[addr], d.restarting); err != nil {
+			klog.ErrorS(err, "Cannot add a deferred BGP peer")
+			soonest(time.Second)
+			continue
+		}
+		klog.V(2).InfoS("BGP session no longer deferred", "peer", addr)
+		delete(s.deferred, addr)
+	}
 	for addr, p := range s.peers {
 		if !p.BFD.Enabled {
 			continue

@@ -42,8 +42,11 @@ type speakerSpec struct {
 	ASN        uint32
 	ListenPort int32 // 0: does not listen
 	Restarting bool  // Config.Restarting: resumed after a restart
-	Peers      []Peer
-	Routes     []Route
+	// Linger keeps the process alive this long after its shutdown, as an agent's other
+	// shutdown steps do.
+	Linger time.Duration
+	Peers  []Peer
+	Routes []Route
 }
 
 const speakerSpecEnv = "METALVIP_BGP_SPEAKER_SPEC"
@@ -98,6 +101,7 @@ func TestHelperSpeakerProcess(t *testing.T) {
 			t.Fatalf("Shutdown: %v", err)
 		}
 		fmt.Printf("SHUTDOWN took=%s\n", time.Since(start))
+		time.Sleep(spec.Linger)
 		return
 	}
 }
@@ -692,5 +696,62 @@ func TestLabAPlannedRestartKeepsTheNextHopAtAGracefulRestartRouter(t *testing.T)
 			sp.proc.Cmd.Process.Signal(syscall.SIGTERM)
 			<-sp.proc.Done()
 		})
+	}
+}
+
+// TestLabARestartQuickerThanTheRoutersBFDDetectionKeepsTheNextHop (issue 32): the router still
+// runs the BFD session of the stopped speaker until its detection time ends (3 x 1 s here,
+// as with a BGPPeer's tolerant BFD); a restarted speaker whose session came up before that
+// had it ended by the router at the expiry (FRR: Cease/BFD Down 25 ms after the session came
+// up, the node's route gone until the session returned 5 s later; e2ecluster's rolling
+// update saw it). The restarted speaker holds its first session back until then; the router
+// keeps the route stale meanwhile.
+func TestLabARestartQuickerThanTheRoutersBFDDetectionKeepsTheNextHop(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 2})
+	fib := openRouterFIB(t, l)
+	routes := []Route{{Prefix: labVIP4}}
+	peers := []Peer{{Address: l.Router.IPv4, PeerASN: 64496, GracefulRestart: true,
+		BFD: BFD{Enabled: true, MinRx: time.Second, MinTx: time.Second, Multiplier: 3}}}
+	startSpeaker(t, l.Nodes[1], peers, routes)
+	spec := speakerSpec{RouterID: l.Nodes[0].IPv4, ASN: 64497, Peers: peers, Routes: routes}
+	sp := startSpeakerSpec(t, l.Nodes[0], spec)
+	every := nodeAddrs(l.Nodes, false)
+	fib.waitNextHops(t, labVIP4, every, 30*time.Second)
+	waitBFDUp(t, l, []netip.Addr{l.Nodes[0].IPv4}, 30*time.Second)
+
+	start := time.Now()
+	if err := sp.proc.Cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	<-sp.proc.Done()
+	spec.Restarting = true
+	sp = startSpeakerSpec(t, l.Nodes[0], spec)
+	t.Logf("restarted %s after the stop", time.Since(start).Round(time.Millisecond))
+	var missing []string
+	samples := 0
+	up := ""
+	for time.Since(start) < 9*time.Second {
+		samples++
+		if got, err := fib.nextHops(labVIP4); err != nil || !slices.Equal(got, every) {
+			missing = append(missing, fmt.Sprintf("+%s: %v (%v)", time.Since(start).Round(time.Millisecond), got, err))
+		}
+		if up == "" && strings.Contains(sp.proc.Output(), " Established ") {
+			up = time.Since(start).Round(time.Millisecond).String()
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	events := l.RouterLog(start, 1<<20)
+	t.Logf("%d samples over %s, the new session up at +%s, %d without node1's next hop %v", samples, time.Since(start).Round(time.Millisecond), up, len(missing), missing[:min(len(missing), 3)])
+	if up == "" {
+		t.Errorf("the restarted speaker's session did not come up within 9 s:\n%s", sp.proc.Tail(20))
+	}
+	if len(missing) > 0 {
+		t.Errorf("the router lost node1's next hop: %s", strings.Join(missing[:min(len(missing), 10)], "; "))
+	}
+	for _, bad := range []string{"BFD Down", "Cease"} {
+		if strings.Contains(events, bad) || strings.Contains(sp.proc.Output(), "cease") {
+			t.Errorf("the router ended the restarted session (%q); its log:\n%s\nthe speaker's:\n%s", bad, events, sp.proc.Tail(20))
+			break
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	api "github.com/osrg/gobgp/v4/api"
 	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
+	"k8s.io/klog/v2"
 )
 
 // SetPeers makes the speaker's sessions exactly peers: it adds new peers, restarts the
@@ -34,7 +35,9 @@ func (s *Speaker) SetPeers(ctx context.Context, peers []Peer) error {
 		if err := ctx.Err(); err != nil {
 			return errors.Join(append(errs, fmt.Errorf("set bgp peers: %w", err))...)
 		}
-		if err := s.server.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr.String()}); err != nil {
+		if _, waiting := s.deferred[addr]; waiting {
+			delete(s.deferred, addr) // gobgp never had it
+		} else if err := s.server.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr.String()}); err != nil {
 			errs = append(errs, fmt.Errorf("delete bgp peer %s: %w", addr, err))
 			continue
 		}
@@ -56,23 +59,61 @@ func (s *Speaker) SetPeers(ctx context.Context, peers []Peer) error {
 		s.stateMu.Lock()
 		s.sessions[addr] = &session{SessionState: SessionState{Peer: addr, State: "Idle", Since: time.Now()}, bfd: p.BFD.Enabled}
 		s.stateMu.Unlock()
-		// BFD is armed once the session is up (see bfdLoop).
-		ap := apiPeer(p, false)
-		if s.restarting && ap.GracefulRestart != nil {
-			// Its state, not its configuration: arming BFD later leaves the session be.
-			ap.GracefulRestart.LocalRestarting = true
+		if until, ok := s.deferFirstSession(p); ok {
+			s.deferred[addr] = deferredPeer{until: until, restarting: s.restarting}
+			s.peers[addr] = p
+			klog.V(2).InfoS("BGP session deferred until the router's BFD session of the previous process has ended", "peer", addr, "until", until)
+			s.kickBFD()
+			continue
 		}
-		if err := s.server.AddPeer(ctx, &api.AddPeerRequest{Peer: ap}); err != nil {
+		if err := s.addPeer(ctx, p, s.restarting); err != nil {
 			s.stateMu.Lock()
 			delete(s.sessions, addr)
 			s.stateMu.Unlock()
-			errs = append(errs, fmt.Errorf("add bgp peer %s (AS %d): %w", addr, p.PeerASN, err))
+			errs = append(errs, err)
 			continue
 		}
 		s.peers[addr] = p
 	}
 	s.restarting = false
 	return errors.Join(errs...)
+}
+
+// deferredPeer is a peer whose first session waits (Speaker.deferred).
+type deferredPeer struct {
+	until      time.Time
+	restarting bool // it is told this speaker restarts when it is added
+}
+
+// deferFirstSession says whether p's first session must wait, and until when: a speaker
+// started from a saved state (an agent's restart) with graceful restart and BFD towards p.
+// The router still runs the BFD session of the previous process until its detection time
+// ends (our multiplier times the slower of our intervals, when the router's receive
+// interval is not slower), counted from when that process stopped, which was before this
+// one started. A BGP session that comes up before then is ended by the router when that BFD
+// session expires (FRR sends Cease/BFD Down, RFC 9384, and drops the routes graceful restart
+// kept), so it waits; the router keeps the node's routes stale meanwhile.
+func (s *Speaker) deferFirstSession(p Peer) (time.Time, bool) {
+	if !s.cfg.Restarting || !p.GracefulRestart || !p.BFD.Enabled {
+		return time.Time{}, false
+	}
+	until := s.started.Add(time.Duration(p.BFD.Multiplier)*max(p.BFD.MinTx, p.BFD.MinRx) + bfdHoldMargin)
+	return until, time.Now().Before(until)
+}
+
+// addPeer adds p's session to gobgp, BFD off (bfdLoop arms it once the session is up).
+// restarting tells the peer that this speaker restarts with its forwarding state kept
+// (RFC 4724's restart and forwarding bits: gobgp's LocalRestarting, its state, not its
+// configuration, so that arming BFD later leaves the session be). Called with s.mu held.
+func (s *Speaker) addPeer(ctx context.Context, p Peer, restarting bool) error {
+	ap := apiPeer(p, false)
+	if restarting && ap.GracefulRestart != nil {
+		ap.GracefulRestart.LocalRestarting = true
+	}
+	if err := s.server.AddPeer(ctx, &api.AddPeerRequest{Peer: ap}); err != nil {
+		return fmt.Errorf("add bgp peer %s (AS %d): %w", p.Address, p.PeerASN, err)
+	}
+	return nil
 }
 
 // apiPeer translates a normalized Peer into gobgp's configuration, with BFD running if

@@ -66,6 +66,10 @@ type Speaker struct {
 	// restarting: the peers SetPeers adds first are told this speaker restarts
 	// (Config.Restarting); peers added after are new.
 	restarting bool
+	// started is when New ran; deferred holds the peers whose first session waits for the
+	// router's BFD session of the previous process to end (see deferFirstSession).
+	started  time.Time
+	deferred map[netip.Addr]deferredPeer
 
 	bfdKick chan struct{}
 	stopBFD context.CancelFunc
@@ -101,6 +105,8 @@ func New(ctx context.Context, cfg Config) (*Speaker, error) {
 	s := &Speaker{
 		cfg:        cfg,
 		restarting: cfg.Restarting,
+		started:    time.Now(),
+		deferred:   map[netip.Addr]deferredPeer{},
 		server:     server.NewBgpServer(server.LoggerOption(logger, nil)),
 		serveDone:  make(chan struct{}),
 		peers:      map[netip.Addr]Peer{},
@@ -188,9 +194,9 @@ func (s *Speaker) Shutdown(ctx context.Context) error { return s.shutdown(ctx, f
 // Cease notification and drop the routes at once, as with Shutdown. A crash (no call at all)
 // is left to the peers' BFD and hold timers.
 //
-// The BFD sessions stop with the process: a router that ends the BGP session when BFD goes
-// down (FRR does unless told `bfd check-control-plane-failure`) drops the routes anyway;
-// docs/upgrading.md says what to configure.
+// The BFD sessions stop with the BGP ones. The router's BFD session expires one detection
+// time later, while the BGP session is down already (graceful restart keeps the routes); the
+// restarted speaker holds its first session back until then (see deferFirstSession).
 func (s *Speaker) ShutdownForRestart(ctx context.Context) error { return s.shutdown(ctx, true) }
 
 func (s *Speaker) shutdown(ctx context.Context, restart bool) error {
