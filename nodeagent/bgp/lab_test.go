@@ -451,26 +451,13 @@ func waitBFDUp(t *testing.T, l *lab.Lab, peers []netip.Addr, timeout time.Durati
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		out, err := l.Vtysh("show bfd peers json")
-		var sessions []struct {
-			Peer   string `json:"peer"`
-			Status string `json:"status"`
-		}
-		if err == nil {
-			err = json.Unmarshal([]byte(out), &sessions)
-		}
-		up := map[netip.Addr]bool{}
-		for _, s := range sessions {
-			if a, err := netip.ParseAddr(s.Peer); err == nil && s.Status == "up" {
-				up[a] = true
-			}
-		}
+		up, err := l.RouterBFDUp()
 		missing := slices.DeleteFunc(slices.Clone(peers), func(a netip.Addr) bool { return up[a] })
 		if err == nil && len(missing) == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("FRR's BFD sessions with %v are not up after %s (%v):\n%s", missing, timeout, err, out)
+			t.Fatalf("the router's BFD sessions with %v are not up after %s (%v):\n%s", missing, timeout, err, l.RouterLog(time.Time{}, 40))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -753,5 +740,64 @@ func TestLabARestartQuickerThanTheRoutersBFDDetectionKeepsTheNextHop(t *testing.
 			t.Errorf("the router ended the restarted session (%q); its log:\n%s\nthe speaker's:\n%s", bad, events, sp.proc.Tail(20))
 			break
 		}
+	}
+}
+
+// TestLabRouterShapes (issue 31): the speakers with a second router implementation (GoBGP)
+// and in iBGP, as with FRR in eBGP above: three nodes give the router three next hops for an
+// IPv4 VIP over IPv4 sessions and for an IPv6 VIP over IPv6 sessions (ECMP); a node whose link
+// fails leaves both within BFD's time (the hold time is 9 s); a node that says goodbye
+// (SIGTERM) leaves both at once.
+func TestLabRouterShapes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts lab.Options
+	}{
+		{"GoBGP router, eBGP", lab.Options{Nodes: 3, Router: lab.RouterGoBGP}},
+		{"GoBGP router, iBGP", lab.Options{Nodes: 3, Router: lab.RouterGoBGP, IBGP: true}},
+		{"FRR router, iBGP", lab.Options{Nodes: 3, IBGP: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := lab.New(t, tc.opts)
+			fib := openRouterFIB(t, l)
+			asn := uint32(64497)
+			if tc.opts.IBGP {
+				asn = 64496
+			}
+			routes := []Route{{Prefix: labVIP4}, {Prefix: labVIP6}}
+			var sps []*labSpeaker
+			for _, n := range l.Nodes {
+				sps = append(sps, startSpeakerSpec(t, n, speakerSpec{RouterID: n.IPv4, ASN: asn, Peers: routerPeers(l, true), Routes: routes}))
+			}
+			start := time.Now()
+			fib.waitNextHops(t, labVIP4, nodeAddrs(l.Nodes, false), 30*time.Second)
+			fib.waitNextHops(t, labVIP6, nodeAddrs(l.Nodes, true), 30*time.Second)
+			t.Logf("ECMP over the three nodes for both VIPs after %s", time.Since(start).Round(time.Millisecond))
+			var peers []netip.Addr
+			for _, n := range l.Nodes {
+				peers = append(peers, n.IPv4, n.IPv6)
+			}
+			waitBFDUp(t, l, peers, 30*time.Second)
+
+			start = time.Now()
+			if _, err := l.Switch.Run(context.Background(), "ip", "link", "set", "p-"+l.Nodes[0].Name, "down"); err != nil {
+				t.Fatal(err)
+			}
+			d4, d6 := waitBoth(t, fib, nodeAddrs(l.Nodes[1:], false), nodeAddrs(l.Nodes[1:], true), start, 15*time.Second)
+			t.Logf("node1's link down to its next hops gone: IPv4 %s, IPv6 %s", d4, d6)
+			if max(d4, d6) > 5*time.Second {
+				t.Errorf("removing a node whose link failed took %s: BFD did not act", max(d4, d6))
+			}
+
+			start = time.Now()
+			if err := sps[1].proc.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			d4, d6 = waitBoth(t, fib, nodeAddrs(l.Nodes[2:], false), nodeAddrs(l.Nodes[2:], true), start, 15*time.Second)
+			t.Logf("node2's goodbye to its next hops gone: IPv4 %s, IPv6 %s", d4, d6)
+			if max(d4, d6) > 5*time.Second {
+				t.Errorf("a goodbye took %s to reach the router", max(d4, d6))
+			}
+		})
 	}
 }

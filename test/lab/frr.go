@@ -3,7 +3,9 @@ package lab
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/user"
@@ -65,12 +67,14 @@ router bgp %d
   neighbor NODES activate
   neighbor NODES route-map NODES-IN in
   maximum-paths 8
+  maximum-paths ibgp 8
  exit-address-family
  !
  address-family ipv6 unicast
   neighbor NODES6 activate
   neighbor NODES6 route-map NODES-IN in
   maximum-paths 8
+  maximum-paths ibgp 8
  exit-address-family
 !
 bgp community-list standard GSHUT seq 5 permit graceful-shutdown
@@ -134,6 +138,9 @@ func (l *Lab) startFRR() error {
 // RestartRouter kills the router's FRR daemons (no goodbye to its peers) and starts them again
 // with the same configuration, as a router reboot would.
 func (l *Lab) RestartRouter() error {
+	if l.opts.Router != RouterFRR {
+		return fmt.Errorf("restart the router: only FRR's (the router is %s)", l.opts.Router)
+	}
 	var keep []*testenv.Proc
 	for _, p := range l.procs {
 		if strings.HasPrefix(p.Name, "router-") {
@@ -165,9 +172,69 @@ func (l *Lab) RestartRouter() error {
 	return l.startFRR()
 }
 
+// startGoBGP builds test/lab/gobgprouter into the lab's folder and starts it on the router.
+func (l *Lab) startGoBGP() error {
+	bin := filepath.Join(l.Dir, "gobgprouter")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/metalvip/metalvip/test/lab/gobgprouter").CombinedOutput(); err != nil {
+		return fmt.Errorf("build the GoBGP router: %v: %s", err, out)
+	}
+	p := l.Router.Start(l.t, "gobgp", bin,
+		"-asn", strconv.FormatUint(uint64(l.opts.RouterASN), 10),
+		"-peer-asn", strconv.FormatUint(uint64(l.opts.NodeASN), 10),
+		"-router-id", l.Router.IPv4.String(),
+		"-ranges", SegmentV4.String()+","+SegmentV6.String(),
+		"-bfd-interval-ms", strconv.Itoa(l.opts.BFDIntervalMS))
+	l.gobgp = p
+	if err := waitFor(15*time.Second, func() bool { return strings.Contains(p.Output(), "READY") }, p); err != nil {
+		return fmt.Errorf("the GoBGP router did not start: %v\n%s", err, p.Tail(20))
+	}
+	return nil
+}
+
+// RouterBFDUp returns the peers whose BFD session with the router is up, as the router sees
+// them.
+func (l *Lab) RouterBFDUp() (map[netip.Addr]bool, error) {
+	up := map[netip.Addr]bool{}
+	if l.gobgp != nil {
+		for _, line := range strings.Split(l.gobgp.Output(), "\n") {
+			var addr, state string
+			if n, _ := fmt.Sscanf(line, "BFD %s %s", &addr, &state); n != 2 {
+				continue
+			}
+			if a, err := netip.ParseAddr(addr); err == nil {
+				up[a] = state == "up" // the last line of each peer counts
+			}
+		}
+		return up, nil
+	}
+	out, err := l.Vtysh("show bfd peers json")
+	if err != nil {
+		return nil, err
+	}
+	var sessions []struct {
+		Peer   string `json:"peer"`
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal([]byte(out), &sessions); err != nil {
+		return nil, fmt.Errorf("show bfd peers json: %w: %s", err, out)
+	}
+	for _, s := range sessions {
+		if a, err := netip.ParseAddr(s.Peer); err == nil && s.Status == "up" {
+			up[a] = true
+		}
+	}
+	return up, nil
+}
+
 // RouterLog returns the lines of the router's FRR log stamped at since or later (FRR's local
-// time, to the millisecond), at most max of them (the last ones).
+// time, to the millisecond), at most max of them (the last ones); with RouterGoBGP, the last
+// max lines of its output.
 func (l *Lab) RouterLog(since time.Time, max int) string {
+	if l.gobgp != nil {
+		return l.gobgp.Tail(max)
+	}
 	b, err := os.ReadFile(filepath.Join(l.Dir, "frr.log"))
 	if err != nil {
 		return err.Error()
@@ -192,6 +259,9 @@ func (l *Lab) RouterLog(since time.Time, max int) string {
 
 // Vtysh runs one vtysh command against the router's FRR.
 func (l *Lab) Vtysh(command string) (string, error) {
+	if l.opts.Router != RouterFRR {
+		return "", fmt.Errorf("vtysh -c %q: the router is %s, not FRR", command, l.opts.Router)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "vtysh", "--vty_socket", l.Dir, "-c", command).CombinedOutput()

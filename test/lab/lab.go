@@ -57,7 +57,23 @@ type Options struct {
 	// BFDIntervalMS is the router's BFD transmit and receive interval (default 100 ms,
 	// detect multiplier 3).
 	BFDIntervalMS int
+	// Router is the router's BGP implementation: RouterFRR (the default) or RouterGoBGP.
+	Router string
+	// IBGP makes the nodes' sessions iBGP: the nodes' ASN is the router's (NodeASN is
+	// ignored).
+	IBGP bool
 }
+
+// The router's BGP implementations (Options.Router).
+const (
+	// RouterFRR is FRR 8 (zebra, bgpd, bfdd): the default, with Vtysh, RouterLog and
+	// RestartRouter.
+	RouterFRR = "frr"
+	// RouterGoBGP is gobgp v4 (test/lab/gobgprouter): sessions from the same ranges, BFD,
+	// graceful restart (helper) and ECMP routes in the kernel as FRR's, without weights from
+	// the link-bandwidth community. Its log is the "router-gobgp" process's output.
+	RouterGoBGP = "gobgp"
+)
 
 // Lab is a running lab.
 type Lab struct {
@@ -75,7 +91,8 @@ type Lab struct {
 	reaper     *testenv.Reaper
 	procs      []*testenv.Proc
 	mu         sync.Mutex
-	nexthopIDs uint32 // the last nexthop object id made (resilient.go); 0: none yet
+	nexthopIDs uint32        // the last nexthop object id made (resilient.go); 0: none yet
+	gobgp      *testenv.Proc // the router with RouterGoBGP
 }
 
 // Host is one network namespace.
@@ -117,6 +134,16 @@ func New(t testenv.TB, opts Options) *Lab {
 	}
 	if opts.BFDIntervalMS == 0 {
 		opts.BFDIntervalMS = 100
+	}
+	switch opts.Router {
+	case "":
+		opts.Router = RouterFRR
+	case RouterFRR, RouterGoBGP:
+	default:
+		t.Fatalf("lab: router %q; give %q or %q", opts.Router, RouterFRR, RouterGoBGP)
+	}
+	if opts.IBGP {
+		opts.NodeASN = opts.RouterASN
 	}
 
 	b := make([]byte, 3)
@@ -350,6 +377,9 @@ func (l *Lab) build() error {
 		"net.ipv4.conf.default.send_redirects": "0",
 	}); err != nil {
 		return err
+	}
+	if l.opts.Router == RouterGoBGP {
+		return l.startGoBGP()
 	}
 	return l.startFRR()
 }
