@@ -172,25 +172,41 @@ func (l *Lab) RestartRouter() error {
 	return l.startFRR()
 }
 
-// startGoBGP builds test/lab/gobgprouter into the lab's folder and starts it on the router.
+// startGoBGP starts test/lab/gobgprouter on the router.
 func (l *Lab) startGoBGP() error {
-	bin := filepath.Join(l.Dir, "gobgprouter")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/metalvip/metalvip/test/lab/gobgprouter").CombinedOutput(); err != nil {
-		return fmt.Errorf("build the GoBGP router: %v: %s", err, out)
-	}
-	p := l.Router.Start(l.t, "gobgp", bin,
-		"-asn", strconv.FormatUint(uint64(l.opts.RouterASN), 10),
-		"-peer-asn", strconv.FormatUint(uint64(l.opts.NodeASN), 10),
-		"-router-id", l.Router.IPv4.String(),
-		"-ranges", SegmentV4.String()+","+SegmentV6.String(),
-		"-bfd-interval-ms", strconv.Itoa(l.opts.BFDIntervalMS))
+	p, err := l.startGoBGPOn(l.Router, l.opts.RouterASN, "-bfd-interval-ms", strconv.Itoa(l.opts.BFDIntervalMS))
 	l.gobgp = p
-	if err := waitFor(15*time.Second, func() bool { return strings.Contains(p.Output(), "READY") }, p); err != nil {
-		return fmt.Errorf("the GoBGP router did not start: %v\n%s", err, p.Tail(20))
+	return err
+}
+
+// StartRemoteRouter starts a second router, GoBGP of AS asn, on the remote host behind the
+// router: the nodes' sessions with it are multi-hop eBGP (two hops: it accepts TTL 2), without
+// BFD (gobgp's is single-hop) and off the data path (it prints the routes it would install:
+// "ROUTE 203.0.113.1/32 [198.51.100.11 ...]").
+func (l *Lab) StartRemoteRouter(asn uint32) (*testenv.Proc, error) {
+	return l.startGoBGPOn(l.Remote, asn, "-bfd-interval-ms", "0", "-multihop-ttl", "2", "-no-fib")
+}
+
+// startGoBGPOn builds test/lab/gobgprouter into the lab's folder (once) and starts it on h,
+// accepting the nodes' sessions from the segment.
+func (l *Lab) startGoBGPOn(h *Host, asn uint32, args ...string) (*testenv.Proc, error) {
+	bin := filepath.Join(l.Dir, "gobgprouter")
+	if _, err := os.Stat(bin); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/metalvip/metalvip/test/lab/gobgprouter").CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("build the GoBGP router: %v: %s", err, out)
+		}
 	}
-	return nil
+	p := h.Start(l.t, "gobgp", bin, append([]string{
+		"-asn", strconv.FormatUint(uint64(asn), 10),
+		"-peer-asn", strconv.FormatUint(uint64(l.opts.NodeASN), 10),
+		"-router-id", h.IPv4.String(),
+		"-ranges", SegmentV4.String() + "," + SegmentV6.String()}, args...)...)
+	if err := waitFor(15*time.Second, func() bool { return strings.Contains(p.Output(), "READY") }, p); err != nil {
+		return p, fmt.Errorf("the GoBGP router on %s did not start: %v\n%s", h.Name, err, p.Tail(20))
+	}
+	return p, nil
 }
 
 // RouterBFDUp returns the peers whose BFD session with the router is up, as the router sees

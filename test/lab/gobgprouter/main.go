@@ -39,6 +39,8 @@ func main() {
 		ranges       string
 		bfdMS        uint
 		holdTime     uint
+		multihopTTL  uint
+		noFIB        bool
 	)
 	flag.Func("asn", "the router's AS number", func(s string) error { _, err := fmt.Sscan(s, &asn); return err })
 	flag.Func("peer-asn", "the nodes' AS number (the router's own: iBGP)", func(s string) error { _, err := fmt.Sscan(s, &peerASN); return err })
@@ -46,14 +48,16 @@ func main() {
 	flag.StringVar(&ranges, "ranges", "", "comma-separated prefixes whose addresses may open a session")
 	flag.UintVar(&bfdMS, "bfd-interval-ms", 100, "BFD transmit and receive interval (detect multiplier 3); 0: no BFD")
 	flag.UintVar(&holdTime, "hold-time", 9, "BGP hold time in seconds (keepalive: a third)")
+	flag.UintVar(&multihopTTL, "multihop-ttl", 0, "accept eBGP peers this many hops away (0: directly connected)")
+	flag.BoolVar(&noFIB, "no-fib", false, "print the routes it would install without installing them (a router off the data path)")
 	flag.Parse()
-	if err := run(asn, peerASN, routerID, strings.Split(ranges, ","), bfdMS, holdTime); err != nil {
+	if err := run(asn, peerASN, routerID, strings.Split(ranges, ","), bfdMS, holdTime, uint32(multihopTTL), noFIB); err != nil {
 		fmt.Fprintln(os.Stderr, "gobgprouter:", err)
 		os.Exit(1)
 	}
 }
 
-func run(asn, peerASN uint32, routerID string, ranges []string, bfdMS, holdTime uint) error {
+func run(asn, peerASN uint32, routerID string, ranges []string, bfdMS, holdTime uint, multihopTTL uint32, noFIB bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -78,6 +82,9 @@ func run(asn, peerASN uint32, routerID string, ranges []string, bfdMS, holdTime 
 		AfiSafis:        families,
 		// Nothing goes back to the nodes: the router is where their routes end.
 		ApplyPolicy: &api.ApplyPolicy{ExportPolicy: &api.PolicyAssignment{DefaultAction: api.RouteAction_ROUTE_ACTION_REJECT}},
+	}
+	if multihopTTL > 0 {
+		group.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: multihopTTL}
 	}
 	if bfdMS > 0 {
 		us := uint32(bfdMS * 1000)
@@ -129,7 +136,7 @@ func run(asn, peerASN uint32, routerID string, ranges []string, bfdMS, holdTime 
 			if slices.Equal(installed[p], hops) {
 				continue
 			}
-			if err := install(p, hops); err != nil {
+			if err := install(p, hops, noFIB); err != nil {
 				fmt.Fprintf(os.Stderr, "install %s via %v: %v\n", p, hops, err)
 				continue
 			}
@@ -140,7 +147,9 @@ func run(asn, peerASN uint32, routerID string, ranges []string, bfdMS, holdTime 
 			if _, ok := want[p]; ok {
 				continue
 			}
-			if err := netlink.RouteDel(&netlink.Route{Dst: ipNet(p), Protocol: routeProto}); err != nil {
+			if noFIB {
+				// nothing installed
+			} else if err := netlink.RouteDel(&netlink.Route{Dst: ipNet(p), Protocol: routeProto}); err != nil {
 				fmt.Fprintf(os.Stderr, "remove %s: %v\n", p, err)
 			}
 			delete(installed, p)
@@ -210,7 +219,10 @@ func equalCost(paths []*apiutil.Path) []netip.Addr {
 	return hops
 }
 
-func install(p netip.Prefix, hops []netip.Addr) error {
+func install(p netip.Prefix, hops []netip.Addr, noFIB bool) error {
+	if noFIB {
+		return nil
+	}
 	r := &netlink.Route{Dst: ipNet(p), Protocol: routeProto}
 	if len(hops) == 1 {
 		r.Gw = hops[0].AsSlice()
