@@ -90,6 +90,9 @@ type Options struct {
 	// DataPlane says how to check the node's kube-proxy (its Healthz empty: not checked);
 	// its OnChange is the agent's.
 	DataPlane dataplane.Config
+	// HoldsAddress says whether the node holds an address (a BGP peer's source address);
+	// nil means the addresses of the host's interfaces.
+	HoldsAddress func(netip.Addr) bool
 }
 
 // Liveness is the seam to the heartbeat exchange. It tells its changes through

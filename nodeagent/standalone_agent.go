@@ -3,6 +3,8 @@ package nodeagent
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 	"slices"
 
 	"k8s.io/klog/v2"
@@ -43,6 +45,17 @@ func (a *Agent) checkState(st *agentv1.DesiredState) checkedState {
 	if c.unknown = unknownFields(st.ProtoReflect()); len(c.unknown) > 0 {
 		klog.InfoS("The state has fields this agent does not know (a newer CCM): applied as if unset", "fields", c.unknown)
 	}
+	c.peers = slices.DeleteFunc(c.peers, func(p bgp.Peer) bool {
+		if !p.SourceAddress.IsValid() || a.holdsAddress(p.SourceAddress) {
+			return false
+		}
+		i := slices.IndexFunc(st.GetBgpPeers(), func(x *agentv1.BGPPeer) bool { return x.GetAddress() == p.Address.String() })
+		c.refused = append(c.refused, &agentv1.Refusal{
+			Kind: agentv1.Refusal_KIND_BGP_PEER, Key: p.Address.String(), Field: fmt.Sprintf("bgp_peers[%d].source_address", i),
+			Reason: fmt.Sprintf("%s is not an address of node %s; give the BGPPeer a nodeSelector that selects the node holding it, or no sourceAddress", p.SourceAddress, a.opts.Node),
+		})
+		return true
+	})
 	vip := a.controlPlaneWire().vip
 	if !vip.IsValid() {
 		return c
@@ -86,5 +99,27 @@ func mergePeers(ccm, file []bgp.Peer) ([]bgp.Peer, []string) {
 func sameSession(x, y bgp.Peer) bool {
 	return x.Address == y.Address && x.Port == y.Port && x.PeerASN == y.PeerASN && (x.LocalASN == y.LocalASN || y.LocalASN == 0) &&
 		x.HoldTime == y.HoldTime && x.Keepalive == y.Keepalive && x.Password == y.Password &&
-		x.MultihopTTL == y.MultihopTTL && x.TTLSecurity == y.TTLSecurity && x.BFD == y.BFD
+		x.MultihopTTL == y.MultihopTTL && x.TTLSecurity == y.TTLSecurity && x.BFD == y.BFD &&
+		x.SourceAddress == y.SourceAddress && x.ConnectRetry == y.ConnectRetry
+}
+
+// holdsAddress says whether the node holds addr (Options.HoldsAddress, by default one of the
+// host's interfaces' addresses).
+func (a *Agent) holdsAddress(addr netip.Addr) bool {
+	if a.opts.HoldsAddress != nil {
+		return a.opts.HoldsAddress(addr)
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		klog.ErrorS(err, "Cannot list the node's addresses")
+		return false
+	}
+	for _, x := range addrs {
+		if n, ok := x.(*net.IPNet); ok {
+			if a2, ok := netip.AddrFromSlice(n.IP); ok && a2.Unmap() == addr.Unmap() {
+				return true
+			}
+		}
+	}
+	return false
 }

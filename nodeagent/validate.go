@@ -179,7 +179,17 @@ func checkItems(st *agentv1.DesiredState) checkedState {
 			bad(".bfd", "intervals of %d and %d ms: give 0 (300) or 1 to 60000 ms", b.GetMinRxMs(), b.GetMinTxMs())
 			continue
 		}
+		if p.GetConnectRetrySeconds() > 65535 {
+			bad(".connect_retry_seconds", "%d is out of range; give 0 (5) or 1 to 65535", p.GetConnectRetrySeconds())
+			continue
+		}
 		peer := bgpPeer(addr, p)
+		if src := p.GetSourceAddress(); src != "" {
+			if peer.SourceAddress, err = netip.ParseAddr(src); err != nil {
+				bad(".source_address", "%q is not an IP address; give one this node holds, or none", src)
+				continue
+			}
+		}
 		if err := bgp.CheckPeer(defaultASN, peer); err != nil {
 			var fe *bgp.FieldError
 			if errors.As(err, &fe) {
@@ -295,6 +305,10 @@ func peerField(goName string) string {
 		return "keepalive_seconds"
 	case "MultihopTTL":
 		return "ebgp_multihop_ttl"
+	case "SourceAddress":
+		return "source_address"
+	case "ConnectRetry":
+		return "connect_retry_seconds"
 	case "BFD.Enabled":
 		return "bfd.enabled"
 	case "BFD.MinRx":
@@ -320,6 +334,7 @@ func bgpPeer(addr netip.Addr, p *agentv1.BGPPeer) bgp.Peer {
 		MultihopTTL:     uint8(p.GetEbgpMultihopTtl()),
 		TTLSecurity:     p.GetTtlSecurity(),
 		GracefulRestart: p.GetGracefulRestart(),
+		ConnectRetry:    time.Duration(p.GetConnectRetrySeconds()) * time.Second,
 		BFD: bgp.BFD{
 			Enabled:    p.GetBfd().GetEnabled(),
 			MinRx:      time.Duration(p.GetBfd().GetMinRxMs()) * time.Millisecond,

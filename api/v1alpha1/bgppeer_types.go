@@ -99,6 +99,7 @@ type BGPPeerList struct {
 // BGPPeerSpec describes the session.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.bfd) || !self.bfd.enabled || !has(self.ebgpMultihop) || self.ebgpMultihop <= 1",message="BFD here is single-hop: turn bfd off or remove ebgpMultihop"
+// +kubebuilder:validation:XValidation:rule="!has(self.sourceAddress) || !isIP(self.sourceAddress) || !isIP(self.address) || ip(self.sourceAddress).family() == ip(self.address).family()",message="sourceAddress must be of the address family of address"
 // +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || !has(self.holdTimeSeconds) || self.holdTimeSeconds == 0 || self.keepaliveSeconds * 3 <= self.holdTimeSeconds",message="keepaliveSeconds must be at most a third of holdTimeSeconds, such as holdTimeSeconds: 90 with keepaliveSeconds: 30"
 // +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || self.keepaliveSeconds == 0 || !has(self.holdTimeSeconds) || self.holdTimeSeconds != 0",message="holdTimeSeconds 0 takes no keepaliveSeconds: remove keepaliveSeconds, or set holdTimeSeconds to at least three times it"
 // +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || has(self.holdTimeSeconds) || self.keepaliveSeconds <= 30",message="keepaliveSeconds must be at most a third of the hold time, 90 by default: give at most 30, or set holdTimeSeconds to at least three times it"
@@ -160,6 +161,26 @@ type BGPPeerSpec struct {
 	// +kubebuilder:validation:Maximum=255
 	// +optional
 	EBGPMultihop *int32 `json:"ebgpMultihop,omitempty"`
+
+	// SourceAddress is the local address the nodes open the session from, of the address
+	// family of address. It must be an address the node holds, so it suits a BGPPeer whose
+	// nodeSelector selects one node (MetalLB's sourceAddress); a node that does not hold it
+	// refuses the peer and says so (the Accepted condition, RefusedByAgent). Default: the kernel's choice
+	// by the route to the router.
+	//
+	// +kubebuilder:validation:MaxLength=39
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="must be an IP address such as 198.51.100.11"
+	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip(self).isGlobalUnicast()",message="must be a unicast address of a node (not unspecified, loopback, link-local or multicast), such as 198.51.100.11"
+	// +optional
+	SourceAddress string `json:"sourceAddress,omitempty"`
+
+	// ConnectRetrySeconds is how long a node waits before it dials the router again after a
+	// failed attempt (RFC 4271's ConnectRetryTime; MetalLB's connectTime). Default 5.
+	//
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	ConnectRetrySeconds *int32 `json:"connectRetrySeconds,omitempty"`
 
 	// PasswordSecretRef names a Secret key holding the TCP MD5 password.
 	//

@@ -230,6 +230,11 @@ func (in *BGPPeerSpec) DeepCopyInto(out *BGPPeerSpec) {
 		*out = new(int32)
 		**out = **in
 	}
+	if in.ConnectRetrySeconds != nil {
+		in, out := &in.ConnectRetrySeconds, &out.ConnectRetrySeconds
+		*out = new(int32)
+		**out = **in
+	}
 	if in.PasswordSecretRef != nil {
 		in, out := &in.PasswordSecretRef, &out.PasswordSecretRef
 		*out = new(SecretKeyRef)

@@ -345,7 +345,7 @@ func (a *Announcer) writePeerConditions() {
 			c.Status, c.Reason = metav1.ConditionFalse, "DuplicateAddress"
 			c.Message = fmt.Sprintf("On %s the older BGPPeer %s has the address %s too, and one session per address runs on a node; give the two peers disjoint nodeSelectors or remove one", short(dupNodes), older, p.Session.GetAddress())
 		case len(refused) > 0:
-			c.Status, c.Reason, c.Message = metav1.ConditionFalse, "RefusedByAgent", "agentclient.Agents refused the session: "+strings.Join(refused, "; ")
+			c.Status, c.Reason, c.Message = metav1.ConditionFalse, "RefusedByAgent", "Agents refused the session: "+strings.Join(refused, "; ")
 		case pwProblem != "":
 			c.Message = fmt.Sprintf("Sessions on %d nodes with the last password read (%s)", len(nodes), pwProblem)
 		default:

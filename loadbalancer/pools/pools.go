@@ -372,6 +372,26 @@ func decodePeer(bp *v1alpha1.BGPPeer) *Peer {
 			s.KeepaliveSeconds = uint32(k)
 		}
 	}
+	if sp.SourceAddress != "" {
+		src, err := netip.ParseAddr(sp.SourceAddress)
+		switch {
+		case err != nil || src.Zone() != "":
+			add("spec.sourceAddress", "%q is not an IP address; write one the node holds, e.g. 198.51.100.11", sp.SourceAddress)
+		case addr.IsValid() && src.Unmap().Is4() != addr.Unmap().Is4():
+			add("spec.sourceAddress", "%s is not of the address family of %s", sp.SourceAddress, sp.Address)
+		case src.IsUnspecified() || src.IsMulticast() || src.IsLoopback() || src.IsLinkLocalUnicast():
+			add("spec.sourceAddress", "%s is not a node's unicast address", sp.SourceAddress)
+		default:
+			s.SourceAddress = src.Unmap().String()
+		}
+	}
+	if c := sp.ConnectRetrySeconds; c != nil {
+		if *c < 1 || *c > 65535 {
+			add("spec.connectRetrySeconds", "%d is out of range; give 1 to 65535", *c)
+		} else {
+			s.ConnectRetrySeconds = uint32(*c)
+		}
+	}
 	if m := sp.EBGPMultihop; m != nil {
 		if *m < 1 || *m > 255 {
 			add("spec.ebgpMultihop", "%d is out of range; give 1 to 255", *m)

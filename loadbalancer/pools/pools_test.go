@@ -153,6 +153,10 @@ func TestPeersAreCheckedAsTheAgentChecksThem(t *testing.T) {
 		{"BFD with multihop", func(s *v1alpha1.BGPPeerSpec) {
 			s.EBGPMultihop, s.BFD = ptr(int32(2)), &v1alpha1.BFDSettings{Enabled: true}
 		}, "spec.bfd"},
+		{"a source address that is no address", func(s *v1alpha1.BGPPeerSpec) { s.SourceAddress = "eth0" }, "spec.sourceAddress"},
+		{"a source address of the other family", func(s *v1alpha1.BGPPeerSpec) { s.SourceAddress = "2001:db8:1::11" }, "spec.sourceAddress"},
+		{"a link-local source address", func(s *v1alpha1.BGPPeerSpec) { s.SourceAddress = "169.254.0.1" }, "spec.sourceAddress"},
+		{"a connect retry of 0", func(s *v1alpha1.BGPPeerSpec) { s.ConnectRetrySeconds = ptr(int32(0)) }, "spec.connectRetrySeconds"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := base()
@@ -169,6 +173,12 @@ func TestPeersAreCheckedAsTheAgentChecksThem(t *testing.T) {
 	ok := DecodePeer(&v1alpha1.BGPPeer{ObjectMeta: metav1.ObjectMeta{Name: "r"}, Spec: base()})
 	if !ok.Valid() || !ok.Selects(nil) || ok.Session.GetPeerAsn() != 64496 {
 		t.Errorf("a valid peer: %+v", ok)
+	}
+	withSource := base()
+	withSource.SourceAddress, withSource.ConnectRetrySeconds = "198.51.100.61", ptr(int32(2))
+	if p := DecodePeer(&v1alpha1.BGPPeer{ObjectMeta: metav1.ObjectMeta{Name: "r"}, Spec: withSource}); !p.Valid() ||
+		p.Session.GetSourceAddress() != "198.51.100.61" || p.Session.GetConnectRetrySeconds() != 2 {
+		t.Errorf("a peer with a source address and a connect retry: %+v", p)
 	}
 }
 

@@ -205,11 +205,24 @@ func saysWhatChanges(t *testing.T, objs []*unstructured.Unstructured, conv Conve
 			}
 		case "BGPPeer":
 			for field, check := range map[string]string{
-				"vrf": "peered in VRF", "sourceAddress": "opened the session from", "routerID": "sent router ID", "connectTime": "connectTime",
+				"vrf": "peered in VRF", "routerID": "sent router ID",
 			} {
 				if v, ok := spec[field]; ok && v != "" {
 					need("BGPPeer "+u.GetName()+" sets "+field, check)
 				}
+			}
+			// Kept: the peer says the same, or a CHECK says why not.
+			var peer *v1alpha1.BGPPeerSpec
+			for _, o := range conv.Objects {
+				if ps, ok := o.Spec.(v1alpha1.BGPPeerSpec); ok && o.Kind == "BGPPeer" && o.Name == u.GetName() {
+					peer = &ps
+				}
+			}
+			if v, _ := spec["sourceAddress"].(string); v != "" && peer != nil && peer.SourceAddress != v {
+				need("BGPPeer "+u.GetName()+" sets sourceAddress "+v+" and the peer does not", "sourceAddress")
+			}
+			if v, _ := spec["connectTime"].(string); v != "" && peer != nil && peer.ConnectRetrySeconds == nil {
+				need("BGPPeer "+u.GetName()+" sets connectTime "+v+" and the peer has no connectRetrySeconds", "connectTime")
 			}
 		case "Community":
 			cs, _, _ := unstructured.NestedSlice(spec, "communities")

@@ -113,13 +113,27 @@ func convertPeer(p mlbPeer, in Config, passwordNamespace string) (o Object, skip
 		convertBFD(&spec, sp.BFDProfile, in.bfdProfiles, add)
 	}
 	if sp.SourceAddress != "" {
-		add("spec", "CHECK: MetalLB opened the session from %s; metalvip opens it from the node's address towards the router", sp.SourceAddress)
+		spec.SourceAddress = sp.SourceAddress
+		if len(sp.NodeSelectors) == 0 {
+			add("spec.sourceAddress", "CHECK: MetalLB opened the session from %s on every node; metalvip does too, and a node that does not hold the address refuses the peer (an Event says so): select the node that holds it", sp.SourceAddress)
+		} else {
+			add("spec.sourceAddress", "MetalLB opened the session from %s; so does metalvip, on the nodes selected that hold it (the others refuse the peer and say so)", sp.SourceAddress)
+		}
 	}
 	if sp.RouterID != "" {
 		add("spec", "CHECK: MetalLB sent router ID %s; metalvip sends the node's own", sp.RouterID)
 	}
-	if sp.ConnectTime != nil {
-		add("spec", "CHECK: MetalLB's connectTime %s is not kept: metalvip retries with gobgp's defaults", sp.ConnectTime.Duration)
+	if d := sp.ConnectTime; d != nil {
+		c, whole := seconds(d.Duration)
+		switch {
+		case c < 1 || c > 65535:
+			add("spec.connectRetrySeconds", "CHECK: MetalLB's connectTime %s left out: give 1 to 65535 seconds; the default is 5", d.Duration)
+		default:
+			if !whole {
+				add("spec.connectRetrySeconds", "MetalLB's connectTime %s, in whole seconds", d.Duration)
+			}
+			spec.ConnectRetrySeconds = &c
+		}
 	}
 	if sp.VRF != "" {
 		add("spec", "CHECK: MetalLB peered in VRF %s; metalvip peers in the nodes' default VRF", sp.VRF)

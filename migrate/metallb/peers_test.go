@@ -91,6 +91,21 @@ func TestConvertingPeers(t *testing.T) {
 			},
 		},
 		{
+			name: "a source address with a node selector is kept without a CHECK; a connect time in fractions is cut and said, one of 0s left out",
+			in:   doc("BGPPeer", "v1beta2", "r", `{`+base+`, sourceAddress: 198.51.100.9, connectTime: 2500ms, nodeSelectors: [{matchLabels: {kubernetes.io/hostname: node1}}]}`),
+			want: `{sourceAddress: 198.51.100.9, connectRetrySeconds: 2}`,
+			notes: []wantNote{
+				{"spec.sourceAddress", "MetalLB opened the session from 198.51.100.9; so does metalvip"},
+				{"spec.connectRetrySeconds", "MetalLB's connectTime 2.5s, in whole seconds"},
+			},
+		},
+		{
+			name:   "a connect time metalvip refuses is left out, flagged",
+			in:     doc("BGPPeer", "v1beta2", "r", `{`+base+`, connectTime: 0s}`),
+			absent: []string{"connectRetrySeconds"},
+			notes:  []wantNote{{"spec.connectRetrySeconds", "CHECK: MetalLB's connectTime 0s left out"}},
+		},
+		{
 			name:  "localASN is the AS the router sees, so it is metalvip's myASN",
 			in:    doc("BGPPeer", "v1beta2", "r", `{`+base+`, localASN: 65001}`),
 			want:  `{myASN: 65001}`,
@@ -113,12 +128,12 @@ func TestConvertingPeers(t *testing.T) {
 			skipped: "CHECK: BGPPeer metallb-system/r not converted: it peers unnumbered over interface eth0",
 		},
 		{
-			name: "what metalvip's sessions do otherwise is flagged: source address, router ID, connect time, VRF, both families",
+			name: "what metalvip's sessions do otherwise is flagged: router ID, VRF, both families; a source address on every node too; the connect time is kept",
 			in:   doc("BGPPeer", "v1beta2", "r", `{`+base+`, sourceAddress: 198.51.100.9, routerID: 10.0.0.1, connectTime: 5s, vrf: red, dualStackAddressFamily: true}`),
+			want: `{sourceAddress: 198.51.100.9, connectRetrySeconds: 5}`,
 			notes: []wantNote{
-				{"spec", "CHECK: MetalLB opened the session from 198.51.100.9"},
+				{"spec.sourceAddress", "CHECK: MetalLB opened the session from 198.51.100.9 on every node"},
 				{"spec", "CHECK: MetalLB sent router ID 10.0.0.1"},
-				{"spec", "CHECK: MetalLB's connectTime 5s is not kept"},
 				{"spec", "CHECK: MetalLB peered in VRF red"},
 				{"spec", "CHECK: MetalLB carried both address families"},
 			},

@@ -76,6 +76,11 @@ type Peer struct {
 	GracefulRestart bool
 	// Passive waits for the peer to connect instead of dialing it (needs Config.ListenPort).
 	Passive bool
+	// SourceAddress is the local address the session is opened from (one of the node's, of
+	// Address's family); invalid: the kernel's choice.
+	SourceAddress netip.Addr
+	// ConnectRetry is the wait between dial attempts; 0 = 5 s. Whole seconds, at most 65535.
+	ConnectRetry time.Duration
 }
 
 // Route is one VIP to announce, with this speaker as the next hop.
@@ -228,6 +233,18 @@ func normalizePeer(cfg Config, p Peer) (Peer, error) {
 	}
 	if p.Keepalive >= hold {
 		return p, fieldErr("Keepalive", "%s is not shorter than the hold time %s; give a keepalive under the hold time, usually a third of it", p.Keepalive, hold)
+	}
+	if p.SourceAddress.IsValid() {
+		p.SourceAddress = p.SourceAddress.Unmap()
+		if p.SourceAddress.Is4() != p.Address.Is4() {
+			return p, fieldErr("SourceAddress", "%s is not of the address family of %s", p.SourceAddress, p.Address)
+		}
+	}
+	if p.ConnectRetry == 0 {
+		p.ConnectRetry = connectRetry
+	}
+	if p.ConnectRetry < time.Second || p.ConnectRetry > 65535*time.Second || p.ConnectRetry%time.Second != 0 {
+		return p, fieldErr("ConnectRetry", "%s: give 0 (the default, %s) or whole seconds from 1 to 65535", p.ConnectRetry, connectRetry)
 	}
 	if p.Passive && cfg.ListenPort <= 0 {
 		return p, fieldErr("Passive", "the speaker does not listen (Config.ListenPort); turn Passive off")

@@ -853,3 +853,25 @@ func TestLabMultihopEBGPToARouterBeyondTheSegment(t *testing.T) {
 	}
 	wait("[198.51.100.11 198.51.100.13]")
 }
+
+// TestLabASourceAddressOpensTheSessionFromIt (issue 31): a peer with a source address (a
+// second address of the node's) has its session opened from it: the router sees the session
+// from that address and routes the VIP to it.
+func TestLabASourceAddressOpensTheSessionFromIt(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 1})
+	fib := openRouterFIB(t, l)
+	src := netip.MustParseAddr("198.51.100.49") // a node address no node of this lab has
+	if out, err := l.Nodes[0].Run(context.Background(), "ip", "addr", "add", src.String()+"/25", "dev", "eth0"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	peer := Peer{Address: l.Router.IPv4, PeerASN: 64496, SourceAddress: src, ConnectRetry: 2 * time.Second}
+	startSpeakerSpec(t, l.Nodes[0], speakerSpec{RouterID: l.Nodes[0].IPv4, ASN: 64497, Peers: []Peer{peer}, Routes: []Route{{Prefix: labVIP4}}})
+	fib.waitNextHops(t, labVIP4, []netip.Addr{src}, 30*time.Second)
+	out, err := l.Vtysh("show bgp ipv4 unicast summary")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, src.String()) || strings.Contains(out, l.Nodes[0].IPv4.String()) {
+		t.Errorf("the router's sessions do not come from %s alone:\n%s", src, out)
+	}
+}

@@ -132,7 +132,7 @@ func apiPeer(p Peer, bfd bool) *api.Peer {
 			AuthPassword:    p.Password,
 		},
 		Timers: &api.Timers{Config: &api.TimersConfig{
-			ConnectRetry:           uint64(connectRetry / time.Second),
+			ConnectRetry:           uint64(p.ConnectRetry / time.Second),
 			IdleHoldTimeAfterReset: uint64(idleHoldAfterReset / time.Second),
 			HoldTime:               uint64(p.HoldTime / time.Second),
 			KeepaliveInterval:      uint64(p.Keepalive / time.Second),
@@ -142,6 +142,9 @@ func apiPeer(p Peer, bfd bool) *api.Peer {
 			PassiveMode: p.Passive,
 		},
 		AfiSafis: []*api.AfiSafi{afiSafi},
+	}
+	if p.SourceAddress.IsValid() {
+		out.Transport.LocalAddress = p.SourceAddress.String()
 	}
 	switch {
 	case p.TTLSecurity:

@@ -71,6 +71,11 @@ func TestBGPPeerCRDValidation(t *testing.T) {
 		{"a keepalive with hold time 0 is refused", `{` + peer + `, holdTimeSeconds: 0, keepaliveSeconds: 10}`,
 			"spec: Invalid value: holdTimeSeconds 0 takes no keepaliveSeconds: remove keepaliveSeconds, or set holdTimeSeconds to at least three times it"},
 		{"BFD with multihop is refused", `{` + peer + `, ebgpMultihop: 3, bfd: {enabled: true}}`, "single-hop"},
+		{"a source address and a connect retry are accepted", `{` + peer + `, sourceAddress: 198.51.100.11, connectRetrySeconds: 2}`, ""},
+		{"a source address that is no address is refused", `{` + peer + `, sourceAddress: eth0}`, "must be an IP address such as 198.51.100.11"},
+		{"a link-local source address is refused", `{` + peer + `, sourceAddress: 169.254.0.1}`, "must be a unicast address of a node"},
+		{"a source address of the other family is refused", `{` + peer + `, sourceAddress: "2001:db8:1::11"}`, "sourceAddress must be of the address family of address"},
+		{"a connect retry of 0 is refused", `{` + peer + `, connectRetrySeconds: 0}`, "connectRetrySeconds"},
 		{"a BFD interval under 10ms is refused", `{` + peer + `, bfd: {enabled: true, minRxMilliseconds: 1}}`, "minRxMilliseconds"},
 		{"a password Secret in a badly named namespace is refused", `{` + peer + `, passwordSecretRef: {namespace: Kube_System, name: bgp, key: password}}`,
 			"spec.passwordSecretRef.namespace: Invalid value: \"Kube_System\": must be a namespace name: lower-case letters, digits and '-', such as kube-system"},
@@ -144,6 +149,7 @@ func peerParseErrors(ctx context.Context, v *validatingSpeaker, u *unstructured.
 		Keepalive:       time.Duration(s.GetKeepaliveSeconds()) * time.Second,
 		MultihopTTL:     uint8(s.GetEbgpMultihopTtl()),
 		GracefulRestart: s.GetGracefulRestart(),
+		ConnectRetry:    time.Duration(s.GetConnectRetrySeconds()) * time.Second,
 		BFD: bgp.BFD{
 			Enabled:    s.GetBfd().GetEnabled(),
 			MinRx:      time.Duration(s.GetBfd().GetMinRxMs()) * time.Millisecond,
@@ -151,6 +157,11 @@ func peerParseErrors(ctx context.Context, v *validatingSpeaker, u *unstructured.
 			Multiplier: s.GetBfd().GetMultiplier(),
 		},
 		Passive: true,
+	}
+	if src := s.GetSourceAddress(); src != "" {
+		if bp.SourceAddress, err = netip.ParseAddr(src); err != nil {
+			errs = append(errs, fmt.Errorf("the agent cannot parse source address %q: %w", src, err))
+		}
 	}
 	if s.GetPort() > 65535 || s.GetEbgpMultihopTtl() > 255 {
 		errs = append(errs, fmt.Errorf("the agent refuses port %d or multihop TTL %d", s.GetPort(), s.GetEbgpMultihopTtl()))

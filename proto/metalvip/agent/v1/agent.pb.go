@@ -772,9 +772,14 @@ type BGPPeer struct {
 	GracefulRestart bool   `protobuf:"varint,10,opt,name=graceful_restart,json=gracefulRestart,proto3" json:"graceful_restart,omitempty"`
 	// ttl_security (GTSM, RFC 5082): packets from the peer must arrive with TTL 255 (less the
 	// multihop hops), so nothing farther away can reach the session.
-	TtlSecurity   bool `protobuf:"varint,11,opt,name=ttl_security,json=ttlSecurity,proto3" json:"ttl_security,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TtlSecurity bool `protobuf:"varint,11,opt,name=ttl_security,json=ttlSecurity,proto3" json:"ttl_security,omitempty"`
+	// source_address is the local address to open the session from; empty for the kernel's
+	// choice. An agent that does not hold it refuses the peer.
+	SourceAddress string `protobuf:"bytes,12,opt,name=source_address,json=sourceAddress,proto3" json:"source_address,omitempty"`
+	// connect_retry_seconds between dial attempts, 0 for the agent's default (5).
+	ConnectRetrySeconds uint32 `protobuf:"varint,13,opt,name=connect_retry_seconds,json=connectRetrySeconds,proto3" json:"connect_retry_seconds,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *BGPPeer) Reset() {
@@ -882,6 +887,20 @@ func (x *BGPPeer) GetTtlSecurity() bool {
 		return x.TtlSecurity
 	}
 	return false
+}
+
+func (x *BGPPeer) GetSourceAddress() string {
+	if x != nil {
+		return x.SourceAddress
+	}
+	return ""
+}
+
+func (x *BGPPeer) GetConnectRetrySeconds() uint32 {
+	if x != nil {
+		return x.ConnectRetrySeconds
+	}
+	return 0
 }
 
 // BFD is the bidirectional forwarding detection of a BGP session.
@@ -2663,7 +2682,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"NodeWeight\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1c\n" +
-	"\tendpoints\x18\x02 \x01(\rR\tendpoints\"\x88\x03\n" +
+	"\tendpoints\x18\x02 \x01(\rR\tendpoints\"\xe3\x03\n" +
 	"\aBGPPeer\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x19\n" +
@@ -2676,7 +2695,9 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x03bfd\x18\t \x01(\v2\x16.metalvip.agent.v1.BFDR\x03bfd\x12)\n" +
 	"\x10graceful_restart\x18\n" +
 	" \x01(\bR\x0fgracefulRestart\x12!\n" +
-	"\fttl_security\x18\v \x01(\bR\vttlSecurity\"w\n" +
+	"\fttl_security\x18\v \x01(\bR\vttlSecurity\x12%\n" +
+	"\x0esource_address\x18\f \x01(\tR\rsourceAddress\x122\n" +
+	"\x15connect_retry_seconds\x18\r \x01(\rR\x13connectRetrySeconds\"w\n" +
 	"\x03BFD\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x1a\n" +
 	"\tmin_rx_ms\x18\x02 \x01(\rR\aminRxMs\x12\x1a\n" +
