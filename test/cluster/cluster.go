@@ -63,6 +63,10 @@ type Options struct {
 	LeaderElect bool
 	// AgentArgs are added to every agent's command line.
 	AgentArgs []string
+	// Router and IBGP choose the router's BGP implementation and iBGP sessions (lab.Options);
+	// the BGPPeer's myASN follows.
+	Router string
+	IBGP   bool
 }
 
 // Build builds the CCM and agent binaries into dir.
@@ -122,7 +126,7 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 		opts.HeartbeatMisses = 3
 	}
 	srv.InstallCRDs(t)
-	l := lab.New(t, lab.Options{Nodes: opts.Nodes, ClientAddrs: opts.ClientAddrs})
+	l := lab.New(t, lab.Options{Nodes: opts.Nodes, ClientAddrs: opts.ClientAddrs, Router: opts.Router, IBGP: opts.IBGP})
 	dyn, err := dynamic.NewForConfig(srv.Config)
 	if err != nil {
 		t.Fatalf("%v", err)
@@ -190,7 +194,11 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 	c.Object(v1alpha1.IPPoolResource, "l2-"+c.NS, fmt.Sprintf(`{addresses: ["203.0.113.0/27"], avoidBuggyIPs: true, serviceAllocation: {namespaces: [%s]}}`, c.NS))
 	bgpPool, bgpSpec := c.BGPPool()
 	c.Object(v1alpha1.IPPoolResource, bgpPool, bgpSpec)
-	c.Object(v1alpha1.BGPPeerResource, "router-"+c.NS, `{address: 198.51.100.1, peerASN: 64496, myASN: 64497, bfd: {enabled: true, minRxMilliseconds: 100, minTxMilliseconds: 100, multiplier: 3}}`)
+	myASN := 64497
+	if opts.IBGP {
+		myASN = 64496
+	}
+	c.Object(v1alpha1.BGPPeerResource, "router-"+c.NS, fmt.Sprintf(`{address: 198.51.100.1, peerASN: 64496, myASN: %d, bfd: {enabled: true, minRxMilliseconds: 100, minTxMilliseconds: 100, multiplier: 3}}`, myASN))
 	return c
 }
 
