@@ -132,6 +132,21 @@ func (s *loopState) refreshNodes(a *Announcer) {
 		s.byName[n.Name] = n
 		s.addrs[n.Name] = desired.NodeAddress(n)
 	}
+	isNode := func(name string) bool { return s.byName[name] != nil }
+	s.forgetStatus("node/", isNode)
+	s.forgetStatus("dataplane/", isNode)
+}
+
+// forgetStatus drops the status last set of the objects under prefix that are gone (keep says
+// which are not), so that the map grows with the objects there are, not with those there were
+// (nodes of an autoscaled cluster come and go under new names). One that comes back is told
+// afresh.
+func (s *loopState) forgetStatus(prefix string, keep func(name string) bool) {
+	for k := range s.statusSet {
+		if name, ok := strings.CutPrefix(k, prefix); ok && !keep(name) {
+			delete(s.statusSet, k)
+		}
+	}
 }
 
 func (s *loopState) addrOf(node string) netip.Addr { return s.addrs[node] }

@@ -229,6 +229,9 @@ func (a *Announcer) writePoolConditions() {
 			a.tell.forget("pool-eligible/" + p.Name)
 		}
 	}
+	s.forgetStatus(objects.KindPool+"/", func(name string) bool {
+		return slices.ContainsFunc(s.set.Pools(), func(p *pools.Pool) bool { return p.Name == name })
+	})
 }
 
 // eligibility says which nodes may announce a pool's addresses, and if none why.
@@ -353,5 +356,8 @@ func (a *Announcer) writePeerConditions() {
 		}
 		a.setStatus(objects.KindPeer, p.Name, p.Generation, []metav1.Condition{c})
 	}
+	s.forgetStatus(objects.KindPeer+"/", func(name string) bool {
+		return slices.ContainsFunc(s.set.Peers(), func(p *pools.Peer) bool { return p.Name == name })
+	})
 	klog.V(4).InfoS("Peer conditions written", "peers", len(s.set.Peers()))
 }

@@ -306,3 +306,36 @@ func BenchmarkOneServiceChange(b *testing.B) {
 		})
 	}
 }
+
+// TestTheStatusOfGoneNodesAndPoolsIsForgotten: what the announcer last wrote of a node, a pool
+// or a peer goes with it, so that its memory follows the cluster as it is (an autoscaled
+// cluster's nodes come and go under new names).
+func TestTheStatusOfGoneNodesAndPoolsIsForgotten(t *testing.T) {
+	h := newHarness(t, 3)
+	h.pool("p", map[string]any{"addresses": []any{"203.0.113.0/28"}})
+	has := func(key string) bool { _, ok := h.a.loop.statusSet[key]; return ok }
+	for _, k := range []string{"node/node3", "IPPool/p"} {
+		if !has(k) {
+			t.Fatalf("no status set for %s before: %v", k, h.a.loop.statusSet)
+		}
+	}
+	node3, err := h.client.CoreV1().Nodes().Get(context.Background(), "node3", metav1.GetOptions{})
+	if err != nil {
+		node3 = &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node3"}}
+	}
+	if err := h.factory.Core().V1().Nodes().Informer().GetIndexer().Delete(node3); err != nil {
+		t.Fatal(err)
+	}
+	h.objects.Note(&unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(), "kind": "IPPool", "metadata": map[string]any{"name": "p"},
+	}}, true, objects.KindPool)
+	h.sync(changes{nodes: true, pools: map[string]bool{"p": true}})
+	for _, k := range []string{"node/node3", "IPPool/p"} {
+		if has(k) {
+			t.Errorf("the status of %s is still kept after it was deleted: %v", k, h.a.loop.statusSet)
+		}
+	}
+	if !has("node/node1") {
+		t.Errorf("node1's status was dropped with node3's: %v", h.a.loop.statusSet)
+	}
+}

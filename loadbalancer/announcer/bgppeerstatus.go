@@ -3,6 +3,7 @@ package announcer
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -115,4 +116,7 @@ func (a *Announcer) writePeerSessions() {
 			return report.ApplyStatus(ctx, a.cfg.Dynamic, v1alpha1.BGPPeerResource, objects.KindPeer, name, &st, managerSessions)
 		})
 	}
+	s.forgetStatus("peer-sessions/", func(name string) bool {
+		return slices.ContainsFunc(s.set.Peers(), func(p *pools.Peer) bool { return p.Name == name })
+	})
 }
