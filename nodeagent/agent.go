@@ -441,6 +441,7 @@ func (a *Agent) applyLocked(ctx context.Context) {
 
 	var vips []l2.VIP
 	var routes []bgp.Route
+	routeAt := map[netip.Prefix]int{} // an aggregate's index in routes: its VIPs make one route
 	for _, an := range a.checked.announcements {
 		vip := an.vip
 		view := &agentv1.AnnouncedVIP{Vip: vip.String(), Mode: an.GetMode()}
@@ -480,6 +481,15 @@ func (a *Agent) applyLocked(ctx context.Context) {
 			case st.GetDraining():
 				view.Reason += ", the least (draining by weight)"
 			}
+			if l := an.GetBgp().GetAggregateLength(); l != 0 {
+				r.Prefix = netip.PrefixFrom(vip, int(l)).Masked()
+				view.Reason += ", in the aggregate " + r.Prefix.String()
+			}
+			if i, ok := routeAt[r.Prefix]; ok {
+				routes[i] = mergeRoutes(routes[i], r)
+				continue
+			}
+			routeAt[r.Prefix] = len(routes)
 			routes = append(routes, r)
 		}
 	}
@@ -613,4 +623,15 @@ func (a *Agent) close(ctx context.Context, restart bool) error {
 	// The speaker has stopped: nothing answers with a virtual MAC any more.
 	errs = append(errs, a.opts.MACFilter.Close())
 	return errors.Join(errs...)
+}
+
+// mergeRoutes is the one route of an aggregate that carries the VIPs of x and y: the
+// communities of both, the higher LOCAL_PREF, the weights added, GRACEFUL_SHUTDOWN only
+// while both have it (a node drains as a whole, so they do).
+func mergeRoutes(x, y bgp.Route) bgp.Route {
+	x.Communities = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(x.Communities), y.Communities...))))
+	x.LocalPref = max(x.LocalPref, y.LocalPref)
+	x.Weight = min(x.Weight+y.Weight, bgp.MaxWeight)
+	x.GracefulShutdown = x.GracefulShutdown && y.GracefulShutdown
+	return x
 }

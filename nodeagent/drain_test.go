@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/metalvip/metalvip/nodeagent/bgp"
@@ -186,5 +187,57 @@ func TestDrainByWeightStaysWithinTheLargestWeight(t *testing.T) {
 				t.Errorf("weight %d, graceful shutdown %v; want %d, false", r.Weight, r.GracefulShutdown, tc.wantW)
 			}
 		})
+	}
+}
+
+// TestVIPsOfOneAggregateMakeOneRoute: VIPs whose announcements give an aggregate length are
+// advertised as the aggregate that holds them, one route however many of them the node has,
+// with the communities of all and the higher LOCAL_PREF; it goes when the last of them does.
+// A length longer than the address is refused with that VIP alone.
+func TestVIPsOfOneAggregateMakeOneRoute(t *testing.T) {
+	h := serve(t, t.TempDir())
+	c := h.ccm(t)
+	agg := func(vip string, l uint32, community string, pref uint32) *agentv1.Announcement {
+		an := bgpVIP(vip)
+		an.Bgp.AggregateLength, an.Bgp.Communities, an.Bgp.LocalPref = l, []string{community}, pref
+		return an
+	}
+	routes := func() map[netip.Prefix]bgp.Route {
+		h.bgp.mu.Lock()
+		defer h.bgp.mu.Unlock()
+		out := map[netip.Prefix]bgp.Route{}
+		for _, r := range h.bgp.routes {
+			out[r.Prefix] = r
+		}
+		return out
+	}
+	a28 := netip.MustParsePrefix("203.0.113.64/28")
+	st := state(1, 1, agg("203.0.113.65", 28, "64496:1", 100), agg("203.0.113.66", 28, "64496:2", 200), bgpVIP("203.0.113.20"), agg("203.0.113.21", 33, "64496:3", 0))
+	resp, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rf := resp.GetRefused(); len(rf) != 1 || rf[0].GetKey() != "203.0.113.21" || rf[0].GetField() != "announcements[3].bgp.aggregate_length" {
+		t.Errorf("refused %v; want 203.0.113.21's aggregate length alone", rf)
+	}
+	got := routes()
+	if r, ok := got[a28]; len(got) != 2 || !ok || !slices.Equal(r.Communities, []string{"64496:1", "64496:2"}) || r.LocalPref != 200 {
+		t.Errorf("routes %v; want %s with both communities and LOCAL_PREF 200, and 203.0.113.20/32", got, a28)
+	}
+	if _, ok := got[netip.MustParsePrefix("203.0.113.20/32")]; !ok {
+		t.Errorf("routes %v; the host route of 203.0.113.20 is missing", got)
+	}
+	st = state(1, 2, agg("203.0.113.66", 28, "64496:2", 200))
+	if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: st}); err != nil {
+		t.Fatal(err)
+	}
+	if got := routes(); len(got) != 1 || got[a28].LocalPref != 200 || !slices.Equal(got[a28].Communities, []string{"64496:2"}) {
+		t.Errorf("routes %v; want the aggregate alone, of 203.0.113.66", got)
+	}
+	if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: state(1, 3)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := routes(); len(got) != 0 {
+		t.Errorf("routes %v; want none once its last VIP is gone", got)
 	}
 }

@@ -271,6 +271,11 @@ func checkAnnouncement(an *agentv1.Announcement) (string, string) {
 			}
 		}
 	case agentv1.Mode_MODE_BGP:
+		if l := an.GetBgp().GetAggregateLength(); l != 0 {
+			if v, err := netip.ParseAddr(an.GetVip()); err == nil && int(l) > v.BitLen() {
+				return ".bgp.aggregate_length", fmt.Sprintf("%d is longer than the %d bits of %s; give 0 (a host route) or 1 to %d", l, v.BitLen(), v, v.BitLen())
+			}
+		}
 		for k, c := range an.GetBgp().GetCommunities() {
 			if _, err := bgp.ParseCommunity(c); err != nil {
 				return fmt.Sprintf(".bgp.communities[%d]", k), err.Error() + "; write ASN:value with both parts from 0 to 65535, e.g. 64512:100"

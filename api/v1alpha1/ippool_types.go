@@ -47,6 +47,8 @@ type IPPoolList struct {
 // +kubebuilder:validation:XValidation:rule=`!(has(self.announce) && has(self.announce.l2) && has(self.announce.l2.virtualMAC)) || self.addresses.all(a, !a.contains(':') || !a.contains('-') || !isIP(a.substring(0, a.indexOf('-'))) || !isIP(a.substring(a.indexOf('-') + 1)) || cidr(a.substring(0, a.indexOf('-')) + (self.announce.l2.virtualMAC.scheme == 'VRRP' ? '/120' : '/88')).containsIP(a.substring(a.indexOf('-') + 1)))`,message="with virtualMAC an IPv6 range must lie in one block: a /88 with scheme Local (the last five bytes make the MAC), a /120 with scheme VRRP (the last byte is the VRRP ID)"
 // +kubebuilder:validation:XValidation:rule=`!(has(self.announce) && has(self.announce.l2) && has(self.announce.l2.virtualMAC) && self.announce.l2.virtualMAC.scheme == 'VRRP') || self.addresses.all(a, !a.contains(':') || !(a.contains('-') ? a.substring(0, a.indexOf('-')) : a.substring(0, a.indexOf('/'))).substring((a.contains('-') ? a.substring(0, a.indexOf('-')) : a.substring(0, a.indexOf('/'))).lastIndexOf(':') + 1).matches('^(|0+|.*00|.*[.]0)$'))`,message="with virtualMAC scheme VRRP an IPv6 address's last byte is its VRRP ID, 1 to 255: the pool's IPv6 addresses must not start at one ending in 00, such as 2001:db8:100::1-2001:db8:100::ff"
 // +kubebuilder:validation:XValidation:rule=`!(has(self.announce) && has(self.announce.l2) && has(self.announce.l2.virtualMAC)) || self.addresses.filter(a, a.contains(':')).size() <= 1`,message="with virtualMAC give at most one IPv6 entry, a CIDR or a range (two could give two addresses one MAC)"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.announce) && has(self.announce.bgp) && has(self.announce.bgp.aggregationLength)) || self.announce.bgp.aggregationLength == 32 || self.addresses.all(a, a.contains(':') || (!a.contains('-') && (!isCIDR(a) || cidr(a).prefixLength() <= self.announce.bgp.aggregationLength)))`,message="with aggregationLength give the pool's IPv4 addresses as CIDRs no longer than it (a /27 takes an aggregationLength of 27 to 32), not ranges, so that an aggregate covers no address outside the pool"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.announce) && has(self.announce.bgp) && has(self.announce.bgp.aggregationLengthV6)) || self.announce.bgp.aggregationLengthV6 == 128 || self.addresses.all(a, !a.contains(':') || (!a.contains('-') && (!isCIDR(a) || cidr(a).prefixLength() <= self.announce.bgp.aggregationLengthV6)))`,message="with aggregationLengthV6 give the pool's IPv6 addresses as CIDRs no longer than it (a /64 takes an aggregationLengthV6 of 64 to 128), not ranges, so that an aggregate covers no address outside the pool"
 type IPPoolSpec struct {
 	// Addresses are the pool's addresses: CIDRs and first-last ranges, IPv4 and IPv6 in one
 	// pool allowed.
@@ -262,6 +264,8 @@ const (
 )
 
 // BGPAnnounce holds the options of mode BGP.
+//
+// +kubebuilder:validation:XValidation:rule="!(has(self.weightByEndpoints) && self.weightByEndpoints && ((has(self.aggregationLength) && self.aggregationLength != 32) || (has(self.aggregationLengthV6) && self.aggregationLengthV6 != 128)))",message="an aggregate route carries several addresses and so no one Service's endpoints: turn weightByEndpoints or the aggregation off"
 type BGPAnnounce struct {
 	// Communities attached to the pool's routes, each "ASN:value", two numbers from 0 to
 	// 65535 (RFC 1997), such as 64496:100.
@@ -281,6 +285,27 @@ type BGPAnnounce struct {
 	// +kubebuilder:validation:Maximum=4294967295
 	// +optional
 	LocalPref *int64 `json:"localPref,omitempty"`
+
+	// AggregationLength announces the pool's IPv4 addresses as routes of this prefix length
+	// instead of one /32 each (MetalLB's aggregationLength): a node advertises the aggregate
+	// that holds an address it announces, once however many of its addresses it holds. Every
+	// address range of the pool must be whole blocks of this length, so that an aggregate
+	// never covers an address outside the pool: CIDRs no longer than it, no ranges.
+	// Routers then send traffic for the pool's free
+	// addresses to the nodes too, which drop it, and with externalTrafficPolicy Local a node
+	// serving one address of an aggregate draws the traffic of all of them. Default 32.
+	//
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=32
+	// +optional
+	AggregationLength *int32 `json:"aggregationLength,omitempty"`
+
+	// AggregationLengthV6 is AggregationLength for the pool's IPv6 addresses. Default 128.
+	//
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=128
+	// +optional
+	AggregationLengthV6 *int32 `json:"aggregationLengthV6,omitempty"`
 
 	// WeightByEndpoints weights each node's route by the ready endpoints it runs, for
 	// Services with externalTrafficPolicy Local: the route carries the link-bandwidth

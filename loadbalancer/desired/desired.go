@@ -271,6 +271,10 @@ func Announcement(e planner.Entry, v planner.VIP, pool *pools.Pool, services []s
 			an.Bgp.Communities = slices.Clone(pool.Announce.Communities)
 			an.Bgp.LocalPref = pool.Announce.LocalPref
 			an.Bgp.DrainByWeight = pool.Announce.DrainByWeight
+			an.Bgp.AggregateLength = uint32(pool.Announce.AggregateV4)
+			if v.Addr.Is6() {
+				an.Bgp.AggregateLength = uint32(pool.Announce.AggregateV6)
+			}
 		}
 		if weights != nil {
 			// One announcement for every node of the VIP, each finding its own weight: the

@@ -81,6 +81,9 @@ type Announce struct {
 	LocalPref   uint32
 	// WeightByEndpoints weights a BGP route by the node's ready endpoints (ETP Local).
 	WeightByEndpoints bool
+	// AggregateV4 and AggregateV6 are the prefix lengths of the routes that carry the pool's
+	// addresses; 0 for host routes.
+	AggregateV4, AggregateV6 uint8
 	// DrainByWeight: a drained node lowers its routes' link bandwidth instead of adding
 	// GRACEFUL_SHUTDOWN (spec.announce.bgp.drain: Weight).
 	DrainByWeight bool
@@ -251,6 +254,11 @@ func decodePool(ip *v1alpha1.IPPool) *Pool {
 			}
 		}
 		p.Announce.WeightByEndpoints = b.WeightByEndpoints
+		p.Announce.AggregateV4 = aggregate("spec.announce.bgp.aggregationLength", b.AggregationLength, 32, sp.Addresses, add)
+		p.Announce.AggregateV6 = aggregate("spec.announce.bgp.aggregationLengthV6", b.AggregationLengthV6, 128, sp.Addresses, add)
+		if (p.Announce.AggregateV4 != 0 || p.Announce.AggregateV6 != 0) && b.WeightByEndpoints {
+			add("spec.announce.bgp.weightByEndpoints", "an aggregate route carries several addresses and so no one Service's endpoints: turn weightByEndpoints or the aggregation off")
+		}
 		switch b.Drain {
 		case "", v1alpha1.DrainGracefulShutdown:
 		case v1alpha1.DrainWeight:
@@ -260,6 +268,32 @@ func decodePool(ip *v1alpha1.IPPool) *Pool {
 		}
 	}
 	return p
+}
+
+// aggregate checks an aggregation length of one family (bits: 32 or 128) against the pool's
+// addresses of that family: CIDRs no longer than it (no ranges), so that an aggregate
+// covers no address outside the pool (the CRD's rule too). It returns 0 for host routes
+// (unset, or the full length).
+func aggregate(field string, v *int32, bits int, addrs []v1alpha1.AddressRange, add func(string, string, ...any)) uint8 {
+	if v == nil || int(*v) == bits {
+		return 0
+	}
+	if *v < 0 || int(*v) > bits {
+		add(field, "%d is out of range; give 0 to %d", *v, bits)
+		return 0
+	}
+	for _, a := range addrs {
+		s := string(a)
+		if strings.Contains(s, ":") != (bits == 128) {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil || p.Bits() > int(*v) {
+			add(field, "%d: with it give the pool's addresses of the family as CIDRs no longer than /%d, not %s: an aggregate would cover addresses outside the pool", *v, *v, s)
+			return 0
+		}
+	}
+	return uint8(*v)
 }
 
 // ValidCommunity checks a standard BGP community "ASN:value", two numbers of 0 to 65535.

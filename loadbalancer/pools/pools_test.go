@@ -189,3 +189,40 @@ func TestCommunities(t *testing.T) {
 		}
 	}
 }
+
+func TestAggregationLengthsMustCoverOnlyThePool(t *testing.T) {
+	bgpPool := func(addrs []string, v4, v6 *int32, weights bool) *Pool {
+		spec := v1alpha1.IPPoolSpec{Announce: v1alpha1.Announce{Mode: v1alpha1.AnnounceBGP,
+			BGP: &v1alpha1.BGPAnnounce{AggregationLength: v4, AggregationLengthV6: v6, WeightByEndpoints: weights}}}
+		for _, a := range addrs {
+			spec.Addresses = append(spec.Addresses, v1alpha1.AddressRange(a))
+		}
+		return DecodePool(pool("p", 0, spec))
+	}
+	for _, tc := range []struct {
+		name    string
+		p       *Pool
+		problem string // "" for none
+		want4   uint8
+		want6   uint8
+	}{
+		{"a /27 aggregated to /28 blocks", bgpPool([]string{"203.0.113.0/27"}, ptr(int32(28)), nil, false), "", 28, 0},
+		{"a /27 aggregated to its own length", bgpPool([]string{"203.0.113.0/27"}, ptr(int32(27)), nil, false), "", 27, 0},
+		{"the host length is no aggregation", bgpPool([]string{"203.0.113.0/27", "2001:db8:100::/64"}, ptr(int32(32)), ptr(int32(128)), false), "", 0, 0},
+		{"both families", bgpPool([]string{"203.0.113.0/27", "2001:db8:100::/64"}, ptr(int32(28)), ptr(int32(64)), false), "", 28, 64},
+		{"an aggregate wider than the pool", bgpPool([]string{"203.0.113.0/27"}, ptr(int32(24)), nil, false), "spec.announce.bgp.aggregationLength", 0, 0},
+		{"a range that is not whole blocks", bgpPool([]string{"203.0.113.10-203.0.113.20"}, ptr(int32(28)), nil, false), "spec.announce.bgp.aggregationLength", 0, 0},
+		{"an IPv6 aggregate wider than the pool", bgpPool([]string{"2001:db8:100::/64"}, nil, ptr(int32(48)), false), "spec.announce.bgp.aggregationLengthV6", 0, 0},
+		{"aggregates with weights by endpoints", bgpPool([]string{"203.0.113.0/27"}, ptr(int32(28)), nil, true), "spec.announce.bgp.weightByEndpoints", 28, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Problems(tc.p.Problems)
+			if tc.problem == "" && got != "" || tc.problem != "" && !strings.Contains(got, tc.problem) {
+				t.Errorf("problems %q; want %q", got, tc.problem)
+			}
+			if tc.p.Announce.AggregateV4 != tc.want4 || tc.p.Announce.AggregateV6 != tc.want6 {
+				t.Errorf("aggregates /%d and /%d; want /%d and /%d", tc.p.Announce.AggregateV4, tc.p.Announce.AggregateV6, tc.want4, tc.want6)
+			}
+		})
+	}
+}

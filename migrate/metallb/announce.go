@@ -81,6 +81,7 @@ func convertBGPAdvertisements(an *v1alpha1.Announce, ads []*mlbBGPAdvertisement,
 	communities := map[string]bool{}
 	perAd := map[string]bool{}
 	var localPrefs []uint32
+	var aggs [2][]int32 // each advertisement's aggregation length, IPv4 and IPv6
 	b := &v1alpha1.BGPAnnounce{}
 	for _, a := range ads {
 		nodeSels = append(nodeSels, a.Spec.NodeSelectors)
@@ -109,12 +110,8 @@ func convertBGPAdvertisements(an *v1alpha1.Announce, ads []*mlbBGPAdvertisement,
 		if a.Spec.LocalPref != 0 {
 			localPrefs = append(localPrefs, a.Spec.LocalPref)
 		}
-		if l := a.Spec.AggregationLength; l != nil && *l != 32 && fams[0] {
-			add("spec.announce.bgp", "CHECK: %s aggregated IPv4 routes to /%d; metalvip announces each address as a /32", a.Meta.Name, *l)
-		}
-		if l := a.Spec.AggregationLengthV6; l != nil && *l != 128 && fams[1] {
-			add("spec.announce.bgp", "CHECK: %s aggregated IPv6 routes to /%d; metalvip announces each address as a /128", a.Meta.Name, *l)
-		}
+		aggs[0] = append(aggs[0], cmp.Or(ptrValue(a.Spec.AggregationLength), 32))
+		aggs[1] = append(aggs[1], cmp.Or(ptrValue(a.Spec.AggregationLengthV6), 128))
 		if len(a.Spec.Peers) > 0 {
 			add("spec.announce.bgp", "CHECK: %s advertised only to the peers %s; metalvip advertises to every BGPPeer of the announcing nodes (limit the peers' nodeSelector instead)", a.Meta.Name, strings.Join(a.Spec.Peers, ", "))
 		}
@@ -141,9 +138,32 @@ func convertBGPAdvertisements(an *v1alpha1.Announce, ads []*mlbBGPAdvertisement,
 			add("spec.announce.bgp.localPref", "CHECK: the BGPAdvertisements give different local preferences %v; the first is kept", localPrefs)
 		}
 	}
-	if len(b.Communities) > 0 || b.LocalPref != nil {
+	for i, f := range []struct {
+		field string
+		host  int32
+		set   **int32
+	}{{"spec.announce.bgp.aggregationLength", 32, &b.AggregationLength}, {"spec.announce.bgp.aggregationLengthV6", 128, &b.AggregationLengthV6}} {
+		ls := slices.Compact(slices.Sorted(slices.Values(aggs[i])))
+		switch {
+		case !fams[i] || len(ls) == 0 || len(ls) == 1 && ls[0] == f.host:
+		case len(ls) == 1:
+			l := ls[0]
+			*f.set = &l
+		default:
+			add(f.field, "CHECK: MetalLB announced this pool's addresses with the prefix lengths %v at once (one BGPAdvertisement each); metalvip announces one: the host routes (/%d) are kept, the aggregates left out", ls, f.host)
+		}
+	}
+	if len(b.Communities) > 0 || b.LocalPref != nil || b.AggregationLength != nil || b.AggregationLengthV6 != nil {
 		an.BGP = b
 	}
+}
+
+// ptrValue is *p, or 0 when p is nil.
+func ptrValue(p *int32) int32 {
+	if p == nil {
+		return 0
+	}
+	return *p
 }
 
 // nodeSelector sets the nodes that announce: those any advertisement selects (one without

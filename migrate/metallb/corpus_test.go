@@ -191,11 +191,25 @@ func saysWhatChanges(t *testing.T, objs []*unstructured.Unstructured, conv Conve
 				need("L2Advertisement "+u.GetName()+" has serviceSelectors", "announces every Service of the pool")
 			}
 		case "BGPAdvertisement":
-			if l, ok, _ := unstructured.NestedInt64(spec, "aggregationLength"); ok && l < 32 && holdsFamily(u, objs, true) {
-				need("BGPAdvertisement "+u.GetName()+" aggregates IPv4 routes", "aggregated IPv4 routes")
+			// Kept in a pool's aggregationLength, or a CHECK says why not.
+			kept := func(l int64, v6 bool) bool {
+				return slices.ContainsFunc(conv.Objects, func(o Object) bool {
+					ps, ok := o.Spec.(v1alpha1.IPPoolSpec)
+					if !ok || ps.Announce.BGP == nil {
+						return false
+					}
+					got := ps.Announce.BGP.AggregationLength
+					if v6 {
+						got = ps.Announce.BGP.AggregationLengthV6
+					}
+					return got != nil && int64(*got) == l
+				})
 			}
-			if l, ok, _ := unstructured.NestedInt64(spec, "aggregationLengthV6"); ok && l < 128 && holdsFamily(u, objs, false) {
-				need("BGPAdvertisement "+u.GetName()+" aggregates IPv6 routes", "aggregated IPv6 routes")
+			if l, ok, _ := unstructured.NestedInt64(spec, "aggregationLength"); ok && l < 32 && holdsFamily(u, objs, true) && !kept(l, false) {
+				need("BGPAdvertisement "+u.GetName()+" aggregates IPv4 routes and no pool does", "prefix lengths")
+			}
+			if l, ok, _ := unstructured.NestedInt64(spec, "aggregationLengthV6"); ok && l < 128 && holdsFamily(u, objs, false) && !kept(l, true) {
+				need("BGPAdvertisement "+u.GetName()+" aggregates IPv6 routes and no pool does", "prefix lengths")
 			}
 			if ps, _, _ := unstructured.NestedStringSlice(spec, "peers"); len(ps) > 0 {
 				need("BGPAdvertisement "+u.GetName()+" goes to some peers only", "advertised only to the peers")

@@ -119,12 +119,19 @@ func TestConvertingPools(t *testing.T) {
 			pool: "gold",
 			want: `{announce: {mode: BGP, bgp: {communities: ["1:1"], localPref: 100}}}`,
 			notes: []wantNote{
-				{"spec.announce.bgp", "CHECK: agg aggregated IPv4 routes to /24"},
+				{"spec.announce.bgp.aggregationLength", "CHECK: MetalLB announced this pool's addresses with the prefix lengths [24 32] at once"},
 				{"spec.announce.bgp", "CHECK: agg advertised only to the peers r1"},
 				{"spec.announce.bgp", "CHECK: agg prepended the AS 2 times"},
 				{"spec.announce.bgp.communities", "CHECK: MetalLB attached each BGPAdvertisement's communities to its own announcement"},
 				{"spec.announce.bgp.localPref", "CHECK: the BGPAdvertisements give different local preferences [100 50]"},
 			},
+		},
+		{
+			name: "one aggregation length for the pool is kept",
+			in: labelled("gold", "{announce: bgp}", `{addresses: [203.0.113.0/24, "2001:db8:100::/64"]}`) +
+				doc("BGPAdvertisement", "v1beta1", "agg", `{ipAddressPoolSelectors: [{matchLabels: {announce: bgp}}], aggregationLength: 24, aggregationLengthV6: 64}`),
+			pool: "gold",
+			want: `{announce: {mode: BGP, bgp: {aggregationLength: 24, aggregationLengthV6: 64}}}`,
 		},
 		{
 			name: "an aggregation of a family the pool does not hold changes nothing and is not flagged",

@@ -638,8 +638,12 @@ type BGPAnnouncement struct {
 	// next-hop groups moves only idle flows off it; and every node advertises a link bandwidth
 	// (its weight, or 1 Mbit/s without one), so that the drained node's is the smallest.
 	DrainByWeight bool `protobuf:"varint,4,opt,name=drain_by_weight,json=drainByWeight,proto3" json:"drain_by_weight,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// aggregate_length is the prefix length of the route that carries the VIP (the VIP masked
+	// to it); 0 for the host route (/32, /128). Several VIPs of one aggregate on a node make one
+	// route.
+	AggregateLength uint32 `protobuf:"varint,5,opt,name=aggregate_length,json=aggregateLength,proto3" json:"aggregate_length,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *BGPAnnouncement) Reset() {
@@ -698,6 +702,13 @@ func (x *BGPAnnouncement) GetDrainByWeight() bool {
 		return x.DrainByWeight
 	}
 	return false
+}
+
+func (x *BGPAnnouncement) GetAggregateLength() uint32 {
+	if x != nil {
+		return x.AggregateLength
+	}
+	return 0
 }
 
 // NodeWeight is one node's weight for a BGP VIP.
@@ -2672,13 +2683,14 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"virtualMac\"9\n" +
 	"\tCandidate\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xb3\x01\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xde\x01\n" +
 	"\x0fBGPAnnouncement\x12 \n" +
 	"\vcommunities\x18\x01 \x03(\tR\vcommunities\x12\x1d\n" +
 	"\n" +
 	"local_pref\x18\x02 \x01(\rR\tlocalPref\x127\n" +
 	"\aweights\x18\x03 \x03(\v2\x1d.metalvip.agent.v1.NodeWeightR\aweights\x12&\n" +
-	"\x0fdrain_by_weight\x18\x04 \x01(\bR\rdrainByWeight\">\n" +
+	"\x0fdrain_by_weight\x18\x04 \x01(\bR\rdrainByWeight\x12)\n" +
+	"\x10aggregate_length\x18\x05 \x01(\rR\x0faggregateLength\">\n" +
 	"\n" +
 	"NodeWeight\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1c\n" +
