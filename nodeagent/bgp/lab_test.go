@@ -803,55 +803,94 @@ func TestLabRouterShapes(t *testing.T) {
 }
 
 // TestLabMultihopEBGPToARouterBeyondTheSegment (issue 31): the nodes peer with a router two
-// hops away (GoBGP on the remote host, behind the lab's router) over multi-hop eBGP: with a TTL
-// of 2 the sessions come up and the router learns the VIP from every node; a goodbye
+// hops away (on the remote host, behind the lab's router: GoBGP, then FRR) over multi-hop eBGP:
+// with a TTL of 2 the sessions come up and the router learns the VIP from every node; a goodbye
 // withdraws it from that node's next hops. A TTL of 1 (the default) does not reach it.
 func TestLabMultihopEBGPToARouterBeyondTheSegment(t *testing.T) {
-	l := lab.New(t, lab.Options{Nodes: 3})
-	rr, err := l.StartRemoteRouter(64499)
-	if err != nil {
-		t.Fatal(err)
-	}
-	far := func(ttl uint8) []Peer { return []Peer{{Address: l.Remote.IPv4, PeerASN: 64499, MultihopTTL: ttl}} }
-	routes := []Route{{Prefix: labVIP4}}
-	// The route the remote router would install, as it last printed it.
-	last := func() string {
-		var hops string
-		for _, line := range strings.Split(rr.Output(), "\n") {
-			if rest, ok := strings.CutPrefix(line, "ROUTE "+labVIP4.String()+" "); ok {
-				hops = rest
+	for _, router := range []string{lab.RouterGoBGP, lab.RouterFRR} {
+		t.Run(router, func(t *testing.T) {
+			l := lab.New(t, lab.Options{Nodes: 3})
+			// hopsOf is the remote router's next hops for the VIP, sorted, as "[a b c]".
+			var hopsOf func() string
+			switch router {
+			case lab.RouterGoBGP:
+				rr, err := l.StartRemoteRouter(64499)
+				if err != nil {
+					t.Fatal(err)
+				}
+				hopsOf = func() string {
+					var hops string
+					for _, line := range strings.Split(rr.Output(), "\n") {
+						if rest, ok := strings.CutPrefix(line, "ROUTE "+labVIP4.String()+" "); ok {
+							hops = rest
+						}
+					}
+					return hops
+				}
+			default:
+				if err := l.StartRemoteFRR(64499); err != nil {
+					t.Fatal(err)
+				}
+				hopsOf = func() string {
+					out, err := l.RemoteVtysh("show bgp ipv4 unicast " + labVIP4.String() + " json")
+					if err != nil {
+						return ""
+					}
+					var got struct {
+						Paths []struct {
+							Nexthops []struct {
+								IP string `json:"ip"`
+							} `json:"nexthops"`
+						} `json:"paths"`
+					}
+					if json.Unmarshal([]byte(out), &got) != nil {
+						return ""
+					}
+					var hops []string
+					for _, p := range got.Paths {
+						for _, n := range p.Nexthops {
+							hops = append(hops, n.IP)
+						}
+					}
+					if len(hops) == 0 {
+						return ""
+					}
+					slices.Sort(hops)
+					return "[" + strings.Join(slices.Compact(hops), " ") + "]"
+				}
 			}
-		}
-		return hops
-	}
-	wait := func(want string) {
-		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for last() != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("the remote router's route to %s is %q, want %q; its output:\n%s", labVIP4, last(), want, rr.Tail(30))
+			far := func(ttl uint8) []Peer { return []Peer{{Address: l.Remote.IPv4, PeerASN: 64499, MultihopTTL: ttl}} }
+			routes := []Route{{Prefix: labVIP4}}
+			wait := func(want string) {
+				t.Helper()
+				deadline := time.Now().Add(30 * time.Second)
+				for hopsOf() != want {
+					if time.Now().After(deadline) {
+						t.Fatalf("the remote router's paths to %s go via %q, want %q", labVIP4, hopsOf(), want)
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
 
-	one := startSpeakerSpec(t, l.Nodes[0], speakerSpec{RouterID: l.Nodes[0].IPv4, ASN: 64497, Peers: far(0), Routes: routes})
-	time.Sleep(3 * time.Second) // gobgp dials at once and again after its connect retry
-	if got := last(); got != "" {
-		t.Fatalf("a session with TTL 1 reached a router two hops away: it routes %s via %s", labVIP4, got)
+			one := startSpeakerSpec(t, l.Nodes[0], speakerSpec{RouterID: l.Nodes[0].IPv4, ASN: 64497, Peers: far(0), Routes: routes})
+			time.Sleep(3 * time.Second) // gobgp dials at once and again after its connect retry
+			if got := hopsOf(); got != "" {
+				t.Fatalf("a session with TTL 1 reached a router two hops away: it routes %s via %s", labVIP4, got)
+			}
+			one.setPeers(t, far(2))
+			var sps []*labSpeaker
+			for _, n := range l.Nodes[1:] {
+				sps = append(sps, startSpeakerSpec(t, n, speakerSpec{RouterID: n.IPv4, ASN: 64497, Peers: far(2), Routes: routes}))
+			}
+			start := time.Now()
+			wait("[198.51.100.11 198.51.100.12 198.51.100.13]")
+			t.Logf("multi-hop sessions of three nodes: the remote %s router has %s from all three after %s", router, labVIP4, time.Since(start).Round(time.Millisecond))
+			if err := sps[0].proc.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			wait("[198.51.100.11 198.51.100.13]")
+		})
 	}
-	one.setPeers(t, far(2))
-	var sps []*labSpeaker
-	for _, n := range l.Nodes[1:] {
-		sps = append(sps, startSpeakerSpec(t, n, speakerSpec{RouterID: n.IPv4, ASN: 64497, Peers: far(2), Routes: routes}))
-	}
-	start := time.Now()
-	wait("[198.51.100.11 198.51.100.12 198.51.100.13]")
-	t.Logf("multi-hop sessions of three nodes: the remote router routes %s over all three after %s", labVIP4, time.Since(start).Round(time.Millisecond))
-	if err := sps[0].proc.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	wait("[198.51.100.11 198.51.100.13]")
 }
 
 // TestLabASourceAddressOpensTheSessionFromIt (issue 31): a peer with a source address (a

@@ -209,6 +209,74 @@ func (l *Lab) startGoBGPOn(h *Host, asn uint32, args ...string) (*testenv.Proc, 
 	return p, nil
 }
 
+// StartRemoteFRR starts a second FRR (zebra and bgpd) of AS asn on the remote host behind the
+// router: it accepts the nodes' sessions from the segment as multi-hop eBGP (ebgp-multihop 2),
+// without BFD. RemoteVtysh asks it.
+func (l *Lab) StartRemoteFRR(asn uint32) error {
+	dir := filepath.Join(l.Dir, "remote")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return err
+	}
+	if err := chownFRR(dir); err != nil {
+		return err
+	}
+	header := fmt.Sprintf("frr defaults traditional\nhostname remote\nlog file %s/frr.log informational\n!\n", dir)
+	confs := map[string]string{
+		"zebra": header,
+		"bgpd": header + fmt.Sprintf(`router bgp %d
+ bgp router-id %s
+ no bgp ebgp-requires-policy
+ no bgp default ipv4-unicast
+ bgp bestpath as-path multipath-relax
+ neighbor NODES peer-group
+ neighbor NODES remote-as %d
+ neighbor NODES ebgp-multihop 2
+ neighbor NODES timers 3 9
+ bgp listen range %s peer-group NODES
+ !
+ address-family ipv4 unicast
+  neighbor NODES activate
+  maximum-paths 8
+ exit-address-family
+!
+`, asn, l.Remote.IPv4, l.opts.NodeASN, SegmentV4),
+	}
+	var bgpd *testenv.Proc
+	for _, d := range []string{"zebra", "bgpd"} {
+		conf := filepath.Join(dir, d+".conf")
+		if err := os.WriteFile(conf, []byte(confs[d]), 0o640); err != nil {
+			return err
+		}
+		if err := chownFRR(conf); err != nil {
+			return err
+		}
+		p := l.Remote.Start(l.t, d, "/usr/lib/frr/"+d, "-N", l.frrName()+"-remote", "-f", conf, "-i", filepath.Join(dir, d+".pid"), "--vty_socket", dir)
+		if err := waitFor(15*time.Second, func() bool {
+			_, err := os.Stat(filepath.Join(dir, d+".vty"))
+			return err == nil
+		}, p); err != nil {
+			return fmt.Errorf("the remote FRR's %s did not start: %v\n%s", d, err, p.Tail(20))
+		}
+		bgpd = p
+	}
+	want := fmt.Sprintf("router bgp %d", asn)
+	return waitFor(15*time.Second, func() bool {
+		out, err := l.RemoteVtysh("show running-config")
+		return err == nil && strings.Contains(out, want)
+	}, bgpd)
+}
+
+// RemoteVtysh runs one vtysh command against the remote FRR (StartRemoteFRR).
+func (l *Lab) RemoteVtysh(command string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "vtysh", "--vty_socket", filepath.Join(l.Dir, "remote"), "-c", command).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("vtysh -c %q (remote): %v: %s", command, err, out)
+	}
+	return string(out), nil
+}
+
 // RouterBFDUp returns the peers whose BFD session with the router is up, as the router sees
 // them.
 func (l *Lab) RouterBFDUp() (map[netip.Addr]bool, error) {

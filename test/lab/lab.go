@@ -251,7 +251,7 @@ func (l *Lab) startReaper() error {
   for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
 done
 for ns in "$@"; do ip netns delete "$ns" 2>/dev/null; done
-rm -rf "$LAB_DIR" "/var/run/frr/$LAB_FRR"
+rm -rf "$LAB_DIR" "/var/run/frr/$LAB_FRR" "/var/run/frr/$LAB_FRR-remote"
 echo reaped`
 	var err error
 	l.reaper, err = testenv.StartReaper("reaper", script, []string{"LAB_DIR=" + l.Dir, "LAB_FRR=" + l.frrName()}, l.Namespaces()...)
