@@ -15,15 +15,7 @@ func TestBGPRoutesCarryTheNodesWeightTheAggregatesAndTheDrain(t *testing.T) {
 	weighted := bgpVIP("203.0.113.20")
 	weighted.Bgp.Weights = []*agentv1.NodeWeight{{Node: "node-a", Endpoints: 3}, {Node: "node-b", Endpoints: 1}}
 	unweighted := bgpVIP("203.0.113.21")
-	routes := func() map[netip.Prefix]bgp.Route {
-		h.bgp.mu.Lock()
-		defer h.bgp.mu.Unlock()
-		out := map[netip.Prefix]bgp.Route{}
-		for _, r := range h.bgp.routes {
-			out[r.Prefix] = r
-		}
-		return out
-	}
+	routes := h.routesByPrefix
 	gen := uint64(0)
 	for _, step := range []struct {
 		name     string
@@ -202,15 +194,7 @@ func TestVIPsOfOneAggregateMakeOneRoute(t *testing.T) {
 		an.Bgp.AggregateLength, an.Bgp.Communities, an.Bgp.LocalPref = l, []string{community}, pref
 		return an
 	}
-	routes := func() map[netip.Prefix]bgp.Route {
-		h.bgp.mu.Lock()
-		defer h.bgp.mu.Unlock()
-		out := map[netip.Prefix]bgp.Route{}
-		for _, r := range h.bgp.routes {
-			out[r.Prefix] = r
-		}
-		return out
-	}
+	routes := h.routesByPrefix
 	a28 := netip.MustParsePrefix("203.0.113.64/28")
 	st := state(1, 1, agg("203.0.113.65", 28, "64496:1", 100), agg("203.0.113.66", 28, "64496:2", 200), bgpVIP("203.0.113.20"), agg("203.0.113.21", 33, "64496:3", 0))
 	resp, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: st})
@@ -240,4 +224,15 @@ func TestVIPsOfOneAggregateMakeOneRoute(t *testing.T) {
 	if got := routes(); len(got) != 0 {
 		t.Errorf("routes %v; want none once its last VIP is gone", got)
 	}
+}
+
+// routesByPrefix is what the agent gives its BGP speaker now, by prefix.
+func (h *harness) routesByPrefix() map[netip.Prefix]bgp.Route {
+	h.bgp.mu.Lock()
+	defer h.bgp.mu.Unlock()
+	out := map[netip.Prefix]bgp.Route{}
+	for _, r := range h.bgp.routes {
+		out[r.Prefix] = r
+	}
+	return out
 }

@@ -110,8 +110,8 @@ func convertBGPAdvertisements(an *v1alpha1.Announce, ads []*mlbBGPAdvertisement,
 		if a.Spec.LocalPref != 0 {
 			localPrefs = append(localPrefs, a.Spec.LocalPref)
 		}
-		aggs[0] = append(aggs[0], cmp.Or(ptrValue(a.Spec.AggregationLength), 32))
-		aggs[1] = append(aggs[1], cmp.Or(ptrValue(a.Spec.AggregationLengthV6), 128))
+		aggs[0] = append(aggs[0], valueOr(a.Spec.AggregationLength, 32))
+		aggs[1] = append(aggs[1], valueOr(a.Spec.AggregationLengthV6, 128))
 		if len(a.Spec.Peers) > 0 {
 			add("spec.announce.bgp", "CHECK: %s advertised only to the peers %s; metalvip advertises to every BGPPeer of the announcing nodes (limit the peers' nodeSelector instead)", a.Meta.Name, strings.Join(a.Spec.Peers, ", "))
 		}
@@ -158,10 +158,10 @@ func convertBGPAdvertisements(an *v1alpha1.Announce, ads []*mlbBGPAdvertisement,
 	}
 }
 
-// ptrValue is *p, or 0 when p is nil.
-func ptrValue(p *int32) int32 {
+// valueOr is *p, or def when p is nil (an explicit 0 stays 0).
+func valueOr(p *int32, def int32) int32 {
 	if p == nil {
-		return 0
+		return def
 	}
 	return *p
 }
