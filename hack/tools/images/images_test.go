@@ -23,6 +23,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -431,5 +432,61 @@ func TestSinglePacksOneBinaryUnderTheGivenName(t *testing.T) {
 	}
 	if err := singleCommand([]string{"-bin", bin, "-ref", "Not A Ref", "-out", out}); err == nil || !strings.Contains(err.Error(), "-ref") {
 		t.Errorf("a bad -ref gave %v, want an error naming -ref", err)
+	}
+}
+
+func TestSingleLinksTheBinaryUnderEveryNameAndSetsTheDefaultArguments(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "agnhost")
+	if err := os.WriteFile(bin, []byte("#!/bin/true\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "agnhost.tar")
+	if err := singleCommand([]string{"-bin", bin, "-ref", "example.test/agnhost:2", "-out", out, "-user", "0:0",
+		"-links", "/agnhost,/bin/sh,/usr/local/bin/nc", "-cmd", "pause"}); err != nil {
+		t.Fatal(err)
+	}
+	tag, _ := name.NewTag("example.test/agnhost:2")
+	img, err := tarball.ImageFromPath(out, &tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(cf.Config.Cmd, " "); got != "pause" || cf.Config.User != "0:0" {
+		t.Errorf("cmd %q, user %q; want pause, 0:0", got, cf.Config.User)
+	}
+	rc := mutate.Extract(img)
+	defer rc.Close()
+	links := map[string]string{}
+	dirs := map[string]bool{}
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch h.Typeflag {
+		case tar.TypeSymlink:
+			links[h.Name] = h.Linkname
+		case tar.TypeDir:
+			dirs[h.Name] = true
+		}
+	}
+	for _, l := range []string{"agnhost", "bin/sh", "usr/local/bin/nc"} {
+		if links[l] != "/usr/local/bin/agnhost" {
+			t.Errorf("%s links to %q, want /usr/local/bin/agnhost", l, links[l])
+		}
+	}
+	if !dirs["bin"] {
+		t.Errorf("no bin/ directory for /bin/sh: %v", dirs)
+	}
+	if err := singleCommand([]string{"-bin", bin, "-ref", "example.test/agnhost:2", "-out", out, "-links", "bin/sh"}); err == nil || !strings.Contains(err.Error(), "-links") {
+		t.Errorf("a relative link gave %v, want an error naming -links", err)
 	}
 }

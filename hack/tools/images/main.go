@@ -3,7 +3,7 @@
 //
 //	images build -bin DIR -out DIR -platforms "linux/amd64 linux/arm64" -repository R -tag T
 //	images push -layout DIR/oci -registry REGISTRY
-//	images single -bin FILE -ref REF -out FILE.tar [-user U] [-platform P]
+//	images single -bin FILE -ref REF -out FILE.tar [-user U] [-platform P] [-links /bin/sh,...] [-cmd ARG,...]
 //
 // build takes the static binaries the Makefile cross-compiled (DIR/<os>_<arch>/<binary>) and
 // writes, per binary, a multi-architecture OCI image index: into an OCI layout (DIR/oci, each
@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"time"
@@ -46,13 +47,16 @@ import (
 // Image is one of metalvip's images: the binary it runs and how.
 type Image struct {
 	Binary, User, Description string
+	// Links are absolute paths in the image that link to the binary (a multi-call binary run by
+	// the name it is called with); Cmd is the image's default arguments.
+	Links, Cmd []string
 }
 
 // Images are the images a release ships. The agent runs as root with two capabilities only
 // (manifests/agent/daemonset.yaml says why); the CCM as an unprivileged user.
 var Images = []Image{
-	{"metalvip-cloud-controller-manager", "65532:65532", "metalvip's cloud-controller-manager: LoadBalancer addresses for bare metal"},
-	{"metalvip-agent", "0:0", "metalvip's node agent: announces VIPs by ARP/NDP and BGP (needs NET_RAW and NET_ADMIN)"},
+	{Binary: "metalvip-cloud-controller-manager", User: "65532:65532", Description: "metalvip's cloud-controller-manager: LoadBalancer addresses for bare metal"},
+	{Binary: "metalvip-agent", User: "0:0", Description: "metalvip's node agent: announces VIPs by ARP/NDP and BGP (needs NET_RAW and NET_ADMIN)"},
 }
 
 // refAnnotation names an index in the OCI layout, as the image-spec defines it.
@@ -80,7 +84,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: images build -bin DIR -out DIR [-platforms P] [-repository R] [-tag T] [-version V] [-revision C] [-build-tag-out FILE]\n       images push -layout DIR -registry REGISTRY\n       images single -bin FILE -ref REF -out FILE [-user U] [-platform P]")
+	fmt.Fprintln(os.Stderr, "usage: images build -bin DIR -out DIR [-platforms P] [-repository R] [-tag T] [-version V] [-revision C] [-build-tag-out FILE]\n       images push -layout DIR -registry REGISTRY\n       images single -bin FILE -ref REF -out FILE [-user U] [-platform P] [-links PATHS] [-cmd ARGS]")
 	os.Exit(2)
 }
 
@@ -224,6 +228,8 @@ func singleCommand(args []string) error {
 	out := fs.String("out", "", "the tarball to write")
 	user := fs.String("user", "65532:65532", "the image's user")
 	platform := fs.String("platform", "linux/amd64", "the binary's os/arch")
+	links := fs.String("links", "", "comma-separated absolute paths that link to the binary")
+	cmd := fs.String("cmd", "", "comma-separated default arguments")
 	_ = fs.Parse(args)
 	if *bin == "" || *ref == "" || *out == "" {
 		return errors.New("-bin, -ref and -out are required")
@@ -240,7 +246,13 @@ func singleCommand(args []string) error {
 	if err != nil {
 		return err
 	}
-	im := Image{Binary: filepath.Base(*bin), User: *user, Description: "a test image of metalvip's cluster harness"}
+	im := Image{Binary: filepath.Base(*bin), User: *user, Description: "a test image of metalvip's cluster harness",
+		Links: splitList(*links), Cmd: splitList(*cmd)}
+	for _, l := range im.Links {
+		if !path.IsAbs(l) || path.Clean(l) != l || l == "/" {
+			return fmt.Errorf("-links: %q is not a clean absolute path", l)
+		}
+	}
 	img, err := binaryImage(im, data, *plat, BuildOptions{})
 	if err != nil {
 		return err
@@ -249,6 +261,14 @@ func singleCommand(args []string) error {
 		return err
 	}
 	return tarball.WriteToFile(*out, tag, img)
+}
+
+// splitList is the comma-separated list s, empty for "".
+func splitList(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
 }
 
 func platformImage(im Image, p v1.Platform, o BuildOptions) (v1.Image, error) {
@@ -261,7 +281,7 @@ func platformImage(im Image, p v1.Platform, o BuildOptions) (v1.Image, error) {
 
 // binaryImage is the image of one binary for platform p.
 func binaryImage(im Image, data []byte, p v1.Platform, o BuildOptions) (v1.Image, error) {
-	layer, err := binaryLayer(im.Binary, data)
+	layer, err := binaryLayer(im.Binary, data, im.Links)
 	if err != nil {
 		return nil, err
 	}
@@ -278,6 +298,7 @@ func binaryImage(im Image, data []byte, p v1.Platform, o BuildOptions) (v1.Image
 	cf.OS, cf.Architecture, cf.Variant = p.OS, p.Architecture, p.Variant
 	cf.Created = v1.Time{Time: time.Unix(0, 0).UTC()}
 	cf.Config.Entrypoint = []string{"/usr/local/bin/" + im.Binary}
+	cf.Config.Cmd = im.Cmd
 	cf.Config.User = im.User
 	cf.Config.Env = []string{"PATH=/usr/local/bin"}
 	cf.Config.Labels = map[string]string{
@@ -291,8 +312,9 @@ func binaryImage(im Image, data []byte, p v1.Platform, o BuildOptions) (v1.Image
 	return mutate.ConfigFile(img, cf)
 }
 
-// binaryLayer is usr/local/bin/<binary> and an empty /tmp, owned by root, at time zero.
-func binaryLayer(binary string, data []byte) (v1.Layer, error) {
+// binaryLayer is usr/local/bin/<binary>, the links to it and an empty /tmp, owned by root, at
+// time zero.
+func binaryLayer(binary string, data []byte, links []string) (v1.Layer, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	epoch := time.Unix(0, 0)
@@ -309,6 +331,21 @@ func binaryLayer(binary string, data []byte) (v1.Layer, error) {
 	}
 	if _, err := tw.Write(data); err != nil {
 		return nil, err
+	}
+	dirs := map[string]bool{"usr/": true, "usr/local/": true, "usr/local/bin/": true, "tmp/": true}
+	for _, l := range links {
+		name := strings.TrimPrefix(l, "/")
+		for i := range name {
+			if d := name[:i+1]; name[i] == '/' && !dirs[d] {
+				dirs[d] = true
+				if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: epoch, Format: tar.FormatPAX}); err != nil {
+					return nil, err
+				}
+			}
+		}
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: "/usr/local/bin/" + binary, Mode: 0o777, ModTime: epoch, Format: tar.FormatPAX}); err != nil {
+			return nil, err
+		}
 	}
 	if err := tw.Close(); err != nil {
 		return nil, err
