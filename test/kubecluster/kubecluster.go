@@ -41,6 +41,8 @@ import (
 var (
 	PodCIDR     = netip.MustParsePrefix("198.18.0.0/16")
 	ServiceCIDR = netip.MustParsePrefix("198.19.0.0/16")
+	// ClusterRanges holds both: traffic between them is not masqueraded.
+	ClusterRanges = netip.MustParsePrefix("198.18.0.0/15")
 )
 
 // APIPort is the API server's port on the control host.
@@ -62,6 +64,7 @@ var cgroupHierarchies = []string{"cpu", "cpuacct", "cpuset", "memory", "systemd"
 // Binaries are the programs a cluster runs.
 type Binaries struct {
 	APIServer, ControllerManager, Scheduler, Kubelet, KubeProxy string // .cache/bin
+	CoreDNS                                                     string // .cache/bin, optional
 	Etcd, Containerd, Ctr, Nsenter, Unshare                     string // Debian
 }
 
@@ -101,6 +104,9 @@ func FindBinaries() (Binaries, error) {
 		*f.dst = p
 		errs = append(errs, err)
 	}
+	if p, err := cache("coredns", "hack/conformance.sh"); err == nil {
+		b.CoreDNS = p
+	}
 	for _, f := range []struct {
 		dst  *string
 		name string
@@ -124,6 +130,9 @@ type Options struct {
 	Images []string
 	// ProxyMode is kube-proxy's mode: iptables (default) or nftables.
 	ProxyMode string
+	// DNS runs a cluster DNS: CoreDNS (.cache/bin/coredns, hack/conformance.sh) on the control
+	// host, serving cluster.local from the API server, and the kubelets point pods at it.
+	DNS bool
 }
 
 // Cluster is a running cluster.
@@ -195,6 +204,9 @@ func New(t testenv.TB, opts Options) *Cluster {
 		if _, err := os.Stat(img); err != nil {
 			testenv.Skip(t, "image %s: %v; run make images cluster-images (make test-deps does)", img, err)
 		}
+	}
+	if opts.DNS && bins.CoreDNS == "" {
+		testenv.Skip(t, "coredns not found in .cache/bin; run hack/conformance.sh (make test-deps does)")
 	}
 	start := time.Now()
 	c := &Cluster{t: t, opts: opts, bins: bins}
@@ -402,7 +414,31 @@ current-context: lab
 		"--bind-address", "127.0.0.1", "--secure-port", "10257", "--controllers", "*,-nodeipam",
 		"--cloud-provider=external", "--service-account-private-key-file", filepath.Join(cp, "sa.key"),
 		"--root-ca-file", c.apiCA, "--use-service-account-credentials=false", "--cluster-cidr", PodCIDR.String())
+	if c.opts.DNS {
+		corefile := filepath.Join(cp, "Corefile")
+		// No forward plugin: the lab has no upstream resolver; names outside the cluster fail.
+		if err := os.WriteFile(corefile, []byte(fmt.Sprintf(`.:53 {
+    errors
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        kubeconfig %s lab
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }
+}
+`, kc)), 0o600); err != nil {
+			return err
+		}
+		ctl.Start(c.t, "coredns", c.bins.CoreDNS, "-conf", corefile)
+	}
 	return nil
+}
+
+// clusterDNS is the kubelets' clusterDNS setting: the control host, when it runs the DNS.
+func (c *Cluster) clusterDNS() string {
+	if !c.opts.DNS {
+		return ""
+	}
+	return fmt.Sprintf("clusterDNS: [%s]\n", c.Lab.Control.IPv4)
 }
 
 // waitNodes waits until every node is registered and Ready.

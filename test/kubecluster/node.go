@@ -29,6 +29,13 @@ func (n *Node) prepare() error {
 	if err := n.podRoutes(); err != nil {
 		return err
 	}
+	// Pods leave the node with its address, except towards other pods and Services: as Calico,
+	// Cilium or Flannel do (the bridge CNI's ipMasq would masquerade everything off the node's own
+	// pod range, and a pod on another node would see the node's address, not the pod's).
+	if _, err := n.Host.Run(context.Background(), "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", n.PodCIDR.String(),
+		"!", "-d", ClusterRanges.String(), "-m", "comment", "--comment", "kubecluster: pods to the outside", "-j", "MASQUERADE"); err != nil {
+		return err
+	}
 	// Forwarding, as kubeadm requires of every node: kube-proxy forwards a Service's traffic to
 	// pods on other nodes. The CNI turns it on only on nodes that run a pod on the bridge.
 	if _, err := n.Host.Run(context.Background(), "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"); err != nil {
@@ -144,7 +151,7 @@ state = %q
     conf_dir = %q
 `, filepath.Join(d, "containerd/root"), filepath.Join(d, "containerd/state"), n.socket(), n.socket()+".ttrpc", filepath.Join(d, "cni")),
 		"cni/10-bridge.conflist": fmt.Sprintf(`{"cniVersion": "0.4.0", "name": "kubecluster", "plugins": [
-  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}]}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 `, n.PodCIDR),
@@ -167,12 +174,12 @@ authentication: {anonymous: {enabled: true}, webhook: {enabled: false}}
 authorization: {mode: AlwaysAllow}
 resolvConf: ""
 clusterDomain: cluster.local
-imageGCHighThresholdPercent: 100
+%simageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "100Mi"}
 serializeImagePulls: false
 nodeStatusUpdateFrequency: 4s
-`, n.cgroup, n.socket(), filepath.Join(d, "manifests"), filepath.Join(d, "podlogs"), n.Host.IPv4),
+`, n.cgroup, n.socket(), filepath.Join(d, "manifests"), filepath.Join(d, "podlogs"), n.Host.IPv4, n.c.clusterDNS()),
 		"kube-proxy.yaml": fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: %s}
@@ -314,6 +321,13 @@ func (n *Node) Revive() error {
 		return err
 	}
 	if err := n.podRoutes(); err != nil {
+		return err
+	}
+	// Pods leave the node with its address, except towards other pods and Services: as Calico,
+	// Cilium or Flannel do (the bridge CNI's ipMasq would masquerade everything off the node's own
+	// pod range, and a pod on another node would see the node's address, not the pod's).
+	if _, err := n.Host.Run(context.Background(), "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", n.PodCIDR.String(),
+		"!", "-d", ClusterRanges.String(), "-m", "comment", "--comment", "kubecluster: pods to the outside", "-j", "MASQUERADE"); err != nil {
 		return err
 	}
 	return n.Start()
