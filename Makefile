@@ -18,7 +18,7 @@ BINARIES  := metalvip-cloud-controller-manager metalvip-agent metalvipctl
 # The release tools' own packages (module hack/tools), tested and linted with the rest.
 TOOLS_PACKAGES := ./images/ ./render/ ./protocompat/
 # Whole packages run in parallel; the e2e and lab packages bound their own times.
-TEST_FLAGS ?= -count=1 -timeout 40m
+TEST_FLAGS ?= -count=1 -timeout 80m
 
 .PHONY: help
 help: ## Show this help.
@@ -114,8 +114,9 @@ deps: ## Install what the tests need: Debian packages and the kube-apiserver bui
 	hack/kube.sh kube-apiserver
 
 .PHONY: test-deps
-test-deps: ## Build what the tests use before any runs: every Kubernetes component in one go build (hack/kube.sh), helm and promtool (.cache/bin), the images (the host's platform only), and the previous version's for the upgrade e2e (hack/previous.sh).
+test-deps: ## Build what the tests use before any runs: every Kubernetes component in one go build (hack/kube.sh), Kubernetes' e2e specs, CoreDNS and the agnhost image (hack/conformance.sh), helm and promtool (.cache/bin), the images (the host's platform only), and the previous version's for the upgrade e2e (hack/previous.sh).
 	hack/kube.sh
+	hack/conformance.sh
 	hack/tool.sh helm >/dev/null
 	hack/tool.sh promtool >/dev/null
 	$(MAKE) images cluster-images PLATFORMS=linux/$$($(GO) env GOARCH)
@@ -124,6 +125,10 @@ test-deps: ## Build what the tests use before any runs: every Kubernetes compone
 .PHONY: test-cluster
 test-cluster: test-deps deps ## Run only the real-kubelet e2e (test/e2ecluster: install.yaml and the chart on a lab cluster; root; part of make test).
 	$(GO) test -count=1 -timeout 40m ./test/e2ecluster/
+
+.PHONY: test-conformance
+test-conformance: test-deps deps ## Run only Kubernetes' own LoadBalancer e2e specs against metalvip on real kubelets, L2 and BGP (test/conformance; root; part of make test; docs/conformance.md).
+	$(GO) test -count=1 -timeout 80m -v ./test/conformance/
 
 .PHONY: test
 # test-deps first: building helm or the images beside the lab's timing-sensitive tests would

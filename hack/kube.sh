@@ -14,7 +14,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 tools="$root/hack/tools/kube"
 all=(kube-apiserver kubelet kube-proxy kube-scheduler kube-controller-manager kubectl kubeadm)
 want=$(cat "$tools/go.mod" "$tools/go.sum" | sha256sum | cut -d' ' -f1)
-version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$tools/go.mod")
+version=$(cd "$tools" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
 ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$version"
 ldflags+=" -X k8s.io/component-base/version.gitMajor=$(echo "${version#v}" | cut -d. -f1)"
 ldflags+=" -X k8s.io/component-base/version.gitMinor=$(echo "$version" | cut -d. -f2)"
