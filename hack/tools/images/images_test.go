@@ -408,25 +408,33 @@ func mustDiffID(t *testing.T, l v1.Layer) v1.Hash {
 	return h
 }
 
-func TestSinglePacksOneBinaryUnderTheGivenName(t *testing.T) {
+// packSingle runs `images single` on a stand-in binary called binary, packed as ref with more
+// flags, and returns the image and its configuration, and the binary's and tarball's paths.
+func packSingle(t *testing.T, binary, ref string, more ...string) (v1.Image, *v1.ConfigFile, string, string) {
+	t.Helper()
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "httpd")
+	bin := filepath.Join(dir, binary)
 	if err := os.WriteFile(bin, []byte("#!/bin/true\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(dir, "httpd.tar")
-	if err := singleCommand([]string{"-bin", bin, "-ref", "example.test/httpd:v1", "-out", out, "-platform", "linux/arm64"}); err != nil {
+	out := filepath.Join(dir, binary+".tar")
+	if err := singleCommand(append([]string{"-bin", bin, "-ref", ref, "-out", out}, more...)); err != nil {
 		t.Fatal(err)
 	}
-	tag, _ := name.NewTag("example.test/httpd:v1")
+	tag, _ := name.NewTag(ref)
 	img, err := tarball.ImageFromPath(out, &tag)
 	if err != nil {
-		t.Fatalf("the tarball does not hold example.test/httpd:v1: %v", err)
+		t.Fatalf("the tarball does not hold %s: %v", ref, err)
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return img, cf, bin, out
+}
+
+func TestSinglePacksOneBinaryUnderTheGivenName(t *testing.T) {
+	_, cf, bin, out := packSingle(t, "httpd", "example.test/httpd:v1", "-platform", "linux/arm64")
 	if got := strings.Join(cf.Config.Entrypoint, " "); got != "/usr/local/bin/httpd" || cf.Architecture != "arm64" || cf.Config.User != "65532:65532" {
 		t.Errorf("entrypoint %q, architecture %q, user %q; want /usr/local/bin/httpd, arm64, 65532:65532", got, cf.Architecture, cf.Config.User)
 	}
@@ -436,25 +444,8 @@ func TestSinglePacksOneBinaryUnderTheGivenName(t *testing.T) {
 }
 
 func TestSingleLinksTheBinaryUnderEveryNameAndSetsTheDefaultArguments(t *testing.T) {
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "agnhost")
-	if err := os.WriteFile(bin, []byte("#!/bin/true\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, "agnhost.tar")
-	if err := singleCommand([]string{"-bin", bin, "-ref", "example.test/agnhost:2", "-out", out, "-user", "0:0",
-		"-links", "/agnhost,/bin/sh,/usr/local/bin/nc", "-cmd", "pause"}); err != nil {
-		t.Fatal(err)
-	}
-	tag, _ := name.NewTag("example.test/agnhost:2")
-	img, err := tarball.ImageFromPath(out, &tag)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
+	img, cf, bin, out := packSingle(t, "agnhost", "example.test/agnhost:2", "-user", "0:0",
+		"-links", "/agnhost,/bin/sh,/usr/local/bin/nc", "-cmd", "pause")
 	if got := strings.Join(cf.Config.Cmd, " "); got != "pause" || cf.Config.User != "0:0" {
 		t.Errorf("cmd %q, user %q; want pause, 0:0", got, cf.Config.User)
 	}
