@@ -133,9 +133,7 @@ func TestKubernetesLoadBalancerSpecs(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("cluster:\n%s", c.Describe(context.Background()))
-			t.Logf("CCM pods:\n%s", c.PodLogs(context.Background(), kubecluster.MetalvipNamespace, kubecluster.CCMSelector, 80))
-			t.Logf("agent pods:\n%s", c.PodLogs(context.Background(), kubecluster.MetalvipNamespace, kubecluster.AgentSelector, 60))
+			c.LogFailure(context.Background(), t)
 		}
 	})
 	for _, m := range modes {

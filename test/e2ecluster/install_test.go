@@ -62,10 +62,7 @@ func checks(t *testing.T, inst kubecluster.Installer) {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("cluster at the failure:\n%s", c.Describe(ctx))
-			t.Logf("CCM pods:\n%s", c.PodLogs(ctx, kubecluster.MetalvipNamespace, kubecluster.CCMSelector, 60))
-			t.Logf("agent pods:\n%s", c.PodLogs(ctx, kubecluster.MetalvipNamespace, kubecluster.AgentSelector, 40))
-			c.DumpNodes(t)
+			c.LogFailure(ctx, t)
 		}
 		for _, n := range c.Nodes {
 			_, _ = c.Kubectl(ctx, "uncordon", n.Name)

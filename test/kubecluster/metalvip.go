@@ -421,6 +421,15 @@ func (c *Cluster) PodsOn(ctx context.Context, ns, selector string, ready bool) (
 	return out, nil
 }
 
+// LogFailure logs what a failed test's reader needs: the cluster's state, the last lines of the
+// CCM's and the agents' pods and every node's daemons' logs.
+func (c *Cluster) LogFailure(ctx context.Context, t testenv.TB) {
+	t.Logf("cluster at the failure:\n%s", c.Describe(ctx))
+	t.Logf("CCM pods:\n%s", c.PodLogs(ctx, MetalvipNamespace, CCMSelector, 80))
+	t.Logf("agent pods:\n%s", c.PodLogs(ctx, MetalvipNamespace, AgentSelector, 60))
+	c.DumpNodes(t)
+}
+
 // PodReady reports a pod's Ready condition.
 func PodReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
