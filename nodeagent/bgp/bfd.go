@@ -78,13 +78,49 @@ func (s *Speaker) reconcileBFD(ctx context.Context) time.Duration {
 			soonest(wait)
 			continue
 		}
-		if err := s.addPeer(ctx, s.peers[addr], d.restarting); err != nil {
-			klog.ErrorS(err, "Cannot add a deferred BGP peer")
-			soonest(time.Second)
+		p := s.peers[addr]
+		if err := s.addPeer(ctx, p, d.restarting); err != nil {
+			if p.Interface == "" {
+				klog.ErrorS(err, "Cannot add a deferred BGP peer")
+				soonest(time.Second)
+				continue
+			}
+			// Unnumbered: the link has no single link-local neighbour (yet). Say so in the
+			// session's state, solicit again, and retry.
+			s.stateMu.Lock()
+			if cur, ok := s.sessions[addr]; ok && cur.LastError != err.Error() {
+				cur.LastError = err.Error()
+				klog.InfoS("Unnumbered BGP peer not resolved yet; retrying", "interface", p.Interface, "err", err)
+			}
+			s.stateMu.Unlock()
+			solicitNeighbours(p.Interface)
+			d.until = now.Add(unnumberedRetry)
+			s.deferred[addr] = d
+			soonest(unnumberedRetry)
 			continue
 		}
-		klog.V(2).InfoS("BGP session no longer deferred", "peer", addr)
+		klog.V(2).InfoS("BGP session no longer deferred", "peer", p.Name())
 		delete(s.deferred, addr)
+	}
+	for addr, p := range s.peers {
+		if _, waiting := s.deferred[addr]; p.Interface == "" || waiting {
+			continue
+		}
+		// An unnumbered session that is down may wait for a router that forgot this node.
+		s.stateMu.Lock()
+		up := s.sessions[addr] != nil && s.sessions[addr].Established()
+		s.stateMu.Unlock()
+		if up {
+			delete(s.solicited, addr)
+			continue
+		}
+		if wait := s.solicited[addr].Add(unnumberedRetry).Sub(now); wait > 0 {
+			soonest(wait)
+			continue
+		}
+		solicitNeighbours(p.Interface)
+		s.solicited[addr] = now
+		soonest(unnumberedRetry)
 	}
 	for addr, p := range s.peers {
 		if !p.BFD.Enabled {
@@ -108,11 +144,11 @@ func (s *Speaker) reconcileBFD(ctx context.Context) time.Duration {
 			}
 		}
 		if _, err := s.server.UpdatePeer(ctx, &api.UpdatePeerRequest{Peer: apiPeer(p, want)}); err != nil {
-			klog.ErrorS(err, "Cannot switch BFD", "peer", addr, "on", want)
+			klog.ErrorS(err, "Cannot switch BFD", "peer", p.Name(), "on", want)
 			soonest(time.Second)
 			continue
 		}
-		klog.V(2).InfoS("BFD", "peer", addr, "armed", want)
+		klog.V(2).InfoS("BFD", "peer", p.Name(), "armed", want)
 		if want {
 			s.bfdArmed[addr] = true
 		} else {

@@ -49,9 +49,16 @@ type BFD struct {
 	Multiplier uint32
 }
 
-// Peer is one BGP neighbor.
+// Peer is one BGP neighbor: at Address, or, unnumbered, at the link-local address of the
+// one neighbour on Interface.
 type Peer struct {
 	Address netip.Addr
+	// Interface makes the session unnumbered (RFC 5549/8950, "BGP unnumbered"): the peer is
+	// the one IPv6 link-local neighbour of this point-to-point link, found in the kernel's
+	// neighbour table (the speaker solicits it), and the session carries IPv4 and IPv6
+	// routes, IPv4 with an IPv6 next hop (the extended next hop capability). Exclusive with
+	// Address, SourceAddress, MultihopTTL and Passive.
+	Interface string
 	// Port is the peer's TCP port; 0 = 179.
 	Port uint16
 	// PeerASN is the peer's AS number; LocalASN overrides Config.ASN for this session (0 =
@@ -154,8 +161,46 @@ func (c Config) validate() error {
 	return nil
 }
 
-// peerKey is a peer's identity: one session per address.
+// peerKey is a peer's identity: one session per address, and per interface for unnumbered
+// peers, whose key is fe80:: zoned with the interface (keyOf). gobgp names an unnumbered
+// session by the neighbour's zoned link-local address; keyOfNeighbor maps it back. Numbered
+// link-local peers are refused, so a zoned link-local key is always an unnumbered peer's.
 type peerKey = netip.Addr
+
+// unnumberedBase is the address of every unnumbered peer's key, zoned with its interface.
+var unnumberedBase = netip.MustParseAddr("fe80::")
+
+// keyOf is p's identity.
+func keyOf(p Peer) peerKey {
+	if p.Interface != "" {
+		return unnumberedBase.WithZone(p.Interface)
+	}
+	return p.Address
+}
+
+// keyOfNeighbor maps the neighbour address gobgp reports to the peer's key.
+func keyOfNeighbor(a netip.Addr) peerKey {
+	if a.Zone() != "" && a.IsLinkLocalUnicast() {
+		return unnumberedBase.WithZone(a.Zone())
+	}
+	return a
+}
+
+// interfaceOf is the interface of an unnumbered peer's key, "" for a numbered one.
+func interfaceOf(k peerKey) string {
+	if k.Zone() != "" && k.IsLinkLocalUnicast() {
+		return k.Zone()
+	}
+	return ""
+}
+
+// Name is how logs and errors name the peer: its address, or "interface <name>".
+func (p Peer) Name() string {
+	if p.Interface != "" {
+		return "interface " + p.Interface
+	}
+	return p.Address.String()
+}
 
 // FieldError says which field of a Peer is wrong, and what to write instead.
 type FieldError struct {
@@ -186,14 +231,14 @@ func normalizePeers(cfg Config, peers []Peer) (map[peerKey]Peer, error) {
 	for _, p := range peers {
 		n, err := normalizePeer(cfg, p)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("peer %s: %w", p.Address, err))
+			errs = append(errs, fmt.Errorf("peer %s: %w", p.Name(), err))
 			continue
 		}
-		if _, dup := out[n.Address]; dup {
-			errs = append(errs, fmt.Errorf("peer %s: listed twice", n.Address))
+		if _, dup := out[keyOf(n)]; dup {
+			errs = append(errs, fmt.Errorf("peer %s: listed twice", n.Name()))
 			continue
 		}
-		out[n.Address] = n
+		out[keyOf(n)] = n
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -202,14 +247,20 @@ func normalizePeers(cfg Config, peers []Peer) (map[peerKey]Peer, error) {
 }
 
 func normalizePeer(cfg Config, p Peer) (Peer, error) {
-	if !p.Address.IsValid() {
+	if p.Interface != "" {
+		if err := checkUnnumbered(p); err != nil {
+			return p, err
+		}
+	} else if !p.Address.IsValid() {
 		return p, fieldErr("Address", "missing; give the peer's IP address")
 	}
-	if p.Address.Zone() != "" || p.Address.Unmap().IsLinkLocalUnicast() {
+	if p.Interface != "" {
+		// Checked above.
+	} else if p.Address.Zone() != "" || p.Address.Unmap().IsLinkLocalUnicast() {
 		return p, fieldErr("Address", "%s is link-local, which is not supported; give the peer's global or unique local address", p.Address)
 	}
 	p.Address = p.Address.Unmap()
-	if p.Address.IsUnspecified() || p.Address.IsMulticast() {
+	if p.Interface == "" && (p.Address.IsUnspecified() || p.Address.IsMulticast()) {
 		return p, fieldErr("Address", "%s is not a unicast address; give the peer's own address", p.Address)
 	}
 	if p.PeerASN == 0 {
@@ -277,6 +328,33 @@ func normalizePeer(cfg Config, p Peer) (Peer, error) {
 		return p, fieldErr("BFD.Multiplier", "%d: give 0 (the default, %d) or 1 to 255", p.BFD.Multiplier, defaultBFDMultiplier)
 	}
 	return p, nil
+}
+
+// checkUnnumbered checks the fields an unnumbered peer (Interface) must and must not have.
+func checkUnnumbered(p Peer) error {
+	if err := CheckInterfaceName(p.Interface); err != nil {
+		return fieldErr("Interface", "%v", err)
+	}
+	switch {
+	case p.Address.IsValid():
+		return fieldErr("Address", "an unnumbered peer (Interface %s) has no address: the router is the link's link-local neighbour; give one of the two", p.Interface)
+	case p.SourceAddress.IsValid():
+		return fieldErr("SourceAddress", "an unnumbered session runs from the node's link-local address on %s; remove the source address", p.Interface)
+	case p.MultihopTTL > 0:
+		return fieldErr("MultihopTTL", "an unnumbered peer is on the link %s, one hop away; remove the multihop TTL", p.Interface)
+	case p.Passive:
+		return fieldErr("Passive", "an unnumbered session is dialed to the link's neighbour; turn Passive off")
+	}
+	return nil
+}
+
+// CheckInterfaceName reports whether name can be a Linux network interface's name: 1 to 15
+// bytes, no '/', ':', whitespace or NUL, not "." or "..".
+func CheckInterfaceName(name string) error {
+	if name == "" || len(name) > 15 || name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n\r\x00") {
+		return fmt.Errorf("%q is not an interface name: 1 to 15 characters, no '/', ':' or spaces, such as eth1", name)
+	}
+	return nil
 }
 
 // route is a validated Route: communities parsed, sorted and without duplicates, so that

@@ -39,6 +39,17 @@ func TestPeerValidation(t *testing.T) {
 		{"a BFD multiplier over 255 is refused", func(p *Peer) { p.BFD = BFD{Enabled: true, Multiplier: 256} }, "BFD.Multiplier", "1 to 255"},
 		{"disabled BFD settings are ignored", func(p *Peer) { p.BFD = BFD{MinRx: time.Nanosecond} }, "", ""},
 		{"TTL security with multihop is valid", func(p *Peer) { p.MultihopTTL, p.TTLSecurity = 2, true }, "", ""},
+		{"an unnumbered peer (an interface, no address) is valid", func(p *Peer) { p.Address, p.Interface = netip.Addr{}, "eth1" }, "", ""},
+		{"an unnumbered peer with BFD and TTL security is valid", func(p *Peer) {
+			p.Address, p.Interface, p.TTLSecurity, p.BFD.Enabled = netip.Addr{}, "eth1", true, true
+		}, "", ""},
+		{"an interface and an address are refused", func(p *Peer) { p.Interface = "eth1" }, "Address", "give one of the two"},
+		{"an interface name with a slash is refused", func(p *Peer) { p.Address, p.Interface = netip.Addr{}, "eth/1" }, "Interface", "not an interface name"},
+		{"an interface name over 15 bytes is refused", func(p *Peer) { p.Address, p.Interface = netip.Addr{}, "a-very-long-name0" }, "Interface", "1 to 15 characters"},
+		{"an unnumbered peer with a source address is refused", func(p *Peer) {
+			p.Address, p.Interface, p.SourceAddress = netip.Addr{}, "eth1", netip.MustParseAddr("198.51.100.11")
+		}, "SourceAddress", "link-local address on eth1"},
+		{"an unnumbered multihop peer is refused", func(p *Peer) { p.Address, p.Interface, p.MultihopTTL = netip.Addr{}, "eth1", 2 }, "MultihopTTL", "one hop away"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -96,6 +107,17 @@ func TestTheSamePeerTwiceIsRefused(t *testing.T) {
 	b.Address = netip.MustParseAddr("::ffff:198.51.100.1")
 	_, err := normalizePeers(testConfig, []Peer{a, b})
 	checkErr(t, err, "listed twice")
+
+	// One unnumbered session per interface; another interface is another peer.
+	u := Peer{Interface: "eth1", PeerASN: 64496}
+	_, err = normalizePeers(testConfig, []Peer{u, u})
+	checkErr(t, err, "peer interface eth1: listed twice")
+	v := u
+	v.Interface = "eth2"
+	got, err := normalizePeers(testConfig, []Peer{a, u, v})
+	if err != nil || len(got) != 3 {
+		t.Fatalf("a numbered peer and unnumbered ones on two interfaces: %v, %v", got, err)
+	}
 }
 
 func TestRouteValidation(t *testing.T) {

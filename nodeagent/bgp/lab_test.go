@@ -914,3 +914,105 @@ func TestLabASourceAddressOpensTheSessionFromIt(t *testing.T) {
 		t.Errorf("the router's sessions do not come from %s alone:\n%s", src, out)
 	}
 }
+
+// TestLabUnnumberedSessionsCarryRoutes (issue 31): two nodes peer with FRR over point-to-point
+// links that have only link-local addresses (BGP unnumbered: Peer.Interface on the node,
+// "neighbor IF interface" on the router): the sessions come up, the router installs the IPv4
+// and the IPv6 VIP through both links (ECMP over link-local next hops), and a link that goes
+// silent leaves the set within BFD's time.
+func TestLabUnnumberedSessionsCarryRoutes(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 2, Unnumbered: true})
+	fib := openRouterFIB(t, l)
+	peer := Peer{Interface: lab.UnnumberedLink, PeerASN: 64496, ConnectRetry: time.Second,
+		BFD: BFD{Enabled: true, MinRx: 100 * time.Millisecond, MinTx: 100 * time.Millisecond, Multiplier: 3}}
+	routes := []Route{{Prefix: labVIP4}, {Prefix: labVIP6}}
+	var sps []*labSpeaker
+	start := time.Now()
+	for _, n := range l.Nodes {
+		sps = append(sps, startSpeakerSpec(t, n, speakerSpec{RouterID: n.IPv4, ASN: 64497, Peers: []Peer{peer}, Routes: routes}))
+	}
+	links := func(nodes []*lab.Host) []string {
+		var out []string
+		for _, n := range nodes {
+			out = append(out, lab.UnnumberedRouterLink(n))
+		}
+		return out
+	}
+	waitDevs := func(want []string, timeout time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(timeout)
+		for {
+			d4, err4 := fib.devices(labVIP4)
+			d6, err6 := fib.devices(labVIP6)
+			if err4 == nil && err6 == nil && slices.Equal(d4, want) && slices.Equal(d6, want) {
+				return
+			}
+			if time.Now().After(deadline) {
+				sum, _ := l.Vtysh("show bgp summary")
+				t.Fatalf("after %s the router routes %s via %v (%v) and %s via %v (%v), want %v; FRR:\n%s\n%s\nnode1's speaker:\n%s",
+					timeout, labVIP4, d4, err4, labVIP6, d6, err6, want, sum, l.RouterLog(start, 40), sps[0].proc.Tail(20))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitDevs(links(l.Nodes), 30*time.Second)
+	t.Logf("unnumbered sessions of two nodes: the router routes both VIPs over both links after %s", time.Since(start).Round(time.Millisecond))
+	for _, sp := range sps {
+		sp.waitLog(t, "Established", 10*time.Second)
+	}
+
+	// BFD up at the router, then node1's link fails.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err := l.Vtysh("show bfd peers brief json")
+		if err == nil && strings.Count(out, `"status":"up"`) >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the router's BFD sessions over the unnumbered links are not up: %s (%v)", out, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// The link stays up (the router's side keeps its carrier): only BFD can tell.
+	cut := time.Now()
+	drop := fmt.Sprintf("add table inet cut; add chain inet cut in { type filter hook input priority 0; }; add rule inet cut in iifname %[1]s drop; "+
+		"add chain inet cut out { type filter hook output priority 0; }; add rule inet cut out oifname %[1]s drop", lab.UnnumberedLink)
+	if out, err := l.Nodes[0].Run(context.Background(), "nft", drop); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	waitDevs(links(l.Nodes[1:]), 15*time.Second)
+	took := time.Since(cut)
+	t.Logf("node1's unnumbered link silent to its next hops gone: %s", took.Round(time.Millisecond))
+	if took > 5*time.Second {
+		t.Errorf("removing a node whose unnumbered link went silent took %s: BFD did not act", took)
+	}
+}
+
+// devices returns the sorted interfaces of the router's route for exactly p.
+func (f *routerFIB) devices(p netip.Prefix) ([]string, error) {
+	family := netlink.FAMILY_V4
+	if p.Addr().Is6() {
+		family = netlink.FAMILY_V6
+	}
+	dst := &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+	routes, err := f.h.RouteListFiltered(family, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
+	if err != nil {
+		return nil, fmt.Errorf("list routes for %s: %w", p, err)
+	}
+	var out []string
+	add := func(index int) {
+		if link, err := f.h.LinkByIndex(index); err == nil {
+			out = append(out, link.Attrs().Name)
+		}
+	}
+	for _, r := range routes {
+		if len(r.MultiPath) == 0 {
+			add(r.LinkIndex)
+		}
+		for _, nh := range r.MultiPath {
+			add(nh.LinkIndex)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}

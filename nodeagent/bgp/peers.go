@@ -37,12 +37,13 @@ func (s *Speaker) SetPeers(ctx context.Context, peers []Peer) error {
 		}
 		if _, waiting := s.deferred[addr]; waiting {
 			delete(s.deferred, addr) // gobgp never had it
-		} else if err := s.server.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr.String()}); err != nil {
-			errs = append(errs, fmt.Errorf("delete bgp peer %s: %w", addr, err))
+		} else if err := s.deletePeer(ctx, addr); err != nil {
+			errs = append(errs, fmt.Errorf("delete bgp peer %s: %w", s.peers[addr].Name(), err))
 			continue
 		}
 		delete(s.peers, addr)
 		delete(s.bfdArmed, addr)
+		delete(s.solicited, addr)
 		s.stateMu.Lock()
 		delete(s.sessions, addr)
 		s.stateMu.Unlock()
@@ -57,12 +58,21 @@ func (s *Speaker) SetPeers(ctx context.Context, peers []Peer) error {
 		p := want[addr]
 		// Track the session before gobgp can report on it.
 		s.stateMu.Lock()
-		s.sessions[addr] = &session{SessionState: SessionState{Peer: addr, State: "Idle", Since: time.Now()}, bfd: p.BFD.Enabled}
+		s.sessions[addr] = &session{SessionState: SessionState{Peer: addr, Interface: p.Interface, State: "Idle", Since: time.Now()}, bfd: p.BFD.Enabled}
 		s.stateMu.Unlock()
 		if until, ok := s.deferFirstSession(p); ok {
 			s.deferred[addr] = deferredPeer{until: until, restarting: s.restarting}
 			s.peers[addr] = p
-			klog.V(2).InfoS("BGP session deferred until the router's BFD session of the previous process has ended", "peer", addr, "until", until)
+			klog.V(2).InfoS("BGP session deferred until the router's BFD session of the previous process has ended", "peer", p.Name(), "until", until)
+			s.kickBFD()
+			continue
+		}
+		if p.Interface != "" {
+			// Unnumbered: gobgp takes the peer only once the link's neighbour is in the
+			// kernel's table. Solicit it and let bfdLoop add the peer when it is.
+			solicitNeighbours(p.Interface)
+			s.deferred[addr] = deferredPeer{until: time.Now().Add(unnumberedResolve), restarting: s.restarting}
+			s.peers[addr] = p
 			s.kickBFD()
 			continue
 		}
@@ -111,7 +121,7 @@ func (s *Speaker) addPeer(ctx context.Context, p Peer, restarting bool) error {
 		ap.GracefulRestart.LocalRestarting = true
 	}
 	if err := s.server.AddPeer(ctx, &api.AddPeerRequest{Peer: ap}); err != nil {
-		return fmt.Errorf("add bgp peer %s (AS %d): %w", p.Address, p.PeerASN, err)
+		return fmt.Errorf("add bgp peer %s (AS %d): %w", p.Name(), p.PeerASN, err)
 	}
 	return nil
 }
@@ -119,17 +129,27 @@ func (s *Speaker) addPeer(ctx context.Context, p Peer, restarting bool) error {
 // apiPeer translates a normalized Peer into gobgp's configuration, with BFD running if
 // p asks for it and bfd is true.
 func apiPeer(p Peer, bfd bool) *api.Peer {
-	family := &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}
-	if p.Address.Is6() {
-		family.Afi = api.Family_AFI_IP6
+	var afis []api.Family_Afi
+	switch {
+	case p.Interface != "":
+		// IPv4 routes go with the link-local IPv6 next hop (gobgp always offers the extended
+		// next hop capability, RFC 8950, for families other than IPv6).
+		afis = []api.Family_Afi{api.Family_AFI_IP, api.Family_AFI_IP6}
+	case p.Address.Is6():
+		afis = []api.Family_Afi{api.Family_AFI_IP6}
+	default:
+		afis = []api.Family_Afi{api.Family_AFI_IP}
 	}
-	afiSafi := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: family, Enabled: true}}
+	var afiSafis []*api.AfiSafi
+	for _, afi := range afis {
+		family := &api.Family{Afi: afi, Safi: api.Family_SAFI_UNICAST}
+		afiSafis = append(afiSafis, &api.AfiSafi{Config: &api.AfiSafiConfig{Family: family, Enabled: true}})
+	}
 	out := &api.Peer{
 		Conf: &api.PeerConf{
-			NeighborAddress: p.Address.String(),
-			PeerAsn:         p.PeerASN,
-			LocalAsn:        p.LocalASN,
-			AuthPassword:    p.Password,
+			PeerAsn:      p.PeerASN,
+			LocalAsn:     p.LocalASN,
+			AuthPassword: p.Password,
 		},
 		Timers: &api.Timers{Config: &api.TimersConfig{
 			ConnectRetry:           uint64(p.ConnectRetry / time.Second),
@@ -141,7 +161,12 @@ func apiPeer(p Peer, bfd bool) *api.Peer {
 			RemotePort:  uint32(p.Port),
 			PassiveMode: p.Passive,
 		},
-		AfiSafis: []*api.AfiSafi{afiSafi},
+		AfiSafis: afiSafis,
+	}
+	if p.Interface != "" {
+		out.Conf.NeighborInterface = p.Interface
+	} else {
+		out.Conf.NeighborAddress = p.Address.String()
 	}
 	if p.SourceAddress.IsValid() {
 		out.Transport.LocalAddress = p.SourceAddress.String()
@@ -166,9 +191,34 @@ func apiPeer(p Peer, bfd bool) *api.Peer {
 	if p.GracefulRestart {
 		out.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: uint32(gracefulRestartTime / time.Second),
 			DeferralTime: uint32(restartDeferral / time.Second)}
-		afiSafi.MpGracefulRestart = &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}}
+		for _, af := range afiSafis {
+			af.MpGracefulRestart = &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}}
+		}
 	}
 	return out
+}
+
+// deletePeer removes the session of the peer keyed k from gobgp. An unnumbered peer is
+// deleted by the neighbour address gobgp resolved when it was added (gobgp would resolve the
+// interface again, and fail once the neighbour is gone).
+func (s *Speaker) deletePeer(ctx context.Context, k peerKey) error {
+	iface := interfaceOf(k)
+	if iface == "" {
+		return s.server.DeletePeer(ctx, &api.DeletePeerRequest{Address: k.String()})
+	}
+	var addr string
+	err := s.server.ListPeer(ctx, &api.ListPeerRequest{}, func(p *api.Peer) {
+		if p.GetConf().GetNeighborInterface() == iface {
+			addr = p.GetState().GetNeighborAddress()
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if addr == "" {
+		return nil // gone already
+	}
+	return s.server.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr})
 }
 
 // minTTL is the lowest TTL a packet from a peer hops away (1 when 0: directly connected) has

@@ -31,7 +31,10 @@ import (
 
 // SessionState is the state of one peer's session.
 type SessionState struct {
+	// Peer is the peer's address; for an unnumbered peer fe80:: zoned with Interface.
 	Peer netip.Addr
+	// Interface is an unnumbered peer's interface (Peer.Interface), "" for the others.
+	Interface string
 	// State is the BGP FSM state: Idle, Connect, Active, OpenSent, OpenConfirm or Established.
 	State string
 	// BFDState is Up, Down, Init or AdminDown; empty when BFD is off for the peer.
@@ -70,6 +73,9 @@ type Speaker struct {
 	// router's BFD session of the previous process to end (see deferFirstSession).
 	started  time.Time
 	deferred map[netip.Addr]deferredPeer
+	// solicited is when the neighbours of each unnumbered peer's link whose session is down
+	// were last solicited (see solicitNeighbours).
+	solicited map[netip.Addr]time.Time
 
 	bfdKick chan struct{}
 	stopBFD context.CancelFunc
@@ -107,6 +113,7 @@ func New(ctx context.Context, cfg Config) (*Speaker, error) {
 		restarting: cfg.Restarting,
 		started:    time.Now(),
 		deferred:   map[netip.Addr]deferredPeer{},
+		solicited:  map[netip.Addr]time.Time{},
 		server:     server.NewBgpServer(server.LoggerOption(logger, nil)),
 		serveDone:  make(chan struct{}),
 		peers:      map[netip.Addr]Peer{},
@@ -254,7 +261,7 @@ func (s *Speaker) withdrawAll(ctx context.Context) error {
 		v4 = v4 || p.Addr().Is4()
 		v6 = v6 || p.Addr().Is6()
 	}
-	carries := func(a netip.Addr) bool { return a.Is4() && v4 || a.Is6() && v6 }
+	carries := func(a peerKey) bool { return interfaceOf(a) != "" || a.Is4() && v4 || a.Is6() && v6 }
 	before, err := s.sentUpdates(context.WithoutCancel(ctx))
 	if err != nil {
 		return err
@@ -303,7 +310,7 @@ func (s *Speaker) sentUpdates(ctx context.Context) (map[netip.Addr]uint64, error
 			return
 		}
 		if a, err := netip.ParseAddr(st.GetNeighborAddress()); err == nil {
-			out[a] = st.GetMessages().GetSent().GetUpdate()
+			out[keyOfNeighbor(a)] = st.GetMessages().GetSent().GetUpdate()
 		}
 	})
 	if err != nil {
@@ -321,7 +328,7 @@ func (s *Speaker) advertised() map[netip.Addr]uint64 {
 			return
 		}
 		for _, af := range p.GetAfiSafis() {
-			out[a] += af.GetState().GetAdvertised()
+			out[keyOfNeighbor(a)] += af.GetState().GetAdvertised()
 		}
 	})
 	return out
@@ -333,7 +340,8 @@ func (s *Speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, at time.T
 		return
 	}
 	ps := ev.Peer.State
-	st := SessionState{Peer: ps.NeighborAddress, State: fsmStateName(ps.SessionState), Since: at}
+	key := keyOfNeighbor(ps.NeighborAddress)
+	st := SessionState{Peer: key, Interface: interfaceOf(key), State: fsmStateName(ps.SessionState), Since: at}
 	running := s.bfdStates()
 	if failure(ps.DisconnectReason) {
 		st.LastError = ps.DisconnectMessage
@@ -359,9 +367,9 @@ func (s *Speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, at time.T
 	s.stateMu.Unlock()
 	s.kickBFD()
 	if st.Established() || failure(ps.DisconnectReason) {
-		klog.InfoS("BGP session", "peer", st.Peer, "state", st.State, "bfd", st.BFDState, "lastError", st.LastError)
+		klog.InfoS("BGP session", "peer", ps.NeighborAddress, "state", st.State, "bfd", st.BFDState, "lastError", st.LastError)
 	} else {
-		klog.V(2).InfoS("BGP session", "peer", st.Peer, "state", st.State)
+		klog.V(2).InfoS("BGP session", "peer", ps.NeighborAddress, "state", st.State)
 	}
 	for _, h := range handlers {
 		h(st)
@@ -385,7 +393,7 @@ func (s *Speaker) bfdStates() map[netip.Addr]string {
 	out := map[netip.Addr]string{}
 	s.server.ListBfdPeer(context.Background(), func(addr string, st *api.BfdPeerState) {
 		if a, err := netip.ParseAddr(addr); err == nil {
-			out[a] = bfdStateName(st.GetSessionState())
+			out[keyOfNeighbor(a)] = bfdStateName(st.GetSessionState())
 		}
 	})
 	return out

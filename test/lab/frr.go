@@ -26,6 +26,16 @@ func (l *Lab) frrName() string { return "mvlab-" + l.ID }
 // such a path is used only when no other is left.
 func (l *Lab) FRRConfig() map[string]string {
 	o := l.opts
+	// Unnumbered peers (Options.Unnumbered): one per node link, in both families.
+	var unnumbered, unnumbered4, unnumbered6 string
+	if o.Unnumbered {
+		unnumbered = " neighbor UNNUMBERED peer-group\n neighbor UNNUMBERED remote-as external\n neighbor UNNUMBERED bfd profile lab\n neighbor UNNUMBERED timers 3 9\n neighbor UNNUMBERED timers connect 1\n"
+		for _, h := range l.Nodes {
+			unnumbered += fmt.Sprintf(" neighbor %s interface peer-group UNNUMBERED\n", UnnumberedRouterLink(h))
+		}
+		unnumbered4 = "  neighbor UNNUMBERED activate\n"
+		unnumbered6 = "  neighbor UNNUMBERED activate\n"
+	}
 	// Millisecond timestamps and the session and BFD events at debug level: a test that fails
 	// shows the router's side of it (RouterLog).
 	header := fmt.Sprintf("frr defaults traditional\nhostname router\nlog file %s/frr.log debugging\nlog timestamp precision 3\n!\n", l.Dir)
@@ -62,18 +72,18 @@ router bgp %d
  neighbor NODES6 timers connect 1
  bgp listen range %s peer-group NODES
  bgp listen range %s peer-group NODES6
- !
+%s !
  address-family ipv4 unicast
   neighbor NODES activate
   neighbor NODES route-map NODES-IN in
-  maximum-paths 8
+%s  maximum-paths 8
   maximum-paths ibgp 8
  exit-address-family
  !
  address-family ipv6 unicast
   neighbor NODES6 activate
   neighbor NODES6 route-map NODES-IN in
-  maximum-paths 8
+%s  maximum-paths 8
   maximum-paths ibgp 8
  exit-address-family
 !
@@ -85,7 +95,7 @@ route-map NODES-IN permit 10
 !
 route-map NODES-IN permit 20
 !
-`, o.RouterASN, o.NodeASN, o.NodeASN, SegmentV4, SegmentV6),
+`, o.RouterASN, o.NodeASN, o.NodeASN, SegmentV4, SegmentV6, unnumbered, unnumbered4, unnumbered6),
 	}
 }
 

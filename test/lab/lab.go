@@ -62,7 +62,19 @@ type Options struct {
 	// IBGP makes the nodes' sessions iBGP: the nodes' ASN is the router's (NodeASN is
 	// ignored).
 	IBGP bool
+	// Unnumbered adds a point-to-point link between each node and the router, with
+	// link-local IPv6 addresses only (UnnumberedLink on the node, UnnumberedRouterLink on the
+	// router), and FRR peers with the nodes over them as BGP unnumbered ("neighbor IF
+	// interface", eBGP, BFD, IPv4 and IPv6 unicast). FRR only.
+	Unnumbered bool
 }
+
+// UnnumberedLink is the node's side of its point-to-point link to the router
+// (Options.Unnumbered).
+const UnnumberedLink = "un0"
+
+// UnnumberedRouterLink is the router's side of node's point-to-point link.
+func UnnumberedRouterLink(node *Host) string { return "un-" + node.Name }
 
 // The router's BGP implementations (Options.Router).
 const (
@@ -144,6 +156,9 @@ func New(t testenv.TB, opts Options) *Lab {
 	}
 	if opts.IBGP {
 		opts.NodeASN = opts.RouterASN
+	}
+	if opts.Unnumbered && opts.Router != RouterFRR {
+		t.Fatalf("lab: unnumbered links need the FRR router, not %q", opts.Router)
 	}
 
 	b := make([]byte, 3)
@@ -326,6 +341,19 @@ func (l *Lab) build() error {
 		}
 		if err := ip("-n", h.NS, "-6", "route", "add", "local", VIPRangeV6.String(), "dev", "lo"); err != nil {
 			return err
+		}
+	}
+	if l.opts.Unnumbered {
+		for _, h := range l.Nodes {
+			if err := ip("-n", l.Router.NS, "link", "add", UnnumberedRouterLink(h), "type", "veth", "peer", "name", UnnumberedLink, "netns", h.NS); err != nil {
+				return err
+			}
+			if err := ip("-n", l.Router.NS, "link", "set", UnnumberedRouterLink(h), "up"); err != nil {
+				return err
+			}
+			if err := ip("-n", h.NS, "link", "set", UnnumberedLink, "up"); err != nil {
+				return err
+			}
 		}
 	}
 	// Router to remote: a direct link.
