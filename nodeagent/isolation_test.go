@@ -67,6 +67,9 @@ func TestABadItemIsRefusedAloneAndTheRestApplied(t *testing.T) {
 			agentv1.Refusal_KIND_BGP_PEER, "0.0.0.0", "bgp_peers[1].address", "give the peer's own address"},
 		{"a link-local peer is refused alone", func(s *agentv1.DesiredState) { s.BgpPeers = append(s.BgpPeers, bgpPeerOf("fe80::1", nil)) },
 			agentv1.Refusal_KIND_BGP_PEER, "fe80::1", "bgp_peers[1].address", "give the peer's global or unique local address"},
+		{"an unnumbered peer with a source address is refused alone", func(s *agentv1.DesiredState) {
+			s.BgpPeers = append(s.BgpPeers, bgpPeerOf("", func(p *agentv1.BGPPeer) { p.Interface, p.SourceAddress = "eth1", "198.51.100.11" }))
+		}, agentv1.Refusal_KIND_BGP_PEER, "interface eth1", "bgp_peers[1].source_address", "remove the source address"},
 		{"a multicast peer is refused alone", func(s *agentv1.DesiredState) { s.BgpPeers = append(s.BgpPeers, bgpPeerOf("ff02::5", nil)) },
 			agentv1.Refusal_KIND_BGP_PEER, "ff02::5", "bgp_peers[1].address", "not a unicast address"},
 		{"a peer listed twice is refused the second time", func(s *agentv1.DesiredState) { s.BgpPeers = append(s.BgpPeers, bgpPeerOf("198.51.100.1", nil)) },

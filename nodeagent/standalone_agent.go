@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/nodeagent/bgp"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
 )
@@ -51,7 +52,7 @@ func (a *Agent) checkState(st *agentv1.DesiredState) checkedState {
 		}
 		i := slices.IndexFunc(st.GetBgpPeers(), func(x *agentv1.BGPPeer) bool { return x.GetAddress() == p.Address.String() })
 		c.refused = append(c.refused, &agentv1.Refusal{
-			Kind: agentv1.Refusal_KIND_BGP_PEER, Key: p.Address.String(), Field: fmt.Sprintf("bgp_peers[%d].source_address", i),
+			Kind: agentv1.Refusal_KIND_BGP_PEER, Key: agentapi.PeerKey(st.GetBgpPeers()[i]), Field: fmt.Sprintf("bgp_peers[%d].source_address", i),
 			Reason: fmt.Sprintf("%s is not an address of node %s; give the BGPPeer a nodeSelector that selects the node holding it, or no sourceAddress", p.SourceAddress, a.opts.Node),
 		})
 		return true

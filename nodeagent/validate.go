@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/nodeagent/bgp"
 	"github.com/metalvip/metalvip/nodeagent/failover"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
@@ -152,16 +153,19 @@ func checkItems(st *agentv1.DesiredState) checkedState {
 	}
 
 	defaultASN := st.GetBgp().GetAsn()
-	seenPeer := map[netip.Addr]int{}
+	seenPeer := map[string]int{}
 	for i, p := range st.GetBgpPeers() {
 		at := fmt.Sprintf("bgp_peers[%d]", i)
 		bad := func(field, format string, args ...any) {
-			refuse(agentv1.Refusal_KIND_BGP_PEER, p.GetAddress(), at+field, format, args...)
+			refuse(agentv1.Refusal_KIND_BGP_PEER, agentapi.PeerKey(p), at+field, format, args...)
 		}
-		addr, err := netip.ParseAddr(p.GetAddress())
-		if err != nil {
-			bad(".address", "%q is not an IP address; give the peer's address", p.GetAddress())
-			continue
+		var addr netip.Addr
+		var err error
+		if p.GetInterface() == "" || p.GetAddress() != "" {
+			if addr, err = netip.ParseAddr(p.GetAddress()); err != nil {
+				bad(".address", "%q is not an IP address; give the peer's address", p.GetAddress())
+				continue
+			}
 		}
 		if p.GetPort() > 65535 {
 			bad(".port", "%d is not a TCP port; give 0 (179) or 1 to 65535", p.GetPort())
@@ -199,11 +203,12 @@ func checkItems(st *agentv1.DesiredState) checkedState {
 			}
 			continue
 		}
-		if j, dup := seenPeer[addr.Unmap()]; dup {
-			bad(".address", "%s is also bgp_peers[%d]; give each peer once (one session per address)", addr, j)
+		key := agentapi.SessionKey(addr.Unmap().String(), p.GetInterface())
+		if j, dup := seenPeer[key]; dup {
+			bad(".address", "%s is also bgp_peers[%d]; give each peer once (one session per address or interface)", key, j)
 			continue
 		}
-		seenPeer[addr.Unmap()] = i
+		seenPeer[key] = i
 		c.peers = append(c.peers, peer)
 	}
 
@@ -330,6 +335,7 @@ func peerField(goName string) string {
 func bgpPeer(addr netip.Addr, p *agentv1.BGPPeer) bgp.Peer {
 	return bgp.Peer{
 		Address:         addr,
+		Interface:       p.GetInterface(),
 		Port:            uint16(p.GetPort()),
 		PeerASN:         p.GetPeerAsn(),
 		LocalASN:        p.GetLocalAsn(),

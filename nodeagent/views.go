@@ -58,10 +58,16 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 	slices.SortFunc(resp.Announced, func(x, y *agentv1.AnnouncedVIP) int { return strings.Compare(x.GetVip(), y.GetVip()) })
 	if a.bgp != nil {
 		for _, s := range a.bgp.Sessions() {
-			resp.Peers = append(resp.Peers, &agentv1.PeerStatus{
-				Address: s.Peer.String(), State: s.State, BfdState: s.BFDState, LastError: s.LastError, SinceUnix: s.Since.Unix(),
+			ps := &agentv1.PeerStatus{
+				State: s.State, BfdState: s.BFDState, LastError: s.LastError, SinceUnix: s.Since.Unix(),
 				RoutesAdvertised: uint32(min(s.RoutesAdvertised, 1<<32-1)),
-			})
+			}
+			if s.Interface != "" {
+				ps.Interface = s.Interface
+			} else {
+				ps.Address = s.Peer.String()
+			}
+			resp.Peers = append(resp.Peers, ps)
 		}
 	}
 	resp.L2, resp.Heartbeats = a.countersLocked()

@@ -11,6 +11,7 @@ import (
 // +kubebuilder:resource:scope=Cluster,categories=metalvip
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.address`
+// +kubebuilder:printcolumn:name="Interface",type=string,JSONPath=`.spec.interface`,priority=1
 // +kubebuilder:printcolumn:name="Peer ASN",type=integer,JSONPath=`.spec.peerASN`
 // +kubebuilder:printcolumn:name="My ASN",type=integer,JSONPath=`.spec.myASN`
 // +kubebuilder:printcolumn:name="BFD",type=boolean,JSONPath=`.spec.bfd.enabled`
@@ -98,22 +99,38 @@ type BGPPeerList struct {
 
 // BGPPeerSpec describes the session.
 //
+// +kubebuilder:validation:XValidation:rule="has(self.address) != has(self.interface)",message="give the router's address, or the interface of an unnumbered session, not both"
+// +kubebuilder:validation:XValidation:rule="!has(self.interface) || (!has(self.sourceAddress) && (!has(self.ebgpMultihop) || self.ebgpMultihop <= 1))",message="an unnumbered session (interface) runs from the node's link-local address to the router on the link: remove sourceAddress and ebgpMultihop"
 // +kubebuilder:validation:XValidation:rule="!has(self.bfd) || !self.bfd.enabled || !has(self.ebgpMultihop) || self.ebgpMultihop <= 1",message="BFD here is single-hop: turn bfd off or remove ebgpMultihop"
-// +kubebuilder:validation:XValidation:rule="!has(self.sourceAddress) || !isIP(self.sourceAddress) || !isIP(self.address) || ip(self.sourceAddress).family() == ip(self.address).family()",message="sourceAddress must be of the address family of address"
+// +kubebuilder:validation:XValidation:rule="!has(self.sourceAddress) || !has(self.address) || !isIP(self.sourceAddress) || !isIP(self.address) || ip(self.sourceAddress).family() == ip(self.address).family()",message="sourceAddress must be of the address family of address"
 // +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || !has(self.holdTimeSeconds) || self.holdTimeSeconds == 0 || self.keepaliveSeconds * 3 <= self.holdTimeSeconds",message="keepaliveSeconds must be at most a third of holdTimeSeconds, such as holdTimeSeconds: 90 with keepaliveSeconds: 30"
 // +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || self.keepaliveSeconds == 0 || !has(self.holdTimeSeconds) || self.holdTimeSeconds != 0",message="holdTimeSeconds 0 takes no keepaliveSeconds: remove keepaliveSeconds, or set holdTimeSeconds to at least three times it"
 // +kubebuilder:validation:XValidation:rule="!has(self.keepaliveSeconds) || has(self.holdTimeSeconds) || self.keepaliveSeconds <= 30",message="keepaliveSeconds must be at most a third of the hold time, 90 by default: give at most 30, or set holdTimeSeconds to at least three times it"
 type BGPPeerSpec struct {
 	// Address is the router's unicast address, IPv4 or IPv6; not unspecified, loopback,
-	// link-local, multicast or broadcast (255.0.0.0/8).
+	// link-local, multicast or broadcast (255.0.0.0/8). Give address or interface.
 	//
 	// +kubebuilder:validation:MaxLength=45
 	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="must be an IP address such as 198.51.100.1"
 	// +kubebuilder:validation:XValidation:rule="!isIP(self) || !ip(self).isUnspecified()",message="0.0.0.0 and :: name no router: give the router's own address, such as 198.51.100.1"
 	// +kubebuilder:validation:XValidation:rule="!isIP(self) || !ip(self).isLoopback()",message="a loopback address is the node itself, not a router: give the router's address on the node network, such as 198.51.100.1"
-	// +kubebuilder:validation:XValidation:rule="!isIP(self) || !ip(self).isLinkLocalUnicast()",message="link-local peers (169.254.0.0/16, fe80::/10) are not supported: give a global or unique-local address of the router"
+	// +kubebuilder:validation:XValidation:rule="!isIP(self) || !ip(self).isLinkLocalUnicast()",message="a link-local address (169.254.0.0/16, fe80::/10) is the router's on one link only: for BGP unnumbered give interface instead of address, else a global or unique-local address of the router"
 	// +kubebuilder:validation:XValidation:rule="!isIP(self) || (ip(self).isGlobalUnicast() && !self.startsWith('255.')) || ip(self).isUnspecified() || ip(self).isLoopback() || ip(self).isLinkLocalUnicast()",message="a multicast or broadcast address (224.0.0.0/4, 255.0.0.0/8, ff00::/8) names no router: give the router's unicast address, such as 198.51.100.1"
-	Address string `json:"address"`
+	// +optional
+	Address string `json:"address,omitempty"`
+
+	// Interface makes the session unnumbered ("BGP unnumbered", RFC 8950): each node peers
+	// with the one IPv6 link-local neighbour of its interface of this name, a point-to-point
+	// link to the router, and the session carries IPv4 VIPs (with an IPv6 next hop) and IPv6
+	// VIPs. The node sends Router Advertisements with a lifetime of 0 on the link (so the
+	// router learns its address, as FRR's "neighbor IF interface" needs) and solicits the
+	// router's. Nodes without the interface report the session down with the reason. Give
+	// address or interface; not with sourceAddress or ebgpMultihop. MetalLB's interface.
+	//
+	// +kubebuilder:validation:MaxLength=15
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[!-.0-9;-~]{1,15}$') && self != '.' && self != '..'",message="an interface name is 1 to 15 ASCII characters without '/', ':' or spaces, and not . or .., such as eth1"
+	// +optional
+	Interface string `json:"interface,omitempty"`
 
 	// Port is the router's BGP port. Default 179.
 	//

@@ -277,7 +277,7 @@ func printAgent(out io.Writer, st *agentv1.GetStateResponse) {
 			if p.GetSinceUnix() > 0 {
 				since = time.Unix(p.GetSinceUnix(), 0).UTC().Format(time.RFC3339)
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", p.GetAddress(), p.GetState(), p.GetBfdState(), since, p.GetLastError())
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", agentapi.StatusKey(p), p.GetState(), p.GetBfdState(), since, p.GetLastError())
 		}
 	}
 	if c := st.GetL2(); c != nil {

@@ -10,6 +10,7 @@ package agentapi
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -134,4 +135,37 @@ func Restamped(st *agentv1.DesiredState, term, gen uint64) *agentv1.DesiredState
 // SameContent reports whether two states say the same, whatever their terms and generations.
 func SameContent(x, y *agentv1.DesiredState) bool {
 	return proto.Equal(Restamped(x, 0, 0), Restamped(y, 0, 0))
+}
+
+// SessionKey names one BGP session of a node as both ends match them: BGPPeer on the way to
+// the agent, PeerStatus and the agent's refusals back (Refusal.item), and the CCM's "one
+// session per router on a node". It is the router's address, or "interface NAME" for an
+// unnumbered session (BGPPeer.interface), which has no address.
+func SessionKey(address, iface string) string {
+	if iface != "" {
+		return "interface " + iface
+	}
+	return address
+}
+
+// PeerKey is SessionKey of a BGPPeer.
+func PeerKey(p *agentv1.BGPPeer) string { return SessionKey(p.GetAddress(), p.GetInterface()) }
+
+// StatusKey is SessionKey of a PeerStatus.
+func StatusKey(s *agentv1.PeerStatus) string { return SessionKey(s.GetAddress(), s.GetInterface()) }
+
+// CheckInterfaceName reports whether name can be a network interface's name (an IPPool's
+// announce.l2.interfaces, an unnumbered session's BGPPeer.interface): 1 to 15 printable ASCII
+// characters without '/' or ':', not "." or "..", as the CRDs' validation says
+// (^[!-.0-9;-~]{1,15}$).
+func CheckInterfaceName(name string) error {
+	ok := name != "" && len(name) <= 15 && name != "." && name != ".."
+	for i := 0; ok && i < len(name); i++ {
+		c := name[i]
+		ok = c > ' ' && c <= '~' && c != '/' && c != ':'
+	}
+	if !ok {
+		return fmt.Errorf("%q is not an interface name: 1 to 15 ASCII characters without '/', ':' or spaces, and not . or .., such as eth1", name)
+	}
+	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/loadbalancer/objects"
 	"github.com/metalvip/metalvip/loadbalancer/planner"
@@ -323,7 +324,7 @@ func (a *Announcer) writePeerConditions() {
 		}
 		var refused []string
 		for _, node := range nodes {
-			if it := a.refusals.peers[node][p.Session.GetAddress()]; it != nil {
+			if it := a.refusals.peers[node][agentapi.PeerKey(p.Session)]; it != nil {
 				refused = append(refused, fmt.Sprintf("%s: %s: %s", node, it.GetField(), it.GetReason()))
 			}
 		}
@@ -346,7 +347,11 @@ func (a *Announcer) writePeerConditions() {
 		case len(dupNodes) > 0:
 			slices.Sort(dupNodes)
 			c.Status, c.Reason = metav1.ConditionFalse, "DuplicateAddress"
-			c.Message = fmt.Sprintf("On %s the older BGPPeer %s has the address %s too, and one session per address runs on a node; give the two peers disjoint nodeSelectors or remove one", short(dupNodes), older, p.Session.GetAddress())
+			what := "the address " + p.Session.GetAddress()
+			if p.Session.GetInterface() != "" {
+				what = "the unnumbered interface " + p.Session.GetInterface()
+			}
+			c.Message = fmt.Sprintf("On %s the older BGPPeer %s has %s too, and one session per address (or interface) runs on a node; give the two peers disjoint nodeSelectors or remove one", short(dupNodes), older, what)
 		case len(refused) > 0:
 			c.Status, c.Reason, c.Message = metav1.ConditionFalse, "RefusedByAgent", "Agents refused the session: "+strings.Join(refused, "; ")
 		case pwProblem != "":

@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/loadbalancer/objects"
 	"github.com/metalvip/metalvip/loadbalancer/pools"
 	"github.com/metalvip/metalvip/loadbalancer/report"
@@ -44,17 +45,17 @@ type peerSessionsStatus struct {
 func PeerSessions(p *pools.Peer, nodes []string, reachable func(string) bool, sessions map[string][]*agentv1.PeerStatus, left map[string]bool) (string, []v1alpha1.BGPPeerNodeStatus) {
 	var out []v1alpha1.BGPPeerNodeStatus
 	up := 0
-	addr := p.Session.GetAddress()
+	key := agentapi.PeerKey(p.Session)
 	for _, n := range nodes {
 		st := v1alpha1.BGPPeerNodeStatus{Node: n, State: SessionNotConfigured}
 		switch {
 		case !reachable(n):
 			st.State = SessionUnknown
 		case left[n]:
-			st.LastError = "another BGPPeer of the same address runs the session on this node"
+			st.LastError = "another BGPPeer of the same address (or interface) runs the session on this node"
 		default:
 			for _, s := range sessions[n] {
-				if s.GetAddress() != addr {
+				if agentapi.StatusKey(s) != key {
 					continue
 				}
 				st.State, st.BFDState, st.LastError = s.GetState(), s.GetBfdState(), s.GetLastError()

@@ -12,6 +12,7 @@ func TestPeerSessions(t *testing.T) {
 	up := &agentv1.PeerStatus{Address: "198.51.100.1", State: "Established", BfdState: "Up", RoutesAdvertised: 4, SinceUnix: 1700000000}
 	other := &agentv1.PeerStatus{Address: "198.51.100.9", State: "Established"}
 	active := &agentv1.PeerStatus{Address: "198.51.100.1", State: "Active", LastError: "hold timer expired"}
+	unnumberedUp := &agentv1.PeerStatus{Interface: "eth1", State: "Established", BfdState: "Up", RoutesAdvertised: 4, SinceUnix: 1700000000}
 	all := func(string) bool { return true }
 	for _, tc := range []struct {
 		name      string
@@ -33,6 +34,8 @@ func TestPeerSessions(t *testing.T) {
 		{"a node left to an older peer of the same address is not counted as this one's", []string{"a"}, all,
 			map[string][]*agentv1.PeerStatus{"a": {up}}, map[string]bool{"a": true}, "Established 0/1", []string{SessionNotConfigured}},
 		{"no node selected gives 0/0", nil, all, nil, nil, "Established 0/0", nil},
+		{"an unnumbered session is not the numbered peer's", []string{"a"}, all,
+			map[string][]*agentv1.PeerStatus{"a": {unnumberedUp}}, nil, "Established 0/1", []string{SessionNotConfigured}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sum, list := PeerSessions(peer, tc.nodes, tc.reachable, tc.sessions, tc.left)
@@ -54,5 +57,17 @@ func TestPeerSessions(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestPeerSessionsOfAnUnnumberedPeerMatchItsInterface(t *testing.T) {
+	peer := &pools.Peer{Name: "tor", Session: &agentv1.BGPPeer{Interface: "eth1"}}
+	sessions := map[string][]*agentv1.PeerStatus{
+		"a": {{Address: "198.51.100.1", State: "Established"}, {Interface: "eth1", State: "Established"}},
+		"b": {{Interface: "eth2", State: "Established"}, {Interface: "eth1", State: "Active", LastError: "no ipv6 link-local neighbor found"}},
+	}
+	sum, list := PeerSessions(peer, []string{"a", "b"}, func(string) bool { return true }, sessions, nil)
+	if sum != "Established 1/2" || list[0].State != "Established" || list[1].State != "Active" || list[1].LastError == "" {
+		t.Errorf("%s %+v", sum, list)
 	}
 }

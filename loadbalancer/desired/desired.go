@@ -17,6 +17,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/loadbalancer/ipam"
 	"github.com/metalvip/metalvip/loadbalancer/planner"
 	"github.com/metalvip/metalvip/loadbalancer/pools"
@@ -311,15 +312,16 @@ type Options struct {
 	HeartbeatPort     int
 }
 
-// PeerConflict is a peer left off a node because an older peer of the same address selects
-// it too.
+// PeerConflict is a peer left off a node because an older peer of the same address (or
+// unnumbered interface) selects it too.
 type PeerConflict struct {
 	Peer, Older, Node string
-	Address           string
+	// Address is the session both peers would run (agentapi.SessionKey).
+	Address string
 }
 
 // Peers returns the BGP sessions of a node: every valid peer that selects it, oldest first,
-// one per address (an older peer of the same address wins; the others are returned as
+// one per address or unnumbered interface (an older peer of the same wins; the others are returned as
 // conflicts). password resolves a peer's password; ok false keeps the session off (its Secret
 // cannot be read: a session never runs without the password it was given).
 func Peers(node *v1.Node, set *pools.Set, password func(*pools.Peer) (string, bool)) ([]*agentv1.BGPPeer, []PeerConflict) {
@@ -330,8 +332,9 @@ func Peers(node *v1.Node, set *pools.Set, password func(*pools.Peer) (string, bo
 		if !p.Selects(node.Labels) {
 			continue
 		}
-		if older, dup := byAddr[p.Session.GetAddress()]; dup {
-			conflicts = append(conflicts, PeerConflict{Peer: p.Name, Older: older, Node: node.Name, Address: p.Session.GetAddress()})
+		key := agentapi.PeerKey(p.Session)
+		if older, dup := byAddr[key]; dup {
+			conflicts = append(conflicts, PeerConflict{Peer: p.Name, Older: older, Node: node.Name, Address: key})
 			continue
 		}
 		s := proto.Clone(p.Session).(*agentv1.BGPPeer)
@@ -342,10 +345,10 @@ func Peers(node *v1.Node, set *pools.Set, password func(*pools.Peer) (string, bo
 			}
 			s.Password = pw
 		}
-		byAddr[s.GetAddress()] = p.Name
+		byAddr[key] = p.Name
 		out = append(out, s)
 	}
-	slices.SortFunc(out, func(a, b *agentv1.BGPPeer) int { return strings.Compare(a.GetAddress(), b.GetAddress()) })
+	slices.SortFunc(out, func(a, b *agentv1.BGPPeer) int { return strings.Compare(agentapi.PeerKey(a), agentapi.PeerKey(b)) })
 	return out, conflicts
 }
 

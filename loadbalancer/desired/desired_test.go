@@ -162,6 +162,19 @@ func TestNodeStateNamesItsHeartbeatPeersWithKeys(t *testing.T) {
 		t.Errorf("conflicts %+v", conflicts)
 	}
 	an := &agentv1.Announcement{Vip: "203.0.113.1", Mode: agentv1.Mode_MODE_L2, L2: &agentv1.L2Announcement{Candidates: []*agentv1.Candidate{{Node: "n2"}, {Node: "n1"}}}}
+
+	// Unnumbered peers are one session per interface: two interfaces are two sessions, a
+	// second peer on the same interface is left off.
+	unnumbered := func(name, iface string, created int64) *pools.Peer {
+		return pools.DecodePeer(&v1alpha1.BGPPeer{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.Unix(created, 0)},
+			Spec: v1alpha1.BGPPeerSpec{Interface: iface, PeerASN: 64496, MyASN: 64497}})
+	}
+	two, twoConflicts := Peers(node, pools.NewSet(nil, []*pools.Peer{unnumbered("tor-a", "eth1", 1), unnumbered("tor-b", "eth2", 2), unnumbered("again", "eth1", 3)}),
+		func(*pools.Peer) (string, bool) { return "", false })
+	if len(two) != 2 || two[0].GetInterface() != "eth1" || two[1].GetInterface() != "eth2" || len(twoConflicts) != 1 || twoConflicts[0].Peer != "again" || twoConflicts[0].Older != "tor-a" {
+		t.Errorf("unnumbered peers %v, conflicts %+v", two, twoConflicts)
+	}
+
 	st := NodeState(node, []*agentv1.Announcement{an}, peers, []string{"n2", "n1"}, Options{}, func(n string) netip.Addr { return addrs[n] }, keys)
 	if len(st.GetHeartbeatPeers()) != 1 || st.GetHeartbeatPeers()[0].GetNode() != "n2" || st.GetHeartbeatPeers()[0].GetAddress() != "198.51.100.12" || string(st.GetHeartbeatPeers()[0].GetPublicKeys()[0]) != "k2" {
 		t.Errorf("heartbeat peers %v", st.GetHeartbeatPeers())

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/internal/agentapi"
 	"github.com/metalvip/metalvip/loadbalancer/ipam"
 	"github.com/metalvip/metalvip/loadbalancer/planner"
 	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
@@ -211,8 +212,8 @@ func decodePool(ip *v1alpha1.IPPool) *Pool {
 		}
 		p.Announce.Interfaces = slices.Clone(l2.Interfaces)
 		for i, name := range l2.Interfaces {
-			if name == "" || len(name) > 15 || strings.ContainsAny(name, "/: \t\n") {
-				add(fmt.Sprintf("spec.announce.l2.interfaces[%d]", i), "%q is not an interface name (1 to 15 characters, no '/', ':' or spaces)", name)
+			if err := agentapi.CheckInterfaceName(name); err != nil {
+				add(fmt.Sprintf("spec.announce.l2.interfaces[%d]", i), "%v", err)
 			}
 		}
 		switch l2.Spreading {
@@ -356,8 +357,22 @@ func decodePeer(bp *v1alpha1.BGPPeer) *Peer {
 	}
 	sp := bp.Spec
 	s := &agentv1.BGPPeer{Address: sp.Address, GracefulRestart: sp.GracefulRestart, TtlSecurity: sp.TTLSecurity}
-	addr, err := netip.ParseAddr(sp.Address)
+	var addr netip.Addr
+	var err error
+	if sp.Address != "" {
+		addr, err = netip.ParseAddr(sp.Address)
+	}
 	switch {
+	case sp.Interface != "" && sp.Address != "":
+		add("spec", "give the router's address, or the interface of an unnumbered session, not both")
+	case sp.Interface != "":
+		if err := agentapi.CheckInterfaceName(sp.Interface); err != nil {
+			add("spec.interface", "%v", err)
+		} else {
+			s.Interface = sp.Interface
+		}
+	case sp.Address == "":
+		add("spec.address", "missing; give the router's address, e.g. 198.51.100.1, or the interface of an unnumbered session")
 	case err != nil:
 		add("spec.address", "%q is not an IP address; write the router's address, e.g. 198.51.100.1", sp.Address)
 	case addr.Zone() != "" || addr.IsLinkLocalUnicast():
@@ -409,6 +424,8 @@ func decodePeer(bp *v1alpha1.BGPPeer) *Peer {
 	if sp.SourceAddress != "" {
 		src, err := netip.ParseAddr(sp.SourceAddress)
 		switch {
+		case sp.Interface != "":
+			add("spec.sourceAddress", "an unnumbered session runs from the node's link-local address on %s; remove sourceAddress", sp.Interface)
 		case err != nil || src.Zone() != "":
 			add("spec.sourceAddress", "%q is not an IP address; write one the node holds, e.g. 198.51.100.11", sp.SourceAddress)
 		case addr.IsValid() && src.Unmap().Is4() != addr.Unmap().Is4():
@@ -429,6 +446,8 @@ func decodePeer(bp *v1alpha1.BGPPeer) *Peer {
 	if m := sp.EBGPMultihop; m != nil {
 		if *m < 1 || *m > 255 {
 			add("spec.ebgpMultihop", "%d is out of range; give 1 to 255", *m)
+		} else if *m > 1 && sp.Interface != "" {
+			add("spec.ebgpMultihop", "an unnumbered session's router is on the link %s, one hop away; remove ebgpMultihop", sp.Interface)
 		} else if *m > 1 {
 			s.EbgpMultihopTtl = uint32(*m)
 		}

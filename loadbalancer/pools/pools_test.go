@@ -157,6 +157,13 @@ func TestPeersAreCheckedAsTheAgentChecksThem(t *testing.T) {
 		{"a source address of the other family", func(s *v1alpha1.BGPPeerSpec) { s.SourceAddress = "2001:db8:1::11" }, "spec.sourceAddress"},
 		{"a link-local source address", func(s *v1alpha1.BGPPeerSpec) { s.SourceAddress = "169.254.0.1" }, "spec.sourceAddress"},
 		{"a connect retry of 0", func(s *v1alpha1.BGPPeerSpec) { s.ConnectRetrySeconds = ptr(int32(0)) }, "spec.connectRetrySeconds"},
+		{"neither address nor interface", func(s *v1alpha1.BGPPeerSpec) { s.Address = "" }, "spec.address"},
+		{"both address and interface", func(s *v1alpha1.BGPPeerSpec) { s.Interface = "eth1" }, "not both"},
+		{"an interface name with a slash", func(s *v1alpha1.BGPPeerSpec) { s.Address, s.Interface = "", "eth/1" }, "spec.interface"},
+		{"an unnumbered peer with a source address", func(s *v1alpha1.BGPPeerSpec) {
+			s.Address, s.Interface, s.SourceAddress = "", "eth1", "198.51.100.11"
+		}, "spec.sourceAddress"},
+		{"an unnumbered multihop peer", func(s *v1alpha1.BGPPeerSpec) { s.Address, s.Interface, s.EBGPMultihop = "", "eth1", ptr(int32(2)) }, "spec.ebgpMultihop"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := base()
@@ -179,6 +186,12 @@ func TestPeersAreCheckedAsTheAgentChecksThem(t *testing.T) {
 	if p := DecodePeer(&v1alpha1.BGPPeer{ObjectMeta: metav1.ObjectMeta{Name: "r"}, Spec: withSource}); !p.Valid() ||
 		p.Session.GetSourceAddress() != "198.51.100.61" || p.Session.GetConnectRetrySeconds() != 2 {
 		t.Errorf("a peer with a source address and a connect retry: %+v", p)
+	}
+	unnumbered := base()
+	unnumbered.Address, unnumbered.Interface = "", "eth1"
+	if p := DecodePeer(&v1alpha1.BGPPeer{ObjectMeta: metav1.ObjectMeta{Name: "r"}, Spec: unnumbered}); !p.Valid() ||
+		p.Session.GetInterface() != "eth1" || p.Session.GetAddress() != "" {
+		t.Errorf("an unnumbered peer: %+v", p)
 	}
 }
 

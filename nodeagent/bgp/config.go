@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/metalvip/metalvip/internal/agentapi"
 )
 
 // Config describes the local side of every session of a Speaker.
@@ -257,7 +259,7 @@ func normalizePeer(cfg Config, p Peer) (Peer, error) {
 	if p.Interface != "" {
 		// Checked above.
 	} else if p.Address.Zone() != "" || p.Address.Unmap().IsLinkLocalUnicast() {
-		return p, fieldErr("Address", "%s is link-local, which is not supported; give the peer's global or unique local address", p.Address)
+		return p, fieldErr("Address", "%s is link-local; give the peer's global or unique local address, or the interface for BGP unnumbered", p.Address)
 	}
 	p.Address = p.Address.Unmap()
 	if p.Interface == "" && (p.Address.IsUnspecified() || p.Address.IsMulticast()) {
@@ -332,7 +334,7 @@ func normalizePeer(cfg Config, p Peer) (Peer, error) {
 
 // checkUnnumbered checks the fields an unnumbered peer (Interface) must and must not have.
 func checkUnnumbered(p Peer) error {
-	if err := CheckInterfaceName(p.Interface); err != nil {
+	if err := agentapi.CheckInterfaceName(p.Interface); err != nil {
 		return fieldErr("Interface", "%v", err)
 	}
 	switch {
@@ -344,15 +346,6 @@ func checkUnnumbered(p Peer) error {
 		return fieldErr("MultihopTTL", "an unnumbered peer is on the link %s, one hop away; remove the multihop TTL", p.Interface)
 	case p.Passive:
 		return fieldErr("Passive", "an unnumbered session is dialed to the link's neighbour; turn Passive off")
-	}
-	return nil
-}
-
-// CheckInterfaceName reports whether name can be a Linux network interface's name: 1 to 15
-// bytes, no '/', ':', whitespace or NUL, not "." or "..".
-func CheckInterfaceName(name string) error {
-	if name == "" || len(name) > 15 || name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n\r\x00") {
-		return fmt.Errorf("%q is not an interface name: 1 to 15 characters, no '/', ':' or spaces, such as eth1", name)
 	}
 	return nil
 }

@@ -45,7 +45,7 @@ func TestPeerValidation(t *testing.T) {
 		}, "", ""},
 		{"an interface and an address are refused", func(p *Peer) { p.Interface = "eth1" }, "Address", "give one of the two"},
 		{"an interface name with a slash is refused", func(p *Peer) { p.Address, p.Interface = netip.Addr{}, "eth/1" }, "Interface", "not an interface name"},
-		{"an interface name over 15 bytes is refused", func(p *Peer) { p.Address, p.Interface = netip.Addr{}, "a-very-long-name0" }, "Interface", "1 to 15 characters"},
+		{"an interface name over 15 bytes is refused", func(p *Peer) { p.Address, p.Interface = netip.Addr{}, "a-very-long-name0" }, "Interface", "1 to 15 ASCII characters"},
 		{"an unnumbered peer with a source address is refused", func(p *Peer) {
 			p.Address, p.Interface, p.SourceAddress = netip.Addr{}, "eth1", netip.MustParseAddr("198.51.100.11")
 		}, "SourceAddress", "link-local address on eth1"},

@@ -765,10 +765,11 @@ func (x *NodeWeight) GetEndpoints() uint32 {
 	return 0
 }
 
-// BGPPeer is a BGP session of this node.
+// BGPPeer is a BGP session of this node: with address, or unnumbered over interface.
 type BGPPeer struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Address string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// address of the router; empty for an unnumbered session.
+	Address string `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
 	// port, 0 for 179.
 	Port    uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
 	PeerAsn uint32 `protobuf:"varint,3,opt,name=peer_asn,json=peerAsn,proto3" json:"peer_asn,omitempty"`
@@ -789,8 +790,12 @@ type BGPPeer struct {
 	SourceAddress string `protobuf:"bytes,12,opt,name=source_address,json=sourceAddress,proto3" json:"source_address,omitempty"`
 	// connect_retry_seconds between dial attempts, 0 for the agent's default (5).
 	ConnectRetrySeconds uint32 `protobuf:"varint,13,opt,name=connect_retry_seconds,json=connectRetrySeconds,proto3" json:"connect_retry_seconds,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// interface makes the session unnumbered (RFC 8950): the router is the one IPv6
+	// link-local neighbour on this node's interface of that name, and the session carries
+	// IPv4 and IPv6 routes. Exclusive with address, source_address and ebgp_multihop_ttl.
+	Interface     string `protobuf:"bytes,14,opt,name=interface,proto3" json:"interface,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BGPPeer) Reset() {
@@ -912,6 +917,13 @@ func (x *BGPPeer) GetConnectRetrySeconds() uint32 {
 		return x.ConnectRetrySeconds
 	}
 	return 0
+}
+
+func (x *BGPPeer) GetInterface() string {
+	if x != nil {
+		return x.Interface
+	}
+	return ""
 }
 
 // BFD is the bidirectional forwarding detection of a BGP session.
@@ -2104,16 +2116,19 @@ func (x *AnnouncedVIP) GetClientsAnswered() uint32 {
 
 // PeerStatus is one BGP session.
 type PeerStatus struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Address   string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
-	State     string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
-	BfdState  string                 `protobuf:"bytes,3,opt,name=bfd_state,json=bfdState,proto3" json:"bfd_state,omitempty"`
-	LastError string                 `protobuf:"bytes,4,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
-	SinceUnix int64                  `protobuf:"varint,5,opt,name=since_unix,json=sinceUnix,proto3" json:"since_unix,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// address of the router; empty for an unnumbered session, which interface names.
+	Address   string `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	State     string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	BfdState  string `protobuf:"bytes,3,opt,name=bfd_state,json=bfdState,proto3" json:"bfd_state,omitempty"`
+	LastError string `protobuf:"bytes,4,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	SinceUnix int64  `protobuf:"varint,5,opt,name=since_unix,json=sinceUnix,proto3" json:"since_unix,omitempty"`
 	// routes_advertised is how many routes the session sends the peer now.
 	RoutesAdvertised uint32 `protobuf:"varint,6,opt,name=routes_advertised,json=routesAdvertised,proto3" json:"routes_advertised,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// interface of an unnumbered session (BGPPeer.interface).
+	Interface     string `protobuf:"bytes,7,opt,name=interface,proto3" json:"interface,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PeerStatus) Reset() {
@@ -2186,6 +2201,13 @@ func (x *PeerStatus) GetRoutesAdvertised() uint32 {
 		return x.RoutesAdvertised
 	}
 	return 0
+}
+
+func (x *PeerStatus) GetInterface() string {
+	if x != nil {
+		return x.Interface
+	}
+	return ""
 }
 
 // L2Counters count the ARP and NDP work of the agent.
@@ -2694,7 +2716,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"NodeWeight\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1c\n" +
-	"\tendpoints\x18\x02 \x01(\rR\tendpoints\"\xe3\x03\n" +
+	"\tendpoints\x18\x02 \x01(\rR\tendpoints\"\x81\x04\n" +
 	"\aBGPPeer\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x19\n" +
@@ -2709,7 +2731,8 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	" \x01(\bR\x0fgracefulRestart\x12!\n" +
 	"\fttl_security\x18\v \x01(\bR\vttlSecurity\x12%\n" +
 	"\x0esource_address\x18\f \x01(\tR\rsourceAddress\x122\n" +
-	"\x15connect_retry_seconds\x18\r \x01(\rR\x13connectRetrySeconds\"w\n" +
+	"\x15connect_retry_seconds\x18\r \x01(\rR\x13connectRetrySeconds\x12\x1c\n" +
+	"\tinterface\x18\x0e \x01(\tR\tinterface\"w\n" +
 	"\x03BFD\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x1a\n" +
 	"\tmin_rx_ms\x18\x02 \x01(\rR\aminRxMs\x12\x1a\n" +
@@ -2820,7 +2843,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"interfaces\x12\x18\n" +
 	"\asharing\x18\x06 \x03(\tR\asharing\x12#\n" +
 	"\rclients_known\x18\a \x01(\rR\fclientsKnown\x12)\n" +
-	"\x10clients_answered\x18\b \x01(\rR\x0fclientsAnswered\"\xc4\x01\n" +
+	"\x10clients_answered\x18\b \x01(\rR\x0fclientsAnswered\"\xe2\x01\n" +
 	"\n" +
 	"PeerStatus\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x14\n" +
@@ -2830,7 +2853,8 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"last_error\x18\x04 \x01(\tR\tlastError\x12\x1d\n" +
 	"\n" +
 	"since_unix\x18\x05 \x01(\x03R\tsinceUnix\x12+\n" +
-	"\x11routes_advertised\x18\x06 \x01(\rR\x10routesAdvertised\"\xd3\x02\n" +
+	"\x11routes_advertised\x18\x06 \x01(\rR\x10routesAdvertised\x12\x1c\n" +
+	"\tinterface\x18\a \x01(\tR\tinterface\"\xd3\x02\n" +
 	"\n" +
 	"L2Counters\x12!\n" +
 	"\farp_requests\x18\x01 \x01(\x04R\varpRequests\x12\x1f\n" +
