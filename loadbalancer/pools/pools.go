@@ -376,7 +376,7 @@ func decodePeer(bp *v1alpha1.BGPPeer) *Peer {
 	case err != nil:
 		add("spec.address", "%q is not an IP address; write the router's address, e.g. 198.51.100.1", sp.Address)
 	case addr.Zone() != "" || addr.IsLinkLocalUnicast():
-		add("spec.address", "%s is link-local; give the router's global or unique-local address", sp.Address)
+		add("spec.address", "%s is link-local; give the router's global or unique-local address, or interface for BGP unnumbered", sp.Address)
 	case addr.IsUnspecified() || addr.IsMulticast() || addr.IsLoopback() || addr.Is4() && addr.As4()[0] == 255:
 		add("spec.address", "%s is not a router's unicast address", sp.Address)
 	default:

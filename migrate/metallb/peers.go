@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/internal/agentapi"
 )
 
 // convertPeer makes one BGPPeer. skipped, when not empty, says why there is none.
@@ -18,14 +19,21 @@ func convertPeer(p mlbPeer, in Config, passwordNamespace string) (o Object, skip
 	}
 	sp := p.Spec
 	switch {
+	case sp.Interface != "" && sp.PeerAddress != "":
+		return o, fmt.Sprintf("%s not converted: it gives both peerAddress and interface, which MetalLB refuses too: keep one", ref)
 	case sp.Interface != "":
-		return o, fmt.Sprintf("%s not converted: it peers unnumbered over interface %s, and a metalvip BGPPeer needs the router's address", ref, sp.Interface)
+		if err := agentapi.CheckInterfaceName(sp.Interface); err != nil {
+			return o, fmt.Sprintf("%s not converted: interface: %v", ref, err)
+		}
 	case sp.PeerAddress == "":
 		return o, fmt.Sprintf("%s not converted: it has no peerAddress", ref)
 	case sp.MyASN == 0:
 		return o, fmt.Sprintf("%s not converted: myASN is 0", ref)
 	}
-	spec := v1alpha1.BGPPeerSpec{Address: sp.PeerAddress, MyASN: int64(sp.MyASN), GracefulRestart: sp.EnableGracefulRestart}
+	spec := v1alpha1.BGPPeerSpec{Address: sp.PeerAddress, Interface: sp.Interface, MyASN: int64(sp.MyASN), GracefulRestart: sp.EnableGracefulRestart}
+	if sp.Interface != "" {
+		add("spec.interface", "MetalLB's unnumbered session over %s: metalvip peers with the link's one link-local neighbour too, carries IPv4 and IPv6 over it, and sends Router Advertisements (lifetime 0) on the link as MetalLB's FRR did", sp.Interface)
+	}
 	if sp.LocalASN != 0 {
 		spec.MyASN = int64(sp.LocalASN)
 		add("spec.myASN", "MetalLB's localASN %d, the AS the router sees (metalvip's ASN is per peer already; MetalLB's myASN was %d)", sp.LocalASN, sp.MyASN)
@@ -80,7 +88,9 @@ func convertPeer(p mlbPeer, in Config, passwordNamespace string) (o Object, skip
 			spec.KeepaliveSeconds = &k
 		}
 	}
-	if sp.EBGPMultiHop {
+	if sp.EBGPMultiHop && sp.Interface != "" {
+		add("spec", "MetalLB's ebgpMultiHop left out: an unnumbered router is on the link, one hop away")
+	} else if sp.EBGPMultiHop {
 		hops := int32(255)
 		spec.EBGPMultihop = &hops
 		add("spec.ebgpMultihop", "MetalLB's ebgpMultiHop allows a router any number of hops away")
@@ -112,7 +122,9 @@ func convertPeer(p mlbPeer, in Config, passwordNamespace string) (o Object, skip
 	if sp.BFDProfile != "" {
 		convertBFD(&spec, sp.BFDProfile, in.bfdProfiles, add)
 	}
-	if sp.SourceAddress != "" {
+	if sp.SourceAddress != "" && sp.Interface != "" {
+		add("spec", "CHECK: MetalLB's sourceAddress %s left out: an unnumbered session runs from the node's link-local address on %s", sp.SourceAddress, sp.Interface)
+	} else if sp.SourceAddress != "" {
 		spec.SourceAddress = sp.SourceAddress
 		if len(sp.NodeSelectors) == 0 {
 			add("spec.sourceAddress", "CHECK: MetalLB opened the session from %s on every node; metalvip does too, and a node that does not hold the address refuses the peer (an Event says so): select the node that holds it", sp.SourceAddress)
@@ -138,7 +150,7 @@ func convertPeer(p mlbPeer, in Config, passwordNamespace string) (o Object, skip
 	if sp.VRF != "" {
 		add("spec", "CHECK: MetalLB peered in VRF %s; metalvip peers in the nodes' default VRF", sp.VRF)
 	}
-	if sp.DualStackAddressFamily {
+	if sp.DualStackAddressFamily && sp.Interface == "" {
 		add("spec", "CHECK: MetalLB carried both address families over this session; metalvip's carries only the family of the router's address: add a BGPPeer at the router's other address for the other family")
 	}
 	o.Spec = spec

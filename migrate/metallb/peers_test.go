@@ -123,9 +123,24 @@ func TestConvertingPeers(t *testing.T) {
 			skipped: "CHECK: BGPPeer metallb-system/r not converted: dynamicASN external",
 		},
 		{
-			name:    "an unnumbered peer is not converted",
-			in:      doc("BGPPeer", "v1beta2", "r", `{myASN: 64512, peerASN: 64500, interface: eth0}`),
-			skipped: "CHECK: BGPPeer metallb-system/r not converted: it peers unnumbered over interface eth0",
+			name:  "an unnumbered peer is converted to one with its interface",
+			in:    doc("BGPPeer", "v1beta2", "r", `{myASN: 64512, peerASN: 64500, interface: eth0}`),
+			want:  `{interface: eth0, myASN: 64512, peerASN: 64500}`,
+			notes: []wantNote{{"spec.interface", "MetalLB's unnumbered session over eth0"}},
+		},
+		{
+			name: "an unnumbered peer drops multihop and a source address, and carries both families as MetalLB's did",
+			in:   doc("BGPPeer", "v1beta2", "r", `{myASN: 64512, peerASN: 64500, interface: eth0, ebgpMultiHop: true, sourceAddress: 198.51.100.9, dualStackAddressFamily: true}`),
+			want: `{interface: eth0}`,
+			notes: []wantNote{
+				{"spec", "MetalLB's ebgpMultiHop left out"},
+				{"spec", "CHECK: MetalLB's sourceAddress 198.51.100.9 left out"},
+			},
+		},
+		{
+			name:    "a peer with both an address and an interface is not converted",
+			in:      doc("BGPPeer", "v1beta2", "r", `{myASN: 64512, peerASN: 64500, interface: eth0, peerAddress: 198.51.100.1}`),
+			skipped: "CHECK: BGPPeer metallb-system/r not converted: it gives both peerAddress and interface",
 		},
 		{
 			name: "what metalvip's sessions do otherwise is flagged: router ID, VRF, both families; a source address on every node too; the connect time is kept",

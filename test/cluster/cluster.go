@@ -67,6 +67,10 @@ type Options struct {
 	// the BGPPeer's myASN follows.
 	Router string
 	IBGP   bool
+	// Unnumbered peers the nodes with the router over BGP unnumbered: the lab's
+	// point-to-point links (lab.Options.Unnumbered) and a BGPPeer with interface
+	// lab.UnnumberedLink instead of the router's address.
+	Unnumbered bool
 }
 
 // Build builds the CCM and agent binaries into dir.
@@ -126,7 +130,7 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 		opts.HeartbeatMisses = 3
 	}
 	srv.InstallCRDs(t)
-	l := lab.New(t, lab.Options{Nodes: opts.Nodes, ClientAddrs: opts.ClientAddrs, Router: opts.Router, IBGP: opts.IBGP})
+	l := lab.New(t, lab.Options{Nodes: opts.Nodes, ClientAddrs: opts.ClientAddrs, Router: opts.Router, IBGP: opts.IBGP, Unnumbered: opts.Unnumbered})
 	dyn, err := dynamic.NewForConfig(srv.Config)
 	if err != nil {
 		t.Fatalf("%v", err)
@@ -198,7 +202,11 @@ func New(t testenv.TB, srv *kubeapi.Server, opts Options) *Cluster {
 	if opts.IBGP {
 		myASN = 64496
 	}
-	c.Object(v1alpha1.BGPPeerResource, "router-"+c.NS, fmt.Sprintf(`{address: 198.51.100.1, peerASN: 64496, myASN: %d, bfd: {enabled: true, minRxMilliseconds: 100, minTxMilliseconds: 100, multiplier: 3}}`, myASN))
+	session := "address: 198.51.100.1"
+	if opts.Unnumbered {
+		session = "interface: " + lab.UnnumberedLink
+	}
+	c.Object(v1alpha1.BGPPeerResource, "router-"+c.NS, fmt.Sprintf(`{%s, peerASN: 64496, myASN: %d, bfd: {enabled: true, minRxMilliseconds: 100, minTxMilliseconds: 100, multiplier: 3}}`, session, myASN))
 	return c
 }
 

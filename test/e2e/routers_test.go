@@ -68,3 +68,44 @@ func TestOtherRouters(t *testing.T) {
 		})
 	}
 }
+
+// TestUnnumbered (issue 31): metalvip whole over BGP unnumbered: a BGPPeer with interface
+// (no address) gives each node a session with FRR over its link-local point-to-point link;
+// the sessions come up (the BGPPeer's status says 3/3), a Cluster-policy VIP is routed over
+// the three links and reaches a node from behind the router, and an ETP Local VIP only over
+// the links of the nodes with endpoints.
+func TestUnnumbered(t *testing.T) {
+	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary, Unnumbered: true})
+	links := func(nodes ...string) []string {
+		var out []string
+		for _, n := range nodes {
+			out = append(out, "un-"+n)
+		}
+		return out
+	}
+	devices := func(vip netip.Addr) []string {
+		devs, err := c.Lab.RouteDevices(vip.String())
+		if err != nil {
+			t.Logf("%v", err)
+		}
+		return devs
+	}
+	start := time.Now()
+	everywhere := c.Service("cluster-bgp", cluster.InPool("bgp-"+c.NS))
+	harness.Eventually(t, 60*time.Second, "a Cluster-policy BGP VIP is routed over the three unnumbered links", func() bool {
+		return slices.Equal(devices(everywhere), links("node1", "node2", "node3"))
+	})
+	t.Logf("a VIP routed over three unnumbered sessions %s after the Service was made", time.Since(start).Round(time.Millisecond))
+	harness.Eventually(t, 60*time.Second, "the BGPPeer's status says Established 3/3", func() bool {
+		return peerStatus(t, c, "router-"+c.NS).Sessions == "Established 3/3"
+	})
+	if out, err := c.Lab.Remote.Run(context.Background(), "ping", "-c", "1", "-W", "2", everywhere.String()); err != nil {
+		t.Errorf("the remote host cannot reach %s over the unnumbered links: %v: %s", everywhere, err, out)
+	}
+
+	local := c.Service("local-bgp", cluster.Local, cluster.InPool("bgp-"+c.NS))
+	c.Endpoints("local-bgp", "node1", "node3")
+	harness.Eventually(t, 60*time.Second, "an ETP Local VIP is routed over the endpoint nodes' links", func() bool {
+		return slices.Equal(devices(local), links("node1", "node3"))
+	})
+}

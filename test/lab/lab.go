@@ -239,6 +239,35 @@ func (l *Lab) RouteNextHops(vip string) ([]string, error) {
 	return slices.Compact(hops), nil
 }
 
+// RouteDevices returns the interfaces of the router's kernel route to vip (of each next hop),
+// sorted: with Options.Unnumbered, UnnumberedRouterLink of the nodes it goes through.
+func (l *Lab) RouteDevices(vip string) ([]string, error) {
+	out, err := l.Router.Run(context.Background(), "ip", "-j", "route", "show", vip)
+	if err != nil {
+		return nil, err
+	}
+	var routes []struct {
+		Dev      string `json:"dev"`
+		Nexthops []struct {
+			Dev string `json:"dev"`
+		} `json:"nexthops"`
+	}
+	if err := json.Unmarshal(out, &routes); err != nil {
+		return nil, fmt.Errorf("ip -j route: %w: %s", err, out)
+	}
+	var devs []string
+	for _, r := range routes {
+		if r.Dev != "" {
+			devs = append(devs, r.Dev)
+		}
+		for _, n := range r.Nexthops {
+			devs = append(devs, n.Dev)
+		}
+	}
+	slices.Sort(devs)
+	return slices.Compact(devs), nil
+}
+
 // Names returns the hosts' names, in order.
 func Names(hosts []*Host) []string {
 	out := make([]string, 0, len(hosts))
