@@ -143,12 +143,16 @@ func peerParseErrors(ctx context.Context, v *validatingSpeaker, u *unstructured.
 		return errs
 	}
 	s := p.Session
-	addr, err := netip.ParseAddr(s.GetAddress())
-	if err != nil {
-		return append(errs, fmt.Errorf("the agent cannot parse address %q: %w", s.GetAddress(), err))
+	var addr netip.Addr
+	var err error
+	if s.GetInterface() == "" {
+		if addr, err = netip.ParseAddr(s.GetAddress()); err != nil {
+			return append(errs, fmt.Errorf("the agent cannot parse address %q: %w", s.GetAddress(), err))
+		}
 	}
 	bp := bgp.Peer{
 		Address:         addr,
+		Interface:       s.GetInterface(),
 		Port:            uint16(s.GetPort()),
 		PeerASN:         s.GetPeerAsn(),
 		LocalASN:        s.GetLocalAsn(),
@@ -173,6 +177,15 @@ func peerParseErrors(ctx context.Context, v *validatingSpeaker, u *unstructured.
 	if s.GetPort() > 65535 || s.GetEbgpMultihopTtl() > 255 {
 		errs = append(errs, fmt.Errorf("the agent refuses port %d or multihop TTL %d", s.GetPort(), s.GetEbgpMultihopTtl()))
 	}
+	if bp.Interface != "" {
+		// An unnumbered peer is checked, not set: setting it would solicit the neighbours of
+		// a host interface of that name, and it cannot be passive.
+		bp.Passive = false
+		if err := bgp.CheckPeer(64497, bp); err != nil {
+			errs = append(errs, fmt.Errorf("the agent's BGP speaker refuses it: %w", err))
+		}
+		return errs
+	}
 	if err := v.s.SetPeers(ctx, []bgp.Peer{bp}); err != nil {
 		errs = append(errs, fmt.Errorf("the agent's BGP speaker refuses it: %w", err))
 	}
@@ -195,6 +208,11 @@ var genPeerAddress = mostly(
 			"::ffff:198.51.100.1", "fe80::1%eth0", "198.51.100.300", "router", "255.1.2.3", "240.0.0.1"}),
 		rapid.Custom(func(t *rapid.T) string { return genAddr(t, "any").String() })))
 
+// genInterfaceName is mostly a network interface's name, sometimes one that cannot be.
+var genInterfaceName = mostly(
+	rapid.OneOf(rapid.SampledFrom([]string{"eth1", "bond0.100", "enp0s31f6", "swp1", "a-15-char-name0"}), rapid.StringMatching(`[a-z][a-z0-9.-]{0,14}`)),
+	rapid.SampledFrom([]string{"", ".", "..", "eth/1", "eth1:0", "eth 1", "a-very-long-name0", "é", "eth\t1"}))
+
 // TestPeersTheCRDAcceptsAreAcceptedByTheCCMAndTheAgent generates peers, near-valid and not, and
 // submits them to the real API server: every peer it accepts must be taken by the agent's
 // own BGP speaker, converted as the CCM and the agent convert it.
@@ -203,7 +221,18 @@ func TestPeersTheCRDAcceptsAreAcceptedByTheCCMAndTheAgent(t *testing.T) {
 	speaker := newValidatingSpeaker(t)
 	asn := mostly(rapid.OneOf(rapid.SampledFrom([]int64{1, 64496, 65535, 4294967295}), rapid.Int64Range(1, 4294967295)), rapid.SampledFrom([]int64{0, -1, 4294967296}))
 	checkCRDParity(t, dyn, "BGPPeer", func(rt *rapid.T) map[string]any {
-		spec := map[string]any{"address": genPeerAddress.Draw(rt, "address"), "peerASN": asn.Draw(rt, "peerASN"), "myASN": asn.Draw(rt, "myASN")}
+		spec := map[string]any{"peerASN": asn.Draw(rt, "peerASN"), "myASN": asn.Draw(rt, "myASN")}
+		// Mostly a numbered peer; sometimes unnumbered (an interface), rarely both or neither.
+		switch rapid.IntRange(0, 9).Draw(rt, "session") {
+		case 0, 1:
+			spec["interface"] = genInterfaceName.Draw(rt, "interface")
+		case 2:
+			spec["interface"] = genInterfaceName.Draw(rt, "interface")
+			spec["address"] = genPeerAddress.Draw(rt, "address")
+		case 3:
+		default:
+			spec["address"] = genPeerAddress.Draw(rt, "address")
+		}
 		optional := func(name string, g *rapid.Generator[int64]) {
 			if rapid.Bool().Draw(rt, "has "+name) {
 				spec[name] = g.Draw(rt, name)
