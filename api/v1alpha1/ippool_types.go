@@ -266,6 +266,7 @@ const (
 // BGPAnnounce holds the options of mode BGP.
 //
 // +kubebuilder:validation:XValidation:rule="!(has(self.weightByEndpoints) && self.weightByEndpoints && ((has(self.aggregationLength) && self.aggregationLength != 32) || (has(self.aggregationLengthV6) && self.aggregationLengthV6 != 128)))",message="an aggregate route carries several addresses and so no one Service's endpoints: turn weightByEndpoints or the aggregation off"
+// +kubebuilder:validation:XValidation:rule="!(has(self.serviceCommunities) && size(self.serviceCommunities) > 0 && ((has(self.aggregationLength) && self.aggregationLength != 32) || (has(self.aggregationLengthV6) && self.aggregationLengthV6 != 128)))",message="an aggregate route carries several Services' addresses and so no one Service's communities: remove serviceCommunities or the aggregation"
 type BGPAnnounce struct {
 	// Communities attached to the pool's routes, each "ASN:value", two numbers from 0 to
 	// 65535 (RFC 1997), such as 64496:100.
@@ -277,6 +278,21 @@ type BGPAnnounce struct {
 	// +listType=set
 	// +optional
 	Communities []string `json:"communities,omitempty"`
+
+	// ServiceCommunities are the communities a Service of this pool may add to its own
+	// routes with the annotation metalvip.io/bgp-communities (comma-separated, such as
+	// "64496:200,64496:300"), on top of communities. A Service that asks for one not listed
+	// gets the listed ones it asked for and a Warning Event (BGPCommunityRefused) naming the
+	// others. Default none: the annotation is refused. Not with aggregationLength or
+	// aggregationLengthV6 (an aggregate carries several Services' addresses).
+	//
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=11
+	// +kubebuilder:validation:items:Pattern=`^[0-9]{1,5}:[0-9]{1,5}$`
+	// +kubebuilder:validation:XValidation:rule="self.all(c, !c.matches('^[0-9]{1,5}:[0-9]{1,5}$') || (int(c.substring(0, c.indexOf(':'))) <= 65535 && int(c.substring(c.indexOf(':') + 1)) <= 65535))",message="each half of a community is a number from 0 to 65535: write ASN:value such as 64496:100"
+	// +listType=set
+	// +optional
+	ServiceCommunities []string `json:"serviceCommunities,omitempty"`
 
 	// LocalPref attached to the pool's routes (iBGP peers only): 0 to 4294967295, a 32-bit
 	// number.

@@ -31,6 +31,9 @@ const (
 	// AnnounceExternalIPs: "true" asks metalvip to announce the Service's spec.externalIPs
 	// that lie in an IPPool with spec.externalIPs: Allow (any Service type).
 	AnnounceExternalIPs Name = "metalvip.io/announce-external-ips"
+	// BGPCommunities adds communities to the routes of the Service's BGP addresses,
+	// comma-separated "ASN:value": only those its pool lists in announce.bgp.serviceCommunities.
+	BGPCommunities Name = "metalvip.io/bgp-communities"
 )
 
 // MaxVIPCount bounds metalvip.io/vip-count.
@@ -184,4 +187,20 @@ func FormatIPs(ips []netip.Addr) string {
 		parts[i] = a.String()
 	}
 	return strings.Join(parts, ",")
+}
+
+// BGPCommunitiesFromService returns the communities the Service asks for with BGPCommunities,
+// as written (trimmed, empty items dropped); the caller checks them against its pool.
+func BGPCommunitiesFromService(svc *v1.Service) []string {
+	v, ok := BGPCommunities.Value(svc)
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, c := range strings.Split(v, ",") {
+		if c = strings.TrimSpace(c); c != "" {
+			out = append(out, c)
+		}
+	}
+	return out
 }

@@ -29,20 +29,22 @@ type loopState struct {
 	reachable map[string]bool
 	planner   *planner.Planner
 
-	shown    shown                            // which addresses each Service shows, and the reverse
-	extIPs   map[string][]netip.Addr          // Service -> its externalIPs announced (also in svcAddrs)
-	extWant  map[string]bool                  // Services that ask for their externalIPs to be announced
-	extSaid  map[string]string                // Service -> its ExternalIPs condition last set (text form)
-	vips     map[netip.Addr]planner.VIP       // what the planner was given
-	pools    addrPools                        // which pool's rules announce each address
-	weights  map[netip.Addr]map[string]uint32 // BGP VIPs weighted by endpoints: node -> weight
-	anns     map[netip.Addr]*agentv1.Announcement
-	annNodes map[netip.Addr][]string // the nodes each announcement was given to
-	parts    map[string]*nodePart    // node -> its announcements
-	groups   map[string][]netip.Addr // group -> member addresses
-	pushes   pushes
-	cutOff   cutOff                // unreachable nodes and the nodes that heartbeat them as departing
-	cpVIPs   map[string]netip.Addr // node -> the control-plane VIP its agent reports serving
+	shown   shown                            // which addresses each Service shows, and the reverse
+	extIPs  map[string][]netip.Addr          // Service -> its externalIPs announced (also in svcAddrs)
+	extWant map[string]bool                  // Services that ask for their externalIPs to be announced
+	extSaid map[string]string                // Service -> its ExternalIPs condition last set (text form)
+	vips    map[netip.Addr]planner.VIP       // what the planner was given
+	pools   addrPools                        // which pool's rules announce each address
+	weights map[netip.Addr]map[string]uint32 // BGP VIPs weighted by endpoints: node -> weight
+	// communities are the communities a BGP VIP's Services add to its pool's (sorted).
+	communities map[netip.Addr][]string
+	anns        map[netip.Addr]*agentv1.Announcement
+	annNodes    map[netip.Addr][]string // the nodes each announcement was given to
+	parts       map[string]*nodePart    // node -> its announcements
+	groups      map[string][]netip.Addr // group -> member addresses
+	pushes      pushes
+	cutOff      cutOff                // unreachable nodes and the nodes that heartbeat them as departing
+	cpVIPs      map[string]netip.Addr // node -> the control-plane VIP its agent reports serving
 
 	conds     map[string]uint64                 // Service -> condition last set (conditionSum; noCondition: removed)
 	passwords map[string]string                 // peer -> last password read
@@ -89,31 +91,32 @@ func (n nodeState) Build() *agentv1.DesiredState {
 
 func newLoopState(maxCandidates int, records Records) loopState {
 	return loopState{
-		first:     true,
-		planner:   planner.New(planner.Options{MaxCandidates: maxCandidates}),
-		byName:    map[string]*v1.Node{},
-		addrs:     map[string]netip.Addr{},
-		reachable: map[string]bool{},
-		shown:     newShown(),
-		extIPs:    map[string][]netip.Addr{},
-		extWant:   map[string]bool{},
-		extSaid:   map[string]string{},
-		vips:      map[netip.Addr]planner.VIP{},
-		pools:     newAddrPools(records),
-		weights:   map[netip.Addr]map[string]uint32{},
-		anns:      map[netip.Addr]*agentv1.Announcement{},
-		annNodes:  map[netip.Addr][]string{},
-		parts:     map[string]*nodePart{},
-		groups:    map[string][]netip.Addr{},
-		pushes:    pushes{},
-		cutOff:    newCutOff(),
-		cpVIPs:    map[string]netip.Addr{},
-		conds:     map[string]uint64{},
-		passwords: map[string]string{},
-		statusSet: map[string]string{},
-		conflicts: map[string][]desired.PeerConflict{},
-		sessions:  map[string][]*agentv1.PeerStatus{},
-		dataPlane: newDataPlanes(),
+		first:       true,
+		planner:     planner.New(planner.Options{MaxCandidates: maxCandidates}),
+		byName:      map[string]*v1.Node{},
+		addrs:       map[string]netip.Addr{},
+		reachable:   map[string]bool{},
+		shown:       newShown(),
+		extIPs:      map[string][]netip.Addr{},
+		extWant:     map[string]bool{},
+		extSaid:     map[string]string{},
+		vips:        map[netip.Addr]planner.VIP{},
+		pools:       newAddrPools(records),
+		weights:     map[netip.Addr]map[string]uint32{},
+		communities: map[netip.Addr][]string{},
+		anns:        map[netip.Addr]*agentv1.Announcement{},
+		annNodes:    map[netip.Addr][]string{},
+		parts:       map[string]*nodePart{},
+		groups:      map[string][]netip.Addr{},
+		pushes:      pushes{},
+		cutOff:      newCutOff(),
+		cpVIPs:      map[string]netip.Addr{},
+		conds:       map[string]uint64{},
+		passwords:   map[string]string{},
+		statusSet:   map[string]string{},
+		conflicts:   map[string][]desired.PeerConflict{},
+		sessions:    map[string][]*agentv1.PeerStatus{},
+		dataPlane:   newDataPlanes(),
 	}
 }
 

@@ -162,6 +162,7 @@ func (a *Announcer) specRound(ip netip.Addr, r *round) {
 	if len(keys) == 0 {
 		s.dataPlane.setVIP(ip, nil)
 		delete(s.vips, ip)
+		delete(s.communities, ip)
 		s.pools.plan(ip, nil)
 		delete(s.weights, ip)
 		if had {
@@ -177,11 +178,15 @@ func (a *Announcer) specRound(ip netip.Addr, r *round) {
 	bgp := pool != nil && pool.Announce.Mode == planner.BGP
 	var sharers []desired.Sharer
 	var ports []uint32
+	var communities []string
 	for _, k := range keys {
 		svc := a.service(k)
 		if svc == nil {
 			continue
 		}
+		granted, refused := desired.ServiceCommunities(svc, pool)
+		communities = append(communities, granted...)
+		a.communitiesRefused(svc, refused)
 		sh := desired.Sharer{Service: svc}
 		if desired.Local(svc) {
 			sel := labels.SelectorFromSet(labels.Set{"kubernetes.io/service-name": svc.Name})
@@ -204,6 +209,12 @@ func (a *Announcer) specRound(ip netip.Addr, r *round) {
 		sharers = append(sharers, sh)
 	}
 	s.dataPlane.setVIP(ip, ports)
+	slices.Sort(communities)
+	if communities = slices.Compact(communities); len(communities) > 0 {
+		s.communities[ip] = communities
+	} else {
+		delete(s.communities, ip)
+	}
 	v := desired.VIP(ip, sharers, pool)
 	if w := desired.Weights(v, sharers, pool); w != nil {
 		s.weights[ip] = w
@@ -264,7 +275,7 @@ func (a *Announcer) entryRound(ip netip.Addr, r *round) {
 	}
 	var next *agentv1.Announcement
 	if v, known := s.vips[ip]; ok && known {
-		next = desired.Announcement(e, v, s.pools.of(ip), s.shown.services[ip], s.addrOf, s.weights[ip])
+		next = desired.Announcement(e, v, s.pools.of(ip), s.shown.services[ip], s.addrOf, s.weights[ip], s.communities[ip])
 	}
 	if old != nil && next != nil && proto.Equal(old, next) && slices.Equal(s.annNodes[ip], e.Nodes) {
 		return // (a BGP announcement does not name its nodes: compare them apart)

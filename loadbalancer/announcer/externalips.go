@@ -95,3 +95,17 @@ func (a *Announcer) externalIPsStatus(svc *v1.Service, ext []netip.Addr, refused
 		return err
 	})
 }
+
+// communitiesRefused warns once per change, with an Event, that the Service asks for BGP
+// communities its pool does not allow (desired.ServiceCommunities); refused "" forgets it.
+func (a *Announcer) communitiesRefused(svc *v1.Service, refused string) {
+	key := "bgp-communities/" + desired.Key(svc)
+	if refused == "" {
+		a.tell.forget(key)
+		return
+	}
+	a.warnOnce(key, refused, func() {
+		klog.V(2).InfoS("BGP communities refused", "service", desired.Key(svc), "reason", refused)
+		a.cfg.Recorder.Eventf(svc, v1.EventTypeWarning, report.ReasonBGPCommunityRefused, "%s; the routes carry the others", refused)
+	})
+}

@@ -259,8 +259,9 @@ func NodeAddress(n *v1.Node) netip.Addr {
 
 // Announcement builds one VIP's part of the node states from its plan entry. services are the
 // Services behind it (namespace/name, sorted); addrs gives each node's data-plane address;
-// weights (from Weights; nil for none) weight a BGP VIP's route on each of its nodes.
-func Announcement(e planner.Entry, v planner.VIP, pool *pools.Pool, services []string, addrs func(node string) netip.Addr, weights map[string]uint32) *agentv1.Announcement {
+// weights (from Weights; nil for none) weight a BGP VIP's route on each of its nodes;
+// communities are those its Services add to the pool's (ServiceCommunities, sorted).
+func Announcement(e planner.Entry, v planner.VIP, pool *pools.Pool, services []string, addrs func(node string) netip.Addr, weights map[string]uint32, communities []string) *agentv1.Announcement {
 	// A copy: the announcement goes to the agents' senders, which marshal it while the
 	// announcer changes its own list in place (a Service leaving an address). Sharing it was a
 	// data race: a CCM died marshalling a state while 10,000 Services were deleted.
@@ -270,6 +271,11 @@ func Announcement(e planner.Entry, v planner.VIP, pool *pools.Pool, services []s
 		an.Bgp = &agentv1.BGPAnnouncement{}
 		if pool != nil {
 			an.Bgp.Communities = slices.Clone(pool.Announce.Communities)
+			for _, c := range communities {
+				if !slices.Contains(an.Bgp.Communities, c) {
+					an.Bgp.Communities = append(an.Bgp.Communities, c)
+				}
+			}
 			an.Bgp.LocalPref = pool.Announce.LocalPref
 			an.Bgp.DrainByWeight = pool.Announce.DrainByWeight
 			an.Bgp.AggregateLength = uint32(pool.Announce.AggregateV4)

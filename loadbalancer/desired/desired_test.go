@@ -246,7 +246,7 @@ func TestWeightsCountEachNodesReadyEndpoints(t *testing.T) {
 				return
 			}
 			e := planner.Entry{Mode: planner.BGP, Nodes: v.EndpointNodes}
-			an := Announcement(e, v, tc.pool, nil, func(string) netip.Addr { return netip.Addr{} }, got)
+			an := Announcement(e, v, tc.pool, nil, func(string) netip.Addr { return netip.Addr{} }, got, nil)
 			if len(an.GetBgp().GetWeights()) != len(e.Nodes) {
 				t.Errorf("announcement weights %v for nodes %v", an.GetBgp().GetWeights(), e.Nodes)
 			}
@@ -278,7 +278,7 @@ func TestAnAnnouncementSaysWhetherItsPoolDrainsByWeight(t *testing.T) {
 				t.Fatalf("pool problems: %v", pool.Problems)
 			}
 			v := VIP(ip, nil, pool)
-			an := Announcement(planner.Entry{Mode: planner.BGP, Nodes: []string{"n1"}}, v, pool, nil, func(string) netip.Addr { return netip.Addr{} }, nil)
+			an := Announcement(planner.Entry{Mode: planner.BGP, Nodes: []string{"n1"}}, v, pool, nil, func(string) netip.Addr { return netip.Addr{} }, nil, nil)
 			if got := an.GetBgp().GetDrainByWeight(); got != tc.want {
 				t.Errorf("drain_by_weight %v, want %v", got, tc.want)
 			}
@@ -309,7 +309,7 @@ func TestAnAddressInNoPoolIsAnnouncedFromNoNode(t *testing.T) {
 func TestAnAnnouncementSharesNothingTheAnnouncerChanges(t *testing.T) {
 	services := []string{"web/a", "web/b", "web/c"}
 	v := planner.VIP{Addr: netip.MustParseAddr("203.0.113.1"), Mode: planner.L2}
-	an := Announcement(planner.Entry{Mode: planner.L2, Nodes: []string{"n1"}}, v, nil, services, func(string) netip.Addr { return netip.Addr{} }, nil)
+	an := Announcement(planner.Entry{Mode: planner.L2, Nodes: []string{"n1"}}, v, nil, services, func(string) netip.Addr { return netip.Addr{} }, nil, nil)
 	services = slices.DeleteFunc(services, func(s string) bool { return s == "web/a" })
 	services[0] = "changed"
 	if got := an.GetServices(); !slices.Equal(got, []string{"web/a", "web/b", "web/c"}) {

@@ -30,7 +30,7 @@ func TestAnL2AnnouncementCarriesItsPoolsVirtualMAC(t *testing.T) {
 		{"an address in no pool gets none", nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			an := Announcement(planner.Entry{Mode: planner.L2, Nodes: []string{"node1", "node2"}}, planner.VIP{Addr: addr, Mode: planner.L2}, tc.pool, nil, none, nil)
+			an := Announcement(planner.Entry{Mode: planner.L2, Nodes: []string{"node1", "node2"}}, planner.VIP{Addr: addr, Mode: planner.L2}, tc.pool, nil, none, nil, nil)
 			if got := an.GetL2().GetVirtualMac(); got != tc.want {
 				t.Errorf("virtual_mac %q; want %q", got, tc.want)
 			}

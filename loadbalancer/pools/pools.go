@@ -79,7 +79,9 @@ type Announce struct {
 	// MACScheme, when set, gives each address a MAC of its own (virtualmac.go).
 	MACScheme   v1alpha1.VirtualMACScheme
 	Communities []string
-	LocalPref   uint32
+	// ServiceCommunities are those a Service may add with metalvip.io/bgp-communities.
+	ServiceCommunities []string
+	LocalPref          uint32
 	// WeightByEndpoints weights a BGP route by the node's ready endpoints (ETP Local).
 	WeightByEndpoints bool
 	// AggregateV4 and AggregateV6 are the prefix lengths of the routes that carry the pool's
@@ -247,6 +249,12 @@ func decodePool(ip *v1alpha1.IPPool) *Pool {
 			}
 		}
 		p.Announce.Communities = slices.Clone(b.Communities)
+		for i, c := range b.ServiceCommunities {
+			if err := ValidCommunity(c); err != nil {
+				add(fmt.Sprintf("spec.announce.bgp.serviceCommunities[%d]", i), "%v", err)
+			}
+		}
+		p.Announce.ServiceCommunities = slices.Clone(b.ServiceCommunities)
 		if lp := b.LocalPref; lp != nil {
 			if *lp < 0 || *lp > 1<<32-1 {
 				add("spec.announce.bgp.localPref", "%d is out of range; give 0 to 4294967295", *lp)
@@ -259,6 +267,9 @@ func decodePool(ip *v1alpha1.IPPool) *Pool {
 		p.Announce.AggregateV6 = aggregate("spec.announce.bgp.aggregationLengthV6", b.AggregationLengthV6, 128, sp.Addresses, add)
 		if (p.Announce.AggregateV4 != 0 || p.Announce.AggregateV6 != 0) && b.WeightByEndpoints {
 			add("spec.announce.bgp.weightByEndpoints", "an aggregate route carries several addresses and so no one Service's endpoints: turn weightByEndpoints or the aggregation off")
+		}
+		if (p.Announce.AggregateV4 != 0 || p.Announce.AggregateV6 != 0) && len(b.ServiceCommunities) > 0 {
+			add("spec.announce.bgp.serviceCommunities", "an aggregate route carries several Services' addresses and so no one Service's communities: remove serviceCommunities or the aggregation")
 		}
 		switch b.Drain {
 		case "", v1alpha1.DrainGracefulShutdown:

@@ -28,6 +28,9 @@ const (
 	ReasonVIPsShareNodes      = "VIPsShareNodes"
 	ReasonVIPsSpread          = "VIPsSpread"
 	ReasonExternalIPRefused   = "ExternalIPRefused"
+	// ReasonBGPCommunityRefused: the Service asks (metalvip.io/bgp-communities) for
+	// communities its pool does not list in announce.bgp.serviceCommunities.
+	ReasonBGPCommunityRefused = "BGPCommunityRefused"
 
 	// On Nodes.
 	ReasonAgentReachable   = "AgentReachable"
