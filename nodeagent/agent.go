@@ -461,6 +461,7 @@ func (a *Agent) applyLocked(ctx context.Context) {
 			r := bgp.Route{
 				Prefix:           netip.PrefixFrom(vip, vip.BitLen()),
 				Communities:      an.GetBgp().GetCommunities(),
+				LargeCommunities: an.GetBgp().GetLargeCommunities(),
 				LocalPref:        an.GetBgp().GetLocalPref(),
 				GracefulShutdown: st.GetDraining(),
 			}
@@ -630,6 +631,7 @@ func (a *Agent) close(ctx context.Context, restart bool) error {
 // while both have it (a node drains as a whole, so they do).
 func mergeRoutes(x, y bgp.Route) bgp.Route {
 	x.Communities = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(x.Communities), y.Communities...))))
+	x.LargeCommunities = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(x.LargeCommunities), y.LargeCommunities...))))
 	x.LocalPref = max(x.LocalPref, y.LocalPref)
 	x.Weight = min(x.Weight+y.Weight, bgp.MaxWeight)
 	x.GracefulShutdown = x.GracefulShutdown && y.GracefulShutdown

@@ -48,6 +48,11 @@ func TestABadItemIsRefusedAloneAndTheRestApplied(t *testing.T) {
 	}{
 		{"a community over 65535 is refused alone", func(s *agentv1.DesiredState) { s.Announcements = append(s.Announcements, community("65536:1")) },
 			agentv1.Refusal_KIND_ANNOUNCEMENT, "203.0.113.21", "announcements[2].bgp.communities[1]", "both parts from 0 to 65535"},
+		{"a large community with two parts is refused alone", func(s *agentv1.DesiredState) {
+			a := bgpVIP("203.0.113.21")
+			a.Bgp.LargeCommunities = []string{"4200000000:1:2", "64496:1"}
+			s.Announcements = append(s.Announcements, a)
+		}, agentv1.Refusal_KIND_ANNOUNCEMENT, "203.0.113.21", "announcements[2].bgp.large_communities[1]", "write ASN:value1:value2"},
 		{"a community that is a word is refused alone", func(s *agentv1.DesiredState) { s.Announcements = append(s.Announcements, community("no-export")) },
 			agentv1.Refusal_KIND_ANNOUNCEMENT, "203.0.113.21", "announcements[2].bgp.communities[1]", "write ASN:value"},
 		{"a VIP that is no address is refused alone", func(s *agentv1.DesiredState) {

@@ -286,6 +286,11 @@ func checkAnnouncement(an *agentv1.Announcement) (string, string) {
 				return fmt.Sprintf(".bgp.communities[%d]", k), err.Error() + "; write ASN:value with both parts from 0 to 65535, e.g. 64512:100"
 			}
 		}
+		for k, c := range an.GetBgp().GetLargeCommunities() {
+			if _, err := bgp.ParseLargeCommunity(c); err != nil {
+				return fmt.Sprintf(".bgp.large_communities[%d]", k), err.Error() + "; write ASN:value1:value2 with each part from 0 to 4294967295, e.g. 4200000000:1:2"
+			}
+		}
 		for k, w := range an.GetBgp().GetWeights() {
 			switch {
 			case w.GetNode() == "":

@@ -279,6 +279,18 @@ type BGPAnnounce struct {
 	// +optional
 	Communities []string `json:"communities,omitempty"`
 
+	// LargeCommunities attached to the pool's routes (RFC 8092), each "ASN:value1:value2",
+	// three numbers from 0 to 4294967295, such as 4200000000:1:2 (MetalLB's "large:..."
+	// communities).
+	//
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=32
+	// +kubebuilder:validation:items:Pattern=`^[0-9]{1,10}:[0-9]{1,10}:[0-9]{1,10}$`
+	// +kubebuilder:validation:XValidation:rule="self.all(c, !c.matches('^[0-9]{1,10}:[0-9]{1,10}:[0-9]{1,10}$') || c.split(':').all(p, uint(p) <= 4294967295u))",message="each part of a large community is a number from 0 to 4294967295: write ASN:value1:value2 such as 4200000000:1:2"
+	// +listType=set
+	// +optional
+	LargeCommunities []string `json:"largeCommunities,omitempty"`
+
 	// ServiceCommunities are the communities a Service of this pool may add to its own
 	// routes with the annotation metalvip.io/bgp-communities (comma-separated, such as
 	// "64496:200,64496:300"), on top of communities. A Service that asks for one not listed

@@ -107,6 +107,11 @@ func (in *BGPAnnounce) DeepCopyInto(out *BGPAnnounce) {
 		*out = make([]string, len(*in))
 		copy(*out, *in)
 	}
+	if in.LargeCommunities != nil {
+		in, out := &in.LargeCommunities, &out.LargeCommunities
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.ServiceCommunities != nil {
 		in, out := &in.ServiceCommunities, &out.ServiceCommunities
 		*out = make([]string, len(*in))

@@ -276,6 +276,7 @@ func Announcement(e planner.Entry, v planner.VIP, pool *pools.Pool, services []s
 					an.Bgp.Communities = append(an.Bgp.Communities, c)
 				}
 			}
+			an.Bgp.LargeCommunities = slices.Clone(pool.Announce.LargeCommunities)
 			an.Bgp.LocalPref = pool.Announce.LocalPref
 			an.Bgp.DrainByWeight = pool.Announce.DrainByWeight
 			an.Bgp.AggregateLength = uint32(pool.Announce.AggregateV4)

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -79,6 +80,8 @@ type Announce struct {
 	// MACScheme, when set, gives each address a MAC of its own (virtualmac.go).
 	MACScheme   v1alpha1.VirtualMACScheme
 	Communities []string
+	// LargeCommunities are RFC 8092's, "ASN:value1:value2".
+	LargeCommunities []string
 	// ServiceCommunities are those a Service may add with metalvip.io/bgp-communities.
 	ServiceCommunities []string
 	LocalPref          uint32
@@ -249,6 +252,12 @@ func decodePool(ip *v1alpha1.IPPool) *Pool {
 			}
 		}
 		p.Announce.Communities = slices.Clone(b.Communities)
+		for i, c := range b.LargeCommunities {
+			if err := ValidLargeCommunity(c); err != nil {
+				add(fmt.Sprintf("spec.announce.bgp.largeCommunities[%d]", i), "%v", err)
+			}
+		}
+		p.Announce.LargeCommunities = slices.Clone(b.LargeCommunities)
 		for i, c := range b.ServiceCommunities {
 			if err := ValidCommunity(c); err != nil {
 				add(fmt.Sprintf("spec.announce.bgp.serviceCommunities[%d]", i), "%v", err)
@@ -327,6 +336,24 @@ func ValidCommunity(c string) error {
 		}
 		if n > 65535 {
 			return fmt.Errorf("community %q: %d is above 65535; each half is a 16-bit number", c, n)
+		}
+	}
+	return nil
+}
+
+// ValidLargeCommunity checks a large community written ASN:value1:value2 (RFC 8092): three
+// decimal numbers from 0 to 4294967295.
+func ValidLargeCommunity(c string) error {
+	parts := strings.Split(c, ":")
+	if len(parts) != 3 {
+		return fmt.Errorf("large community %q: write three numbers of 0 to 4294967295 as ASN:value1:value2, e.g. 4200000000:1:2", c)
+	}
+	for _, part := range parts {
+		if part == "" || len(part) > 10 || strings.Trim(part, "0123456789") != "" {
+			return fmt.Errorf("large community %q: write three numbers of 0 to 4294967295 as ASN:value1:value2, e.g. 4200000000:1:2", c)
+		}
+		if n, _ := strconv.ParseUint(part, 10, 64); n > 1<<32-1 {
+			return fmt.Errorf("large community %q: %s is above 4294967295; each part is a 32-bit number", c, part)
 		}
 	}
 	return nil

@@ -79,6 +79,7 @@ func convertL2Advertisements(an *v1alpha1.Announce, ads []*mlbL2Advertisement, a
 func convertBGPAdvertisements(an *v1alpha1.Announce, ads []*mlbBGPAdvertisement, aliases map[string]string, fams [2]bool, add func(string, string, ...any)) {
 	var nodeSels [][]metav1.LabelSelector
 	communities := map[string]bool{}
+	large := map[string]bool{}
 	perAd := map[string]bool{}
 	var localPrefs []uint32
 	var aggs [2][]int32 // each advertisement's aggregation length, IPv4 and IPv6
@@ -92,8 +93,14 @@ func convertBGPAdvertisements(an *v1alpha1.Announce, ads []*mlbBGPAdvertisement,
 				v, alias = looked, true
 			}
 			switch {
+			case strings.HasPrefix(v, "large:") && pools.ValidLargeCommunity(strings.TrimPrefix(v, "large:")) != nil:
+				add("spec.announce.bgp.largeCommunities", "CHECK: large community %q (from %s) left out: %v", c, a.Meta.Name, pools.ValidLargeCommunity(strings.TrimPrefix(v, "large:")))
 			case strings.HasPrefix(v, "large:"):
-				add("spec.announce.bgp.communities", "CHECK: large community %s (from %s) left out: metalvip attaches standard communities only", v, a.Meta.Name)
+				if alias {
+					add("spec.announce.bgp.largeCommunities", "%s is MetalLB's community alias %q", strings.TrimPrefix(v, "large:"), c)
+				}
+				large[strings.TrimPrefix(v, "large:")] = true
+				mine = append(mine, v)
 			case pools.ValidCommunity(v) != nil && !alias && !strings.Contains(v, ":"):
 				add("spec.announce.bgp.communities", "CHECK: community %q (from %s) left out: no Community object defines that name", c, a.Meta.Name)
 			case pools.ValidCommunity(v) != nil:
@@ -127,6 +134,11 @@ func convertBGPAdvertisements(an *v1alpha1.Announce, ads []*mlbBGPAdvertisement,
 	if len(b.Communities) > 32 {
 		add("spec.announce.bgp.communities", "CHECK: %d communities; an IPPool takes 32, the first 32 are kept", len(b.Communities))
 		b.Communities = b.Communities[:32]
+	}
+	b.LargeCommunities = sortedKeys(large)
+	if len(b.LargeCommunities) > 32 {
+		add("spec.announce.bgp.largeCommunities", "CHECK: %d large communities; an IPPool takes 32, the first 32 are kept", len(b.LargeCommunities))
+		b.LargeCommunities = b.LargeCommunities[:32]
 	}
 	if len(perAd) > 1 {
 		add("spec.announce.bgp.communities", "CHECK: MetalLB attached each BGPAdvertisement's communities to its own announcement; metalvip attaches all of them to every route of the pool")

@@ -241,8 +241,17 @@ func saysWhatChanges(t *testing.T, objs []*unstructured.Unstructured, conv Conve
 		case "Community":
 			cs, _, _ := unstructured.NestedSlice(spec, "communities")
 			for _, c := range cs {
-				if v, _, _ := unstructured.NestedString(c.(map[string]any), "value"); strings.HasPrefix(v, "large:") && communityUsed(c.(map[string]any), objs) {
-					need("Community "+u.GetName()+" has the large community "+v+", used", "large community")
+				v, _, _ := unstructured.NestedString(c.(map[string]any), "value")
+				if !strings.HasPrefix(v, "large:") || !communityUsed(c.(map[string]any), objs) {
+					continue
+				}
+				// Kept in a pool's largeCommunities, or a CHECK says why not.
+				kept := slices.ContainsFunc(conv.Objects, func(o Object) bool {
+					ps, ok := o.Spec.(v1alpha1.IPPoolSpec)
+					return ok && ps.Announce.BGP != nil && slices.Contains(ps.Announce.BGP.LargeCommunities, strings.TrimPrefix(v, "large:"))
+				})
+				if !kept {
+					need("Community "+u.GetName()+" has the large community "+v+", used, and no pool keeps it", "large community")
 				}
 			}
 		}

@@ -97,16 +97,15 @@ func TestConvertingPools(t *testing.T) {
 			notes: []wantNote{{"spec.announce.mode", "CHECK: MetalLB announced this pool both by L2 (l2) and by BGP (bgp)"}},
 		},
 		{
-			name: "communities: aliases resolved through Community objects, large and undefined ones left out and flagged",
+			name: "communities: aliases resolved through Community objects, large ones kept, undefined ones left out and flagged",
 			in: pool("gold", `{addresses: [203.0.113.0/24]}`) +
 				doc("Community", "v1beta1", "c", `{communities: [{name: no-export, value: "65535:65281"}, {name: big, value: "large:1:2:3"}]}`) +
 				doc("BGPAdvertisement", "v1beta1", "bgp", `{communities: [no-export, "64500:1", big, "large:4:5:6", nowhere, "70000:1"], localPref: 200}`),
 			pool: "gold",
-			want: `{announce: {mode: BGP, bgp: {communities: ["64500:1", "65535:65281"], localPref: 200}}}`,
+			want: `{announce: {mode: BGP, bgp: {communities: ["64500:1", "65535:65281"], largeCommunities: ["1:2:3", "4:5:6"], localPref: 200}}}`,
 			notes: []wantNote{
 				{"spec.announce.bgp.communities", `65535:65281 is MetalLB's community alias "no-export"`},
-				{"spec.announce.bgp.communities", "CHECK: large community large:1:2:3 (from bgp) left out"},
-				{"spec.announce.bgp.communities", "CHECK: large community large:4:5:6 (from bgp) left out"},
+				{"spec.announce.bgp.largeCommunities", `1:2:3 is MetalLB's community alias "big"`},
 				{"spec.announce.bgp.communities", `CHECK: community "nowhere" (from bgp) left out: no Community object defines that name`},
 				{"spec.announce.bgp.communities", `CHECK: community "70000:1" (from bgp) left out`},
 			},

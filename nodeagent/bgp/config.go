@@ -1,6 +1,7 @@
 package bgp
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
 
 	"github.com/metalvip/metalvip/internal/agentapi"
 )
@@ -99,6 +102,8 @@ type Route struct {
 	Prefix netip.Prefix
 	// Communities are standard communities, "ASN:value" with both halves at most 65535.
 	Communities []string
+	// LargeCommunities are RFC 8092's, "ASN:value1:value2", each part at most 4294967295.
+	LargeCommunities []string
 	// LocalPref is sent to iBGP peers only (RFC 4271 keeps it inside an AS); 0 = unset.
 	LocalPref uint32
 	// Weight, when not 0, adds the link-bandwidth extended community (non-transitive, type
@@ -356,13 +361,15 @@ type route struct {
 	prefix      netip.Prefix
 	communities string // the sorted values joined, comparable
 	values      []uint32
+	large       string // the sorted large communities joined, comparable
+	largeValues []bgp.LargeCommunity
 	localPref   uint32
 	weight      uint32
 	gshut       bool
 }
 
 func (r route) equal(o route) bool {
-	return r.prefix == o.prefix && r.communities == o.communities && r.localPref == o.localPref &&
+	return r.prefix == o.prefix && r.communities == o.communities && r.large == o.large && r.localPref == o.localPref &&
 		r.weight == o.weight && r.gshut == o.gshut
 }
 
@@ -424,7 +431,42 @@ func normalizeRoute(r Route) (route, error) {
 	for i, v := range values {
 		parts[i] = strconv.FormatUint(uint64(v), 10)
 	}
-	return route{prefix: p, values: values, communities: strings.Join(parts, ","), localPref: r.LocalPref, weight: r.Weight, gshut: r.GracefulShutdown}, nil
+	large := make([]bgp.LargeCommunity, 0, len(r.LargeCommunities))
+	for _, c := range r.LargeCommunities {
+		v, err := ParseLargeCommunity(c)
+		if err != nil {
+			return route{}, err
+		}
+		large = append(large, v)
+	}
+	slices.SortFunc(large, func(a, b bgp.LargeCommunity) int {
+		return cmp.Or(cmp.Compare(a.ASN, b.ASN), cmp.Compare(a.LocalData1, b.LocalData1), cmp.Compare(a.LocalData2, b.LocalData2))
+	})
+	large = slices.Compact(large)
+	largeParts := make([]string, len(large))
+	for i, v := range large {
+		largeParts[i] = fmt.Sprintf("%d:%d:%d", v.ASN, v.LocalData1, v.LocalData2)
+	}
+	return route{prefix: p, values: values, communities: strings.Join(parts, ","), large: strings.Join(largeParts, ","), largeValues: large,
+		localPref: r.LocalPref, weight: r.Weight, gshut: r.GracefulShutdown}, nil
+}
+
+// ParseLargeCommunity parses a large community written "ASN:value1:value2" (RFC 8092), each
+// part decimal and at most 4294967295.
+func ParseLargeCommunity(s string) (bgp.LargeCommunity, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return bgp.LargeCommunity{}, fmt.Errorf("large community %q: want ASN:value1:value2", s)
+	}
+	var v [3]uint32
+	for i, part := range parts {
+		n, err := strconv.ParseUint(part, 10, 32)
+		if err != nil {
+			return bgp.LargeCommunity{}, fmt.Errorf("large community %q: each part must be 0 to 4294967295", s)
+		}
+		v[i] = uint32(n)
+	}
+	return bgp.LargeCommunity{ASN: v[0], LocalData1: v[1], LocalData2: v[2]}, nil
 }
 
 // ParseCommunity parses a standard BGP community written "ASN:value" (RFC 1997), both

@@ -141,6 +141,9 @@ func TestRouteValidation(t *testing.T) {
 		{"a community value over 65535 is refused", Route{Prefix: netip.MustParsePrefix("203.0.113.10/32"), Communities: []string{"1:65536"}}, "value part"},
 		{"a negative community is refused", Route{Prefix: netip.MustParsePrefix("203.0.113.10/32"), Communities: []string{"-1:1"}}, "ASN part"},
 		{"a large community is refused", Route{Prefix: netip.MustParsePrefix("203.0.113.10/32"), Communities: []string{"1:2:3"}}, "value part"},
+		{"large communities are valid", Route{Prefix: netip.MustParsePrefix("203.0.113.10/32"), LargeCommunities: []string{"4200000000:1:2", "0:0:4294967295"}}, ""},
+		{"a large community with two parts is refused", Route{Prefix: netip.MustParsePrefix("203.0.113.10/32"), LargeCommunities: []string{"1:2"}}, "want ASN:value1:value2"},
+		{"a large community part over 32 bits is refused", Route{Prefix: netip.MustParsePrefix("203.0.113.10/32"), LargeCommunities: []string{"4294967296:1:2"}}, "0 to 4294967295"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -211,5 +214,21 @@ func checkErr(t *testing.T, err error, want string) {
 		t.Errorf("no error, want one containing %q", want)
 	case want != "" && !strings.Contains(err.Error(), want):
 		t.Errorf("error %q does not contain %q", err, want)
+	}
+}
+
+func TestLargeCommunitiesCompareAsSets(t *testing.T) {
+	p := netip.MustParsePrefix("203.0.113.10/32")
+	a, err := normalizeRoute(Route{Prefix: p, LargeCommunities: []string{"4200000000:1:2", "64496:0:7", "64496:0:7"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := normalizeRoute(Route{Prefix: p, LargeCommunities: []string{"64496:0:7", "4200000000:1:2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := normalizeRoute(Route{Prefix: p, LargeCommunities: []string{"64496:0:7"}})
+	if !a.equal(b) || a.equal(c) || len(a.largeValues) != 2 {
+		t.Errorf("a %+v, b %+v, c %+v", a, b, c)
 	}
 }

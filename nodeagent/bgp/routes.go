@@ -92,6 +92,14 @@ func (r route) path(withdraw bool, asn uint16) *apiutil.Path {
 	if len(r.values) > 0 {
 		attrs = append(attrs, bgp.NewPathAttributeCommunities(slices.Clone(r.values)))
 	}
+	if len(r.largeValues) > 0 {
+		large := make([]*bgp.LargeCommunity, len(r.largeValues))
+		for i := range r.largeValues {
+			v := r.largeValues[i]
+			large[i] = &v
+		}
+		attrs = append(attrs, bgp.NewPathAttributeLargeCommunities(large))
+	}
 	switch {
 	case r.gshut:
 		// RFC 8326: LOCAL_PREF 0 inside the AS (gobgp sends it to iBGP peers only).

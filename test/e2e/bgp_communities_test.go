@@ -18,18 +18,18 @@ import (
 // TestServiceCommunities (issue 31, metallb#934): a Service adds BGP communities to its own
 // routes with metalvip.io/bgp-communities, only those its pool lists in
 // announce.bgp.serviceCommunities: the router sees the pool's community and the allowed one on
-// every node's path, a community the pool does not list is left out with a Warning Event, and
+// every node's path (with the pool's large community), a community the pool does not list is left out with a Warning Event, and
 // another Service of the pool carries only the pool's.
 func TestServiceCommunities(t *testing.T) {
 	c := cluster.New(t, kubeapi.Get(t), cluster.Options{CCMBinary: ccmBinary, AgentBinary: agentBinary})
 	pool := "comm-" + c.NS
 	c.Object(v1alpha1.IPPoolResource, pool, fmt.Sprintf(`{addresses: ["203.0.113.96/28"], autoAssign: false, serviceAllocation: {namespaces: [%s]},
-		announce: {mode: BGP, bgp: {communities: ["64496:1"], serviceCommunities: ["64496:200", "64496:300"]}}}`, c.NS))
+		announce: {mode: BGP, bgp: {communities: ["64496:1"], largeCommunities: ["4200000000:1:2"], serviceCommunities: ["64496:200", "64496:300"]}}}`, c.NS))
 	tagged := c.Service("tagged", cluster.InPool(pool), cluster.Annotate(annotation.BGPCommunities, "64496:200, 64496:999"))
 	plain := c.Service("plain", cluster.InPool(pool))
 
 	// communities returns the communities of each of the router's paths to vip, one string
-	// per path ("64496:1 64496:200"), sorted.
+	// per path, standard then large ("64496:1 64496:200 4200000000:1:2"), sorted.
 	communities := func(vip string) []string {
 		out, err := c.Lab.Vtysh("show bgp ipv4 unicast " + vip + "/32 json")
 		if err != nil {
@@ -40,6 +40,9 @@ func TestServiceCommunities(t *testing.T) {
 				Community struct {
 					String string `json:"string"`
 				} `json:"community"`
+				Large struct {
+					String string `json:"string"`
+				} `json:"largeCommunity"`
 			} `json:"paths"`
 		}
 		if json.Unmarshal([]byte(out), &got) != nil {
@@ -47,16 +50,16 @@ func TestServiceCommunities(t *testing.T) {
 		}
 		var cs []string
 		for _, p := range got.Paths {
-			cs = append(cs, p.Community.String)
+			cs = append(cs, strings.TrimSpace(p.Community.String+" "+p.Large.String))
 		}
 		slices.Sort(cs)
 		return cs
 	}
 	harness.Eventually(t, 60*time.Second, "every node's path to the tagged VIP carries the pool's community and the allowed one", func() bool {
-		return slices.Equal(communities(tagged.String()), []string{"64496:1 64496:200", "64496:1 64496:200", "64496:1 64496:200"})
+		return slices.Equal(communities(tagged.String()), []string{"64496:1 64496:200 4200000000:1:2", "64496:1 64496:200 4200000000:1:2", "64496:1 64496:200 4200000000:1:2"})
 	})
 	harness.Eventually(t, 30*time.Second, "the other Service's paths carry the pool's community alone", func() bool {
-		return slices.Equal(communities(plain.String()), []string{"64496:1", "64496:1", "64496:1"})
+		return slices.Equal(communities(plain.String()), []string{"64496:1 4200000000:1:2", "64496:1 4200000000:1:2", "64496:1 4200000000:1:2"})
 	})
 	harness.Eventually(t, 30*time.Second, "a Warning Event names the community the pool does not list", func() bool {
 		ev := c.Events("tagged", "BGPCommunityRefused")

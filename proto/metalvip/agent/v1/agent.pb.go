@@ -642,8 +642,10 @@ type BGPAnnouncement struct {
 	// to it); 0 for the host route (/32, /128). Several VIPs of one aggregate on a node make one
 	// route.
 	AggregateLength uint32 `protobuf:"varint,5,opt,name=aggregate_length,json=aggregateLength,proto3" json:"aggregate_length,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// large_communities (RFC 8092), each "ASN:value1:value2", three numbers of 32 bits.
+	LargeCommunities []string `protobuf:"bytes,6,rep,name=large_communities,json=largeCommunities,proto3" json:"large_communities,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *BGPAnnouncement) Reset() {
@@ -709,6 +711,13 @@ func (x *BGPAnnouncement) GetAggregateLength() uint32 {
 		return x.AggregateLength
 	}
 	return 0
+}
+
+func (x *BGPAnnouncement) GetLargeCommunities() []string {
+	if x != nil {
+		return x.LargeCommunities
+	}
+	return nil
 }
 
 // NodeWeight is one node's weight for a BGP VIP.
@@ -2705,14 +2714,15 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"virtualMac\"9\n" +
 	"\tCandidate\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xde\x01\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\x8b\x02\n" +
 	"\x0fBGPAnnouncement\x12 \n" +
 	"\vcommunities\x18\x01 \x03(\tR\vcommunities\x12\x1d\n" +
 	"\n" +
 	"local_pref\x18\x02 \x01(\rR\tlocalPref\x127\n" +
 	"\aweights\x18\x03 \x03(\v2\x1d.metalvip.agent.v1.NodeWeightR\aweights\x12&\n" +
 	"\x0fdrain_by_weight\x18\x04 \x01(\bR\rdrainByWeight\x12)\n" +
-	"\x10aggregate_length\x18\x05 \x01(\rR\x0faggregateLength\">\n" +
+	"\x10aggregate_length\x18\x05 \x01(\rR\x0faggregateLength\x12+\n" +
+	"\x11large_communities\x18\x06 \x03(\tR\x10largeCommunities\">\n" +
 	"\n" +
 	"NodeWeight\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1c\n" +
