@@ -235,6 +235,31 @@ func openRouterFIB(t *testing.T, l *lab.Lab) *routerFIB {
 // nextHops returns the sorted gateways of the router's route for exactly p (none if there
 // is no such route).
 func (f *routerFIB) nextHops(p netip.Prefix) ([]netip.Addr, error) {
+	var out []netip.Addr
+	err := f.eachHop(p, func(gw net.IP, _ int) {
+		if a, ok := netip.AddrFromSlice(gw); ok {
+			out = append(out, a.Unmap())
+		}
+	})
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out), err
+}
+
+// devices returns the sorted interfaces of the router's route for exactly p.
+func (f *routerFIB) devices(p netip.Prefix) ([]string, error) {
+	var out []string
+	err := f.eachHop(p, func(_ net.IP, index int) {
+		if link, err := f.h.LinkByIndex(index); err == nil {
+			out = append(out, link.Attrs().Name)
+		}
+	})
+	slices.Sort(out)
+	return slices.Compact(out), err
+}
+
+// eachHop calls hop with the gateway and the interface index of each next hop of the
+// router's route for exactly p.
+func (f *routerFIB) eachHop(p netip.Prefix, hop func(gw net.IP, linkIndex int)) error {
 	family := netlink.FAMILY_V4
 	if p.Addr().Is6() {
 		family = netlink.FAMILY_V6
@@ -242,24 +267,17 @@ func (f *routerFIB) nextHops(p netip.Prefix) ([]netip.Addr, error) {
 	dst := &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 	routes, err := f.h.RouteListFiltered(family, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
 	if err != nil {
-		return nil, fmt.Errorf("list routes for %s: %w", p, err)
-	}
-	var out []netip.Addr
-	add := func(ip net.IP) {
-		if a, ok := netip.AddrFromSlice(ip); ok {
-			out = append(out, a.Unmap())
-		}
+		return fmt.Errorf("list routes for %s: %w", p, err)
 	}
 	for _, r := range routes {
 		if len(r.MultiPath) == 0 {
-			add(r.Gw)
+			hop(r.Gw, r.LinkIndex)
 		}
 		for _, nh := range r.MultiPath {
-			add(nh.Gw)
+			hop(nh.Gw, nh.LinkIndex)
 		}
 	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return slices.Compact(out), nil
+	return nil
 }
 
 // waitNextHops waits until the router's route for p goes exactly through want (no route if
@@ -986,33 +1004,4 @@ func TestLabUnnumberedSessionsCarryRoutes(t *testing.T) {
 	if took > 5*time.Second {
 		t.Errorf("removing a node whose unnumbered link went silent took %s: BFD did not act", took)
 	}
-}
-
-// devices returns the sorted interfaces of the router's route for exactly p.
-func (f *routerFIB) devices(p netip.Prefix) ([]string, error) {
-	family := netlink.FAMILY_V4
-	if p.Addr().Is6() {
-		family = netlink.FAMILY_V6
-	}
-	dst := &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-	routes, err := f.h.RouteListFiltered(family, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
-	if err != nil {
-		return nil, fmt.Errorf("list routes for %s: %w", p, err)
-	}
-	var out []string
-	add := func(index int) {
-		if link, err := f.h.LinkByIndex(index); err == nil {
-			out = append(out, link.Attrs().Name)
-		}
-	}
-	for _, r := range routes {
-		if len(r.MultiPath) == 0 {
-			add(r.LinkIndex)
-		}
-		for _, nh := range r.MultiPath {
-			add(nh.LinkIndex)
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out), nil
 }

@@ -213,59 +213,46 @@ func (l *Lab) NextHops(t testenv.TB, vip string) []string {
 
 // RouteNextHops is NextHops for any goroutine: it returns the error instead of failing.
 func (l *Lab) RouteNextHops(vip string) ([]string, error) {
-	out, err := l.Router.Run(context.Background(), "ip", "-j", "route", "show", vip)
-	if err != nil {
-		return nil, err
-	}
-	var routes []struct {
-		Gateway  string `json:"gateway"`
-		Nexthops []struct {
-			Gateway string `json:"gateway"`
-		} `json:"nexthops"`
-	}
-	if err := json.Unmarshal(out, &routes); err != nil {
-		return nil, fmt.Errorf("ip -j route: %w: %s", err, out)
-	}
-	var hops []string
-	for _, r := range routes {
-		if r.Gateway != "" {
-			hops = append(hops, r.Gateway)
-		}
-		for _, n := range r.Nexthops {
-			hops = append(hops, n.Gateway)
-		}
-	}
-	slices.Sort(hops)
-	return slices.Compact(hops), nil
+	return l.routeHops(vip, func(h routeHop) string { return h.Gateway })
 }
 
 // RouteDevices returns the interfaces of the router's kernel route to vip (of each next hop),
 // sorted: with Options.Unnumbered, UnnumberedRouterLink of the nodes it goes through.
 func (l *Lab) RouteDevices(vip string) ([]string, error) {
+	return l.routeHops(vip, func(h routeHop) string { return h.Dev })
+}
+
+// routeHop is one next hop of "ip -j route": a single-path route's own fields, or one of a
+// multipath route's nexthops.
+type routeHop struct {
+	Gateway string `json:"gateway"`
+	Dev     string `json:"dev"`
+}
+
+// routeHops returns field of each next hop of the router's kernel route to vip, sorted and
+// without duplicates or empty values.
+func (l *Lab) routeHops(vip string, field func(routeHop) string) ([]string, error) {
 	out, err := l.Router.Run(context.Background(), "ip", "-j", "route", "show", vip)
 	if err != nil {
 		return nil, err
 	}
 	var routes []struct {
-		Dev      string `json:"dev"`
-		Nexthops []struct {
-			Dev string `json:"dev"`
-		} `json:"nexthops"`
+		routeHop
+		Nexthops []routeHop `json:"nexthops"`
 	}
 	if err := json.Unmarshal(out, &routes); err != nil {
 		return nil, fmt.Errorf("ip -j route: %w: %s", err, out)
 	}
-	var devs []string
+	var vals []string
 	for _, r := range routes {
-		if r.Dev != "" {
-			devs = append(devs, r.Dev)
-		}
-		for _, n := range r.Nexthops {
-			devs = append(devs, n.Dev)
+		for _, h := range append([]routeHop{r.routeHop}, r.Nexthops...) {
+			if v := field(h); v != "" {
+				vals = append(vals, v)
+			}
 		}
 	}
-	slices.Sort(devs)
-	return slices.Compact(devs), nil
+	slices.Sort(vals)
+	return slices.Compact(vals), nil
 }
 
 // Names returns the hosts' names, in order.
