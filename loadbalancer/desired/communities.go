@@ -12,6 +12,9 @@ import (
 	"github.com/metalvip/metalvip/loadbalancer/pools"
 )
 
+// maxRefusedShown is how many refused communities a reason names.
+const maxRefusedShown = 5
+
 // ServiceCommunities decides which of the communities a Service asks for with the annotation
 // metalvip.io/bgp-communities its BGP routes carry: those its pool lists in
 // announce.bgp.serviceCommunities (the annotation is the tenant's request, the pool the
@@ -38,6 +41,11 @@ func ServiceCommunities(svc *v1.Service, pool *pools.Pool) (granted []string, re
 		}
 	}
 	slices.Sort(granted)
+	if len(why) > maxRefusedShown {
+		// The annotation is the tenant's to write (up to the API server's 256 KiB): the Event
+		// and the log line stay short whatever it holds.
+		why = append(why[:maxRefusedShown], fmt.Sprintf("and %d more", len(why)-maxRefusedShown))
+	}
 	if len(why) > 0 {
 		refused = fmt.Sprintf("annotation %s: %s", annotation.BGPCommunities, strings.Join(why, "; "))
 	}
