@@ -96,6 +96,16 @@ type IPPoolSpec struct {
 	// +optional
 	ExternalIPs ExternalIPsPolicy `json:"externalIPs,omitempty"`
 
+	// Egress says whether a Service of the pool may send its pods' traffic to the outside
+	// world from its address (annotation metalvip.io/egress: "true", docs/egress.md). Deny
+	// (the default): never, so that no tenant takes the identity of an address the pool owner
+	// did not lend for it. Allow: the node that answers for the address source-NATs the
+	// Service's pods' connections to it.
+	//
+	// +kubebuilder:validation:Enum=Deny;Allow
+	// +optional
+	Egress EgressPolicy `json:"egress,omitempty"`
+
 	// Announce says how the pool's addresses are announced. Default: mode L2 from every
 	// eligible node.
 	//
@@ -144,6 +154,15 @@ type ExternalIPsPolicy string
 const (
 	ExternalIPsDeny  ExternalIPsPolicy = "Deny"
 	ExternalIPsAllow ExternalIPsPolicy = "Allow"
+)
+
+// EgressPolicy says whether a pool's addresses may be the source of Services' egress traffic.
+type EgressPolicy string
+
+// Egress policies.
+const (
+	EgressDeny  EgressPolicy = "Deny"
+	EgressAllow EgressPolicy = "Allow"
 )
 
 // AnnounceMode is how a pool's addresses reach the network.

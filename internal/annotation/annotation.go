@@ -34,6 +34,9 @@ const (
 	// BGPCommunities adds communities to the routes of the Service's BGP addresses,
 	// comma-separated "ASN:value": only those its pool lists in announce.bgp.serviceCommunities.
 	BGPCommunities Name = "metalvip.io/bgp-communities"
+	// Egress: "true" sends the Service's pods' traffic to the outside world from the Service's
+	// address, if its pool says spec.egress: Allow (docs/egress.md).
+	Egress Name = "metalvip.io/egress"
 )
 
 // MaxVIPCount bounds metalvip.io/vip-count.
@@ -203,4 +206,28 @@ func BGPCommunitiesFromService(svc *v1.Service) []string {
 		}
 	}
 	return out
+}
+
+// EgressFromService reports whether the Service asks for egress through its address
+// (metalvip.io/egress "true"); a value other than "true" or "false" is an error.
+func EgressFromService(svc *v1.Service) (bool, error) {
+	v, ok := Egress.Value(svc)
+	if !ok {
+		return false, nil
+	}
+	switch strings.TrimSpace(v) {
+	case "true":
+		return true, nil
+	case "false", "":
+		return false, nil
+	}
+	return false, fmt.Errorf("%s: %q is neither \"true\" nor \"false\"", Egress, truncate(v))
+}
+
+// truncate keeps a tenant-written value short enough to quote in an Event.
+func truncate(v string) string {
+	if len(v) > 64 {
+		return v[:64] + "..."
+	}
+	return v
 }

@@ -95,6 +95,8 @@ type Announce struct {
 	DrainByWeight bool
 	// ExternalIPs: the pool's addresses may be announced as Services' spec.externalIPs.
 	ExternalIPs bool
+	// Egress: the pool's Services may send their pods' traffic from their addresses.
+	Egress bool
 }
 
 // Peer is a BGPPeer as metalvip uses it.
@@ -199,6 +201,13 @@ func decodePool(ip *v1alpha1.IPPool) *Pool {
 	case v1alpha1.ExternalIPsDeny, "":
 	default:
 		add("spec.externalIPs", "%q; write Allow or Deny", sp.ExternalIPs)
+	}
+	switch sp.Egress {
+	case v1alpha1.EgressAllow:
+		p.Announce.Egress = true
+	case v1alpha1.EgressDeny, "":
+	default:
+		add("spec.egress", "%q; write Allow or Deny", sp.Egress)
 	}
 	an := sp.Announce
 	switch an.Mode {

@@ -70,6 +70,9 @@ type Config struct {
 	// Nodes says whether the CCM initialises nodes.
 	Nodes Nodes `yaml:"nodes"`
 
+	// Egress holds what Services' egress through their addresses needs (docs/egress.md).
+	Egress Egress `yaml:"egress"`
+
 	// Services says which Services of type LoadBalancer the CCM serves.
 	Services Services `yaml:"services"`
 
@@ -173,6 +176,29 @@ type BGP struct {
 	// PasswordSecretNamespace is the one namespace BGPPeer password Secrets are read from;
 	// the CCM may read Secrets there and nowhere else.
 	PasswordSecretNamespace string `yaml:"passwordSecretNamespace"`
+}
+
+// Egress holds the cluster's facts that egress through a Service's address needs.
+type Egress struct {
+	// ClusterCIDRs are the destinations a pod reaches as itself, never from a Service's
+	// address: the cluster's pod and ClusterIP ranges, and the node subnets if pods reach
+	// nodes. Required for egress (a Service asking for it without them gets a Warning Event);
+	// at most 16 CIDRs.
+	ClusterCIDRs []string `yaml:"clusterCIDRs"`
+}
+
+// MaxEgressClusterCIDRs bounds egress.clusterCIDRs.
+const MaxEgressClusterCIDRs = 16
+
+// Prefixes returns egress.clusterCIDRs parsed (validate has checked them).
+func (e Egress) Prefixes() []netip.Prefix {
+	var out []netip.Prefix
+	for _, c := range e.ClusterCIDRs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Allocation holds the timers of address allocation.
@@ -412,6 +438,16 @@ func (c *Config) validate(root *yaml.Node) error {
 	}
 	if ns := c.BGP.PasswordSecretNamespace; ns != "" && len(validation.IsDNS1123Label(ns)) > 0 {
 		add("bgp.passwordSecretNamespace", fmt.Sprintf("%q is not a namespace name; write e.g. %q", ns, DefaultPasswordNamespace))
+	}
+	if n := len(c.Egress.ClusterCIDRs); n > MaxEgressClusterCIDRs {
+		add("egress.clusterCIDRs", fmt.Sprintf("%d CIDRs; write at most %d (merge adjacent ranges)", n, MaxEgressClusterCIDRs))
+	}
+	for i, cidr := range c.Egress.ClusterCIDRs {
+		if p, err := netip.ParsePrefix(cidr); err != nil {
+			add("egress.clusterCIDRs", fmt.Sprintf("[%d] %q is not a CIDR; write one such as \"10.244.0.0/16\"", i, cidr))
+		} else if p != p.Masked() {
+			add("egress.clusterCIDRs", fmt.Sprintf("[%d] %q has bits set after its prefix length; write %s", i, cidr, p.Masked()))
+		}
 	}
 	if d := c.Drain.Delay.Duration; d < 0 || d > 10*time.Minute {
 		add("drain.delay", fmt.Sprintf("%s is out of range; write 1s to 10m (default %s)", d, DefaultDrainDelay))

@@ -125,7 +125,7 @@ func (x Refusal_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Refusal_Kind.Descriptor instead.
 func (Refusal_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{14, 0}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{15, 0}
 }
 
 type Event_Kind int32
@@ -195,7 +195,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{26, 0}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{28, 0}
 }
 
 // DesiredState is everything one node should do.
@@ -228,8 +228,11 @@ type DesiredState struct {
 	// or announcers (kube-proxy drops an ETP Local Service's traffic on a node it believes has
 	// no local endpoint).
 	HealthCheckNodePorts []uint32 `protobuf:"varint,10,rep,packed,name=health_check_node_ports,json=healthCheckNodePorts,proto3" json:"health_check_node_ports,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// egress lists the VIPs whose Services send their pods' traffic from the VIP and have pods
+	// on this node (docs/egress.md).
+	Egress        []*Egress `protobuf:"bytes,11,rep,name=egress,proto3" json:"egress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DesiredState) Reset() {
@@ -332,6 +335,109 @@ func (x *DesiredState) GetHealthCheckNodePorts() []uint32 {
 	return nil
 }
 
+func (x *DesiredState) GetEgress() []*Egress {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+// Egress is one VIP that some pods of this node send their traffic to the outside world from.
+// The egress node is the first of candidates that this node's heartbeats do not show dead (a
+// candidate it exchanges no heartbeats with counts as alive: the CCM vouches for it). That
+// node source-NATs the pods' connections to the VIP; the other nodes route them to it.
+type Egress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// vip, IPv4 (IPv6 egress is not offered yet).
+	Vip string `protobuf:"bytes,1,opt,name=vip,proto3" json:"vip,omitempty"`
+	// candidates are the VIP's L2 candidates, best first (as in L2Announcement).
+	Candidates []*Candidate `protobuf:"bytes,2,rep,name=candidates,proto3" json:"candidates,omitempty"`
+	// sources are the addresses of the Services' pods on this node.
+	Sources []string `protobuf:"bytes,3,rep,name=sources,proto3" json:"sources,omitempty"`
+	// cluster_cidrs are the destinations the pods reach as themselves (pod and ClusterIP
+	// ranges, node subnets): their traffic there is neither source-NATed nor rerouted.
+	ClusterCidrs []string `protobuf:"bytes,4,rep,name=cluster_cidrs,json=clusterCidrs,proto3" json:"cluster_cidrs,omitempty"`
+	// services names the Services (namespace/name) behind the VIP, for reports.
+	Services []string `protobuf:"bytes,5,rep,name=services,proto3" json:"services,omitempty"`
+	// remote_sources are the addresses of the Services' pods on other nodes, sent to a
+	// candidate: as the egress node it source-NATs them too, as they arrive routed.
+	RemoteSources []string `protobuf:"bytes,6,rep,name=remote_sources,json=remoteSources,proto3" json:"remote_sources,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Egress) Reset() {
+	*x = Egress{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Egress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Egress) ProtoMessage() {}
+
+func (x *Egress) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Egress.ProtoReflect.Descriptor instead.
+func (*Egress) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Egress) GetVip() string {
+	if x != nil {
+		return x.Vip
+	}
+	return ""
+}
+
+func (x *Egress) GetCandidates() []*Candidate {
+	if x != nil {
+		return x.Candidates
+	}
+	return nil
+}
+
+func (x *Egress) GetSources() []string {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
+func (x *Egress) GetClusterCidrs() []string {
+	if x != nil {
+		return x.ClusterCidrs
+	}
+	return nil
+}
+
+func (x *Egress) GetServices() []string {
+	if x != nil {
+		return x.Services
+	}
+	return nil
+}
+
+func (x *Egress) GetRemoteSources() []string {
+	if x != nil {
+		return x.RemoteSources
+	}
+	return nil
+}
+
 // HeartbeatPeer is another node's heartbeat identity, as its agent reported it in GetState.
 type HeartbeatPeer struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -354,7 +460,7 @@ type HeartbeatPeer struct {
 
 func (x *HeartbeatPeer) Reset() {
 	*x = HeartbeatPeer{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -366,7 +472,7 @@ func (x *HeartbeatPeer) String() string {
 func (*HeartbeatPeer) ProtoMessage() {}
 
 func (x *HeartbeatPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -379,7 +485,7 @@ func (x *HeartbeatPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatPeer.ProtoReflect.Descriptor instead.
 func (*HeartbeatPeer) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *HeartbeatPeer) GetNode() string {
@@ -426,7 +532,7 @@ type Announcement struct {
 
 func (x *Announcement) Reset() {
 	*x = Announcement{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -438,7 +544,7 @@ func (x *Announcement) String() string {
 func (*Announcement) ProtoMessage() {}
 
 func (x *Announcement) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -451,7 +557,7 @@ func (x *Announcement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Announcement.ProtoReflect.Descriptor instead.
 func (*Announcement) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Announcement) GetVip() string {
@@ -511,7 +617,7 @@ type L2Announcement struct {
 
 func (x *L2Announcement) Reset() {
 	*x = L2Announcement{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -523,7 +629,7 @@ func (x *L2Announcement) String() string {
 func (*L2Announcement) ProtoMessage() {}
 
 func (x *L2Announcement) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -536,7 +642,7 @@ func (x *L2Announcement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Announcement.ProtoReflect.Descriptor instead.
 func (*L2Announcement) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *L2Announcement) GetCandidates() []*Candidate {
@@ -579,7 +685,7 @@ type Candidate struct {
 
 func (x *Candidate) Reset() {
 	*x = Candidate{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -591,7 +697,7 @@ func (x *Candidate) String() string {
 func (*Candidate) ProtoMessage() {}
 
 func (x *Candidate) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -604,7 +710,7 @@ func (x *Candidate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Candidate.ProtoReflect.Descriptor instead.
 func (*Candidate) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Candidate) GetNode() string {
@@ -650,7 +756,7 @@ type BGPAnnouncement struct {
 
 func (x *BGPAnnouncement) Reset() {
 	*x = BGPAnnouncement{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -662,7 +768,7 @@ func (x *BGPAnnouncement) String() string {
 func (*BGPAnnouncement) ProtoMessage() {}
 
 func (x *BGPAnnouncement) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -675,7 +781,7 @@ func (x *BGPAnnouncement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BGPAnnouncement.ProtoReflect.Descriptor instead.
 func (*BGPAnnouncement) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *BGPAnnouncement) GetCommunities() []string {
@@ -732,7 +838,7 @@ type NodeWeight struct {
 
 func (x *NodeWeight) Reset() {
 	*x = NodeWeight{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -744,7 +850,7 @@ func (x *NodeWeight) String() string {
 func (*NodeWeight) ProtoMessage() {}
 
 func (x *NodeWeight) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -757,7 +863,7 @@ func (x *NodeWeight) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeWeight.ProtoReflect.Descriptor instead.
 func (*NodeWeight) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *NodeWeight) GetNode() string {
@@ -809,7 +915,7 @@ type BGPPeer struct {
 
 func (x *BGPPeer) Reset() {
 	*x = BGPPeer{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -821,7 +927,7 @@ func (x *BGPPeer) String() string {
 func (*BGPPeer) ProtoMessage() {}
 
 func (x *BGPPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +940,7 @@ func (x *BGPPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BGPPeer.ProtoReflect.Descriptor instead.
 func (*BGPPeer) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BGPPeer) GetAddress() string {
@@ -948,7 +1054,7 @@ type BFD struct {
 
 func (x *BFD) Reset() {
 	*x = BFD{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -960,7 +1066,7 @@ func (x *BFD) String() string {
 func (*BFD) ProtoMessage() {}
 
 func (x *BFD) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -973,7 +1079,7 @@ func (x *BFD) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BFD.ProtoReflect.Descriptor instead.
 func (*BFD) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BFD) GetEnabled() bool {
@@ -1027,7 +1133,7 @@ type L2Options struct {
 
 func (x *L2Options) Reset() {
 	*x = L2Options{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1145,7 @@ func (x *L2Options) String() string {
 func (*L2Options) ProtoMessage() {}
 
 func (x *L2Options) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1158,7 @@ func (x *L2Options) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Options.ProtoReflect.Descriptor instead.
 func (*L2Options) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *L2Options) GetGratuitousRefreshSeconds() uint32 {
@@ -1107,7 +1213,7 @@ type BGPOptions struct {
 
 func (x *BGPOptions) Reset() {
 	*x = BGPOptions{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1225,7 @@ func (x *BGPOptions) String() string {
 func (*BGPOptions) ProtoMessage() {}
 
 func (x *BGPOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1238,7 @@ func (x *BGPOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BGPOptions.ProtoReflect.Descriptor instead.
 func (*BGPOptions) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *BGPOptions) GetAsn() uint32 {
@@ -1169,7 +1275,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1181,7 +1287,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1194,7 +1300,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ApplyRequest) GetState() *DesiredState {
@@ -1224,7 +1330,7 @@ type Build struct {
 
 func (x *Build) Reset() {
 	*x = Build{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1236,7 +1342,7 @@ func (x *Build) String() string {
 func (*Build) ProtoMessage() {}
 
 func (x *Build) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1249,7 +1355,7 @@ func (x *Build) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Build.ProtoReflect.Descriptor instead.
 func (*Build) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Build) GetVersion() string {
@@ -1288,7 +1394,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1300,7 +1406,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1313,7 +1419,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ApplyResponse) GetTerm() uint64 {
@@ -1373,7 +1479,7 @@ type Refusal struct {
 
 func (x *Refusal) Reset() {
 	*x = Refusal{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1385,7 +1491,7 @@ func (x *Refusal) String() string {
 func (*Refusal) ProtoMessage() {}
 
 func (x *Refusal) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1398,7 +1504,7 @@ func (x *Refusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Refusal.ProtoReflect.Descriptor instead.
 func (*Refusal) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Refusal) GetKind() Refusal_Kind {
@@ -1437,7 +1543,7 @@ type GetStateRequest struct {
 
 func (x *GetStateRequest) Reset() {
 	*x = GetStateRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1449,7 +1555,7 @@ func (x *GetStateRequest) String() string {
 func (*GetStateRequest) ProtoMessage() {}
 
 func (x *GetStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1462,7 +1568,7 @@ func (x *GetStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStateRequest.ProtoReflect.Descriptor instead.
 func (*GetStateRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 type GetStateResponse struct {
@@ -1510,14 +1616,16 @@ type GetStateResponse struct {
 	Restarting []*RestartNotice `protobuf:"bytes,17,rep,name=restarting,proto3" json:"restarting,omitempty"`
 	// data_plane is what the node's kube-proxy says (metalvip-agent --data-plane-health);
 	// unset from an agent that does not check it, or an older one: the node counts as ready.
-	DataPlane     *DataPlane `protobuf:"bytes,18,opt,name=data_plane,json=dataPlane,proto3" json:"data_plane,omitempty"`
+	DataPlane *DataPlane `protobuf:"bytes,18,opt,name=data_plane,json=dataPlane,proto3" json:"data_plane,omitempty"`
+	// egress is what this node does for each VIP of DesiredState.egress.
+	Egress        []*EgressStatus `protobuf:"bytes,19,rep,name=egress,proto3" json:"egress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetStateResponse) Reset() {
 	*x = GetStateResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1529,7 +1637,7 @@ func (x *GetStateResponse) String() string {
 func (*GetStateResponse) ProtoMessage() {}
 
 func (x *GetStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1542,7 +1650,7 @@ func (x *GetStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStateResponse.ProtoReflect.Descriptor instead.
 func (*GetStateResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetStateResponse) GetNode() string {
@@ -1671,6 +1779,105 @@ func (x *GetStateResponse) GetDataPlane() *DataPlane {
 	return nil
 }
 
+func (x *GetStateResponse) GetEgress() []*EgressStatus {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+// EgressStatus is one egress VIP as this node handles it now.
+type EgressStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Vip   string                 `protobuf:"bytes,1,opt,name=vip,proto3" json:"vip,omitempty"`
+	// node is the egress node as this node sees it (the first live candidate).
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// active: this node is the egress node and source-NATs the pods' connections to the VIP
+	// (its own pods' and, arriving routed, other nodes').
+	Active bool `protobuf:"varint,3,opt,name=active,proto3" json:"active,omitempty"`
+	// sources is how many pod addresses of this node leave from the VIP.
+	Sources uint32 `protobuf:"varint,4,opt,name=sources,proto3" json:"sources,omitempty"`
+	// flows counts the connections this node source-NATed to the VIP (the first packet of
+	// each), since its rules for the VIP were last written.
+	Flows uint64 `protobuf:"varint,5,opt,name=flows,proto3" json:"flows,omitempty"`
+	// problem says what the agent could not do for the VIP; empty when none.
+	Problem       string `protobuf:"bytes,6,opt,name=problem,proto3" json:"problem,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressStatus) Reset() {
+	*x = EgressStatus{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressStatus) ProtoMessage() {}
+
+func (x *EgressStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressStatus.ProtoReflect.Descriptor instead.
+func (*EgressStatus) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *EgressStatus) GetVip() string {
+	if x != nil {
+		return x.Vip
+	}
+	return ""
+}
+
+func (x *EgressStatus) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *EgressStatus) GetActive() bool {
+	if x != nil {
+		return x.Active
+	}
+	return false
+}
+
+func (x *EgressStatus) GetSources() uint32 {
+	if x != nil {
+		return x.Sources
+	}
+	return 0
+}
+
+func (x *EgressStatus) GetFlows() uint64 {
+	if x != nil {
+		return x.Flows
+	}
+	return 0
+}
+
+func (x *EgressStatus) GetProblem() string {
+	if x != nil {
+		return x.Problem
+	}
+	return ""
+}
+
 // DataPlane is whether the node's data plane serves: kube-proxy's /healthz, and for the
 // Services with externalTrafficPolicy Local this node stands for, their health check node
 // ports.
@@ -1693,7 +1900,7 @@ type DataPlane struct {
 
 func (x *DataPlane) Reset() {
 	*x = DataPlane{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1705,7 +1912,7 @@ func (x *DataPlane) String() string {
 func (*DataPlane) ProtoMessage() {}
 
 func (x *DataPlane) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1718,7 +1925,7 @@ func (x *DataPlane) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataPlane.ProtoReflect.Descriptor instead.
 func (*DataPlane) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DataPlane) GetReady() bool {
@@ -1768,7 +1975,7 @@ type RestartNotice struct {
 
 func (x *RestartNotice) Reset() {
 	*x = RestartNotice{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1780,7 +1987,7 @@ func (x *RestartNotice) String() string {
 func (*RestartNotice) ProtoMessage() {}
 
 func (x *RestartNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1793,7 +2000,7 @@ func (x *RestartNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartNotice.ProtoReflect.Descriptor instead.
 func (*RestartNotice) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RestartNotice) GetNode() string {
@@ -1841,7 +2048,7 @@ type ControlPlaneStatus struct {
 
 func (x *ControlPlaneStatus) Reset() {
 	*x = ControlPlaneStatus{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1853,7 +2060,7 @@ func (x *ControlPlaneStatus) String() string {
 func (*ControlPlaneStatus) ProtoMessage() {}
 
 func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1866,7 +2073,7 @@ func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
 func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ControlPlaneStatus) GetConfigFile() string {
@@ -1955,7 +2162,7 @@ type HeartbeatCounters struct {
 
 func (x *HeartbeatCounters) Reset() {
 	*x = HeartbeatCounters{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1967,7 +2174,7 @@ func (x *HeartbeatCounters) String() string {
 func (*HeartbeatCounters) ProtoMessage() {}
 
 func (x *HeartbeatCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1980,7 +2187,7 @@ func (x *HeartbeatCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatCounters.ProtoReflect.Descriptor instead.
 func (*HeartbeatCounters) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HeartbeatCounters) GetSent() uint64 {
@@ -2039,7 +2246,7 @@ type AnnouncedVIP struct {
 
 func (x *AnnouncedVIP) Reset() {
 	*x = AnnouncedVIP{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2051,7 +2258,7 @@ func (x *AnnouncedVIP) String() string {
 func (*AnnouncedVIP) ProtoMessage() {}
 
 func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2064,7 +2271,7 @@ func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnouncedVIP.ProtoReflect.Descriptor instead.
 func (*AnnouncedVIP) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AnnouncedVIP) GetVip() string {
@@ -2142,7 +2349,7 @@ type PeerStatus struct {
 
 func (x *PeerStatus) Reset() {
 	*x = PeerStatus{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2154,7 +2361,7 @@ func (x *PeerStatus) String() string {
 func (*PeerStatus) ProtoMessage() {}
 
 func (x *PeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2167,7 +2374,7 @@ func (x *PeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatus.ProtoReflect.Descriptor instead.
 func (*PeerStatus) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PeerStatus) GetAddress() string {
@@ -2237,7 +2444,7 @@ type L2Counters struct {
 
 func (x *L2Counters) Reset() {
 	*x = L2Counters{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2249,7 +2456,7 @@ func (x *L2Counters) String() string {
 func (*L2Counters) ProtoMessage() {}
 
 func (x *L2Counters) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2262,7 +2469,7 @@ func (x *L2Counters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Counters.ProtoReflect.Descriptor instead.
 func (*L2Counters) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *L2Counters) GetArpRequests() uint64 {
@@ -2322,7 +2529,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2334,7 +2541,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2347,7 +2554,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 type WatchResponse struct {
@@ -2359,7 +2566,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2371,7 +2578,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2384,7 +2591,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchResponse) GetEvent() *Event {
@@ -2411,7 +2618,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2423,7 +2630,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2436,7 +2643,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -2496,7 +2703,7 @@ type EnrollRequest struct {
 
 func (x *EnrollRequest) Reset() {
 	*x = EnrollRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2508,7 +2715,7 @@ func (x *EnrollRequest) String() string {
 func (*EnrollRequest) ProtoMessage() {}
 
 func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2521,7 +2728,7 @@ func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollRequest.ProtoReflect.Descriptor instead.
 func (*EnrollRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 type EnrollResponse struct {
@@ -2540,7 +2747,7 @@ type EnrollResponse struct {
 
 func (x *EnrollResponse) Reset() {
 	*x = EnrollResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2552,7 +2759,7 @@ func (x *EnrollResponse) String() string {
 func (*EnrollResponse) ProtoMessage() {}
 
 func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2565,7 +2772,7 @@ func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollResponse.ProtoReflect.Descriptor instead.
 func (*EnrollResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *EnrollResponse) GetNode() string {
@@ -2599,7 +2806,7 @@ type InstallRequest struct {
 
 func (x *InstallRequest) Reset() {
 	*x = InstallRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2611,7 +2818,7 @@ func (x *InstallRequest) String() string {
 func (*InstallRequest) ProtoMessage() {}
 
 func (x *InstallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2624,7 +2831,7 @@ func (x *InstallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallRequest.ProtoReflect.Descriptor instead.
 func (*InstallRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *InstallRequest) GetCertificate() []byte {
@@ -2642,7 +2849,7 @@ type InstallResponse struct {
 
 func (x *InstallResponse) Reset() {
 	*x = InstallResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2654,7 +2861,7 @@ func (x *InstallResponse) String() string {
 func (*InstallResponse) ProtoMessage() {}
 
 func (x *InstallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2667,14 +2874,14 @@ func (x *InstallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallResponse.ProtoReflect.Descriptor instead.
 func (*InstallResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 var File_metalvip_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1dmetalvip/agent/v1/agent.proto\x12\x11metalvip.agent.v1\"\xd3\x03\n" +
+	"\x1dmetalvip/agent/v1/agent.proto\x12\x11metalvip.agent.v1\"\x86\x04\n" +
 	"\fDesiredState\x12\x12\n" +
 	"\x04term\x18\x01 \x01(\x04R\x04term\x12\x1e\n" +
 	"\n" +
@@ -2688,7 +2895,17 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fheartbeat_peers\x18\b \x03(\v2 .metalvip.agent.v1.HeartbeatPeerR\x0eheartbeatPeers\x12\x1a\n" +
 	"\bdraining\x18\t \x01(\bR\bdraining\x125\n" +
 	"\x17health_check_node_ports\x18\n" +
-	" \x03(\rR\x14healthCheckNodePorts\"|\n" +
+	" \x03(\rR\x14healthCheckNodePorts\x121\n" +
+	"\x06egress\x18\v \x03(\v2\x19.metalvip.agent.v1.EgressR\x06egress\"\xda\x01\n" +
+	"\x06Egress\x12\x10\n" +
+	"\x03vip\x18\x01 \x01(\tR\x03vip\x12<\n" +
+	"\n" +
+	"candidates\x18\x02 \x03(\v2\x1c.metalvip.agent.v1.CandidateR\n" +
+	"candidates\x12\x18\n" +
+	"\asources\x18\x03 \x03(\tR\asources\x12#\n" +
+	"\rcluster_cidrs\x18\x04 \x03(\tR\fclusterCidrs\x12\x1a\n" +
+	"\bservices\x18\x05 \x03(\tR\bservices\x12%\n" +
+	"\x0eremote_sources\x18\x06 \x03(\tR\rremoteSources\"|\n" +
 	"\rHeartbeatPeer\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1f\n" +
@@ -2785,7 +3002,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11KIND_ANNOUNCEMENT\x10\x01\x12\x11\n" +
 	"\rKIND_BGP_PEER\x10\x02\"\x11\n" +
-	"\x0fGetStateRequest\"\xf7\x06\n" +
+	"\x0fGetStateRequest\"\xb0\a\n" +
 	"\x10GetStateResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x1e\n" +
@@ -2813,7 +3030,15 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"restarting\x18\x11 \x03(\v2 .metalvip.agent.v1.RestartNoticeR\n" +
 	"restarting\x12;\n" +
 	"\n" +
-	"data_plane\x18\x12 \x01(\v2\x1c.metalvip.agent.v1.DataPlaneR\tdataPlane\"\xaf\x01\n" +
+	"data_plane\x18\x12 \x01(\v2\x1c.metalvip.agent.v1.DataPlaneR\tdataPlane\x127\n" +
+	"\x06egress\x18\x13 \x03(\v2\x1f.metalvip.agent.v1.EgressStatusR\x06egress\"\x96\x01\n" +
+	"\fEgressStatus\x12\x10\n" +
+	"\x03vip\x18\x01 \x01(\tR\x03vip\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x16\n" +
+	"\x06active\x18\x03 \x01(\bR\x06active\x12\x18\n" +
+	"\asources\x18\x04 \x01(\rR\asources\x12\x14\n" +
+	"\x05flows\x18\x05 \x01(\x04R\x05flows\x12\x18\n" +
+	"\aproblem\x18\x06 \x01(\tR\aproblem\"\xaf\x01\n" +
 	"\tDataPlane\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x16\n" +
 	"\x06detail\x18\x02 \x01(\tR\x06detail\x12*\n" +
@@ -2929,91 +3154,96 @@ func file_metalvip_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_metalvip_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_metalvip_agent_v1_agent_proto_goTypes = []any{
 	(Mode)(0),                  // 0: metalvip.agent.v1.Mode
 	(Refusal_Kind)(0),          // 1: metalvip.agent.v1.Refusal.Kind
 	(Event_Kind)(0),            // 2: metalvip.agent.v1.Event.Kind
 	(*DesiredState)(nil),       // 3: metalvip.agent.v1.DesiredState
-	(*HeartbeatPeer)(nil),      // 4: metalvip.agent.v1.HeartbeatPeer
-	(*Announcement)(nil),       // 5: metalvip.agent.v1.Announcement
-	(*L2Announcement)(nil),     // 6: metalvip.agent.v1.L2Announcement
-	(*Candidate)(nil),          // 7: metalvip.agent.v1.Candidate
-	(*BGPAnnouncement)(nil),    // 8: metalvip.agent.v1.BGPAnnouncement
-	(*NodeWeight)(nil),         // 9: metalvip.agent.v1.NodeWeight
-	(*BGPPeer)(nil),            // 10: metalvip.agent.v1.BGPPeer
-	(*BFD)(nil),                // 11: metalvip.agent.v1.BFD
-	(*L2Options)(nil),          // 12: metalvip.agent.v1.L2Options
-	(*BGPOptions)(nil),         // 13: metalvip.agent.v1.BGPOptions
-	(*ApplyRequest)(nil),       // 14: metalvip.agent.v1.ApplyRequest
-	(*Build)(nil),              // 15: metalvip.agent.v1.Build
-	(*ApplyResponse)(nil),      // 16: metalvip.agent.v1.ApplyResponse
-	(*Refusal)(nil),            // 17: metalvip.agent.v1.Refusal
-	(*GetStateRequest)(nil),    // 18: metalvip.agent.v1.GetStateRequest
-	(*GetStateResponse)(nil),   // 19: metalvip.agent.v1.GetStateResponse
-	(*DataPlane)(nil),          // 20: metalvip.agent.v1.DataPlane
-	(*RestartNotice)(nil),      // 21: metalvip.agent.v1.RestartNotice
-	(*ControlPlaneStatus)(nil), // 22: metalvip.agent.v1.ControlPlaneStatus
-	(*HeartbeatCounters)(nil),  // 23: metalvip.agent.v1.HeartbeatCounters
-	(*AnnouncedVIP)(nil),       // 24: metalvip.agent.v1.AnnouncedVIP
-	(*PeerStatus)(nil),         // 25: metalvip.agent.v1.PeerStatus
-	(*L2Counters)(nil),         // 26: metalvip.agent.v1.L2Counters
-	(*WatchRequest)(nil),       // 27: metalvip.agent.v1.WatchRequest
-	(*WatchResponse)(nil),      // 28: metalvip.agent.v1.WatchResponse
-	(*Event)(nil),              // 29: metalvip.agent.v1.Event
-	(*EnrollRequest)(nil),      // 30: metalvip.agent.v1.EnrollRequest
-	(*EnrollResponse)(nil),     // 31: metalvip.agent.v1.EnrollResponse
-	(*InstallRequest)(nil),     // 32: metalvip.agent.v1.InstallRequest
-	(*InstallResponse)(nil),    // 33: metalvip.agent.v1.InstallResponse
-	nil,                        // 34: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	(*Egress)(nil),             // 4: metalvip.agent.v1.Egress
+	(*HeartbeatPeer)(nil),      // 5: metalvip.agent.v1.HeartbeatPeer
+	(*Announcement)(nil),       // 6: metalvip.agent.v1.Announcement
+	(*L2Announcement)(nil),     // 7: metalvip.agent.v1.L2Announcement
+	(*Candidate)(nil),          // 8: metalvip.agent.v1.Candidate
+	(*BGPAnnouncement)(nil),    // 9: metalvip.agent.v1.BGPAnnouncement
+	(*NodeWeight)(nil),         // 10: metalvip.agent.v1.NodeWeight
+	(*BGPPeer)(nil),            // 11: metalvip.agent.v1.BGPPeer
+	(*BFD)(nil),                // 12: metalvip.agent.v1.BFD
+	(*L2Options)(nil),          // 13: metalvip.agent.v1.L2Options
+	(*BGPOptions)(nil),         // 14: metalvip.agent.v1.BGPOptions
+	(*ApplyRequest)(nil),       // 15: metalvip.agent.v1.ApplyRequest
+	(*Build)(nil),              // 16: metalvip.agent.v1.Build
+	(*ApplyResponse)(nil),      // 17: metalvip.agent.v1.ApplyResponse
+	(*Refusal)(nil),            // 18: metalvip.agent.v1.Refusal
+	(*GetStateRequest)(nil),    // 19: metalvip.agent.v1.GetStateRequest
+	(*GetStateResponse)(nil),   // 20: metalvip.agent.v1.GetStateResponse
+	(*EgressStatus)(nil),       // 21: metalvip.agent.v1.EgressStatus
+	(*DataPlane)(nil),          // 22: metalvip.agent.v1.DataPlane
+	(*RestartNotice)(nil),      // 23: metalvip.agent.v1.RestartNotice
+	(*ControlPlaneStatus)(nil), // 24: metalvip.agent.v1.ControlPlaneStatus
+	(*HeartbeatCounters)(nil),  // 25: metalvip.agent.v1.HeartbeatCounters
+	(*AnnouncedVIP)(nil),       // 26: metalvip.agent.v1.AnnouncedVIP
+	(*PeerStatus)(nil),         // 27: metalvip.agent.v1.PeerStatus
+	(*L2Counters)(nil),         // 28: metalvip.agent.v1.L2Counters
+	(*WatchRequest)(nil),       // 29: metalvip.agent.v1.WatchRequest
+	(*WatchResponse)(nil),      // 30: metalvip.agent.v1.WatchResponse
+	(*Event)(nil),              // 31: metalvip.agent.v1.Event
+	(*EnrollRequest)(nil),      // 32: metalvip.agent.v1.EnrollRequest
+	(*EnrollResponse)(nil),     // 33: metalvip.agent.v1.EnrollResponse
+	(*InstallRequest)(nil),     // 34: metalvip.agent.v1.InstallRequest
+	(*InstallResponse)(nil),    // 35: metalvip.agent.v1.InstallResponse
+	nil,                        // 36: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
 }
 var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
-	5,  // 0: metalvip.agent.v1.DesiredState.announcements:type_name -> metalvip.agent.v1.Announcement
-	10, // 1: metalvip.agent.v1.DesiredState.bgp_peers:type_name -> metalvip.agent.v1.BGPPeer
-	12, // 2: metalvip.agent.v1.DesiredState.l2:type_name -> metalvip.agent.v1.L2Options
-	13, // 3: metalvip.agent.v1.DesiredState.bgp:type_name -> metalvip.agent.v1.BGPOptions
-	4,  // 4: metalvip.agent.v1.DesiredState.heartbeat_peers:type_name -> metalvip.agent.v1.HeartbeatPeer
-	0,  // 5: metalvip.agent.v1.Announcement.mode:type_name -> metalvip.agent.v1.Mode
-	6,  // 6: metalvip.agent.v1.Announcement.l2:type_name -> metalvip.agent.v1.L2Announcement
-	8,  // 7: metalvip.agent.v1.Announcement.bgp:type_name -> metalvip.agent.v1.BGPAnnouncement
-	7,  // 8: metalvip.agent.v1.L2Announcement.candidates:type_name -> metalvip.agent.v1.Candidate
-	9,  // 9: metalvip.agent.v1.BGPAnnouncement.weights:type_name -> metalvip.agent.v1.NodeWeight
-	11, // 10: metalvip.agent.v1.BGPPeer.bfd:type_name -> metalvip.agent.v1.BFD
-	3,  // 11: metalvip.agent.v1.ApplyRequest.state:type_name -> metalvip.agent.v1.DesiredState
-	15, // 12: metalvip.agent.v1.ApplyRequest.sender:type_name -> metalvip.agent.v1.Build
-	17, // 13: metalvip.agent.v1.ApplyResponse.refused:type_name -> metalvip.agent.v1.Refusal
-	1,  // 14: metalvip.agent.v1.Refusal.kind:type_name -> metalvip.agent.v1.Refusal.Kind
-	24, // 15: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
-	25, // 16: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
-	26, // 17: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
-	3,  // 18: metalvip.agent.v1.GetStateResponse.state:type_name -> metalvip.agent.v1.DesiredState
-	17, // 19: metalvip.agent.v1.GetStateResponse.refused:type_name -> metalvip.agent.v1.Refusal
-	23, // 20: metalvip.agent.v1.GetStateResponse.heartbeats:type_name -> metalvip.agent.v1.HeartbeatCounters
-	22, // 21: metalvip.agent.v1.GetStateResponse.control_plane:type_name -> metalvip.agent.v1.ControlPlaneStatus
-	15, // 22: metalvip.agent.v1.GetStateResponse.build:type_name -> metalvip.agent.v1.Build
-	15, // 23: metalvip.agent.v1.GetStateResponse.applied_by:type_name -> metalvip.agent.v1.Build
-	21, // 24: metalvip.agent.v1.GetStateResponse.restarting:type_name -> metalvip.agent.v1.RestartNotice
-	20, // 25: metalvip.agent.v1.GetStateResponse.data_plane:type_name -> metalvip.agent.v1.DataPlane
-	24, // 26: metalvip.agent.v1.ControlPlaneStatus.vip:type_name -> metalvip.agent.v1.AnnouncedVIP
-	34, // 27: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
-	0,  // 28: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
-	29, // 29: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
-	2,  // 30: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
-	14, // 31: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
-	18, // 32: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
-	27, // 33: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
-	30, // 34: metalvip.agent.v1.AgentService.Enroll:input_type -> metalvip.agent.v1.EnrollRequest
-	32, // 35: metalvip.agent.v1.AgentService.Install:input_type -> metalvip.agent.v1.InstallRequest
-	16, // 36: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
-	19, // 37: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
-	28, // 38: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
-	31, // 39: metalvip.agent.v1.AgentService.Enroll:output_type -> metalvip.agent.v1.EnrollResponse
-	33, // 40: metalvip.agent.v1.AgentService.Install:output_type -> metalvip.agent.v1.InstallResponse
-	36, // [36:41] is the sub-list for method output_type
-	31, // [31:36] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	6,  // 0: metalvip.agent.v1.DesiredState.announcements:type_name -> metalvip.agent.v1.Announcement
+	11, // 1: metalvip.agent.v1.DesiredState.bgp_peers:type_name -> metalvip.agent.v1.BGPPeer
+	13, // 2: metalvip.agent.v1.DesiredState.l2:type_name -> metalvip.agent.v1.L2Options
+	14, // 3: metalvip.agent.v1.DesiredState.bgp:type_name -> metalvip.agent.v1.BGPOptions
+	5,  // 4: metalvip.agent.v1.DesiredState.heartbeat_peers:type_name -> metalvip.agent.v1.HeartbeatPeer
+	4,  // 5: metalvip.agent.v1.DesiredState.egress:type_name -> metalvip.agent.v1.Egress
+	8,  // 6: metalvip.agent.v1.Egress.candidates:type_name -> metalvip.agent.v1.Candidate
+	0,  // 7: metalvip.agent.v1.Announcement.mode:type_name -> metalvip.agent.v1.Mode
+	7,  // 8: metalvip.agent.v1.Announcement.l2:type_name -> metalvip.agent.v1.L2Announcement
+	9,  // 9: metalvip.agent.v1.Announcement.bgp:type_name -> metalvip.agent.v1.BGPAnnouncement
+	8,  // 10: metalvip.agent.v1.L2Announcement.candidates:type_name -> metalvip.agent.v1.Candidate
+	10, // 11: metalvip.agent.v1.BGPAnnouncement.weights:type_name -> metalvip.agent.v1.NodeWeight
+	12, // 12: metalvip.agent.v1.BGPPeer.bfd:type_name -> metalvip.agent.v1.BFD
+	3,  // 13: metalvip.agent.v1.ApplyRequest.state:type_name -> metalvip.agent.v1.DesiredState
+	16, // 14: metalvip.agent.v1.ApplyRequest.sender:type_name -> metalvip.agent.v1.Build
+	18, // 15: metalvip.agent.v1.ApplyResponse.refused:type_name -> metalvip.agent.v1.Refusal
+	1,  // 16: metalvip.agent.v1.Refusal.kind:type_name -> metalvip.agent.v1.Refusal.Kind
+	26, // 17: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
+	27, // 18: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
+	28, // 19: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
+	3,  // 20: metalvip.agent.v1.GetStateResponse.state:type_name -> metalvip.agent.v1.DesiredState
+	18, // 21: metalvip.agent.v1.GetStateResponse.refused:type_name -> metalvip.agent.v1.Refusal
+	25, // 22: metalvip.agent.v1.GetStateResponse.heartbeats:type_name -> metalvip.agent.v1.HeartbeatCounters
+	24, // 23: metalvip.agent.v1.GetStateResponse.control_plane:type_name -> metalvip.agent.v1.ControlPlaneStatus
+	16, // 24: metalvip.agent.v1.GetStateResponse.build:type_name -> metalvip.agent.v1.Build
+	16, // 25: metalvip.agent.v1.GetStateResponse.applied_by:type_name -> metalvip.agent.v1.Build
+	23, // 26: metalvip.agent.v1.GetStateResponse.restarting:type_name -> metalvip.agent.v1.RestartNotice
+	22, // 27: metalvip.agent.v1.GetStateResponse.data_plane:type_name -> metalvip.agent.v1.DataPlane
+	21, // 28: metalvip.agent.v1.GetStateResponse.egress:type_name -> metalvip.agent.v1.EgressStatus
+	26, // 29: metalvip.agent.v1.ControlPlaneStatus.vip:type_name -> metalvip.agent.v1.AnnouncedVIP
+	36, // 30: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	0,  // 31: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
+	31, // 32: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
+	2,  // 33: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
+	15, // 34: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
+	19, // 35: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
+	29, // 36: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
+	32, // 37: metalvip.agent.v1.AgentService.Enroll:input_type -> metalvip.agent.v1.EnrollRequest
+	34, // 38: metalvip.agent.v1.AgentService.Install:input_type -> metalvip.agent.v1.InstallRequest
+	17, // 39: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
+	20, // 40: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
+	30, // 41: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
+	33, // 42: metalvip.agent.v1.AgentService.Enroll:output_type -> metalvip.agent.v1.EnrollResponse
+	35, // 43: metalvip.agent.v1.AgentService.Install:output_type -> metalvip.agent.v1.InstallResponse
+	39, // [39:44] is the sub-list for method output_type
+	34, // [34:39] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_metalvip_agent_v1_agent_proto_init() }
@@ -3027,7 +3257,7 @@ func file_metalvip_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_metalvip_agent_v1_agent_proto_rawDesc), len(file_metalvip_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   32,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
