@@ -82,6 +82,9 @@ type Options struct {
 	// MACFilter makes the node receive frames sent to the virtual MACs it answers with; nil
 	// means NewMACFilter (nftables and the NICs' unicast filters, which need NET_ADMIN).
 	MACFilter MACFilter
+	// Egress writes the node's egress rules (docs/egress.md); nil means NewEgressNet
+	// (nftables and policy routing, which need NET_ADMIN once a Service asks for egress).
+	Egress EgressNet
 	// HearPeerTimeout is how long after the agent starts a peer not heard since counts as
 	// alive and not seeing this node (see heardFacts); 0 means 10 s.
 	HearPeerTimeout time.Duration
@@ -171,6 +174,11 @@ type Agent struct {
 	restartingUntil time.Time
 	// dataPlane asks the node's kube-proxy whether it serves (GetState's data_plane).
 	dataPlane *dataplane.Checker
+	// egress is what this node does for each egress VIP (setEgressLocked); egressProblem what
+	// went wrong writing the rules last; watched the heartbeat peers (egressNodeLocked).
+	egress        []*agentv1.EgressStatus
+	egressProblem string
+	watched       map[string]bool
 
 	watchMu  sync.Mutex
 	watchers map[chan *agentv1.Event]struct{}
@@ -207,6 +215,13 @@ func New(ctx context.Context, opts Options) (*Agent, error) {
 			return nil, fmt.Errorf("MAC filter: %w", err)
 		}
 		opts.MACFilter = f
+	}
+	if opts.Egress == nil {
+		e, err := NewEgressNet()
+		if err != nil {
+			return nil, fmt.Errorf("egress: %w", err)
+		}
+		opts.Egress = e
 	}
 	if opts.Observer == nil {
 		opts.Observer = noObserver{}
@@ -396,6 +411,9 @@ func (a *Agent) answerLocked(changed bool) *agentv1.ApplyResponse {
 
 func (a *Agent) problemsLocked() []string {
 	out := slices.Concat(a.startProblems, a.problems, a.l2Problems)
+	if a.egressProblem != "" {
+		out = append(out, a.egressProblem)
+	}
 	if a.unsaved != "" {
 		out = append(out, a.unsaved)
 	}
@@ -510,6 +528,7 @@ func (a *Agent) applyLocked(ctx context.Context) {
 		a.opts.L2.SetRefresh(time.Duration(st.GetL2().GetGratuitousRefreshSeconds()) * time.Second)
 	}
 	a.setL2Locked(vips)
+	a.setEgressLocked()
 	problems = append(problems, a.applyBGPLocked(ctx, st, routes, cp)...)
 	a.dataPlane.SetPorts(a.checked.hcPorts)
 
@@ -623,6 +642,11 @@ func (a *Agent) close(ctx context.Context, restart bool) error {
 	}
 	// The speaker has stopped: nothing answers with a virtual MAC any more.
 	errs = append(errs, a.opts.MACFilter.Close())
+	// Egress rules stay over a planned restart (the next run finds and replaces them): the
+	// pods' connections keep their source meanwhile. Otherwise they go.
+	if !restart {
+		errs = append(errs, a.opts.Egress.Close())
+	}
 	return errors.Join(errs...)
 }
 

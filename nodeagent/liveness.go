@@ -80,6 +80,7 @@ func (a *Agent) redecideL2Locked() {
 	}
 	vips = append(vips, a.controlPlaneWire().l2...)
 	a.setL2Locked(vips)
+	a.setEgressLocked()
 	for _, p := range a.l2Problems {
 		klog.ErrorS(nil, "L2 after a liveness change", "problem", p)
 	}
@@ -201,6 +202,12 @@ func (a *Agent) applyLivenessLocked(st *agentv1.DesiredState) error {
 		list = append(list, p)
 	}
 	a.live.SetPeers(list)
+	a.watched = map[string]bool{}
+	for _, p := range list {
+		if !p.Departing {
+			a.watched[p.Node] = true
+		}
+	}
 	a.facts = a.live.View()
 	a.hbPeers = len(list)
 	return nil

@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -71,6 +72,16 @@ type Gauges struct {
 	// L2 and Heartbeats are the speaker's and the heartbeat monitors' counters so far.
 	L2         *agentv1.L2Counters
 	Heartbeats *agentv1.HeartbeatCounters
+	// Egress is, for each egress VIP this node is the egress node of now, its Services and
+	// the connections source-NATed to it.
+	Egress []EgressFlows
+}
+
+// EgressFlows counts the connections a node source-NATed to an egress VIP.
+type EgressFlows struct {
+	VIP      string
+	Services string // namespace/name, comma-separated
+	Flows    uint64
 }
 
 // Gauges returns what the agent holds now. Unlike GetState it copies no VIP or state.
@@ -104,6 +115,15 @@ func (a *Agent) Gauges() Gauges {
 		}
 	}
 	g.L2, g.Heartbeats = a.countersLocked()
+	services := map[string]string{}
+	for _, eg := range a.checked.egress {
+		services[eg.vip.String()] = strings.Join(eg.GetServices(), ",")
+	}
+	for _, st := range a.egressStatusLocked() {
+		if st.GetActive() {
+			g.Egress = append(g.Egress, EgressFlows{VIP: st.GetVip(), Services: services[st.GetVip()], Flows: st.GetFlows()})
+		}
+	}
 	return g
 }
 

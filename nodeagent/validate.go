@@ -81,6 +81,7 @@ type checkedState struct {
 	reserved      netip.Addr // the control-plane VIP announcements were refused for (standalone.go)
 	hcPorts       []uint16   // health check node ports to ask kube-proxy (dataplane)
 	unknown       []string   // fields of the state this build does not know (unknown.go)
+	egress        []checkedEgress
 }
 
 // checkedAnnouncement is an announcement checkItems accepted, with what it decoded of it: the
@@ -98,6 +99,9 @@ type checkedAnnouncement struct {
 // checkItems checks every announcement and BGP peer on its own.
 func checkItems(st *agentv1.DesiredState) checkedState {
 	var c checkedState
+	var egressProblems []string
+	c.egress, egressProblems = checkEgress(st)
+	c.problems = append(c.problems, egressProblems...)
 	refuse := func(kind agentv1.Refusal_Kind, key, field, format string, args ...any) {
 		c.refused = append(c.refused, &agentv1.Refusal{Kind: kind, Key: key, Field: field, Reason: fmt.Sprintf(format, args...)})
 	}

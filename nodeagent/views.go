@@ -73,6 +73,7 @@ func (a *Agent) GetState(context.Context, *agentv1.GetStateRequest) (*agentv1.Ge
 	resp.L2, resp.Heartbeats = a.countersLocked()
 	resp.Restarting = a.restartingLocked(time.Now())
 	resp.DataPlane = dataPlaneOf(a.dataPlane.Status())
+	resp.Egress = a.egressStatusLocked()
 	return resp, nil
 }
 

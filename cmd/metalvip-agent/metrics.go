@@ -96,7 +96,7 @@ type gauges struct {
 
 	vips, hbPeers, hbAlive, sessions, refused, generation, saved *prometheus.Desc
 	requests, replies, gratuitous, hbSent, hbAccepted, hbStalls  *prometheus.Desc
-	hbRefused                                                    *prometheus.Desc
+	hbRefused, egressFlows                                       *prometheus.Desc
 }
 
 func newGauges(a *nodeagent.Agent) *gauges {
@@ -104,27 +104,28 @@ func newGauges(a *nodeagent.Agent) *gauges {
 		return prometheus.NewDesc(name, help, labels, nil)
 	}
 	return &gauges{
-		agent:      a,
-		vips:       d("metalvip_agent_vips", "VIPs of the held state by what this node does: answered or standby (L2), advertised (BGP).", "state"),
-		hbPeers:    d("metalvip_agent_heartbeat_peers", "Nodes this node exchanges heartbeats with."),
-		hbAlive:    d("metalvip_agent_heartbeat_peers_alive", "Heartbeat peers alive now."),
-		sessions:   d("metalvip_agent_bgp_sessions", "BGP sessions by state (established, idle, active...).", "state"),
-		refused:    d("metalvip_agent_refused_items", "Items of the held state the agent refused (see metalvipctl agent for the reasons)."),
-		generation: d("metalvip_agent_state_generation", "Generation of the held desired state."),
-		saved:      d("metalvip_agent_state_saved", "1 when the held desired state is saved in the state directory, 0 when the last one could not be (a full or read-only disk: applied in memory, a restart would resume an older one)."),
-		requests:   d("metalvip_agent_l2_requests_total", "ARP requests and neighbor solicitations heard.", "protocol"),
-		replies:    d("metalvip_agent_l2_replies_total", "ARP replies and neighbor advertisements sent in answer.", "protocol"),
-		gratuitous: d("metalvip_agent_l2_gratuitous_total", "Gratuitous ARPs and unsolicited neighbor advertisements sent.", "protocol"),
-		hbSent:     d("metalvip_agent_heartbeats_sent_total", "Heartbeats sent."),
-		hbAccepted: d("metalvip_agent_heartbeats_accepted_total", "Heartbeats verified and proving a peer alive."),
-		hbStalls:   d("metalvip_agent_heartbeat_stalls_total", "Times the agent found it had not run for over two heartbeat intervals (starved of CPU, paused): no peer counts as dead for a failover deadline after each."),
-		hbRefused:  d("metalvip_agent_heartbeats_refused_total", "Heartbeats refused, by reason (ttl, source, key, replay, stale, mac...).", "reason"),
+		agent:       a,
+		vips:        d("metalvip_agent_vips", "VIPs of the held state by what this node does: answered or standby (L2), advertised (BGP).", "state"),
+		hbPeers:     d("metalvip_agent_heartbeat_peers", "Nodes this node exchanges heartbeats with."),
+		hbAlive:     d("metalvip_agent_heartbeat_peers_alive", "Heartbeat peers alive now."),
+		sessions:    d("metalvip_agent_bgp_sessions", "BGP sessions by state (established, idle, active...).", "state"),
+		refused:     d("metalvip_agent_refused_items", "Items of the held state the agent refused (see metalvipctl agent for the reasons)."),
+		generation:  d("metalvip_agent_state_generation", "Generation of the held desired state."),
+		saved:       d("metalvip_agent_state_saved", "1 when the held desired state is saved in the state directory, 0 when the last one could not be (a full or read-only disk: applied in memory, a restart would resume an older one)."),
+		requests:    d("metalvip_agent_l2_requests_total", "ARP requests and neighbor solicitations heard.", "protocol"),
+		replies:     d("metalvip_agent_l2_replies_total", "ARP replies and neighbor advertisements sent in answer.", "protocol"),
+		gratuitous:  d("metalvip_agent_l2_gratuitous_total", "Gratuitous ARPs and unsolicited neighbor advertisements sent.", "protocol"),
+		hbSent:      d("metalvip_agent_heartbeats_sent_total", "Heartbeats sent."),
+		hbAccepted:  d("metalvip_agent_heartbeats_accepted_total", "Heartbeats verified and proving a peer alive."),
+		hbStalls:    d("metalvip_agent_heartbeat_stalls_total", "Times the agent found it had not run for over two heartbeat intervals (starved of CPU, paused): no peer counts as dead for a failover deadline after each."),
+		hbRefused:   d("metalvip_agent_heartbeats_refused_total", "Heartbeats refused, by reason (ttl, source, key, replay, stale, mac...).", "reason"),
+		egressFlows: d("metalvip_agent_egress_flows_total", "Connections this node source-NATed to an egress VIP it is the egress node of now, since the agent started (docs/egress.md).", "vip", "services"),
 	}
 }
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{g.vips, g.hbPeers, g.hbAlive, g.sessions, g.refused, g.generation, g.saved,
-		g.requests, g.replies, g.gratuitous, g.hbSent, g.hbAccepted, g.hbStalls, g.hbRefused} {
+		g.requests, g.replies, g.gratuitous, g.hbSent, g.hbAccepted, g.hbStalls, g.hbRefused, g.egressFlows} {
 		ch <- d
 	}
 }
@@ -167,6 +168,9 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 		for reason, n := range hb.GetRefused() {
 			counter(g.hbRefused, n, reason)
 		}
+	}
+	for _, e := range s.Egress {
+		counter(g.egressFlows, e.Flows, e.VIP, e.Services)
 	}
 }
 

@@ -280,6 +280,20 @@ func printAgent(out io.Writer, st *agentv1.GetStateResponse) {
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", agentapi.StatusKey(p), p.GetState(), p.GetBfdState(), since, p.GetLastError())
 		}
 	}
+	if len(st.GetEgress()) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "EGRESS VIP\tEGRESS NODE\tTHIS NODE\tPODS HERE\tCONNECTIONS NATED")
+		for _, e := range st.GetEgress() {
+			part := "routes its pods to " + e.GetNode()
+			if e.GetActive() {
+				part = "source-NATs"
+			}
+			if e.GetProblem() != "" {
+				part += " (" + e.GetProblem() + ")"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\n", e.GetVip(), e.GetNode(), part, e.GetSources(), e.GetFlows())
+		}
+	}
 	if c := st.GetL2(); c != nil {
 		fmt.Fprintln(w)
 		fmt.Fprintf(w, "ARP: %s requests, %s replies, %s gratuitous; NDP: %s solicitations, %s advertisements, %s unsolicited; %s targeted replies to clients taken over\n",

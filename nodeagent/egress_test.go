@@ -1,0 +1,130 @@
+package nodeagent
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	agentv1 "github.com/metalvip/metalvip/proto/metalvip/agent/v1"
+)
+
+// fakeEgress records the configurations the agent sets.
+type fakeEgress struct {
+	mu   sync.Mutex
+	sets []EgressConfig
+}
+
+func (f *fakeEgress) Set(c EgressConfig) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sets = append(f.sets, c)
+	return nil
+}
+
+func (f *fakeEgress) Flows() map[netip.Addr]uint64 {
+	return map[netip.Addr]uint64{netip.MustParseAddr("203.0.113.10"): 42}
+}
+
+func (f *fakeEgress) Close() error { return f.Set(EgressConfig{}) }
+
+func (f *fakeEgress) last() EgressConfig {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.sets[len(f.sets)-1]
+}
+
+func candidates(nodes ...string) []*agentv1.Candidate {
+	var out []*agentv1.Candidate
+	for _, n := range nodes {
+		out = append(out, &agentv1.Candidate{Node: n, Address: map[string]string{"node-a": "198.51.100.11", "node-b": "198.51.100.12", "node-c": "198.51.100.13"}[n]})
+	}
+	return out
+}
+
+// TestEgressFollowsWhoAnswersTheVIP checks the agent's part in egress without heartbeats: the
+// node that answers an L2 VIP source-NATs its own pods and the other nodes' to it; for a VIP
+// another node answers, and for one this node is no candidate of, its pods are routed to the
+// first candidate; a malformed item is left out and named; GetState says what it does.
+func TestEgressFollowsWhoAnswersTheVIP(t *testing.T) {
+	eg := &fakeEgress{}
+	h := serve(t, t.TempDir(), func(o *Options) { o.Egress = eg })
+	c := h.ccm(t)
+	st := state(1, 1, l2VIP("203.0.113.10", "node-a", "node-b"), l2VIP("203.0.113.11", "node-b", "node-a"))
+	for _, an := range st.Announcements {
+		an.L2.Candidates = candidates(nodesOf(an.L2.Candidates)...)
+	}
+	cluster := []string{"198.18.0.0/15"}
+	st.Egress = []*agentv1.Egress{
+		{Vip: "203.0.113.10", Candidates: candidates("node-a", "node-b"), Sources: []string{"198.18.1.2"}, RemoteSources: []string{"198.18.2.2"}, ClusterCidrs: cluster},
+		{Vip: "203.0.113.11", Candidates: candidates("node-b", "node-a"), Sources: []string{"198.18.1.3"}, ClusterCidrs: cluster},
+		{Vip: "203.0.113.12", Candidates: candidates("node-c", "node-b"), Sources: []string{"198.18.1.4"}, ClusterCidrs: cluster},
+		{Vip: "203.0.113.13", Candidates: candidates("node-b"), Sources: []string{"not an address"}, ClusterCidrs: cluster},
+		{Vip: "203.0.113.14", Candidates: candidates("node-b"), Sources: []string{"198.18.1.5"}},
+	}
+	resp, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	problems := strings.Join(resp.GetProblems(), "\n")
+	if !strings.Contains(problems, `egress[3] (203.0.113.13): sources: "not an address" is not an IPv4 address`) || !strings.Contains(problems, "egress[4] (203.0.113.14): no cluster_cidrs") {
+		t.Errorf("problems %q: want the malformed items named", problems)
+	}
+	got := eg.last()
+	want := EgressConfig{
+		Cluster: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
+		SNAT:    []EgressSNAT{{VIP: netip.MustParseAddr("203.0.113.10"), Sources: addrs("198.18.1.2", "198.18.2.2")}},
+		Route: []EgressRoute{
+			{VIP: netip.MustParseAddr("203.0.113.11"), Via: netip.MustParseAddr("198.51.100.12"), Sources: addrs("198.18.1.3")},
+			{VIP: netip.MustParseAddr("203.0.113.12"), Via: netip.MustParseAddr("198.51.100.13"), Sources: addrs("198.18.1.4")},
+		},
+	}
+	if !sameEgress(got, want) {
+		t.Errorf("egress set to %+v\nwant %+v", got, want)
+	}
+	gs, err := c.GetState(ctx(t), &agentv1.GetStateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var said []string
+	for _, s := range gs.GetEgress() {
+		said = append(said, s.GetVip()+" "+s.GetNode()+" "+map[bool]string{true: "active", false: "routed"}[s.GetActive()])
+	}
+	if !slices.Equal(said, []string{"203.0.113.10 node-a active", "203.0.113.11 node-b routed", "203.0.113.12 node-c routed"}) || gs.GetEgress()[0].GetFlows() != 42 {
+		t.Errorf("GetState egress %v", gs.GetEgress())
+	}
+
+	// Egress gone from the state: nothing is set.
+	st.Generation, st.Egress = 2, nil
+	if _, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: st}); err != nil {
+		t.Fatal(err)
+	}
+	if got := eg.last(); !got.empty() {
+		t.Errorf("without egress in the state, set %+v", got)
+	}
+}
+
+func nodesOf(cs []*agentv1.Candidate) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.GetNode())
+	}
+	return out
+}
+
+func addrs(ss ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ss {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}
+
+func sameEgress(a, b EgressConfig) bool {
+	return slices.Equal(a.Cluster, b.Cluster) &&
+		slices.EqualFunc(a.SNAT, b.SNAT, func(x, y EgressSNAT) bool { return x.VIP == y.VIP && slices.Equal(x.Sources, y.Sources) }) &&
+		slices.EqualFunc(a.Route, b.Route, func(x, y EgressRoute) bool {
+			return x.VIP == y.VIP && x.Via == y.Via && slices.Equal(x.Sources, y.Sources)
+		})
+}

@@ -1,0 +1,179 @@
+package nodeagent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/metalvip/metalvip/test/lab"
+)
+
+// egressNetOn returns the egress configuration of a lab host's namespace.
+func egressNetOn(t *testing.T, h *lab.Host) *nlEgress {
+	t.Helper()
+	ns, err := netns.GetFromPath(filepath.Join("/run/netns", h.NS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	e, err := newEgressNetIn(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// TestLabEgressLeavesFromTheVIP checks the egress rules on the wire: a "pod" address on node1
+// (on its loopback: this kernel has no dummy devices) reaches the server behind the router from the VIP when node1 is the
+// egress node (SNAT there), and when node2 is (routed to node2 as itself, SNAT there); a
+// connection from another address of node1 keeps its source; an empty configuration leaves
+// nothing behind, and a new EgressNet (a restarted agent) removes what an old one left.
+func TestLabEgressLeavesFromTheVIP(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 2})
+	ctx := context.Background()
+	n1, n2 := l.Nodes[0], l.Nodes[1]
+	vip := netip.MustParseAddr("203.0.113.50")
+	pod := netip.MustParseAddr("198.18.1.2")
+	other := netip.MustParseAddr("198.18.1.3")
+	cluster := []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("198.51.100.0/25")}
+	for _, cmd := range [][]string{
+		{"ip", "addr", "add", pod.String() + "/32", "dev", "lo"},
+		{"ip", "addr", "add", other.String() + "/32", "dev", "lo"},
+	} {
+		if out, err := n1.Run(ctx, cmd[0], cmd[1:]...); err != nil {
+			t.Fatalf("node1: %v: %v %s", cmd, err, out)
+		}
+	}
+	// node2 forwards (as a Kubernetes node does) and routes the pods' replies back to node1
+	// (a CNI's pod-CIDR route).
+	for _, cmd := range [][]string{{"sysctl", "-qw", "net.ipv4.ip_forward=1"}, {"ip", "route", "add", "198.18.1.0/24", "via", n1.IPv4.String()}} {
+		if out, err := n2.Run(ctx, cmd[0], cmd[1:]...); err != nil {
+			t.Fatalf("node2: %v: %v %s", cmd, err, out)
+		}
+	}
+	// The router reaches the "pods" as themselves (a routed pod network), so that a source
+	// the rules leave alone gets its answer too.
+	if out, err := l.Router.Run(ctx, "ip", "route", "add", "198.18.1.0/24", "via", n1.IPv4.String()); err != nil {
+		t.Fatalf("router: %v %s", err, out)
+	}
+	server := l.Remote.RecordSources(t, 9000, 10000)
+	// The router sends the VIP's packets to the egress node (its L2 answer, here by hand).
+	towards := func(h *lab.Host) {
+		t.Helper()
+		if out, err := l.Router.Run(ctx, "ip", "neigh", "replace", vip.String(), "lladdr", h.MAC(t), "dev", "eth0", "nud", "permanent"); err != nil {
+			t.Fatalf("router: %v %s", err, out)
+		}
+	}
+	// source dials the server from src on node1 and returns the source the server saw.
+	source := func(src netip.Addr) (netip.Addr, error) {
+		line := fmt.Sprintf("from-%s-%d", src, time.Now().UnixNano())
+		var conn net.Conn
+		if err := n1.Do(func() error {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src.AsSlice()}, Timeout: 2 * time.Second}
+			var err error
+			conn, err = d.DialContext(ctx, "tcp", netip.AddrPortFrom(l.Remote.IPv4, 9000).String())
+			return err
+		}); err != nil {
+			for _, h := range []*lab.Host{n1, n2} {
+				for _, cmd := range [][]string{{"ip", "route", "get", "198.51.100.130", "from", src.String()}, {"conntrack", "-L"}, {"nft", "list", "ruleset"}, {"ip", "rule"}, {"ip", "route", "show", "table", "all"}, {"ip", "-s", "link"}} {
+					out, err := h.Run(ctx, cmd[0], cmd[1:]...)
+					t.Logf("%s %v: %v\n%s", h.Name, cmd, err, out)
+				}
+			}
+			return netip.Addr{}, err
+		}
+		if _, err := conn.Write([]byte(line + "\n")); err != nil {
+			return netip.Addr{}, err
+		}
+		_ = conn.Close()
+		for range 300 {
+			if got := server.Since(time.Time{}, line); len(got) > 0 {
+				return got[0].From, nil
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return netip.Addr{}, fmt.Errorf("the server did not see %s (it saw %v)", line, server.Since(time.Time{}, ""))
+	}
+	expect := func(what string, src, want netip.Addr) {
+		t.Helper()
+		got, err := source(src)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got != want {
+			t.Fatalf("%s: the server saw %s, want %s", what, got, want)
+		}
+	}
+
+	e1, e2 := egressNetOn(t, n1), egressNetOn(t, n2)
+	t.Cleanup(func() { _ = e1.Close(); _ = e2.Close() })
+
+	// node1 is the egress node.
+	towards(n1)
+	if err := e1.Set(EgressConfig{Cluster: cluster, SNAT: []EgressSNAT{{VIP: vip, Sources: []netip.Addr{pod}}}}); err != nil {
+		t.Fatal(err)
+	}
+	expect("node1 the egress node", pod, vip)
+	// The other address is no pod of the Service: it leaves as itself (nothing masquerades
+	// here), not from the VIP.
+	expect("another address on node1", other, other)
+	if f := e1.Flows()[vip]; f < 1 {
+		t.Errorf("flows counted for %s: %d, want at least 1", vip, f)
+	}
+
+	// node2 becomes the egress node: node1 routes the pod to it, node2 source-NATs it.
+	towards(n2)
+	if err := e2.Set(EgressConfig{Cluster: cluster, SNAT: []EgressSNAT{{VIP: vip, Sources: []netip.Addr{pod}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e1.Set(EgressConfig{Cluster: cluster, Route: []EgressRoute{{VIP: vip, Via: n2.IPv4, Sources: []netip.Addr{pod}}}}); err != nil {
+		t.Fatal(err)
+	}
+	expect("node2 the egress node", pod, vip)
+	expect("another address on node1, node2 the egress node", other, other)
+	if rules, _ := n1.Run(ctx, "ip", "rule", "show"); !strings.Contains(string(rules), "7471:") {
+		t.Fatalf("node1 has no rule of priority 7471:\n%s", rules)
+	}
+	// A cluster destination is not routed to node2: node1 reaches node2's address as itself.
+	if err := n1.Do(func() error {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: pod.AsSlice()}, Timeout: time.Second}
+		c, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(n2.IPv4, 9).String())
+		if err == nil {
+			_ = c.Close()
+		}
+		return nil // refused or not: the rule check below is what counts
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if rules, _ := n1.Run(ctx, "ip", "rule", "show"); !strings.Contains(string(rules), "from 198.18.1.2 to 198.51.100.0/25 lookup main") {
+		t.Fatalf("node1 has no rule sending the pod's cluster destinations to main:\n%s", rules)
+	}
+
+	// A restarted agent on node1 finds the old rules and, with nothing to do, removes them.
+	fresh := egressNetOn(t, n1)
+	if err := fresh.Set(EgressConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e2.Set(EgressConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []*lab.Host{n1, n2} {
+		if out, err := h.Run(ctx, "nft", "list", "table", "ip", egressTable); err == nil {
+			t.Errorf("%s keeps the table: %s", h.Name, out)
+		}
+		rules, _ := h.Run(ctx, "ip", "rule", "show")
+		routes, _ := h.Run(ctx, "ip", "route", "show", "table", "all")
+		if strings.Contains(string(rules), "747") || strings.Contains(string(routes), "table 7473") {
+			t.Errorf("%s keeps rules or routes:\n%s\n%s", h.Name, rules, routes)
+		}
+	}
+	expect("egress off", pod, pod)
+	_ = fresh.Close()
+}
