@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/loadbalancer/announcer"
 	"github.com/metalvip/metalvip/loadbalancer/desired"
 	"github.com/metalvip/metalvip/loadbalancer/pools"
 	"github.com/metalvip/metalvip/loadbalancer/report"
@@ -56,6 +57,9 @@ type ServiceStatus struct {
 	// Announced is who announces each address, as the CCM's ServiceAnnouncement says.
 	Announced []v1alpha1.AnnouncedAddress `json:"announced,omitempty"`
 	Pending   string                      `json:"pending,omitempty"`
+	// Egress is the Service's Egress condition (docs/egress.md): from which node its pods
+	// leave, or why not; empty when it does not ask.
+	Egress string `json:"egress,omitempty"`
 }
 
 // AgentStatus is one node's agent, as the CCM sees it.
@@ -256,6 +260,12 @@ func gather(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interf
 		} else if len(ss.Addresses) > 0 {
 			ss.AnnouncedBy = noRecords
 		}
+		if c := meta.FindStatusCondition(s.Status.Conditions, announcer.ConditionEgress); c != nil {
+			ss.Egress = c.Message
+			if c.Status != metav1.ConditionTrue {
+				ss.Egress = c.Reason + ": " + c.Message
+			}
+		}
 		if len(ss.Addresses) == 0 {
 			// Why it waits: the allocator's Allocated condition (typed, durable), never an
 			// Event (they expire).
@@ -293,6 +303,9 @@ func printTable(out io.Writer, st *Status, wide bool) {
 		by := s.AnnouncedBy
 		if s.Pending != "" {
 			addrs, by = "<pending>", s.Pending
+		}
+		if s.Egress != "" {
+			by += "; egress " + s.Egress
 		}
 		if !wide {
 			fmt.Fprintf(w, "%s/%s\t%s\t%s\t%s\n", s.Namespace, s.Name, addrs, s.Pool, by)

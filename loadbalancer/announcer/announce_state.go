@@ -53,6 +53,10 @@ type loopState struct {
 	sessions  map[string][]*agentv1.PeerStatus  // node -> its BGP sessions, as its agent reported them
 
 	dataPlane dataPlanes // what each node's agent says of its kube-proxy, and the ports it is asked
+
+	egress     map[netip.Addr]egressVIP         // addresses whose Services' pods leave from them
+	egressWhy  map[string]map[netip.Addr]string // Service -> its asking addresses -> why refused ("": granted)
+	egressSaid map[string]string                // Service -> Egress condition last set (text form)
 }
 
 // nodePart is one node's announcements, ordered by VIP in a copy-on-write tree (a snapshot
@@ -117,6 +121,9 @@ func newLoopState(maxCandidates int, records Records) loopState {
 		conflicts:   map[string][]desired.PeerConflict{},
 		sessions:    map[string][]*agentv1.PeerStatus{},
 		dataPlane:   newDataPlanes(),
+		egress:      map[netip.Addr]egressVIP{},
+		egressWhy:   map[string]map[netip.Addr]string{},
+		egressSaid:  map[string]string{},
 	}
 }
 

@@ -160,6 +160,7 @@ func (a *Announcer) specRound(ip netip.Addr, r *round) {
 		r.grps[old.Group] = true
 	}
 	if len(keys) == 0 {
+		a.egressRound(ip, nil, nil, r)
 		s.dataPlane.setVIP(ip, nil)
 		delete(s.vips, ip)
 		delete(s.communities, ip)
@@ -179,11 +180,13 @@ func (a *Announcer) specRound(ip netip.Addr, r *round) {
 	var sharers []desired.Sharer
 	var ports []uint32
 	var communities []string
+	var svcs []*v1.Service
 	for _, k := range keys {
 		svc := a.service(k)
 		if svc == nil {
 			continue
 		}
+		svcs = append(svcs, svc)
 		granted, refused := desired.ServiceCommunities(svc, pool)
 		communities = append(communities, granted...)
 		a.communitiesRefused(svc, refused)
@@ -209,6 +212,7 @@ func (a *Announcer) specRound(ip netip.Addr, r *round) {
 		sharers = append(sharers, sh)
 	}
 	s.dataPlane.setVIP(ip, ports)
+	a.egressRound(ip, pool, svcs, r)
 	slices.Sort(communities)
 	if communities = slices.Compact(communities); len(communities) > 0 {
 		s.communities[ip] = communities
@@ -281,6 +285,9 @@ func (a *Announcer) entryRound(ip netip.Addr, r *round) {
 		return // (a BGP announcement does not name its nodes: compare them apart)
 	}
 	a.moveEvents(ip, e, ok)
+	for n := range s.egress[ip].sources {
+		r.nodes[n] = true // whose egress node may change
+	}
 	for _, n := range s.annNodes[ip] {
 		s.part(n).remove(ip)
 		r.nodes[n], r.parts[n] = true, true
@@ -340,6 +347,7 @@ func (a *Announcer) statusRound(ch changes, reach bool, r *round) {
 	}
 	for key := range r.conds {
 		a.writeCondition(key)
+		a.egressStatus(key)
 	}
 	for g := range r.grps {
 		a.groupEvents(g)
@@ -424,6 +432,7 @@ func (a *Announcer) nodeHead(n *v1.Node) (*agentv1.DesiredState, []desired.PeerC
 	desired.Departing(st, s.cutOff.departing(n.Name), s.addrOf, a.agents.Keys)
 	st.Draining = a.cfg.Drain.Draining(n)
 	st.HealthCheckNodePorts = s.dataPlane.portsOf(n.Name)
+	st.Egress = a.egressOf(n.Name)
 	// The ClusterIP ranges come from every eligible node the peers select (a drained one
 	// during its delay, with GRACEFUL_SHUTDOWN).
 	if pn := desired.Node(n, s.reachable[n.Name]); !pn.Excluded && (!st.Draining || a.lingering(n.Name)) && len(peers) > 0 {

@@ -70,6 +70,9 @@ type Config struct {
 	// Records answers which pool each held address was given from (the allocator, whose
 	// Ready the first plan waits for). nil: the pool whose ranges hold the address.
 	Records Records
+	// EgressClusterCIDRs are the destinations pods reach as themselves (cloud-config
+	// egress.clusterCIDRs); none: egress is refused.
+	EgressClusterCIDRs []netip.Prefix
 }
 
 // Records is the allocator's record of addresses, as the announcer reads it.
@@ -346,8 +349,11 @@ func (a *Announcer) endpointsChanged(o any) {
 		return
 	}
 	svc, err := a.services.Services(es.Namespace).Get(name)
-	if err != nil || !desired.Local(svc) {
-		return // only Local Services depend on where endpoints run
+	if err != nil {
+		return
+	}
+	if egress, _ := desired.EgressAsk(svc); !desired.Local(svc) && !egress {
+		return // only Local Services and egress depend on where endpoints run
 	}
 	key := desired.Key(svc)
 	a.note(func(c *changes) { c.services[key] = true })

@@ -108,6 +108,9 @@ const ConditionAgentReachable = "metalvip.io/AgentReachable"
 // announcer's Announced condition: one apply each).
 const ManagerExternalIPs = "metalvip-external-ips"
 
+// ManagerEgress owns a Service's Egress condition.
+const ManagerEgress = "metalvip-egress"
+
 // ServiceCondition is the status, to apply on a Service that shows cur (nil: none), that sets
 // c: its transition time kept while its status stays. shown reports that cur says c already
 // (written before, by this process or an earlier one): nothing to write.

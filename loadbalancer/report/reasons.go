@@ -31,6 +31,8 @@ const (
 	// ReasonBGPCommunityRefused: the Service asks (metalvip.io/bgp-communities) for
 	// communities its pool does not list in announce.bgp.serviceCommunities.
 	ReasonBGPCommunityRefused = "BGPCommunityRefused"
+	// ReasonEgressRefused: the Service asks for egress through its address and may not have it.
+	ReasonEgressRefused = "EgressRefused"
 
 	// On Nodes.
 	ReasonAgentReachable   = "AgentReachable"

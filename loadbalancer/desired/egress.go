@@ -1,0 +1,110 @@
+package desired
+
+import (
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/metalvip/metalvip/internal/annotation"
+	"github.com/metalvip/metalvip/loadbalancer/planner"
+	"github.com/metalvip/metalvip/loadbalancer/pools"
+)
+
+// Egress: a Service that asks (metalvip.io/egress: "true") sends its pods' traffic to the
+// outside world from its address, when the pool owner consents (spec.egress: Allow), the
+// address is one node's at a time (L2, not per client), and every Service sharing it asks too
+// (an address is one identity: one Service cannot lend it to another's pods).
+
+// EgressAsk is whether a Service asks for egress, and the problem with its annotation.
+func EgressAsk(svc *v1.Service) (bool, string) {
+	ok, err := annotation.EgressFromService(svc)
+	if err != nil {
+		return false, err.Error()
+	}
+	return ok, ""
+}
+
+// EgressRefusal says why the Services sharing ip (sharers, each asking or not) do not get
+// egress through it, or "" when they do. clusterCIDRs is how many cluster ranges the
+// cloud-config names.
+func EgressRefusal(ip netip.Addr, pool *pools.Pool, sharers []*v1.Service, clusterCIDRs int) string {
+	var asking, silent []string
+	for _, svc := range sharers {
+		if ok, _ := EgressAsk(svc); ok {
+			asking = append(asking, Key(svc))
+		} else {
+			silent = append(silent, Key(svc))
+		}
+	}
+	switch {
+	case len(asking) == 0:
+		return ""
+	case pool == nil || !pool.Valid():
+		return fmt.Sprintf("%s has no valid pool", ip)
+	case !pool.Announce.Egress:
+		return fmt.Sprintf("IPPool %s does not allow egress (spec.egress: Deny); its owner may set Allow", pool.Name)
+	case pool.Announce.Mode != planner.L2:
+		return fmt.Sprintf("%s is announced by BGP: egress is offered for L2 addresses only (replies to a BGP address reach any of its nodes)", ip)
+	case pool.Announce.PerClient:
+		return fmt.Sprintf("%s is answered per client by several nodes: egress needs an address one node answers", ip)
+	case !ip.Is4():
+		return fmt.Sprintf("%s: egress is offered for IPv4 addresses only", ip)
+	case clusterCIDRs == 0:
+		return "the CCM's cloud-config names no egress.clusterCIDRs (the pod and ClusterIP ranges pods reach as themselves); the cluster's administrator must set them"
+	case len(silent) > 0:
+		return fmt.Sprintf("%s is shared with %s, which does not ask for egress: an address leaves for all of its Services or none", ip, strings.Join(silent, ", "))
+	}
+	for _, svc := range sharers {
+		if len(svc.Spec.Selector) == 0 {
+			return fmt.Sprintf("Service %s has no selector: metalvip sends only the pods of a selector from the address", Key(svc))
+		}
+	}
+	return ""
+}
+
+// EgressSources returns the IPv4 addresses of the endpoints in slices_ by node, each sorted:
+// ready or not (a starting pod connects out too), each endpoint once.
+func EgressSources(slices_ []*discoveryv1.EndpointSlice) map[string][]string {
+	out := map[string][]string{}
+	for _, es := range slices_ {
+		if es.AddressType != discoveryv1.AddressTypeIPv4 {
+			continue
+		}
+		for _, ep := range es.Endpoints {
+			if ep.NodeName == nil || *ep.NodeName == "" {
+				continue
+			}
+			for _, a := range ep.Addresses {
+				if ip, err := netip.ParseAddr(a); err == nil && ip.Is4() {
+					out[*ep.NodeName] = append(out[*ep.NodeName], ip.String())
+				}
+			}
+		}
+	}
+	for n := range out {
+		slices.Sort(out[n])
+		out[n] = slices.Compact(out[n])
+	}
+	return out
+}
+
+// MergeSources adds b's sources to a's.
+func MergeSources(a, b map[string][]string) map[string][]string {
+	if a == nil {
+		a = map[string][]string{}
+	}
+	for n, srcs := range b {
+		a[n] = append(a[n], srcs...)
+		slices.Sort(a[n])
+		a[n] = slices.Compact(a[n])
+	}
+	return a
+}
+
+// SameSources reports whether a and b are the same sources.
+func SameSources(a, b map[string][]string) bool { return maps.EqualFunc(a, b, slices.Equal) }

@@ -1,0 +1,91 @@
+package desired
+
+import (
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/metalvip/metalvip/api/v1alpha1"
+	"github.com/metalvip/metalvip/loadbalancer/pools"
+)
+
+func TestEgressIsGrantedOnlyWithThePoolOwnersConsentAndEverySharersAsk(t *testing.T) {
+	pool := func(name string, egress v1alpha1.EgressPolicy, an v1alpha1.Announce) *pools.Pool {
+		return pools.DecodePool(&v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.IPPoolSpec{
+			Addresses: []v1alpha1.AddressRange{"203.0.113.0/28", "2001:db8::/120"}, Egress: egress, Announce: an}})
+	}
+	allow := pool("lend", v1alpha1.EgressAllow, v1alpha1.Announce{})
+	deny := pool("keep", "", v1alpha1.Announce{})
+	bgp := pool("edge", v1alpha1.EgressAllow, v1alpha1.Announce{Mode: v1alpha1.AnnounceBGP})
+	svc := func(name, ask string, selector bool) *v1.Service {
+		s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}}
+		if ask != "" {
+			s.Annotations = map[string]string{"metalvip.io/egress": ask}
+		}
+		if selector {
+			s.Spec.Selector = map[string]string{"app": name}
+		}
+		return s
+	}
+	v4, v6 := netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("2001:db8::5")
+	for _, tc := range []struct {
+		name    string
+		ip      netip.Addr
+		pool    *pools.Pool
+		sharers []*v1.Service
+		cidrs   int
+		refused string // a part of the reason; "" for granted
+	}{
+		{"asked and allowed", v4, allow, []*v1.Service{svc("a", "true", true)}, 2, ""},
+		{"not asked: nothing to refuse", v4, deny, []*v1.Service{svc("a", "", true), svc("b", "false", true)}, 2, ""},
+		{"the pool denies it", v4, deny, []*v1.Service{svc("a", "true", true)}, 2, "IPPool keep does not allow egress"},
+		{"a BGP address", v4, bgp, []*v1.Service{svc("a", "true", true)}, 2, "announced by BGP"},
+		{"an IPv6 address", v6, allow, []*v1.Service{svc("a", "true", true)}, 2, "IPv4 addresses only"},
+		{"no cluster ranges in the cloud-config", v4, allow, []*v1.Service{svc("a", "true", true)}, 0, "egress.clusterCIDRs"},
+		{"a sharer that does not ask", v4, allow, []*v1.Service{svc("a", "true", true), svc("b", "", true)}, 2, "shared with ns/b, which does not ask"},
+		{"every sharer asks", v4, allow, []*v1.Service{svc("a", "true", true), svc("b", "true", true)}, 2, ""},
+		{"no selector", v4, allow, []*v1.Service{svc("a", "true", false)}, 2, "has no selector"},
+		{"no pool", v4, nil, []*v1.Service{svc("a", "true", true)}, 2, "no valid pool"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := EgressRefusal(tc.ip, tc.pool, tc.sharers, tc.cidrs)
+			if tc.refused == "" && got != "" || !strings.Contains(got, tc.refused) {
+				t.Errorf("refusal %q, want one with %q", got, tc.refused)
+			}
+		})
+	}
+	if ok, problem := EgressAsk(svc("a", "yes please", true)); ok || !strings.Contains(problem, `neither "true" nor "false"`) {
+		t.Errorf("a malformed annotation: asks %v, problem %q", ok, problem)
+	}
+}
+
+func TestEgressSourcesAreTheEndpointsIPv4AddressesByNode(t *testing.T) {
+	node := func(n string) *string { return &n }
+	es := []*discoveryv1.EndpointSlice{
+		{AddressType: discoveryv1.AddressTypeIPv4, Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"198.18.2.7"}, NodeName: node("node2")},
+			{Addresses: []string{"198.18.2.3"}, NodeName: node("node2")},
+			{Addresses: []string{"198.18.3.4"}, NodeName: node("node3")},
+			{Addresses: []string{"198.18.9.9"}}, // no node: nowhere to send it from
+		}},
+		{AddressType: discoveryv1.AddressTypeIPv4, Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"198.18.2.3"}, NodeName: node("node2")}, // in two slices: once
+		}},
+		{AddressType: discoveryv1.AddressTypeIPv6, Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"2001:db8::7"}, NodeName: node("node2")},
+		}},
+	}
+	want := map[string][]string{"node2": {"198.18.2.3", "198.18.2.7"}, "node3": {"198.18.3.4"}}
+	if got := EgressSources(es); !reflect.DeepEqual(got, want) {
+		t.Errorf("sources %v, want %v", got, want)
+	}
+	merged := MergeSources(map[string][]string{"node3": {"198.18.3.9"}}, want)
+	if !reflect.DeepEqual(merged["node3"], []string{"198.18.3.4", "198.18.3.9"}) || !SameSources(merged, merged) || SameSources(merged, want) {
+		t.Errorf("merged %v", merged)
+	}
+}
