@@ -152,6 +152,9 @@ type Cluster struct {
 	// shares a 2-core machine with other tests, whose stalls of up to a second the shipped
 	// profile takes for deaths; the benchmarks leave it unset and measure the shipped one.
 	Failover *FailoverProfile
+	// CloudConfig, when set, is added to install.yaml's cloud-config (indented as its other
+	// sections, e.g. "    egress:\n      clusterCIDRs: [...]\n").
+	CloudConfig string
 
 	t      testenv.TB
 	opts   Options

@@ -114,7 +114,7 @@ const shippedFailover = "failover:\n      interval: 50ms\n      misses: 3\n"
 
 // installYAML returns file, or a copy with c.Failover's profile in its cloud-config.
 func (c *Cluster) installYAML(file string) (string, error) {
-	if c.Failover == nil {
+	if c.Failover == nil && c.CloudConfig == "" {
 		return file, nil
 	}
 	if !filepath.IsAbs(file) { // the repository's, as kubectl in the control namespace reads it
@@ -131,7 +131,15 @@ func (c *Cluster) installYAML(file string) (string, error) {
 	if strings.Count(string(data), shippedFailover) != 1 {
 		return "", fmt.Errorf("%s: no cloud-config failover section with the shipped profile to replace", file)
 	}
-	data = []byte(strings.Replace(string(data), shippedFailover, fmt.Sprintf("failover:\n      interval: %s\n      misses: %d\n", c.Failover.Interval, c.Failover.Misses), 1))
+	profile := shippedFailover
+	if c.Failover != nil {
+		profile = fmt.Sprintf("failover:\n      interval: %s\n      misses: %d\n", c.Failover.Interval, c.Failover.Misses)
+	}
+	if c.CloudConfig != "" {
+		// The extra sections go before failover's (whose indentation stays in the file).
+		profile = strings.TrimPrefix(c.CloudConfig, "    ") + "    " + profile
+	}
+	data = []byte(strings.Replace(string(data), shippedFailover, profile, 1))
 	out := filepath.Join(c.Dir, "install-"+strings.ReplaceAll(filepath.Base(filepath.Dir(file))+"-"+filepath.Base(file), "/", "-"))
 	return out, os.WriteFile(out, data, 0o600)
 }
