@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 )
 
 // Egress on the wire (docs/egress.md). The egress node of a VIP source-NATs its pods'
@@ -90,6 +91,8 @@ type nlEgress struct {
 	touched bool                  // Set has written something (or found something to remove)
 	tables  map[netip.Addr]int    // routed VIP -> its routing table
 	base    map[netip.Addr]uint64 // flows counted by the rules replaced so far
+	roles   map[netip.Addr]string // local pod -> what the rules do with it ("snat VIP", "via VIP X")
+	forgets sync.WaitGroup        // conntrack deletions under way
 }
 
 var _ EgressNet = (*nlEgress)(nil)
@@ -101,7 +104,7 @@ func NewEgressNet() (EgressNet, error) {
 	if err != nil {
 		return nil, fmt.Errorf("netlink: %w", err)
 	}
-	return &nlEgress{nl: h, closeNS: func() error { return nil }, tables: map[netip.Addr]int{}, base: map[netip.Addr]uint64{}}, nil
+	return &nlEgress{nl: h, closeNS: func() error { return nil }, tables: map[netip.Addr]int{}, base: map[netip.Addr]uint64{}, roles: map[netip.Addr]string{}}, nil
 }
 
 // newEgressNetIn returns the egress configuration of the network namespace ns (for tests
@@ -117,7 +120,7 @@ func newEgressNetIn(ns netns.NsHandle) (*nlEgress, error) {
 		return nil, err
 	}
 	return &nlEgress{nl: h, nftOpts: []nftables.ConnOption{nftables.WithNetNSFd(dup)}, closeNS: func() error { return unix.Close(dup) },
-		tables: map[netip.Addr]int{}, base: map[netip.Addr]uint64{}}, nil
+		tables: map[netip.Addr]int{}, base: map[netip.Addr]uint64{}, roles: map[netip.Addr]string{}}, nil
 }
 
 func (e *nlEgress) Set(want EgressConfig) error {
@@ -137,7 +140,63 @@ func (e *nlEgress) Set(want EgressConfig) error {
 	// before its rules go, and one that starts being routed is routed before it stops being
 	// NATed to the VIP. It never leaves as itself.
 	rules, err := e.addRouting(want)
-	return errors.Join(err, e.setNAT(want), e.removeRouting(rules))
+	err = errors.Join(err, e.setNAT(want), e.removeRouting(rules))
+	e.forgetMoved(want)
+	return err
+}
+
+// forgetMoved deletes, in the background, the conntrack entries of the pods whose part
+// changed (this node became the egress node of their VIP, stopped being it, or the egress node
+// moved): netfilter keeps the NAT an entry got, so a connection under way (a SYN being sent
+// again) would otherwise go on as before, and, routed no more, leave from the pod's own
+// address. Such connections break; new ones take the new path. A pod whose VIP stops egress
+// altogether keeps its connections (they leave from the VIP, which its node still answers).
+func (e *nlEgress) forgetMoved(want EgressConfig) {
+	roles := map[netip.Addr]string{}
+	for _, s := range want.SNAT {
+		for _, src := range s.Sources {
+			roles[src] = "snat " + s.VIP.String()
+		}
+	}
+	for _, r := range want.Route {
+		for _, src := range r.Sources {
+			roles[src] = "via " + r.VIP.String() + " " + r.Via.String()
+		}
+	}
+	moved := map[string]bool{}
+	for src, role := range roles {
+		if old, ok := e.roles[src]; ok && old != role {
+			moved[src.String()] = true
+		}
+	}
+	e.roles = roles
+	if len(moved) == 0 {
+		return
+	}
+	cluster := slices.Clone(want.Cluster)
+	e.forgets.Add(1)
+	go func() {
+		defer e.forgets.Done()
+		n, err := e.nl.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, movedFlows{sources: moved, cluster: cluster})
+		if err != nil {
+			klog.ErrorS(err, "Egress: forgetting the connections of pods whose egress node changed", "pods", len(moved))
+		}
+		klog.V(2).InfoS("Egress: forgot the connections of pods whose egress node changed", "pods", len(moved), "connections", n)
+	}()
+}
+
+// movedFlows matches the conntrack entries from sources to destinations outside cluster.
+type movedFlows struct {
+	sources map[string]bool
+	cluster []netip.Prefix
+}
+
+func (m movedFlows) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
+	if !m.sources[f.Forward.SrcIP.String()] {
+		return false
+	}
+	dst, ok := netip.AddrFromSlice(f.Forward.DstIP)
+	return ok && !slices.ContainsFunc(m.cluster, func(p netip.Prefix) bool { return p.Contains(dst.Unmap()) })
 }
 
 // leftOver reports whether the namespace holds egress rules (of an earlier run).
@@ -393,6 +452,7 @@ func (e *nlEgress) Flows() map[netip.Addr]uint64 {
 
 func (e *nlEgress) Close() error {
 	err := e.Set(EgressConfig{})
+	e.forgets.Wait()
 	e.nl.Close()
 	return errors.Join(err, e.closeNS())
 }

@@ -136,6 +136,12 @@ func TestLabEgressLeavesFromTheVIP(t *testing.T) {
 	if err := e1.Set(EgressConfig{Cluster: cluster, Route: []EgressRoute{{VIP: vip, Via: n2.IPv4, Sources: []netip.Addr{pod}}}}); err != nil {
 		t.Fatal(err)
 	}
+	// The pod's connections NATed to the VIP on node1 are forgotten (in the background): one
+	// under way would otherwise keep its NAT and, routed no more, leave as the pod.
+	e1.forgets.Wait()
+	if out, _ := n1.Run(ctx, "conntrack", "-L", "-s", pod.String()); strings.Contains(string(out), "dst="+vip.String()) {
+		t.Fatalf("node1 keeps the pod's connections NATed to the VIP after node2 became the egress node:\n%s", out)
+	}
 	expect("node2 the egress node", pod, vip)
 	expect("another address on node1, node2 the egress node", other, other)
 	if rules, _ := n1.Run(ctx, "ip", "rule", "show"); !strings.Contains(string(rules), "7471:") {
