@@ -35,3 +35,18 @@ func TestAgentSaysWhatKubeProxyServes(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentSaysWhatItDoesForEgress: metalvipctl agent shows each egress VIP's egress node as
+// the node sees it, whether it source-NATs or routes its pods there, and the connections NATed.
+func TestAgentSaysWhatItDoesForEgress(t *testing.T) {
+	var out bytes.Buffer
+	printAgent(&out, &agentv1.GetStateResponse{Node: "node1", Egress: []*agentv1.EgressStatus{
+		{Vip: "203.0.113.96", Node: "node1", Active: true, Sources: 2, Flows: 1234},
+		{Vip: "203.0.113.97", Node: "node3", Sources: 1},
+	}})
+	for _, w := range []string{"EGRESS VIP", "203.0.113.96  node1        source-NATs", "1234", "203.0.113.97  node3        routes its pods to node3"} {
+		if !strings.Contains(out.String(), w) {
+			t.Errorf("output lacks %q:\n%s", w, out.String())
+		}
+	}
+}

@@ -3,6 +3,7 @@ package lab
 import (
 	"bufio"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -66,7 +67,8 @@ func (l *SourceLog) add(s Source) {
 	l.sources = append(l.sources, s)
 }
 
-// Since returns the connections accepted at or after t whose line has prefix, oldest first.
+// Since returns the connections accepted at or after t whose line has prefix, in the order
+// they were accepted.
 func (l *SourceLog) Since(t time.Time, prefix string) []Source {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -76,5 +78,6 @@ func (l *SourceLog) Since(t time.Time, prefix string) []Source {
 			out = append(out, s)
 		}
 	}
+	slices.SortStableFunc(out, func(a, b Source) int { return a.At.Compare(b.At) })
 	return out
 }
