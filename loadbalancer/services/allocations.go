@@ -128,9 +128,11 @@ func (a *Allocations) Run(ctx context.Context) {
 		return
 	}
 	a.rebuild()
+	// Served before Ready says so: whoever waits for Ready (the announcer, a test) then finds
+	// the pool metrics this allocator's (a CI run scraped between the two and found none).
+	defer servePoolMetrics(a)()
 	close(a.ready)
 	klog.InfoS("Address allocator rebuilt from Services", "services", a.ipam.Len())
-	defer servePoolMetrics(a)()
 
 	tick := time.NewTicker(a.cfg.StatusInterval)
 	defer tick.Stop()
