@@ -18,7 +18,69 @@ var (
 	kubeletsTrials  = flag.Int("kubelets-trials", 10, "hard node kills on real kubelets")
 	kubeletsOnly    = flag.Bool("kubelets-only", false, "only the real-kubelet failover and rolling update: their sections replace those of the same titles in -out, which keeps the rest")
 	kubeletsSection = "L2 failover on real kubelets"
+	egressTrials    = flag.Int("egress-trials", 5, "hard kills of the egress node on real kubelets")
+	egressOnly      = flag.Bool("egress-only", false, "only egress's failover on real kubelets: its section replaces the one of the same title in -out, which keeps the rest")
+	egressSection   = kubeletsSection + ": egress through the VIP"
 )
+
+// egressAlone measures egress's failover alone on a cluster of its own and writes its section
+// into the report in place of the one of the same title.
+func egressAlone(m *testenv.Main, r *report) {
+	harness.Step("real kubelets: a cluster in the lab, metalvip from install.yaml, egress, %d hard kills of the egress node", *egressTrials)
+	ctx := context.Background()
+	images, err := kubecluster.Images()
+	if err != nil {
+		m.Fatalf("%v", err)
+	}
+	c := kubecluster.New(m, kubecluster.Options{Images: images})
+	c.CloudConfig = kubecluster.EgressCloudConfig
+	empty := ""
+	if err := c.Label(ctx, "node1", kubecluster.ControlPlaneLabel, &empty); err != nil {
+		m.Fatalf("%v", err)
+	}
+	if err := kubecluster.Manifests.Install(ctx, c); err != nil {
+		m.Fatalf("%v", err)
+	}
+	if _, err := c.WaitInitialised(ctx, 2*time.Minute); err != nil {
+		m.Fatalf("%v\n%s", err, c.Describe(ctx))
+	}
+	if _, err := c.WaitAgents(ctx, 2*time.Minute); err != nil {
+		m.Fatalf("%v\n%s", err, c.Describe(ctx))
+	}
+	egressFailover(m, r, c)
+	replaceSections(m, r)
+}
+
+// egressFailover deploys the egress workload on c (installed with kubecluster's
+// EgressCloudConfig) and kills the egress node hard *egressTrials times, while a pod of the
+// Service on each workload node opens a connection to a server behind the router every 20 ms.
+func egressFailover(m *testenv.Main, r *report, c *kubecluster.Cluster) {
+	ctx := context.Background()
+	e, err := c.DeployEgress(ctx, m)
+	if err != nil {
+		m.Fatalf("egress workload: %v\n%s", err, c.Describe(ctx))
+	}
+	if err := e.WaitVIPAlone(time.Minute); err != nil {
+		m.Fatalf("egress: %v\n%s", err, c.Describe(ctx))
+	}
+	var pauses []float64
+	for i := range *egressTrials {
+		f, err := e.KillEgressNode(ctx)
+		if err != nil {
+			m.Fatalf("egress trial %d: %v\n%s", i, err, c.Describe(ctx))
+		}
+		harness.Step("  egress trial %d: %s killed, the pod on %s paused %s", i, f.Victim, f.Survivor, f.Pause.Round(time.Millisecond))
+		pauses = append(pauses, float64(f.Pause))
+	}
+	if err := c.RemoveEgress(ctx); err != nil {
+		m.Fatalf("egress: %v", err)
+	}
+	d := func(p float64) string { return figure.Duration(time.Duration(figure.Percentile(pauses, p))) }
+	r.addAfter(kubeletsSection, egressSection,
+		fmt.Sprintf("The same cluster, its CCM with egress.clusterCIDRs (docs/egress.md): a Deployment of two pods, one on each of node2 and node3, behind an L2 Service with metalvip.io/egress: \"true\" in a pool with spec.egress: Allow announced from those two nodes; each pod opens a new TCP connection to a server behind the router every 20 ms (each in its own goroutine, 1 s timeout), and the server records each connection's source address. The egress node (the one answering ARP for the VIP) dies hard as above; the figure is the longest pause between two connections from the VIP of the pod on the other node, which becomes the egress node: the heartbeats' detection (50 ms, 3 misses) and the agent's switch from routing its pod to the dead node to source-NATing it itself. Every connection of the surviving node's pods is checked: from the VIP (the egress Service's), from the node's address (another Service's pods on the same nodes). %d trials. Target: under 300 ms.", *egressTrials),
+		[][]string{{"pause p50", "p99", "max", "min"},
+			{d(50), d(99), figure.Duration(time.Duration(slices.Max(pauses))), figure.Duration(time.Duration(slices.Min(pauses)))}})
+}
 
 // kubeletsAlone measures the real-kubelet failover alone and writes its section into the
 // report in place of the one of the same title.
@@ -46,6 +108,7 @@ func kubeletFailover(r *report) {
 		m.Fatalf("%v", err)
 	}
 	c := kubecluster.New(m, kubecluster.Options{Images: append(images, prev.Images...)})
+	c.CloudConfig = kubecluster.EgressCloudConfig // egressFailover's
 	empty := ""
 	if err := c.Label(ctx, "node1", kubecluster.ControlPlaneLabel, &empty); err != nil {
 		m.Fatalf("%v", err)
@@ -88,6 +151,7 @@ func kubeletFailover(r *report) {
 			*kubeletsTrials, c.ControlPlaneReady.Round(100*time.Millisecond), c.NodesReady.Round(100*time.Millisecond), initialised.Round(100*time.Millisecond), agents.Round(100*time.Millisecond)),
 		[][]string{{"outage p50", "p99", "max", "min", "trials whose node's return cost traffic", "return max"},
 			{d(outages, 50), d(outages, 99), figure.Duration(time.Duration(slices.Max(outages))), figure.Duration(time.Duration(slices.Min(outages))), fmt.Sprintf("%d of %d", lost, len(returns)), figure.Duration(time.Duration(slices.Max(returns)))}})
+	egressFailover(m, r, c)
 	rollingUpdates(m, c, w, prev, r)
 }
 

@@ -93,6 +93,10 @@ func main() {
 		kubeletsAlone(m, r)
 		return
 	}
+	if *egressOnly {
+		egressAlone(m, r)
+		return
+	}
 	if *freshOnly {
 		freshAlone(m, r)
 		return
