@@ -112,6 +112,7 @@ func (a *Announcer) egressOf(node string) []*agentv1.Egress {
 					item.RemoteSources = append(item.RemoteSources, eg.sources[n]...)
 				}
 			}
+			slices.Sort(item.RemoteSources)
 		}
 		out = append(out, item)
 	}

@@ -1,0 +1,121 @@
+package announcer
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// egressEndpoints puts the Service's endpoints at addrs (node -> pod address).
+func (h *harness) egressEndpoints(svc string, addrs map[string]string) {
+	es := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: svc + "-x", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4}
+	for n, a := range addrs {
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{a}, NodeName: &n})
+	}
+	if err := h.factory.Discovery().V1().EndpointSlices().Informer().GetIndexer().Update(es); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// egressOf is what node's state says of egress: "VIP sources=... remote=... candidates=...".
+func (h *harness) egressOf(node string) []string {
+	var out []string
+	for _, e := range h.a.egressOf(node) {
+		var cands []string
+		for _, c := range e.GetCandidates() {
+			cands = append(cands, c.GetNode())
+		}
+		out = append(out, e.GetVip()+" sources="+strings.Join(e.GetSources(), ",")+" remote="+strings.Join(e.GetRemoteSources(), ",")+
+			" candidates="+strings.Join(cands, ",")+" cluster="+strings.Join(e.GetClusterCidrs(), ","))
+	}
+	return out
+}
+
+// TestEgressReachesThePodsNodesAndTheCandidates: the CCM tells each node with pods of an egress
+// Service its own pods, each candidate every other node's too, and no other node anything; an
+// endpoint moving changes the states of the nodes it leaves and joins and of the candidates; a
+// pool that does not allow it refuses it with a condition and an Event, and tells no node.
+func TestEgressReachesThePodsNodesAndTheCandidates(t *testing.T) {
+	h := newHarness(t, 5)
+	h.a.cfg.EgressClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")}
+	h.pool("lend", map[string]any{"addresses": []any{"203.0.113.0/28"}, "egress": "Allow"})
+	h.pool("keep", map[string]any{"addresses": []any{"203.0.113.16/28"}})
+	svc := h.service("a", "lend", false, "203.0.113.1")
+	svc.Annotations["metalvip.io/egress"] = "true"
+	svc.Spec.Selector = map[string]string{"app": "a"}
+	denied := h.service("b", "keep", false, "203.0.113.17")
+	denied.Annotations["metalvip.io/egress"] = "true"
+	denied.Spec.Selector = map[string]string{"app": "b"}
+	h.sync(changes{services: map[string]bool{"ns/a": true, "ns/b": true}})
+	cands := h.nodesOf("203.0.113.1")
+	if len(cands) != 3 {
+		t.Fatalf("candidates %v, want 3 (MaxCandidates)", cands)
+	}
+	var outsider string
+	for _, n := range []string{"node1", "node2", "node3", "node4", "node5"} {
+		if !slices.Contains(cands, n) {
+			outsider = n
+			break
+		}
+	}
+	// One pod on a candidate, one on a node that is none.
+	h.egressEndpoints("a", map[string]string{cands[1]: "198.18.2.7", outsider: "198.18.9.9"})
+	before := map[string]pushed{}
+	for n, st := range h.a.loop.pushes {
+		before[n] = st
+	}
+	h.sync(changes{services: map[string]bool{"ns/a": true}})
+	candList := strings.Join(cands, ",")
+	for _, n := range []string{"node1", "node2", "node3", "node4", "node5"} {
+		var want []string
+		switch {
+		case n == cands[1]:
+			want = []string{"203.0.113.1 sources=198.18.2.7 remote=198.18.9.9 candidates=" + candList + " cluster=198.18.0.0/15"}
+		case n == outsider:
+			want = []string{"203.0.113.1 sources=198.18.9.9 remote= candidates=" + candList + " cluster=198.18.0.0/15"}
+		case slices.Contains(cands, n):
+			want = []string{"203.0.113.1 sources= remote=198.18.2.7,198.18.9.9 candidates=" + candList + " cluster=198.18.0.0/15"}
+		}
+		if got := h.egressOf(n); !slices.Equal(got, want) {
+			t.Errorf("%s is told %q, want %q", n, got, want)
+		}
+		if changed := h.a.loop.pushes[n] != before[n]; changed != (len(want) > 0) {
+			t.Errorf("%s: state rebuilt %v, want %v", n, changed, len(want) > 0)
+		}
+	}
+	c, refused, asks := h.a.egressCondition(svc)
+	if !asks || refused != "" || c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, "2 pod addresses leave from egress node "+cands[0]) {
+		t.Errorf("the Egress condition %+v (refused %q)", c, refused)
+	}
+	c, refused, _ = h.a.egressCondition(denied)
+	if c.Status != metav1.ConditionFalse || c.Reason != "EgressRefused" || !strings.Contains(refused, "IPPool keep does not allow egress") {
+		t.Errorf("the refused Service's condition %+v (refused %q)", c, refused)
+	}
+
+	// The outsider's pod goes away: its node hears no more of it; the candidates drop it.
+	h.egressEndpoints("a", map[string]string{cands[1]: "198.18.2.7"})
+	h.sync(changes{services: map[string]bool{"ns/a": true}})
+	if got := h.egressOf(outsider); len(got) != 0 {
+		t.Errorf("%s, without pods, is told %q", outsider, got)
+	}
+	if got := h.egressOf(cands[0]); len(got) != 1 || !strings.Contains(got[0], "remote=198.18.2.7 ") {
+		t.Errorf("%s is told %q", cands[0], got)
+	}
+
+	// The annotation goes: no node hears of egress, the condition goes.
+	delete(svc.Annotations, "metalvip.io/egress")
+	h.sync(changes{services: map[string]bool{"ns/a": true}})
+	for _, n := range []string{"node1", "node2", "node3", "node4", "node5"} {
+		if got := h.egressOf(n); len(got) != 0 {
+			t.Errorf("without the annotation %s is told %q", n, got)
+		}
+	}
+	if _, _, asks := h.a.egressCondition(svc); asks {
+		t.Error("the Egress condition stays without the annotation")
+	}
+}
