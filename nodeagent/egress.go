@@ -152,12 +152,13 @@ func (a *Agent) setEgressLocked() {
 		a.egressProblem = "egress: " + err.Error()
 		klog.ErrorS(err, "Egress rules")
 	}
+	before := map[string]string{}
 	for _, st := range a.egress {
-		// Log the egress node changing, once per change.
-		for _, now := range statuses {
-			if now.GetVip() == st.GetVip() && now.GetNode() != st.GetNode() {
-				klog.InfoS("Egress node changed", "vip", now.GetVip(), "from", st.GetNode(), "to", now.GetNode(), "active", now.GetActive())
-			}
+		before[st.GetVip()] = st.GetNode()
+	}
+	for _, now := range statuses {
+		if was, ok := before[now.GetVip()]; ok && was != now.GetNode() {
+			klog.InfoS("Egress node changed", "vip", now.GetVip(), "from", was, "to", now.GetNode(), "active", now.GetActive())
 		}
 	}
 	a.egress = statuses
