@@ -110,17 +110,11 @@ func NewEgressNet() (EgressNet, error) {
 // newEgressNetIn returns the egress configuration of the network namespace ns (for tests
 // that run in the lab's namespaces).
 func newEgressNetIn(ns netns.NsHandle) (*nlEgress, error) {
-	h, err := netlink.NewHandleAt(ns)
+	h, opts, closeNS, err := handlesIn(ns)
 	if err != nil {
 		return nil, err
 	}
-	dup, err := unix.Dup(int(ns))
-	if err != nil {
-		h.Close()
-		return nil, err
-	}
-	return &nlEgress{nl: h, nftOpts: []nftables.ConnOption{nftables.WithNetNSFd(dup)}, closeNS: func() error { return unix.Close(dup) },
-		tables: map[netip.Addr]int{}, base: map[netip.Addr]uint64{}, roles: map[netip.Addr]string{}}, nil
+	return &nlEgress{nl: h, nftOpts: opts, closeNS: closeNS, tables: map[netip.Addr]int{}, base: map[netip.Addr]uint64{}, roles: map[netip.Addr]string{}}, nil
 }
 
 func (e *nlEgress) Set(want EgressConfig) error {

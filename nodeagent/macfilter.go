@@ -69,16 +69,26 @@ func NewMACFilter() (MACFilter, error) {
 // newMACFilterIn returns the MAC filter of the network namespace ns (for tests that run in the
 // lab's namespaces from the test binary's).
 func newMACFilterIn(ns netns.NsHandle) (*nftMACFilter, error) {
-	h, err := netlink.NewHandleAt(ns)
+	h, opts, closeNS, err := handlesIn(ns)
 	if err != nil {
 		return nil, err
+	}
+	return &nftMACFilter{nl: h, nftOpts: opts, closeNS: closeNS}, nil
+}
+
+// handlesIn returns a netlink handle and the nftables option for the network namespace ns,
+// and what releases the namespace once both are done with.
+func handlesIn(ns netns.NsHandle) (*netlink.Handle, []nftables.ConnOption, func() error, error) {
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	dup, err := unix.Dup(int(ns))
 	if err != nil {
 		h.Close()
-		return nil, err
+		return nil, nil, nil, err
 	}
-	return &nftMACFilter{nl: h, nftOpts: []nftables.ConnOption{nftables.WithNetNSFd(dup)}, closeNS: func() error { return unix.Close(dup) }}, nil
+	return h, []nftables.ConnOption{nftables.WithNetNSFd(dup)}, func() error { return unix.Close(dup) }, nil
 }
 
 func (f *nftMACFilter) Set(want map[string][]net.HardwareAddr) error {

@@ -183,17 +183,25 @@ func (a *Announcer) egressStatus(key string) {
 	} else {
 		a.tell.forget("egress/" + key)
 	}
+	c.Type = ConditionEgress
+	a.ownCondition(svc, s.egressSaid, c, asks, report.ManagerEgress)
+}
+
+// ownCondition applies a Service condition that a field manager of its own owns (c.Type),
+// when it changed since said[the Service] (its text form); present false removes it.
+func (a *Announcer) ownCondition(svc *v1.Service, said map[string]string, c metav1.Condition, present bool, manager string) {
+	key := desired.Key(svc)
 	text := string(c.Status) + "|" + c.Reason + "|" + c.Message + "|" + fmt.Sprint(c.ObservedGeneration)
-	if s.egressSaid[key] == text {
+	if said[key] == text {
 		return
 	}
-	s.egressSaid[key] = text
-	cur := meta.FindStatusCondition(svc.Status.Conditions, ConditionEgress)
-	if !asks && cur == nil {
+	said[key] = text
+	cur := meta.FindStatusCondition(svc.Status.Conditions, c.Type)
+	if !present && cur == nil {
 		return
 	}
-	st := corev1ac.ServiceStatus() // not asking: the condition goes
-	if asks {
+	st := corev1ac.ServiceStatus() // not present: the condition goes
+	if present {
 		var shown bool
 		if st, shown = report.ServiceCondition(cur, c); shown {
 			return
@@ -201,8 +209,8 @@ func (a *Announcer) egressStatus(key string) {
 	}
 	ns, name := svc.Namespace, svc.Name
 	ac := corev1ac.Service(name, ns).WithStatus(st)
-	a.writer.Set("svc-egress/"+key, func(ctx context.Context) error {
-		_, err := a.cfg.Client.CoreV1().Services(ns).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: report.ManagerEgress, Force: true})
+	a.writer.Set(manager+"/"+key, func(ctx context.Context) error {
+		_, err := a.cfg.Client.CoreV1().Services(ns).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: manager, Force: true})
 		return err
 	})
 }

@@ -1,16 +1,13 @@
 package announcer
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/metalvip/metalvip/loadbalancer/desired"
@@ -72,28 +69,8 @@ func (a *Announcer) externalIPsStatus(svc *v1.Service, ext []netip.Addr, refused
 		})
 	}
 	c, asks := externalIPsCondition(svc.Generation, ext, refused)
-	text := string(c.Status) + "|" + c.Reason + "|" + c.Message + "|" + fmt.Sprint(c.ObservedGeneration)
-	if s.extSaid[key] == text {
-		return
-	}
-	s.extSaid[key] = text
-	cur := meta.FindStatusCondition(svc.Status.Conditions, ConditionExternalIPs)
-	if !asks && cur == nil {
-		return
-	}
-	st := corev1ac.ServiceStatus() // not asking: the condition goes
-	if asks {
-		var shown bool
-		if st, shown = report.ServiceCondition(cur, c); shown {
-			return
-		}
-	}
-	ns, name := svc.Namespace, svc.Name
-	ac := corev1ac.Service(name, ns).WithStatus(st)
-	a.writer.Set("svc-ext/"+key, func(ctx context.Context) error {
-		_, err := a.cfg.Client.CoreV1().Services(ns).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: report.ManagerExternalIPs, Force: true})
-		return err
-	})
+	c.Type = ConditionExternalIPs
+	a.ownCondition(svc, s.extSaid, c, asks, report.ManagerExternalIPs)
 }
 
 // communitiesRefused warns once per change, with an Event, that the Service asks for BGP
