@@ -60,6 +60,7 @@ var settingCases = map[string]settingCase{
 	"topology.subnets.region":       {values: "cloudConfig: {topology: {subnets: [{cidr: 198.51.100.0/26, region: site-1}]}}", want: "site-1"},
 	"instanceTypeLabel":             {values: "cloudConfig: {instanceTypeLabel: example.com/hardware}", want: "example.com/hardware"},
 	"bgp.passwordSecretNamespace":   {values: "cloudConfig: {bgp: {passwordSecretNamespace: bgp-passwords}}", want: "bgp-passwords"},
+	"egress.clusterCIDRs":           {values: "cloudConfig: {egress: {clusterCIDRs: [10.244.0.0/16, 10.96.0.0/12]}}", want: "[10.244.0.0/16 10.96.0.0/12]"},
 	"drain.label":                   {values: "cloudConfig: {drain: {label: example.com/draining}}", want: "example.com/draining"},
 	"drain.onCordon":                {values: "cloudConfig: {drain: {onCordon: false}}", want: "false"},
 	"drain.delay":                   {values: "cloudConfig: {drain: {delay: 30s}}", want: "30s"},
