@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"reflect"
 	"slices"
 	"sync"
 
@@ -88,7 +89,9 @@ type nlEgress struct {
 	nl      *netlink.Handle
 	nftOpts []nftables.ConnOption
 	closeNS func() error
-	touched bool                  // Set has written something (or found something to remove)
+	touched bool // Set has written something (or found something to remove)
+	known   bool // applied is what the kernel holds (the last Set succeeded)
+	applied EgressConfig
 	tables  map[netip.Addr]int    // routed VIP -> its routing table
 	base    map[netip.Addr]uint64 // flows counted by the rules replaced so far
 	roles   map[netip.Addr]string // local pod -> what the rules do with it ("snat VIP", "via VIP X")
@@ -120,11 +123,17 @@ func newEgressNetIn(ns netns.NsHandle) (*nlEgress, error) {
 func (e *nlEgress) Set(want EgressConfig) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	// The agent sets the whole configuration at every decision (every liveness change): the
+	// kernel is touched only when it differs from the last one applied.
+	if e.known && reflect.DeepEqual(e.applied, want) {
+		return nil
+	}
 	if want.empty() && !e.touched {
 		// Nothing wanted and nothing written by this agent: clear what an earlier run left,
 		// if anything, without needing NET_ADMIN when there is nothing.
 		left, err := e.leftOver()
 		if err != nil || !left {
+			e.known, e.applied = err == nil, want
 			return nil //nolint:nilerr // an agent without NET_ADMIN wrote nothing either
 		}
 	}
@@ -136,6 +145,7 @@ func (e *nlEgress) Set(want EgressConfig) error {
 	rules, err := e.addRouting(want)
 	err = errors.Join(err, e.setNAT(want), e.removeRouting(rules))
 	e.forgetMoved(want)
+	e.known, e.applied = err == nil, want
 	return err
 }
 
