@@ -16,7 +16,7 @@ type checkedEgress struct {
 	*agentv1.Egress
 	vip     netip.Addr
 	cands   []string
-	addrs   []netip.Addr // the candidates' addresses, in their order
+	addrs   []netip.Addr // where to route to each candidate (the VIP's family; invalid: nowhere)
 	sources []netip.Addr // this node's pods
 	remote  []netip.Addr // other nodes' pods
 	cluster []netip.Prefix
@@ -26,24 +26,13 @@ type checkedEgress struct {
 // fault, not the Service's: it is left out and named in the problems.
 func checkEgress(st *agentv1.DesiredState) (out []checkedEgress, problems []string) {
 	seen := map[netip.Addr]bool{}
-	addrs := func(ss []string) ([]netip.Addr, error) {
-		out := make([]netip.Addr, 0, len(ss))
-		for _, s := range ss {
-			a, err := netip.ParseAddr(s)
-			if err != nil || !a.Is4() {
-				return nil, fmt.Errorf("%q is not an IPv4 address", s)
-			}
-			out = append(out, a)
-		}
-		return out, nil
-	}
 	for i, eg := range st.GetEgress() {
 		bad := func(format string, args ...any) {
 			problems = append(problems, fmt.Sprintf("egress[%d] (%s): %s; its pods leave as before", i, eg.GetVip(), fmt.Sprintf(format, args...)))
 		}
 		vip, err := netip.ParseAddr(eg.GetVip())
-		if err != nil || !vip.Is4() || !vip.IsGlobalUnicast() {
-			bad("the VIP is not a unicast IPv4 address")
+		if err != nil || vip.Zone() != "" || !vip.IsGlobalUnicast() || vip.Is4In6() {
+			bad("the VIP is not a unicast IP address")
 			continue
 		}
 		if seen[vip] {
@@ -51,24 +40,58 @@ func checkEgress(st *agentv1.DesiredState) (out []checkedEgress, problems []stri
 			continue
 		}
 		seen[vip] = true
+		// addrs decodes addresses of the VIP's family ("" too, as none, when empty is true).
+		addrs := func(ss []string, empty bool) ([]netip.Addr, error) {
+			out := make([]netip.Addr, 0, len(ss))
+			for _, s := range ss {
+				if s == "" && empty {
+					out = append(out, netip.Addr{})
+					continue
+				}
+				a, err := netip.ParseAddr(s)
+				if err != nil || a.Is4() != vip.Is4() || a.Zone() != "" || a.Is4In6() {
+					return nil, fmt.Errorf("%q is not an address of the VIP's family", s)
+				}
+				out = append(out, a)
+			}
+			return out, nil
+		}
 		c := checkedEgress{Egress: eg, vip: vip}
-		if c.sources, err = addrs(eg.GetSources()); err != nil {
+		if c.sources, err = addrs(eg.GetSources(), false); err != nil {
 			bad("sources: %v", err)
 			continue
 		}
-		if c.remote, err = addrs(eg.GetRemoteSources()); err != nil {
+		if c.remote, err = addrs(eg.GetRemoteSources(), false); err != nil {
 			bad("remote_sources: %v", err)
 			continue
 		}
+		gateways, err := addrs(eg.GetGateways(), true)
+		if err != nil {
+			bad("gateways: %v", err)
+			continue
+		}
+		if len(gateways) > 0 && len(gateways) != len(eg.GetCandidates()) {
+			bad("%d gateways for %d candidates", len(gateways), len(eg.GetCandidates()))
+			continue
+		}
 		ok := true
-		for _, cd := range eg.GetCandidates() {
+		for j, cd := range eg.GetCandidates() {
 			a, err := netip.ParseAddr(cd.GetAddress())
-			if err != nil || !a.Is4() || cd.GetNode() == "" {
-				bad("candidate %q at %q: a node name and an IPv4 address are needed", cd.GetNode(), cd.GetAddress())
+			if err != nil || cd.GetNode() == "" {
+				bad("candidate %q at %q: a node name and an address are needed", cd.GetNode(), cd.GetAddress())
 				ok = false
 				break
 			}
-			c.cands, c.addrs = append(c.cands, cd.GetNode()), append(c.addrs, a)
+			// Where to route: the gateway of the VIP's family, or the candidate's own address
+			// when of that family; none (the connections are refused) otherwise.
+			via := netip.Addr{}
+			switch {
+			case len(gateways) > 0:
+				via = gateways[j]
+			case a.Is4() == vip.Is4():
+				via = a
+			}
+			c.cands, c.addrs = append(c.cands, cd.GetNode()), append(c.addrs, via)
 		}
 		if !ok {
 			continue
@@ -89,8 +112,8 @@ func checkEgress(st *agentv1.DesiredState) (out []checkedEgress, problems []stri
 		if !ok {
 			continue
 		}
-		if len(c.cluster) == 0 {
-			bad("no cluster_cidrs: every destination would leave from the VIP")
+		if !slices.ContainsFunc(c.cluster, func(p netip.Prefix) bool { return p.Addr().Is4() == vip.Is4() }) {
+			bad("no cluster_cidrs of the VIP's family: every destination would leave from the VIP")
 			continue
 		}
 		out = append(out, c)
@@ -139,6 +162,9 @@ func (a *Agent) setEgressLocked() {
 			st.Active = true
 			cfg.SNAT = append(cfg.SNAT, EgressSNAT{VIP: eg.vip, Sources: slices.Concat(eg.sources, eg.remote)})
 		case len(eg.sources) > 0:
+			if !via.IsValid() {
+				st.Problem = fmt.Sprintf("the egress node %s has no address of the VIP's family known to the CCM (an InternalIP): this node's pods' connections out are refused rather than sent from their own address", node)
+			}
 			cfg.Route = append(cfg.Route, EgressRoute{VIP: eg.vip, Via: via, Sources: eg.sources})
 		}
 	}

@@ -55,29 +55,39 @@ func TestEgressFollowsWhoAnswersTheVIP(t *testing.T) {
 	for _, an := range st.Announcements {
 		an.L2.Candidates = candidates(nodesOf(an.L2.Candidates)...)
 	}
-	cluster := []string{"198.18.0.0/15"}
+	cluster := []string{"198.18.0.0/15", "2001:db8:18::/48"}
 	st.Egress = []*agentv1.Egress{
 		{Vip: "203.0.113.10", Candidates: candidates("node-a", "node-b"), Sources: []string{"198.18.1.2"}, RemoteSources: []string{"198.18.2.2"}, ClusterCidrs: cluster},
 		{Vip: "203.0.113.11", Candidates: candidates("node-b", "node-a"), Sources: []string{"198.18.1.3"}, ClusterCidrs: cluster},
 		{Vip: "203.0.113.12", Candidates: candidates("node-c", "node-b"), Sources: []string{"198.18.1.4"}, ClusterCidrs: cluster},
 		{Vip: "203.0.113.13", Candidates: candidates("node-b"), Sources: []string{"not an address"}, ClusterCidrs: cluster},
 		{Vip: "203.0.113.14", Candidates: candidates("node-b"), Sources: []string{"198.18.1.5"}},
+		// IPv6: routed to the gateway of the VIP's family; a candidate without one refuses.
+		{Vip: "2001:db8:100::10", Candidates: candidates("node-b", "node-a"), Gateways: []string{"2001:db8:1::12", "2001:db8:1::11"}, Sources: []string{"2001:db8:18:1::2"}, ClusterCidrs: cluster},
+		{Vip: "2001:db8:100::11", Candidates: candidates("node-c"), Sources: []string{"2001:db8:18:1::3"}, ClusterCidrs: cluster},
+		{Vip: "2001:db8:100::12", Candidates: candidates("node-c"), Sources: []string{"198.18.1.6"}, ClusterCidrs: cluster},
+		{Vip: "2001:db8:100::13", Candidates: candidates("node-c"), Sources: []string{"2001:db8:18:1::4"}, ClusterCidrs: []string{"198.18.0.0/15"}},
 	}
 	resp, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: st})
 	if err != nil {
 		t.Fatal(err)
 	}
 	problems := strings.Join(resp.GetProblems(), "\n")
-	if !strings.Contains(problems, `egress[3] (203.0.113.13): sources: "not an address" is not an IPv4 address`) || !strings.Contains(problems, "egress[4] (203.0.113.14): no cluster_cidrs") {
+	if !strings.Contains(problems, `egress[3] (203.0.113.13): sources: "not an address" is not an address of the VIP's family`) ||
+		!strings.Contains(problems, "egress[4] (203.0.113.14): no cluster_cidrs") ||
+		!strings.Contains(problems, `egress[7] (2001:db8:100::12): sources: "198.18.1.6" is not an address of the VIP's family`) ||
+		!strings.Contains(problems, "egress[8] (2001:db8:100::13): no cluster_cidrs of the VIP's family") {
 		t.Errorf("problems %q: want the malformed items named", problems)
 	}
 	got := eg.last()
 	want := EgressConfig{
-		Cluster: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
+		Cluster: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("2001:db8:18::/48")},
 		SNAT:    []EgressSNAT{{VIP: netip.MustParseAddr("203.0.113.10"), Sources: addrs("198.18.1.2", "198.18.2.2")}},
 		Route: []EgressRoute{
 			{VIP: netip.MustParseAddr("203.0.113.11"), Via: netip.MustParseAddr("198.51.100.12"), Sources: addrs("198.18.1.3")},
 			{VIP: netip.MustParseAddr("203.0.113.12"), Via: netip.MustParseAddr("198.51.100.13"), Sources: addrs("198.18.1.4")},
+			{VIP: netip.MustParseAddr("2001:db8:100::10"), Via: netip.MustParseAddr("2001:db8:1::12"), Sources: addrs("2001:db8:18:1::2")},
+			{VIP: netip.MustParseAddr("2001:db8:100::11"), Sources: addrs("2001:db8:18:1::3")}, // no Via: refused
 		},
 	}
 	if !sameEgress(got, want) {
@@ -91,8 +101,11 @@ func TestEgressFollowsWhoAnswersTheVIP(t *testing.T) {
 	for _, s := range gs.GetEgress() {
 		said = append(said, s.GetVip()+" "+s.GetNode()+" "+map[bool]string{true: "active", false: "routed"}[s.GetActive()])
 	}
-	if !slices.Equal(said, []string{"203.0.113.10 node-a active", "203.0.113.11 node-b routed", "203.0.113.12 node-c routed"}) || gs.GetEgress()[0].GetFlows() != 42 {
+	if !slices.Equal(said, []string{"203.0.113.10 node-a active", "203.0.113.11 node-b routed", "203.0.113.12 node-c routed", "2001:db8:100::10 node-b routed", "2001:db8:100::11 node-c routed"}) || gs.GetEgress()[0].GetFlows() != 42 {
 		t.Errorf("GetState egress %v", gs.GetEgress())
+	}
+	if p := gs.GetEgress()[4].GetProblem(); !strings.Contains(p, "the egress node node-c has no address of the VIP's family") {
+		t.Errorf("GetState egress of 2001:db8:100::11: problem %q, want the missing address named", p)
 	}
 
 	// Egress gone from the state: nothing is set.

@@ -23,7 +23,7 @@ import (
 // themselves. Both in an nftables table of the agent's own and in policy routing rules the
 // agent alone writes; the CNI's rules are never touched:
 //
-//	table ip metalvip-egress {
+//	table ip metalvip-egress {                       # and table ip6 metalvip-egress
 //	  chain postrouting { type nat hook postrouting priority srcnat - 10;
 //	    ip daddr CLUSTER accept                      # one per cluster CIDR: never NATed here
 //	    ip saddr POD counter snat to VIP             # on the egress node, every pod of the VIP
@@ -32,6 +32,8 @@ import (
 //	}
 //	ip rule add prio 7470 from POD to CLUSTER lookup main   # each local pod, each cluster CIDR
 //	ip rule add prio 7471 from POD lookup T                  # T: default via the egress node
+//
+// (ip -6 rules and routes for IPv6 VIPs and pods alike.)
 //
 // NAT takes the first mapping a connection's first packet gets, so the chain, ahead of the
 // CNI's masquerade (srcnat), decides alone for these pods: the VIP on the egress node, the
@@ -64,7 +66,8 @@ type EgressSNAT struct {
 	Sources []netip.Addr
 }
 
-// EgressRoute sends this node's Sources of a VIP to the egress node Via.
+// EgressRoute sends this node's Sources of a VIP to the egress node Via (of the VIP's family;
+// invalid: the egress node has no address of it, and the Sources' connections out are refused).
 type EgressRoute struct {
 	VIP     netip.Addr
 	Via     netip.Addr
@@ -168,9 +171,11 @@ func (e *nlEgress) forgetMoved(want EgressConfig) {
 		}
 	}
 	moved := map[string]bool{}
+	families := map[netlink.InetFamily]bool{}
 	for src, role := range roles {
 		if old, ok := e.roles[src]; ok && old != role {
 			moved[src.String()] = true
+			families[familyOf(src)] = true
 		}
 	}
 	e.roles = roles
@@ -181,9 +186,16 @@ func (e *nlEgress) forgetMoved(want EgressConfig) {
 	e.forgets.Add(1)
 	go func() {
 		defer e.forgets.Done()
-		n, err := e.nl.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, movedFlows{sources: moved, cluster: cluster})
-		if err != nil {
-			klog.ErrorS(err, "Egress: forgetting the connections of pods whose egress node changed", "pods", len(moved))
+		var n uint
+		for _, f := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
+			if !families[f] {
+				continue
+			}
+			m, err := e.nl.ConntrackDeleteFilters(netlink.ConntrackTable, f, movedFlows{sources: moved, cluster: cluster})
+			if err != nil {
+				klog.ErrorS(err, "Egress: forgetting the connections of pods whose egress node changed", "pods", len(moved))
+			}
+			n += m
 		}
 		klog.V(2).InfoS("Egress: forgot the connections of pods whose egress node changed", "pods", len(moved), "connections", n)
 	}()
@@ -209,14 +221,46 @@ func (e *nlEgress) leftOver() (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if _, err := c.ListTableOfFamily(egressTable, nftables.TableFamilyIPv4); err == nil {
-		return true, nil
+	for _, f := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
+		if _, err := c.ListTableOfFamily(egressTable, f); err == nil {
+			return true, nil
+		}
 	}
-	rules, err := e.nl.RuleList(netlink.FAMILY_V4)
+	rules, err := e.ruleList()
 	if err != nil {
 		return false, err
 	}
 	return slices.ContainsFunc(rules, ours), nil
+}
+
+// ruleList lists the namespace's ip rules of both families.
+func (e *nlEgress) ruleList() ([]netlink.Rule, error) {
+	v4, err := e.nl.RuleList(netlink.FAMILY_V4)
+	if err != nil {
+		return nil, err
+	}
+	v6, err := e.nl.RuleList(netlink.FAMILY_V6)
+	return append(v4, v6...), err
+}
+
+// familyOf is a's address family.
+func familyOf(a netip.Addr) netlink.InetFamily {
+	if a.Is4() {
+		return unix.AF_INET
+	}
+	return unix.AF_INET6
+}
+
+// hostBits is the length of a host prefix of a's family.
+func hostBits(a netip.Addr) int { return a.BitLen() }
+
+// ipOf decodes an address the kernel lists (IPv4 as 4 bytes, whatever its slice).
+func ipOf(ip net.IP) netip.Addr {
+	if v4 := ip.To4(); v4 != nil {
+		return netip.AddrFrom4([4]byte(v4))
+	}
+	a, _ := netip.AddrFromSlice(ip)
+	return a
 }
 
 func ours(r netlink.Rule) bool {
@@ -269,7 +313,16 @@ func (e *nlEgress) addRouting(want EgressConfig) (wantRouting, error) {
 			}
 			e.tables[r.VIP], used[t] = t, true
 		}
-		route := &netlink.Route{Table: t, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: r.Via.AsSlice()}
+		unspec := netip.IPv4Unspecified()
+		if r.VIP.Is6() {
+			unspec = netip.IPv6Unspecified()
+		}
+		route := &netlink.Route{Table: t, Family: int(familyOf(r.VIP)), Dst: &net.IPNet{IP: unspec.AsSlice(), Mask: net.CIDRMask(0, hostBits(unspec))}}
+		if r.Via.IsValid() {
+			route.Gw = r.Via.AsSlice()
+		} else {
+			route.Type = unix.RTN_UNREACHABLE // refused, not sent from the pod's own address
+		}
 		if err := e.nl.RouteReplace(route); err != nil {
 			errs = append(errs, fmt.Errorf("egress %s: route via %s in table %d: %w", r.VIP, r.Via, t, err))
 			continue
@@ -277,7 +330,7 @@ func (e *nlEgress) addRouting(want EgressConfig) (wantRouting, error) {
 		wantTables[t] = true
 		for _, src := range r.Sources {
 			for _, c := range want.Cluster {
-				if c.Addr().Is4() {
+				if c.Addr().Is4() == src.Is4() {
 					wantRules[ruleKey{egressRulePrio, src, c, unix.RT_TABLE_MAIN}] = true
 				}
 			}
@@ -285,7 +338,7 @@ func (e *nlEgress) addRouting(want EgressConfig) (wantRouting, error) {
 		}
 	}
 	w := wantRouting{rules: wantRules, tables: wantTables}
-	have, err := e.nl.RuleList(netlink.FAMILY_V4)
+	have, err := e.ruleList()
 	if err != nil {
 		return w, errors.Join(append(errs, fmt.Errorf("egress: list rules: %w", err))...)
 	}
@@ -300,10 +353,10 @@ func (e *nlEgress) addRouting(want EgressConfig) (wantRouting, error) {
 			continue
 		}
 		r := netlink.NewRule()
-		r.Priority, r.Table, r.Family = k.prio, k.table, unix.AF_INET
-		r.Src = &net.IPNet{IP: k.src.AsSlice(), Mask: net.CIDRMask(32, 32)}
+		r.Priority, r.Table, r.Family = k.prio, k.table, int(familyOf(k.src))
+		r.Src = &net.IPNet{IP: k.src.AsSlice(), Mask: net.CIDRMask(hostBits(k.src), hostBits(k.src))}
 		if k.dst.IsValid() {
-			r.Dst = &net.IPNet{IP: k.dst.Addr().AsSlice(), Mask: net.CIDRMask(k.dst.Bits(), 32)}
+			r.Dst = &net.IPNet{IP: k.dst.Addr().AsSlice(), Mask: net.CIDRMask(k.dst.Bits(), hostBits(k.src))}
 		}
 		if err := e.nl.RuleAdd(r); err != nil && !errors.Is(err, unix.EEXIST) {
 			errs = append(errs, fmt.Errorf("egress: ip rule from %s: %w", k.src, err))
@@ -316,12 +369,11 @@ func (e *nlEgress) addRouting(want EgressConfig) (wantRouting, error) {
 func ruleKeyOf(r netlink.Rule) ruleKey {
 	k := ruleKey{prio: r.Priority, table: r.Table}
 	if r.Src != nil {
-		k.src, _ = netip.AddrFromSlice(r.Src.IP.To4())
+		k.src = ipOf(r.Src.IP)
 	}
 	if r.Dst != nil {
-		a, _ := netip.AddrFromSlice(r.Dst.IP.To4())
 		ones, _ := r.Dst.Mask.Size()
-		k.dst = netip.PrefixFrom(a, ones)
+		k.dst = netip.PrefixFrom(ipOf(r.Dst.IP), ones)
 	}
 	return k
 }
@@ -329,7 +381,7 @@ func ruleKeyOf(r netlink.Rule) ruleKey {
 // removeRouting removes the agent's rules and routes that w does not hold.
 func (e *nlEgress) removeRouting(w wantRouting) error {
 	var errs []error
-	have, err := e.nl.RuleList(netlink.FAMILY_V4)
+	have, err := e.ruleList()
 	if err != nil {
 		return fmt.Errorf("egress: list rules: %w", err)
 	}
@@ -344,6 +396,11 @@ func (e *nlEgress) removeRouting(w wantRouting) error {
 	if err != nil {
 		return errors.Join(append(errs, fmt.Errorf("egress: list routes: %w", err))...)
 	}
+	v6, err := e.nl.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("egress: list routes: %w", err))...)
+	}
+	routes = append(routes, v6...)
 	for _, r := range routes {
 		if egressTableOf(r.Table) && !w.tables[r.Table] {
 			if err := e.nl.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
@@ -354,12 +411,26 @@ func (e *nlEgress) removeRouting(w wantRouting) error {
 	return errors.Join(errs...)
 }
 
-func egressNATTable() *nftables.Table {
-	return &nftables.Table{Family: nftables.TableFamilyIPv4, Name: egressTable}
+func egressNATTable(f nftables.TableFamily) *nftables.Table {
+	return &nftables.Table{Family: f, Name: egressTable}
 }
 
-// setNAT replaces the nftables table whole, in one transaction, folding the counters of the
-// rules it replaces into base first.
+// natFamily is how the NAT rules of an address family read a packet.
+type natFamily struct {
+	table      nftables.TableFamily
+	proto      uint32 // the NAT expression's family
+	is4        bool
+	saddr, dad uint32 // offsets of the source and destination in the network header
+	len        uint32
+}
+
+var natFamilies = []natFamily{
+	{table: nftables.TableFamilyIPv4, proto: unix.NFPROTO_IPV4, is4: true, saddr: 12, dad: 16, len: 4},
+	{table: nftables.TableFamilyIPv6, proto: unix.NFPROTO_IPV6, saddr: 8, dad: 24, len: 16},
+}
+
+// setNAT replaces the nftables tables (ip and ip6) whole, in one transaction, folding the
+// counters of the rules it replaces into base first.
 func (e *nlEgress) setNAT(want EgressConfig) error {
 	c, err := nftables.New(e.nftOpts...)
 	if err != nil {
@@ -368,69 +439,90 @@ func (e *nlEgress) setNAT(want EgressConfig) error {
 	for vip, n := range e.counted(c) {
 		e.base[vip] += n
 	}
-	t := egressNATTable()
-	c.AddTable(t)
-	c.DelTable(t)
-	if !want.empty() {
-		c.AddTable(t)
-		prio := nftables.ChainPriority(*nftables.ChainPriorityNATSource - 10)
-		ch := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
-			Hooknum: nftables.ChainHookPostrouting, Priority: &prio})
-		for _, p := range want.Cluster {
-			if !p.Addr().Is4() {
-				continue
-			}
-			mask := net.CIDRMask(p.Bits(), 32)
-			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Addr().AsSlice()},
-				&expr.Verdict{Kind: expr.VerdictAccept},
-			}})
-		}
-		for _, s := range want.SNAT {
-			for _, src := range s.Sources {
-				c.AddRule(&nftables.Rule{Table: t, Chain: ch, UserData: []byte(s.VIP.String()), Exprs: []expr.Any{
-					&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-					&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: src.AsSlice()},
-					&expr.Counter{},
-					&expr.Immediate{Register: 1, Data: s.VIP.AsSlice()},
-					&expr.NAT{Type: expr.NATTypeSourceNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1},
-				}})
-			}
-		}
-		for _, r := range want.Route {
-			for _, src := range r.Sources {
-				// snat to ip saddr: a mapping of its own, so that no later chain masquerades it.
-				c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
-					&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-					&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: src.AsSlice()},
-					&expr.NAT{Type: expr.NATTypeSourceNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1},
-				}})
-			}
-		}
+	for _, f := range natFamilies {
+		e.addNAT(c, f, want)
 	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nftables: replace table ip %s: %w", egressTable, err)
+		return fmt.Errorf("nftables: replace table %s: %w", egressTable, err)
 	}
 	return nil
 }
 
-// counted returns the counters of the table's snat rules by VIP.
+// addNAT queues the replacement of one family's table: removed, and written again when want
+// has anything of that family.
+func (e *nlEgress) addNAT(c *nftables.Conn, f natFamily, want EgressConfig) {
+	ours := func(a netip.Addr) bool { return a.Is4() == f.is4 }
+	t := egressNATTable(f.table)
+	c.AddTable(t)
+	c.DelTable(t)
+	if !slices.ContainsFunc(want.SNAT, func(s EgressSNAT) bool { return ours(s.VIP) }) &&
+		!slices.ContainsFunc(want.Route, func(r EgressRoute) bool { return ours(r.VIP) }) {
+		return
+	}
+	c.AddTable(t)
+	prio := nftables.ChainPriority(*nftables.ChainPriorityNATSource - 10)
+	ch := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: &prio})
+	saddr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: f.saddr, Len: f.len}
+	for _, p := range want.Cluster {
+		if !ours(p.Addr()) {
+			continue
+		}
+		mask := net.CIDRMask(p.Bits(), int(f.len)*8)
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: f.dad, Len: f.len},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: f.len, Mask: mask, Xor: make([]byte, f.len)},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Addr().AsSlice()},
+			&expr.Verdict{Kind: expr.VerdictAccept},
+		}})
+	}
+	for _, s := range want.SNAT {
+		if !ours(s.VIP) {
+			continue
+		}
+		for _, src := range s.Sources {
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, UserData: []byte(s.VIP.String()), Exprs: []expr.Any{
+				saddr,
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: src.AsSlice()},
+				&expr.Counter{},
+				&expr.Immediate{Register: 1, Data: s.VIP.AsSlice()},
+				&expr.NAT{Type: expr.NATTypeSourceNAT, Family: f.proto, RegAddrMin: 1},
+			}})
+		}
+	}
+	for _, r := range want.Route {
+		if !ours(r.VIP) {
+			continue
+		}
+		for _, src := range r.Sources {
+			// snat to ip saddr: a mapping of its own, so that no later chain masquerades it.
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
+				saddr,
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: src.AsSlice()},
+				&expr.NAT{Type: expr.NATTypeSourceNAT, Family: f.proto, RegAddrMin: 1},
+			}})
+		}
+	}
+}
+
+// counted returns the counters of the tables' snat rules by VIP.
 func (e *nlEgress) counted(c *nftables.Conn) map[netip.Addr]uint64 {
 	out := map[netip.Addr]uint64{}
-	rules, err := c.GetRules(egressNATTable(), &nftables.Chain{Name: "postrouting", Table: egressNATTable()})
-	if err != nil {
-		return out
-	}
-	for _, r := range rules {
-		vip, err := netip.ParseAddr(string(r.UserData))
+	for _, f := range natFamilies {
+		t := egressNATTable(f.table)
+		rules, err := c.GetRules(t, &nftables.Chain{Name: "postrouting", Table: t})
 		if err != nil {
 			continue
 		}
-		for _, x := range r.Exprs {
-			if ctr, ok := x.(*expr.Counter); ok {
-				out[vip] += ctr.Packets
+		for _, r := range rules {
+			vip, err := netip.ParseAddr(string(r.UserData))
+			if err != nil {
+				continue
+			}
+			for _, x := range r.Exprs {
+				if ctr, ok := x.(*expr.Counter); ok {
+					out[vip] += ctr.Packets
+				}
 			}
 		}
 	}

@@ -36,38 +36,71 @@ func egressNetOn(t *testing.T, h *lab.Host) *nlEgress {
 // connection from another address of node1 keeps its source; an empty configuration leaves
 // nothing behind, and a new EgressNet (a restarted agent) removes what an old one left.
 func TestLabEgressLeavesFromTheVIP(t *testing.T) {
+	t.Run("IPv4", func(t *testing.T) {
+		testEgressLeavesFromTheVIP(t, egressFamily{
+			vip: "203.0.113.50", pod: "198.18.1.2", other: "198.18.1.3", podNet: "198.18.1.0/24",
+			cluster: []string{"198.18.0.0/15", "198.51.100.0/25"}, forward: "net.ipv4.ip_forward=1",
+			addr: func(h *lab.Host) netip.Addr { return h.IPv4 },
+		})
+	})
+	t.Run("IPv6", func(t *testing.T) {
+		testEgressLeavesFromTheVIP(t, egressFamily{
+			vip: "2001:db8:100::50", pod: "2001:db8:18:1::2", other: "2001:db8:18:1::3", podNet: "2001:db8:18:1::/64",
+			cluster: []string{"2001:db8:18::/48", "2001:db8:1::/64"}, forward: "net.ipv6.conf.all.forwarding=1",
+			addr: func(h *lab.Host) netip.Addr { return h.IPv6 },
+		})
+	})
+}
+
+// egressFamily are the addresses of one family's egress lab test.
+type egressFamily struct {
+	vip, pod, other, podNet string
+	cluster                 []string
+	forward                 string // the sysctl that makes a node forward
+	addr                    func(*lab.Host) netip.Addr
+}
+
+func testEgressLeavesFromTheVIP(t *testing.T, fam egressFamily) {
 	l := lab.New(t, lab.Options{Nodes: 2})
 	ctx := context.Background()
 	n1, n2 := l.Nodes[0], l.Nodes[1]
-	vip := netip.MustParseAddr("203.0.113.50")
-	pod := netip.MustParseAddr("198.18.1.2")
-	other := netip.MustParseAddr("198.18.1.3")
-	cluster := []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("198.51.100.0/25")}
-	for _, cmd := range [][]string{
-		{"ip", "addr", "add", pod.String() + "/32", "dev", "lo"},
-		{"ip", "addr", "add", other.String() + "/32", "dev", "lo"},
-	} {
+	vip := netip.MustParseAddr(fam.vip)
+	pod := netip.MustParseAddr(fam.pod)
+	other := netip.MustParseAddr(fam.other)
+	var cluster []netip.Prefix
+	for _, c := range fam.cluster {
+		cluster = append(cluster, netip.MustParsePrefix(c))
+	}
+	ipf := "-4"
+	if vip.Is6() {
+		ipf = "-6"
+	}
+	for _, a := range []netip.Addr{pod, other} {
+		cmd := []string{"ip", ipf, "addr", "add", netip.PrefixFrom(a, a.BitLen()).String(), "dev", "lo"}
+		if a.Is6() {
+			cmd = append(cmd, "nodad")
+		}
 		if out, err := n1.Run(ctx, cmd[0], cmd[1:]...); err != nil {
 			t.Fatalf("node1: %v: %v %s", cmd, err, out)
 		}
 	}
 	// node2 forwards (as a Kubernetes node does) and routes the pods' replies back to node1
 	// (a CNI's pod-CIDR route).
-	for _, cmd := range [][]string{{"sysctl", "-qw", "net.ipv4.ip_forward=1"}, {"ip", "route", "add", "198.18.1.0/24", "via", n1.IPv4.String()}} {
+	for _, cmd := range [][]string{{"sysctl", "-qw", fam.forward}, {"ip", ipf, "route", "add", fam.podNet, "via", fam.addr(n1).String()}} {
 		if out, err := n2.Run(ctx, cmd[0], cmd[1:]...); err != nil {
 			t.Fatalf("node2: %v: %v %s", cmd, err, out)
 		}
 	}
 	// The router reaches the "pods" as themselves (a routed pod network), so that a source
 	// the rules leave alone gets its answer too.
-	if out, err := l.Router.Run(ctx, "ip", "route", "add", "198.18.1.0/24", "via", n1.IPv4.String()); err != nil {
+	if out, err := l.Router.Run(ctx, "ip", ipf, "route", "add", fam.podNet, "via", fam.addr(n1).String()); err != nil {
 		t.Fatalf("router: %v %s", err, out)
 	}
 	server := l.Remote.RecordSources(t, 9000, 10000)
 	// The router sends the VIP's packets to the egress node (its L2 answer, here by hand).
 	towards := func(h *lab.Host) {
 		t.Helper()
-		if out, err := l.Router.Run(ctx, "ip", "neigh", "replace", vip.String(), "lladdr", h.MAC(t), "dev", "eth0", "nud", "permanent"); err != nil {
+		if out, err := l.Router.Run(ctx, "ip", ipf, "neigh", "replace", vip.String(), "lladdr", h.MAC(t), "dev", "eth0", "nud", "permanent"); err != nil {
 			t.Fatalf("router: %v %s", err, out)
 		}
 	}
@@ -78,11 +111,11 @@ func TestLabEgressLeavesFromTheVIP(t *testing.T) {
 		if err := n1.Do(func() error {
 			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src.AsSlice()}, Timeout: 2 * time.Second}
 			var err error
-			conn, err = d.DialContext(ctx, "tcp", netip.AddrPortFrom(l.Remote.IPv4, 9000).String())
+			conn, err = d.DialContext(ctx, "tcp", netip.AddrPortFrom(fam.addr(l.Remote), 9000).String())
 			return err
 		}); err != nil {
 			for _, h := range []*lab.Host{n1, n2} {
-				for _, cmd := range [][]string{{"ip", "route", "get", "198.51.100.130", "from", src.String()}, {"conntrack", "-L"}, {"nft", "list", "ruleset"}, {"ip", "rule"}, {"ip", "route", "show", "table", "all"}, {"ip", "-s", "link"}} {
+				for _, cmd := range [][]string{{"ip", "route", "get", fam.addr(l.Remote).String(), "from", src.String()}, {"conntrack", "-L", "-f", map[bool]string{true: "ipv4", false: "ipv6"}[vip.Is4()]}, {"nft", "list", "ruleset"}, {"ip", ipf, "rule"}, {"ip", ipf, "route", "show", "table", "all"}, {"ip", "-s", "link"}} {
 					out, err := h.Run(ctx, cmd[0], cmd[1:]...)
 					t.Logf("%s %v: %v\n%s", h.Name, cmd, err, out)
 				}
@@ -133,24 +166,24 @@ func TestLabEgressLeavesFromTheVIP(t *testing.T) {
 	if err := e2.Set(EgressConfig{Cluster: cluster, SNAT: []EgressSNAT{{VIP: vip, Sources: []netip.Addr{pod}}}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e1.Set(EgressConfig{Cluster: cluster, Route: []EgressRoute{{VIP: vip, Via: n2.IPv4, Sources: []netip.Addr{pod}}}}); err != nil {
+	if err := e1.Set(EgressConfig{Cluster: cluster, Route: []EgressRoute{{VIP: vip, Via: fam.addr(n2), Sources: []netip.Addr{pod}}}}); err != nil {
 		t.Fatal(err)
 	}
 	// The pod's connections NATed to the VIP on node1 are forgotten (in the background): one
 	// under way would otherwise keep its NAT and, routed no more, leave as the pod.
 	e1.forgets.Wait()
-	if out, _ := n1.Run(ctx, "conntrack", "-L", "-s", pod.String()); strings.Contains(string(out), "dst="+vip.String()) {
+	if out, _ := n1.Run(ctx, "conntrack", "-L", "-s", pod.String()); strings.Contains(string(out), "dst="+vip.String()+" ") {
 		t.Fatalf("node1 keeps the pod's connections NATed to the VIP after node2 became the egress node:\n%s", out)
 	}
 	expect("node2 the egress node", pod, vip)
 	expect("another address on node1, node2 the egress node", other, other)
-	if rules, _ := n1.Run(ctx, "ip", "rule", "show"); !strings.Contains(string(rules), "7471:") {
+	if rules, _ := n1.Run(ctx, "ip", ipf, "rule", "show"); !strings.Contains(string(rules), "7471:") {
 		t.Fatalf("node1 has no rule of priority 7471:\n%s", rules)
 	}
 	// A cluster destination is not routed to node2: node1 reaches node2's address as itself.
 	if err := n1.Do(func() error {
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: pod.AsSlice()}, Timeout: time.Second}
-		c, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(n2.IPv4, 9).String())
+		c, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(fam.addr(n2), 9).String())
 		if err == nil {
 			_ = c.Close()
 		}
@@ -158,8 +191,25 @@ func TestLabEgressLeavesFromTheVIP(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if rules, _ := n1.Run(ctx, "ip", "rule", "show"); !strings.Contains(string(rules), "from 198.18.1.2 to 198.51.100.0/25 lookup main") {
+	if rules, _ := n1.Run(ctx, "ip", ipf, "rule", "show"); !strings.Contains(string(rules), fmt.Sprintf("from %s to %s lookup main", pod, cluster[1])) {
 		t.Fatalf("node1 has no rule sending the pod's cluster destinations to main:\n%s", rules)
+	}
+
+	// An egress node without an address of the VIP's family (known to the CCM): the pod's
+	// connections out are refused, not sent from its own address.
+	if err := e1.Set(EgressConfig{Cluster: cluster, Route: []EgressRoute{{VIP: vip, Sources: []netip.Addr{pod}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n1.Do(func() error {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: pod.AsSlice()}, Timeout: time.Second}
+		c, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(fam.addr(l.Remote), 9000).String())
+		if err == nil {
+			_ = c.Close()
+			return fmt.Errorf("the pod reached the server with no route to the egress node")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 
 	// A restarted agent on node1 finds the old rules and, with nothing to do, removes them.
@@ -171,11 +221,13 @@ func TestLabEgressLeavesFromTheVIP(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, h := range []*lab.Host{n1, n2} {
-		if out, err := h.Run(ctx, "nft", "list", "table", "ip", egressTable); err == nil {
-			t.Errorf("%s keeps the table: %s", h.Name, out)
+		for _, f := range []string{"ip", "ip6"} {
+			if out, err := h.Run(ctx, "nft", "list", "table", f, egressTable); err == nil {
+				t.Errorf("%s keeps the table: %s", h.Name, out)
+			}
 		}
-		rules, _ := h.Run(ctx, "ip", "rule", "show")
-		routes, _ := h.Run(ctx, "ip", "route", "show", "table", "all")
+		rules, _ := h.Run(ctx, "ip", ipf, "rule", "show")
+		routes, _ := h.Run(ctx, "ip", ipf, "route", "show", "table", "all")
 		if strings.Contains(string(rules), "747") || strings.Contains(string(routes), "table 7473") {
 			t.Errorf("%s keeps rules or routes:\n%s\n%s", h.Name, rules, routes)
 		}

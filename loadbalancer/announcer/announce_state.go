@@ -26,6 +26,7 @@ type loopState struct {
 	nodeList  []*v1.Node
 	byName    map[string]*v1.Node
 	addrs     map[string]netip.Addr
+	addrs6    map[string]netip.Addr // nodes with an IPv6 InternalIP: the first
 	reachable map[string]bool
 	planner   *planner.Planner
 
@@ -138,9 +139,13 @@ func (s *loopState) refreshNodes(a *Announcer) {
 	s.nodeList = list
 	s.byName = make(map[string]*v1.Node, len(list))
 	s.addrs = make(map[string]netip.Addr, len(list))
+	s.addrs6 = map[string]netip.Addr{}
 	for _, n := range list {
 		s.byName[n.Name] = n
 		s.addrs[n.Name] = desired.NodeAddress(n)
+		if a := desired.NodeAddressIn(n, false); a.IsValid() {
+			s.addrs6[n.Name] = a
+		}
 	}
 	isNode := func(name string) bool { return s.byName[name] != nil }
 	s.forgetStatus("node/", isNode)

@@ -36,7 +36,7 @@ func (a *Announcer) egressRound(ip netip.Addr, pool *pools.Pool, svcs []*v1.Serv
 	s := &a.loop
 	old, had := s.egress[ip]
 	var next egressVIP
-	refused := desired.EgressRefusal(ip, pool, svcs, len(a.cfg.EgressClusterCIDRs))
+	refused := desired.EgressRefusal(ip, pool, svcs, a.cfg.EgressClusterCIDRs)
 	asked := false
 	for _, svc := range svcs {
 		ok, problem := desired.EgressAsk(svc)
@@ -68,7 +68,7 @@ func (a *Announcer) egressRound(ip netip.Addr, pool *pools.Pool, svcs []*v1.Serv
 		for _, svc := range svcs {
 			sel := labels.SelectorFromSet(labels.Set{"kubernetes.io/service-name": svc.Name})
 			es, _ := a.endpoints.EndpointSlices(svc.Namespace).List(sel)
-			next.sources = desired.MergeSources(next.sources, desired.EgressSources(es))
+			next.sources = desired.MergeSources(next.sources, desired.EgressSources(ip, es))
 		}
 	}
 	if next.sources == nil {
@@ -103,6 +103,17 @@ func (a *Announcer) egressOf(node string) []*agentv1.Egress {
 			continue
 		}
 		item := &agentv1.Egress{Vip: ip.String(), Candidates: cands, Sources: eg.sources[node], Services: an.GetServices()}
+		if ip.Is6() {
+			// The candidates' addresses are their IPv4 data-plane addresses: the pods' IPv6
+			// connections are routed to their IPv6 InternalIPs.
+			for _, c := range cands {
+				gw := ""
+				if a, ok := s.addrs6[c.GetNode()]; ok {
+					gw = a.String()
+				}
+				item.Gateways = append(item.Gateways, gw)
+			}
+		}
 		for _, p := range a.cfg.EgressClusterCIDRs {
 			item.ClusterCidrs = append(item.ClusterCidrs, p.String())
 		}
@@ -146,6 +157,17 @@ func (a *Announcer) egressCondition(svc *v1.Service) (c metav1.Condition, refuse
 		who := nodes[0]
 		if len(nodes) > 1 {
 			who += " (standby " + strings.Join(nodes[1:], ", ") + ")"
+		}
+		if ip.Is6() {
+			var none []string
+			for _, n := range nodes {
+				if _, ok := s.addrs6[n]; !ok {
+					none = append(none, n)
+				}
+			}
+			if len(none) > 0 {
+				who += fmt.Sprintf("; %s, without an IPv6 InternalIP, cannot be reached as egress node: while one of them is, pods on other nodes cannot connect out", strings.Join(none, ", "))
+			}
 		}
 		pods := 0
 		for _, srcs := range eg.sources {

@@ -1,11 +1,13 @@
 package announcer
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
 
+	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -117,5 +119,53 @@ func TestEgressReachesThePodsNodesAndTheCandidates(t *testing.T) {
 	}
 	if _, _, asks := h.a.egressCondition(svc); asks {
 		t.Error("the Egress condition stays without the annotation")
+	}
+}
+
+// TestIPv6EgressRoutesToTheCandidatesIPv6Addresses: an IPv6 address's egress items carry
+// each candidate's IPv6 InternalIP (its data-plane address is IPv4), and the pods' IPv6
+// addresses only; a candidate without one is named in the condition.
+func TestIPv6EgressRoutesToTheCandidatesIPv6Addresses(t *testing.T) {
+	h := newHarness(t, 3)
+	for i := range 3 {
+		n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node%d", i+1), Labels: map[string]string{"rack": fmt.Sprint(i % 2)}}}
+		n.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: fmt.Sprintf("198.51.100.%d", 11+i)}}
+		if i < 2 {
+			n.Status.Addresses = append(n.Status.Addresses, v1.NodeAddress{Type: v1.NodeInternalIP, Address: fmt.Sprintf("2001:db8:1::%d", 11+i)})
+		}
+		if err := h.factory.Core().V1().Nodes().Informer().GetIndexer().Update(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.a.loop.refreshNodes(h.a)
+	h.a.cfg.EgressClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("2001:db8:18::/48")}
+	h.pool("lend6", map[string]any{"addresses": []any{"2001:db8:100::/120"}, "egress": "Allow"})
+	svc := h.service("a", "lend6", false, "2001:db8:100::1")
+	svc.Annotations["metalvip.io/egress"] = "true"
+	svc.Spec.Selector = map[string]string{"app": "a"}
+	h.sync(changes{services: map[string]bool{"ns/a": true}})
+	cands := h.nodesOf("2001:db8:100::1")
+	if len(cands) != 3 {
+		t.Fatalf("candidates %v, want 3", cands)
+	}
+	es := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a-6", Labels: map[string]string{discoveryv1.LabelServiceName: "a"}},
+		AddressType: discoveryv1.AddressTypeIPv6, Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"2001:db8:18:1::7"}, NodeName: &cands[1]}}}
+	if err := h.factory.Discovery().V1().EndpointSlices().Informer().GetIndexer().Update(es); err != nil {
+		t.Fatal(err)
+	}
+	h.egressEndpoints("a", map[string]string{cands[1]: "198.18.2.7"}) // the other family's: not sent
+	h.sync(changes{services: map[string]bool{"ns/a": true}})
+	items := h.a.egressOf(cands[1])
+	if len(items) != 1 || !slices.Equal(items[0].GetSources(), []string{"2001:db8:18:1::7"}) {
+		t.Fatalf("%s is told %v, want its IPv6 pod", cands[1], items)
+	}
+	want := map[string]string{"node1": "2001:db8:1::11", "node2": "2001:db8:1::12", "node3": ""}
+	for i, c := range items[0].GetCandidates() {
+		if gw := items[0].GetGateways()[i]; gw != want[c.GetNode()] {
+			t.Errorf("gateway of %s: %q, want %q", c.GetNode(), gw, want[c.GetNode()])
+		}
+	}
+	if c, refused, _ := h.a.egressCondition(svc); c.Status != metav1.ConditionTrue || refused != "" || !strings.Contains(c.Message, "node3, without an IPv6 InternalIP, cannot be reached as egress node") {
+		t.Errorf("the Egress condition %+v (refused %q)", c, refused)
 	}
 }

@@ -232,7 +232,22 @@ func Node(n *v1.Node, agentReachable bool) planner.Node {
 func SameNode(a, b *v1.Node) bool {
 	pa, pb := Node(a, false), Node(b, false)
 	return pa.Excluded == pb.Excluded && labels.Equals(a.Labels, b.Labels) && NodeAddress(a) == NodeAddress(b) &&
+		NodeAddressIn(a, false) == NodeAddressIn(b, false) &&
 		a.Spec.Unschedulable == b.Spec.Unschedulable
+}
+
+// NodeAddressIn is the node's first InternalIP of a family (IPv4, or IPv6 when v4 is false);
+// invalid when it has none.
+func NodeAddressIn(n *v1.Node, v4 bool) netip.Addr {
+	for _, a := range n.Status.Addresses {
+		if a.Type != v1.NodeInternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil && ip.Unmap().Is4() == v4 {
+			return ip.Unmap()
+		}
+	}
+	return netip.Addr{}
 }
 
 // NodeAddress is the node's data-plane address: its first InternalIP, IPv4 first.

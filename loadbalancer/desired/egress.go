@@ -30,9 +30,9 @@ func EgressAsk(svc *v1.Service) (bool, string) {
 }
 
 // EgressRefusal says why the Services sharing ip (sharers, each asking or not) do not get
-// egress through it, or "" when they do. clusterCIDRs is how many cluster ranges the
-// cloud-config names.
-func EgressRefusal(ip netip.Addr, pool *pools.Pool, sharers []*v1.Service, clusterCIDRs int) string {
+// egress through it, or "" when they do. cluster are the cluster ranges the cloud-config
+// names.
+func EgressRefusal(ip netip.Addr, pool *pools.Pool, sharers []*v1.Service, cluster []netip.Prefix) string {
 	var asking, silent []string
 	for _, svc := range sharers {
 		if ok, _ := EgressAsk(svc); ok {
@@ -52,10 +52,8 @@ func EgressRefusal(ip netip.Addr, pool *pools.Pool, sharers []*v1.Service, clust
 		return fmt.Sprintf("%s is announced by BGP: egress is offered for L2 addresses only (replies to a BGP address reach any of its nodes)", ip)
 	case pool.Announce.PerClient:
 		return fmt.Sprintf("%s is answered per client by several nodes: egress needs an address one node answers", ip)
-	case !ip.Is4():
-		return fmt.Sprintf("%s: egress is offered for IPv4 addresses only", ip)
-	case clusterCIDRs == 0:
-		return "the CCM's cloud-config names no egress.clusterCIDRs (the pod and ClusterIP ranges pods reach as themselves); the cluster's administrator must set them"
+	case !slices.ContainsFunc(cluster, func(p netip.Prefix) bool { return p.Addr().Is4() == ip.Is4() }):
+		return fmt.Sprintf("the CCM's cloud-config names no egress.clusterCIDRs of %s's family (the pod and ClusterIP ranges pods reach as themselves); the cluster's administrator must set them", ip)
 	case len(silent) > 0:
 		return fmt.Sprintf("%s is shared with %s, which does not ask for egress: an address leaves for all of its Services or none", ip, strings.Join(silent, ", "))
 	}
@@ -67,12 +65,16 @@ func EgressRefusal(ip netip.Addr, pool *pools.Pool, sharers []*v1.Service, clust
 	return ""
 }
 
-// EgressSources returns the IPv4 addresses of the endpoints in slices_ by node, each sorted:
-// ready or not (a starting pod connects out too), each endpoint once.
-func EgressSources(slices_ []*discoveryv1.EndpointSlice) map[string][]string {
+// EgressSources returns the addresses of the endpoints in slices_ of vip's family by node, each
+// sorted: ready or not (a starting pod connects out too), each endpoint once.
+func EgressSources(vip netip.Addr, slices_ []*discoveryv1.EndpointSlice) map[string][]string {
 	out := map[string][]string{}
+	family := discoveryv1.AddressTypeIPv4
+	if vip.Is6() {
+		family = discoveryv1.AddressTypeIPv6
+	}
 	for _, es := range slices_ {
-		if es.AddressType != discoveryv1.AddressTypeIPv4 {
+		if es.AddressType != family {
 			continue
 		}
 		for _, ep := range es.Endpoints {
@@ -80,7 +82,7 @@ func EgressSources(slices_ []*discoveryv1.EndpointSlice) map[string][]string {
 				continue
 			}
 			for _, a := range ep.Addresses {
-				if ip, err := netip.ParseAddr(a); err == nil && ip.Is4() {
+				if ip, err := netip.ParseAddr(a); err == nil && ip.Is4() == vip.Is4() && !ip.Is4In6() && ip.Zone() == "" {
 					out[*ep.NodeName] = append(out[*ep.NodeName], ip.String())
 				}
 			}

@@ -45,15 +45,17 @@ func TestEgressIsGrantedOnlyWithThePoolOwnersConsentAndEverySharersAsk(t *testin
 		{"not asked: nothing to refuse", v4, deny, []*v1.Service{svc("a", "", true), svc("b", "false", true)}, 2, ""},
 		{"the pool denies it", v4, deny, []*v1.Service{svc("a", "true", true)}, 2, "IPPool keep does not allow egress"},
 		{"a BGP address", v4, bgp, []*v1.Service{svc("a", "true", true)}, 2, "announced by BGP"},
-		{"an IPv6 address", v6, allow, []*v1.Service{svc("a", "true", true)}, 2, "IPv4 addresses only"},
+		{"an IPv6 address", v6, allow, []*v1.Service{svc("a", "true", true)}, 2, ""},
 		{"no cluster ranges in the cloud-config", v4, allow, []*v1.Service{svc("a", "true", true)}, 0, "egress.clusterCIDRs"},
+		{"no IPv6 cluster ranges in the cloud-config", v6, allow, []*v1.Service{svc("a", "true", true)}, 1, "no egress.clusterCIDRs of 2001:db8::5's family"},
 		{"a sharer that does not ask", v4, allow, []*v1.Service{svc("a", "true", true), svc("b", "", true)}, 2, "shared with ns/b, which does not ask"},
 		{"every sharer asks", v4, allow, []*v1.Service{svc("a", "true", true), svc("b", "true", true)}, 2, ""},
 		{"no selector", v4, allow, []*v1.Service{svc("a", "true", false)}, 2, "has no selector"},
 		{"no pool", v4, nil, []*v1.Service{svc("a", "true", true)}, 2, "no valid pool"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := EgressRefusal(tc.ip, tc.pool, tc.sharers, tc.cidrs)
+			cluster := []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("2001:db8:18::/48")}[:tc.cidrs]
+			got := EgressRefusal(tc.ip, tc.pool, tc.sharers, cluster)
 			if tc.refused == "" && got != "" || !strings.Contains(got, tc.refused) {
 				t.Errorf("refusal %q, want one with %q", got, tc.refused)
 			}
@@ -64,7 +66,7 @@ func TestEgressIsGrantedOnlyWithThePoolOwnersConsentAndEverySharersAsk(t *testin
 	}
 }
 
-func TestEgressSourcesAreTheEndpointsIPv4AddressesByNode(t *testing.T) {
+func TestEgressSourcesAreTheEndpointsAddressesOfTheVIPsFamilyByNode(t *testing.T) {
 	node := func(n string) *string { return &n }
 	es := []*discoveryv1.EndpointSlice{
 		{AddressType: discoveryv1.AddressTypeIPv4, Endpoints: []discoveryv1.Endpoint{
@@ -81,8 +83,11 @@ func TestEgressSourcesAreTheEndpointsIPv4AddressesByNode(t *testing.T) {
 		}},
 	}
 	want := map[string][]string{"node2": {"198.18.2.3", "198.18.2.7"}, "node3": {"198.18.3.4"}}
-	if got := EgressSources(es); !reflect.DeepEqual(got, want) {
+	if got := EgressSources(netip.MustParseAddr("203.0.113.5"), es); !reflect.DeepEqual(got, want) {
 		t.Errorf("sources %v, want %v", got, want)
+	}
+	if got, want6 := EgressSources(netip.MustParseAddr("2001:db8:100::5"), es), map[string][]string{"node2": {"2001:db8::7"}}; !reflect.DeepEqual(got, want6) {
+		t.Errorf("IPv6 sources %v, want %v", got, want6)
 	}
 	merged := MergeSources(map[string][]string{"node3": {"198.18.3.9"}}, want)
 	if !reflect.DeepEqual(merged["node3"], []string{"198.18.3.4", "198.18.3.9"}) || !SameSources(merged, merged) || SameSources(merged, want) {

@@ -348,7 +348,7 @@ func (x *DesiredState) GetEgress() []*Egress {
 // node source-NATs the pods' connections to the VIP; the other nodes route them to it.
 type Egress struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// vip, IPv4 (IPv6 egress is not offered yet).
+	// vip, IPv4 or IPv6: the pods' sources of its family leave from it.
 	Vip string `protobuf:"bytes,1,opt,name=vip,proto3" json:"vip,omitempty"`
 	// candidates are the VIP's L2 candidates, best first (as in L2Announcement).
 	Candidates []*Candidate `protobuf:"bytes,2,rep,name=candidates,proto3" json:"candidates,omitempty"`
@@ -362,6 +362,11 @@ type Egress struct {
 	// remote_sources are the addresses of the Services' pods on other nodes, sent to a
 	// candidate: as the egress node it source-NATs them too, as they arrive routed.
 	RemoteSources []string `protobuf:"bytes,6,rep,name=remote_sources,json=remoteSources,proto3" json:"remote_sources,omitempty"`
+	// gateways are the candidates' addresses in the VIP's family, in the candidates' order:
+	// where this node routes its pods' connections when that candidate is the egress node ("" for
+	// a node with none: its pods' connections are refused then, not sent from their own
+	// address). Empty: the candidates' addresses, when of the VIP's family.
+	Gateways      []string `protobuf:"bytes,7,rep,name=gateways,proto3" json:"gateways,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -434,6 +439,13 @@ func (x *Egress) GetServices() []string {
 func (x *Egress) GetRemoteSources() []string {
 	if x != nil {
 		return x.RemoteSources
+	}
+	return nil
+}
+
+func (x *Egress) GetGateways() []string {
+	if x != nil {
+		return x.Gateways
 	}
 	return nil
 }
@@ -2896,7 +2908,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\bdraining\x18\t \x01(\bR\bdraining\x125\n" +
 	"\x17health_check_node_ports\x18\n" +
 	" \x03(\rR\x14healthCheckNodePorts\x121\n" +
-	"\x06egress\x18\v \x03(\v2\x19.metalvip.agent.v1.EgressR\x06egress\"\xda\x01\n" +
+	"\x06egress\x18\v \x03(\v2\x19.metalvip.agent.v1.EgressR\x06egress\"\xf6\x01\n" +
 	"\x06Egress\x12\x10\n" +
 	"\x03vip\x18\x01 \x01(\tR\x03vip\x12<\n" +
 	"\n" +
@@ -2905,7 +2917,8 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\asources\x18\x03 \x03(\tR\asources\x12#\n" +
 	"\rcluster_cidrs\x18\x04 \x03(\tR\fclusterCidrs\x12\x1a\n" +
 	"\bservices\x18\x05 \x03(\tR\bservices\x12%\n" +
-	"\x0eremote_sources\x18\x06 \x03(\tR\rremoteSources\"|\n" +
+	"\x0eremote_sources\x18\x06 \x03(\tR\rremoteSources\x12\x1a\n" +
+	"\bgateways\x18\a \x03(\tR\bgateways\"|\n" +
 	"\rHeartbeatPeer\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1f\n" +
