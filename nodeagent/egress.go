@@ -20,6 +20,7 @@ type checkedEgress struct {
 	sources []netip.Addr // this node's pods
 	remote  []netip.Addr // other nodes' pods
 	cluster []netip.Prefix
+	ports   PortRange // a BGP address's reply ports; zero for L2
 }
 
 // checkEgress decodes the state's egress items. An item the agent cannot use is the CCM's
@@ -100,6 +101,14 @@ func checkEgress(st *agentv1.DesiredState) (out []checkedEgress, problems []stri
 			bad("no candidates")
 			continue
 		}
+		if rp := eg.GetReplyPorts(); rp != nil {
+			// (An ip rule's port range ends at 65534 at most.)
+			if rp.GetFirst() < 1024 || rp.GetFirst() > rp.GetLast() || rp.GetLast() > 65534 {
+				bad("reply_ports %d-%d: a range of unprivileged ports up to 65534 is needed", rp.GetFirst(), rp.GetLast())
+				continue
+			}
+			c.ports = PortRange{First: uint16(rp.GetFirst()), Last: uint16(rp.GetLast())}
+		}
 		for _, s := range eg.GetClusterCidrs() {
 			p, err := netip.ParsePrefix(s)
 			if err != nil || p != p.Masked() {
@@ -157,15 +166,21 @@ func (a *Agent) setEgressLocked() {
 		}
 		node, via := a.egressNodeLocked(eg)
 		st.Node = node
-		switch {
-		case node == a.opts.Node:
+		if node == a.opts.Node {
 			st.Active = true
-			cfg.SNAT = append(cfg.SNAT, EgressSNAT{VIP: eg.vip, Sources: slices.Concat(eg.sources, eg.remote)})
-		case len(eg.sources) > 0:
-			if !via.IsValid() {
-				st.Problem = fmt.Sprintf("the egress node %s has no address of the VIP's family known to the CCM (an InternalIP): this node's pods' connections out are refused rather than sent from their own address", node)
-			}
+			cfg.SNAT = append(cfg.SNAT, EgressSNAT{VIP: eg.vip, Sources: slices.Concat(eg.sources, eg.remote), Ports: eg.ports})
+			continue
+		}
+		if !via.IsValid() {
+			st.Problem = fmt.Sprintf("the egress node %s has no address of the VIP's family known to the CCM (an InternalIP): this node's pods' connections out are refused rather than sent from their own address", node)
+		}
+		if len(eg.sources) > 0 {
 			cfg.Route = append(cfg.Route, EgressRoute{VIP: eg.vip, Via: via, Sources: eg.sources})
+		}
+		if !eg.ports.empty() && slices.Contains(eg.cands, a.opts.Node) && via.IsValid() {
+			// An announcer of a BGP address: the replies the router hashes here go on to the
+			// egress node.
+			cfg.Steer = append(cfg.Steer, EgressSteer{VIP: eg.vip, Via: via, Ports: eg.ports})
 		}
 	}
 	for p := range cluster {

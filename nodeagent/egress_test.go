@@ -67,6 +67,11 @@ func TestEgressFollowsWhoAnswersTheVIP(t *testing.T) {
 		{Vip: "2001:db8:100::11", Candidates: candidates("node-c"), Sources: []string{"2001:db8:18:1::3"}, ClusterCidrs: cluster},
 		{Vip: "2001:db8:100::12", Candidates: candidates("node-c"), Sources: []string{"198.18.1.6"}, ClusterCidrs: cluster},
 		{Vip: "2001:db8:100::13", Candidates: candidates("node-c"), Sources: []string{"2001:db8:18:1::4"}, ClusterCidrs: []string{"198.18.0.0/15"}},
+		// BGP: the egress node maps to the reply ports; another announcer steers the replies
+		// (and routes its pods); a range the kernel cannot take is refused.
+		{Vip: "203.0.113.20", Candidates: candidates("node-b", "node-a"), Sources: []string{"198.18.1.8"}, ClusterCidrs: cluster, ReplyPorts: &agentv1.PortRange{First: 49152, Last: 65534}},
+		{Vip: "203.0.113.21", Candidates: candidates("node-a", "node-b"), Sources: []string{"198.18.1.9"}, ClusterCidrs: cluster, ReplyPorts: &agentv1.PortRange{First: 49152, Last: 65534}},
+		{Vip: "203.0.113.22", Candidates: candidates("node-b", "node-a"), Sources: []string{"198.18.1.10"}, ClusterCidrs: cluster, ReplyPorts: &agentv1.PortRange{First: 49152, Last: 65535}},
 	}
 	resp, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: st})
 	if err != nil {
@@ -76,19 +81,25 @@ func TestEgressFollowsWhoAnswersTheVIP(t *testing.T) {
 	if !strings.Contains(problems, `egress[3] (203.0.113.13): sources: "not an address" is not an address of the VIP's family`) ||
 		!strings.Contains(problems, "egress[4] (203.0.113.14): no cluster_cidrs") ||
 		!strings.Contains(problems, `egress[7] (2001:db8:100::12): sources: "198.18.1.6" is not an address of the VIP's family`) ||
-		!strings.Contains(problems, "egress[8] (2001:db8:100::13): no cluster_cidrs of the VIP's family") {
+		!strings.Contains(problems, "egress[8] (2001:db8:100::13): no cluster_cidrs of the VIP's family") ||
+		!strings.Contains(problems, "egress[11] (203.0.113.22): reply_ports 49152-65535") {
 		t.Errorf("problems %q: want the malformed items named", problems)
 	}
 	got := eg.last()
 	want := EgressConfig{
 		Cluster: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("2001:db8:18::/48")},
-		SNAT:    []EgressSNAT{{VIP: netip.MustParseAddr("203.0.113.10"), Sources: addrs("198.18.1.2", "198.18.2.2")}},
+		SNAT: []EgressSNAT{
+			{VIP: netip.MustParseAddr("203.0.113.10"), Sources: addrs("198.18.1.2", "198.18.2.2")},
+			{VIP: netip.MustParseAddr("203.0.113.21"), Sources: addrs("198.18.1.9"), Ports: PortRange{49152, 65534}},
+		},
 		Route: []EgressRoute{
 			{VIP: netip.MustParseAddr("203.0.113.11"), Via: netip.MustParseAddr("198.51.100.12"), Sources: addrs("198.18.1.3")},
 			{VIP: netip.MustParseAddr("203.0.113.12"), Via: netip.MustParseAddr("198.51.100.13"), Sources: addrs("198.18.1.4")},
 			{VIP: netip.MustParseAddr("2001:db8:100::10"), Via: netip.MustParseAddr("2001:db8:1::12"), Sources: addrs("2001:db8:18:1::2")},
 			{VIP: netip.MustParseAddr("2001:db8:100::11"), Sources: addrs("2001:db8:18:1::3")}, // no Via: refused
+			{VIP: netip.MustParseAddr("203.0.113.20"), Via: netip.MustParseAddr("198.51.100.12"), Sources: addrs("198.18.1.8")},
 		},
+		Steer: []EgressSteer{{VIP: netip.MustParseAddr("203.0.113.20"), Via: netip.MustParseAddr("198.51.100.12"), Ports: PortRange{49152, 65534}}},
 	}
 	if !sameEgress(got, want) {
 		t.Errorf("egress set to %+v\nwant %+v", got, want)
@@ -101,7 +112,7 @@ func TestEgressFollowsWhoAnswersTheVIP(t *testing.T) {
 	for _, s := range gs.GetEgress() {
 		said = append(said, s.GetVip()+" "+s.GetNode()+" "+map[bool]string{true: "active", false: "routed"}[s.GetActive()])
 	}
-	if !slices.Equal(said, []string{"203.0.113.10 node-a active", "203.0.113.11 node-b routed", "203.0.113.12 node-c routed", "2001:db8:100::10 node-b routed", "2001:db8:100::11 node-c routed"}) || gs.GetEgress()[0].GetFlows() != 42 {
+	if !slices.Equal(said, []string{"203.0.113.10 node-a active", "203.0.113.11 node-b routed", "203.0.113.12 node-c routed", "2001:db8:100::10 node-b routed", "2001:db8:100::11 node-c routed", "203.0.113.20 node-b routed", "203.0.113.21 node-a active"}) || gs.GetEgress()[0].GetFlows() != 42 {
 		t.Errorf("GetState egress %v", gs.GetEgress())
 	}
 	if p := gs.GetEgress()[4].GetProblem(); !strings.Contains(p, "the egress node node-c has no address of the VIP's family") {
@@ -136,7 +147,10 @@ func addrs(ss ...string) []netip.Addr {
 
 func sameEgress(a, b EgressConfig) bool {
 	return slices.Equal(a.Cluster, b.Cluster) &&
-		slices.EqualFunc(a.SNAT, b.SNAT, func(x, y EgressSNAT) bool { return x.VIP == y.VIP && slices.Equal(x.Sources, y.Sources) }) &&
+		slices.EqualFunc(a.SNAT, b.SNAT, func(x, y EgressSNAT) bool {
+			return x.VIP == y.VIP && x.Ports == y.Ports && slices.Equal(x.Sources, y.Sources)
+		}) &&
+		slices.Equal(a.Steer, b.Steer) &&
 		slices.EqualFunc(a.Route, b.Route, func(x, y EgressRoute) bool {
 			return x.VIP == y.VIP && x.Via == y.Via && slices.Equal(x.Sources, y.Sources)
 		})

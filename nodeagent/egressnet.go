@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -32,6 +33,11 @@ import (
 //	}
 //	ip rule add prio 7470 from POD to CLUSTER lookup main   # each local pod, each cluster CIDR
 //	ip rule add prio 7471 from POD lookup T                  # T: default via the egress node
+//
+// A BGP VIP's egress node maps TCP and UDP to the reply ports (`snat to VIP:FIRST-LAST`), and
+// each of its other announcers sends the replies the router hashes to it on to the egress node:
+//
+//	ip rule add prio 7472 to VIP ipproto tcp dport FIRST-LAST lookup T   # and udp
 //
 // (ip -6 rules and routes for IPv6 VIPs and pods alike.)
 //
@@ -58,13 +64,31 @@ type EgressConfig struct {
 	SNAT []EgressSNAT
 	// Route: another node is the egress node; this node's pods are routed to it.
 	Route []EgressRoute
+	// Steer: another node is the egress node of these BGP VIPs this node announces; the
+	// replies to its connections that reach this node go on to it.
+	Steer []EgressSteer
 }
 
-// EgressSNAT is a VIP this node source-NATs the connections of Sources to.
+// EgressSNAT is a VIP this node source-NATs the connections of Sources to; with Ports (a BGP
+// VIP), their TCP and UDP connections get a source port in it.
 type EgressSNAT struct {
 	VIP     netip.Addr
 	Sources []netip.Addr
+	Ports   PortRange
 }
+
+// EgressSteer sends the packets to VIP with a TCP or UDP destination port in Ports to the
+// egress node Via.
+type EgressSteer struct {
+	VIP   netip.Addr
+	Via   netip.Addr
+	Ports PortRange
+}
+
+// PortRange is the ports First to Last, both included; zero for none.
+type PortRange struct{ First, Last uint16 }
+
+func (p PortRange) empty() bool { return p.First == 0 }
 
 // EgressRoute sends this node's Sources of a VIP to the egress node Via (of the VIP's family;
 // invalid: the egress node has no address of it, and the Sources' connections out are refused).
@@ -74,7 +98,7 @@ type EgressRoute struct {
 	Sources []netip.Addr
 }
 
-func (c EgressConfig) empty() bool { return len(c.SNAT)+len(c.Route) == 0 }
+func (c EgressConfig) empty() bool { return len(c.SNAT)+len(c.Route)+len(c.Steer) == 0 }
 
 const (
 	egressTable = "metalvip-egress"
@@ -264,7 +288,7 @@ func ipOf(ip net.IP) netip.Addr {
 }
 
 func ours(r netlink.Rule) bool {
-	return r.Priority == egressRulePrio || r.Priority == egressRulePrio+1
+	return r.Priority >= egressRulePrio && r.Priority <= egressRulePrio+2
 }
 
 func egressTableOf(t int) bool { return t >= egressTableBase && t < egressTableBase+egressTables }
@@ -275,6 +299,8 @@ type ruleKey struct {
 	src   netip.Addr
 	dst   netip.Prefix
 	table int
+	proto uint8     // with dport: a steering rule's
+	dport PortRange // (none: zero)
 }
 
 // wantRouting is the policy routing of want, to be removed when no longer wanted.
@@ -286,13 +312,19 @@ type wantRouting struct {
 // addRouting adds the routes and rules of want (removeRouting takes out the others).
 func (e *nlEgress) addRouting(want EgressConfig) (wantRouting, error) {
 	var errs []error
-	// A table per routed VIP, kept for as long as the VIP is routed.
-	routed := map[netip.Addr]bool{}
+	// A table per routed or steered VIP (default via its egress node), kept for as long as the
+	// VIP is routed or steered.
+	via := map[netip.Addr]netip.Addr{}
 	for _, r := range want.Route {
-		routed[r.VIP] = true
+		via[r.VIP] = r.Via
+	}
+	for _, r := range want.Steer {
+		if _, ok := via[r.VIP]; !ok {
+			via[r.VIP] = r.Via
+		}
 	}
 	for vip := range e.tables {
-		if !routed[vip] {
+		if _, ok := via[vip]; !ok {
 			delete(e.tables, vip)
 		}
 	}
@@ -302,39 +334,55 @@ func (e *nlEgress) addRouting(want EgressConfig) (wantRouting, error) {
 	}
 	wantRules := map[ruleKey]bool{}
 	wantTables := map[int]bool{}
-	for _, r := range want.Route {
-		t, ok := e.tables[r.VIP]
+	tableOf := map[netip.Addr]int{}
+	for _, vip := range slices.SortedFunc(maps.Keys(via), netip.Addr.Compare) {
+		t, ok := e.tables[vip]
 		if !ok {
 			for t = egressTableBase; used[t] && t < egressTableBase+egressTables; t++ {
 			}
 			if used[t] || !egressTableOf(t) {
-				errs = append(errs, fmt.Errorf("egress %s: no routing table left", r.VIP))
+				errs = append(errs, fmt.Errorf("egress %s: no routing table left", vip))
 				continue
 			}
-			e.tables[r.VIP], used[t] = t, true
+			e.tables[vip], used[t] = t, true
 		}
 		unspec := netip.IPv4Unspecified()
-		if r.VIP.Is6() {
+		if vip.Is6() {
 			unspec = netip.IPv6Unspecified()
 		}
-		route := &netlink.Route{Table: t, Family: int(familyOf(r.VIP)), Dst: &net.IPNet{IP: unspec.AsSlice(), Mask: net.CIDRMask(0, hostBits(unspec))}}
-		if r.Via.IsValid() {
-			route.Gw = r.Via.AsSlice()
+		route := &netlink.Route{Table: t, Family: int(familyOf(vip)), Dst: &net.IPNet{IP: unspec.AsSlice(), Mask: net.CIDRMask(0, hostBits(unspec))}}
+		if gw := via[vip]; gw.IsValid() {
+			route.Gw = gw.AsSlice()
 		} else {
 			route.Type = unix.RTN_UNREACHABLE // refused, not sent from the pod's own address
 		}
 		if err := e.nl.RouteReplace(route); err != nil {
-			errs = append(errs, fmt.Errorf("egress %s: route via %s in table %d: %w", r.VIP, r.Via, t, err))
+			errs = append(errs, fmt.Errorf("egress %s: route via %s in table %d: %w", vip, via[vip], t, err))
 			continue
 		}
-		wantTables[t] = true
+		wantTables[t], tableOf[vip] = true, t
+	}
+	for _, r := range want.Route {
+		t, ok := tableOf[r.VIP]
+		if !ok {
+			continue
+		}
 		for _, src := range r.Sources {
 			for _, c := range want.Cluster {
 				if c.Addr().Is4() == src.Is4() {
-					wantRules[ruleKey{egressRulePrio, src, c, unix.RT_TABLE_MAIN}] = true
+					wantRules[ruleKey{prio: egressRulePrio, src: src, dst: c, table: unix.RT_TABLE_MAIN}] = true
 				}
 			}
-			wantRules[ruleKey{egressRulePrio + 1, src, netip.Prefix{}, t}] = true
+			wantRules[ruleKey{prio: egressRulePrio + 1, src: src, table: t}] = true
+		}
+	}
+	for _, r := range want.Steer {
+		t, ok := tableOf[r.VIP]
+		if !ok {
+			continue
+		}
+		for _, proto := range []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+			wantRules[ruleKey{prio: egressRulePrio + 2, dst: netip.PrefixFrom(r.VIP, r.VIP.BitLen()), table: t, proto: proto, dport: r.Ports}] = true
 		}
 	}
 	w := wantRouting{rules: wantRules, tables: wantTables}
@@ -353,13 +401,24 @@ func (e *nlEgress) addRouting(want EgressConfig) (wantRouting, error) {
 			continue
 		}
 		r := netlink.NewRule()
-		r.Priority, r.Table, r.Family = k.prio, k.table, int(familyOf(k.src))
-		r.Src = &net.IPNet{IP: k.src.AsSlice(), Mask: net.CIDRMask(hostBits(k.src), hostBits(k.src))}
+		r.Priority, r.Table = k.prio, k.table
+		fam := k.src
+		if !fam.IsValid() {
+			fam = k.dst.Addr()
+		}
+		r.Family = int(familyOf(fam))
+		if k.src.IsValid() {
+			r.Src = &net.IPNet{IP: k.src.AsSlice(), Mask: net.CIDRMask(hostBits(k.src), hostBits(k.src))}
+		}
 		if k.dst.IsValid() {
-			r.Dst = &net.IPNet{IP: k.dst.Addr().AsSlice(), Mask: net.CIDRMask(k.dst.Bits(), hostBits(k.src))}
+			r.Dst = &net.IPNet{IP: k.dst.Addr().AsSlice(), Mask: net.CIDRMask(k.dst.Bits(), hostBits(fam))}
+		}
+		if k.proto != 0 {
+			r.IPProto = int(k.proto)
+			r.Dport = netlink.NewRulePortRange(k.dport.First, k.dport.Last)
 		}
 		if err := e.nl.RuleAdd(r); err != nil && !errors.Is(err, unix.EEXIST) {
-			errs = append(errs, fmt.Errorf("egress: ip rule from %s: %w", k.src, err))
+			errs = append(errs, fmt.Errorf("egress: ip rule %+v: %w", k, err))
 		}
 	}
 	return w, errors.Join(errs...)
@@ -367,13 +426,16 @@ func (e *nlEgress) addRouting(want EgressConfig) (wantRouting, error) {
 
 // ruleKeyOf is the key of a rule the kernel lists.
 func ruleKeyOf(r netlink.Rule) ruleKey {
-	k := ruleKey{prio: r.Priority, table: r.Table}
+	k := ruleKey{prio: r.Priority, table: r.Table, proto: uint8(r.IPProto)}
 	if r.Src != nil {
 		k.src = ipOf(r.Src.IP)
 	}
 	if r.Dst != nil {
 		ones, _ := r.Dst.Mask.Size()
 		k.dst = netip.PrefixFrom(ipOf(r.Dst.IP), ones)
+	}
+	if r.Dport != nil {
+		k.dport = PortRange{First: r.Dport.Start, Last: r.Dport.End}
 	}
 	return k
 }
@@ -456,10 +518,12 @@ func (e *nlEgress) addNAT(c *nftables.Conn, f natFamily, want EgressConfig) {
 	c.AddTable(t)
 	c.DelTable(t)
 	if !slices.ContainsFunc(want.SNAT, func(s EgressSNAT) bool { return ours(s.VIP) }) &&
-		!slices.ContainsFunc(want.Route, func(r EgressRoute) bool { return ours(r.VIP) }) {
+		!slices.ContainsFunc(want.Route, func(r EgressRoute) bool { return ours(r.VIP) }) &&
+		!slices.ContainsFunc(want.Steer, func(r EgressSteer) bool { return ours(r.VIP) }) {
 		return
 	}
 	c.AddTable(t)
+	e.addSteer(c, t, f, want.Steer)
 	prio := nftables.ChainPriority(*nftables.ChainPriorityNATSource - 10)
 	ch := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: &prio})
@@ -481,6 +545,23 @@ func (e *nlEgress) addNAT(c *nftables.Conn, f natFamily, want EgressConfig) {
 			continue
 		}
 		for _, src := range s.Sources {
+			if !s.Ports.empty() {
+				// A BGP VIP: TCP and UDP get a source port in the reply range, which the
+				// other announcers send on to this node.
+				for _, proto := range []byte{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+					c.AddRule(&nftables.Rule{Table: t, Chain: ch, UserData: []byte(s.VIP.String()), Exprs: []expr.Any{
+						saddr,
+						&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: src.AsSlice()},
+						&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 2},
+						&expr.Cmp{Op: expr.CmpOpEq, Register: 2, Data: []byte{proto}},
+						&expr.Counter{},
+						&expr.Immediate{Register: 1, Data: s.VIP.AsSlice()},
+						&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(s.Ports.First)},
+						&expr.Immediate{Register: 3, Data: binaryutil.BigEndian.PutUint16(s.Ports.Last)},
+						&expr.NAT{Type: expr.NATTypeSourceNAT, Family: f.proto, RegAddrMin: 1, RegProtoMin: 2, RegProtoMax: 3},
+					}})
+				}
+			}
 			c.AddRule(&nftables.Rule{Table: t, Chain: ch, UserData: []byte(s.VIP.String()), Exprs: []expr.Any{
 				saddr,
 				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: src.AsSlice()},
@@ -500,6 +581,35 @@ func (e *nlEgress) addNAT(c *nftables.Conn, f natFamily, want EgressConfig) {
 				saddr,
 				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: src.AsSlice()},
 				&expr.NAT{Type: expr.NATTypeSourceNAT, Family: f.proto, RegAddrMin: 1},
+			}})
+		}
+	}
+}
+
+// addSteer queues the prerouting chain of the VIPs this node steers replies of: the packets to
+// the VIP's reply ports are not tracked here. This node sees a connection's replies only (its
+// SYN left from the egress node), which conntrack would call invalid, and Kubernetes nodes drop
+// invalid packets they forward (kube-proxy's KUBE-FORWARD); the egress node tracks them.
+func (e *nlEgress) addSteer(c *nftables.Conn, t *nftables.Table, f natFamily, steer []EgressSteer) {
+	var ch *nftables.Chain
+	for _, r := range steer {
+		if r.VIP.Is4() != f.is4 {
+			continue
+		}
+		if ch == nil {
+			ch = c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeFilter,
+				Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw})
+		}
+		for _, proto := range []byte{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, UserData: []byte("steer " + r.VIP.String()), Exprs: []expr.Any{
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: f.dad, Len: f.len},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: r.VIP.AsSlice()},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+				&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: binaryutil.BigEndian.PutUint16(r.Ports.First), ToData: binaryutil.BigEndian.PutUint16(r.Ports.Last)},
+				&expr.Counter{},
+				&expr.Notrack{},
 			}})
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -96,7 +97,7 @@ func testEgressLeavesFromTheVIP(t *testing.T, fam egressFamily) {
 	if out, err := l.Router.Run(ctx, "ip", ipf, "route", "add", fam.podNet, "via", fam.addr(n1).String()); err != nil {
 		t.Fatalf("router: %v %s", err, out)
 	}
-	server := l.Remote.RecordSources(t, 9000, 10000)
+	log := l.Remote.RecordSources(t, 9000, 10000)
 	// The router sends the VIP's packets to the egress node (its L2 answer, here by hand).
 	towards := func(h *lab.Host) {
 		t.Helper()
@@ -104,35 +105,10 @@ func testEgressLeavesFromTheVIP(t *testing.T, fam egressFamily) {
 			t.Fatalf("router: %v %s", err, out)
 		}
 	}
-	// source dials the server from src on node1 and returns the source the server saw.
+	server := fam.addr(l.Remote)
 	source := func(src netip.Addr) (netip.Addr, error) {
-		line := fmt.Sprintf("from-%s-%d", src, time.Now().UnixNano())
-		var conn net.Conn
-		if err := n1.Do(func() error {
-			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src.AsSlice()}, Timeout: 2 * time.Second}
-			var err error
-			conn, err = d.DialContext(ctx, "tcp", netip.AddrPortFrom(fam.addr(l.Remote), 9000).String())
-			return err
-		}); err != nil {
-			for _, h := range []*lab.Host{n1, n2} {
-				for _, cmd := range [][]string{{"ip", "route", "get", fam.addr(l.Remote).String(), "from", src.String()}, {"conntrack", "-L", "-f", map[bool]string{true: "ipv4", false: "ipv6"}[vip.Is4()]}, {"nft", "list", "ruleset"}, {"ip", ipf, "rule"}, {"ip", ipf, "route", "show", "table", "all"}, {"ip", "-s", "link"}} {
-					out, err := h.Run(ctx, cmd[0], cmd[1:]...)
-					t.Logf("%s %v: %v\n%s", h.Name, cmd, err, out)
-				}
-			}
-			return netip.Addr{}, err
-		}
-		if _, err := conn.Write([]byte(line + "\n")); err != nil {
-			return netip.Addr{}, err
-		}
-		_ = conn.Close()
-		for range 300 {
-			if got := server.Since(time.Time{}, line); len(got) > 0 {
-				return got[0].From, nil
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		return netip.Addr{}, fmt.Errorf("the server did not see %s (it saw %v)", line, server.Since(time.Time{}, ""))
+		got, err := egressDial(ctx, t, log, n1, src, server, n1, n2)
+		return got.From, err
 	}
 	expect := func(what string, src, want netip.Addr) {
 		t.Helper()
@@ -202,7 +178,7 @@ func testEgressLeavesFromTheVIP(t *testing.T, fam egressFamily) {
 	}
 	if err := n1.Do(func() error {
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: pod.AsSlice()}, Timeout: time.Second}
-		c, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(fam.addr(l.Remote), 9000).String())
+		c, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(server, 9000).String())
 		if err == nil {
 			_ = c.Close()
 			return fmt.Errorf("the pod reached the server with no route to the egress node")
@@ -234,4 +210,146 @@ func testEgressLeavesFromTheVIP(t *testing.T, fam egressFamily) {
 	}
 	expect("egress off", pod, pod)
 	_ = fresh.Close()
+}
+
+// egressDial connects from src on h to port 9000 of server, sends a line and returns the
+// connection as the server's log saw it; when it fails, the hosts' conntrack, rules and routes
+// go to the test's log.
+func egressDial(ctx context.Context, t *testing.T, log *lab.SourceLog, h *lab.Host, src, server netip.Addr, hosts ...*lab.Host) (lab.Source, error) {
+	line := fmt.Sprintf("from-%s-%d", src, time.Now().UnixNano())
+	var conn net.Conn
+	if err := h.Do(func() error {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src.AsSlice()}, Timeout: 2 * time.Second}
+		var err error
+		conn, err = d.DialContext(ctx, "tcp", netip.AddrPortFrom(server, 9000).String())
+		return err
+	}); err != nil {
+		ipf := map[bool]string{true: "-4", false: "-6"}[src.Is4()]
+		for _, x := range hosts {
+			for _, cmd := range [][]string{{"ip", "route", "get", server.String(), "from", src.String()}, {"conntrack", "-L", "-f", map[bool]string{true: "ipv4", false: "ipv6"}[src.Is4()]}, {"nft", "list", "ruleset"}, {"ip", ipf, "rule"}, {"ip", ipf, "route", "show", "table", "all"}, {"ip", "-s", "link"}} {
+				out, err := x.Run(ctx, cmd[0], cmd[1:]...)
+				t.Logf("%s %v: %v\n%s", x.Name, cmd, err, out)
+			}
+		}
+		return lab.Source{}, err
+	}
+	if _, err := conn.Write([]byte(line + "\n")); err != nil {
+		return lab.Source{}, err
+	}
+	_ = conn.Close()
+	for range 300 {
+		if got := log.Since(time.Time{}, line); len(got) > 0 {
+			return got[0], nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return lab.Source{}, fmt.Errorf("the server did not see %s (it saw %v)", line, log.Since(time.Time{}, ""))
+}
+
+// TestLabBGPEgressRepliesReachTheEgressNode checks egress through a BGP address on the wire,
+// where the router may hash a reply to any announcer: here always to the one that is not the
+// egress node (a static route in place of ECMP, the worst case). The egress node maps the pod's
+// connections to source ports in the reply range; the other announcer sends the packets to the
+// VIP with a destination port in it on to the egress node, which holds their NAT. Without that
+// steering the connection fails; with it the server sees the VIP, for a pod on the egress node
+// and for one routed to it from the other.
+func TestLabBGPEgressRepliesReachTheEgressNode(t *testing.T) {
+	l := lab.New(t, lab.Options{Nodes: 2})
+	ctx := context.Background()
+	n1, n2 := l.Nodes[0], l.Nodes[1]
+	vip := netip.MustParseAddr("203.0.113.60")
+	pod := netip.MustParseAddr("198.18.1.2")
+	cluster := []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("198.51.100.0/25")}
+	ports := PortRange{First: 49152, Last: 65534}
+	run := func(h *lab.Host, cmd ...string) {
+		t.Helper()
+		if out, err := h.Run(ctx, cmd[0], cmd[1:]...); err != nil {
+			t.Fatalf("%s: %v: %v %s", h.Name, cmd, err, out)
+		}
+	}
+	run(n1, "ip", "addr", "add", pod.String()+"/32", "dev", "lo")
+	for _, h := range []*lab.Host{n1, n2} {
+		// Kubernetes nodes forward; a BGP address is no local address of theirs (kube-proxy
+		// answers it by DNAT): the lab's local VIP range goes.
+		run(h, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+		run(h, "ip", "route", "del", "local", lab.VIPRangeV4.String(), "dev", "lo", "table", "local")
+		// As kube-proxy's KUBE-FORWARD: forwarded packets conntrack calls invalid are dropped
+		// (a reply whose SYN this node never saw is one, unless it is not tracked).
+		run(h, "nft", "add table ip kubeproxy { chain forward { type filter hook forward priority 0; ct state invalid counter drop; }; }")
+	}
+	run(n2, "ip", "route", "add", "198.18.1.0/24", "via", n1.IPv4.String())
+	run(l.Router, "ip", "route", "add", "198.18.1.0/24", "via", n1.IPv4.String())
+	towards := func(h *lab.Host) {
+		t.Helper()
+		run(l.Router, "ip", "route", "replace", vip.String()+"/32", "via", h.IPv4.String())
+	}
+	log := l.Remote.RecordSources(t, 9000, 10000)
+	server := l.Remote.IPv4
+	e1, e2 := egressNetOn(t, n1), egressNetOn(t, n2)
+	t.Cleanup(func() { _ = e1.Close(); _ = e2.Close() })
+	expect := func(what string) {
+		t.Helper()
+		got, err := egressDial(ctx, t, log, n1, pod, server, n1, n2)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got.From != vip || got.Port < ports.First {
+			t.Fatalf("%s: the server saw %s port %d, want %s from a port in %d-%d", what, got.From, got.Port, vip, ports.First, ports.Last)
+		}
+	}
+
+	// node1 is the egress node; the router sends the VIP's packets to node2.
+	towards(n2)
+	if err := e1.Set(EgressConfig{Cluster: cluster, SNAT: []EgressSNAT{{VIP: vip, Sources: []netip.Addr{pod}, Ports: ports}}}); err != nil {
+		t.Fatal(err)
+	}
+	// node2 does not steer yet: the replies never reach node1.
+	if err := n1.Do(func() error {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: pod.AsSlice()}, Timeout: time.Second}
+		c, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(server, 9000).String())
+		if err == nil {
+			_ = c.Close()
+			return fmt.Errorf("connected with the replies sent to node2, which does not steer")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e2.Set(EgressConfig{Cluster: cluster, Steer: []EgressSteer{{VIP: vip, Via: n1.IPv4, Ports: ports}}}); err != nil {
+		t.Fatal(err)
+	}
+	expect("node1 the egress node, replies through node2")
+	if rules, _ := n2.Run(ctx, "ip", "rule", "show"); !strings.Contains(string(rules), "to 203.0.113.60 ipproto tcp dport 49152-65534 lookup") {
+		t.Fatalf("node2 has no steering rule:\n%s", rules)
+	}
+	if out, _ := n2.Run(ctx, "nft", "list", "chain", "ip", egressTable, "prerouting"); !regexp.MustCompile(`tcp dport 49152-65534 counter packets [1-9][0-9]* bytes [0-9]+ notrack`).Match(out) {
+		t.Fatalf("node2 passed on no reply untracked:\n%s", out)
+	}
+
+	// node2 becomes the egress node; the router sends the VIP's packets to node1, which
+	// routes its pod to node2 and steers the replies there.
+	if err := e2.Set(EgressConfig{Cluster: cluster, SNAT: []EgressSNAT{{VIP: vip, Sources: []netip.Addr{pod}, Ports: ports}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e1.Set(EgressConfig{Cluster: cluster, Route: []EgressRoute{{VIP: vip, Via: n2.IPv4, Sources: []netip.Addr{pod}}},
+		Steer: []EgressSteer{{VIP: vip, Via: n2.IPv4, Ports: ports}}}); err != nil {
+		t.Fatal(err)
+	}
+	towards(n1)
+	e1.forgets.Wait()
+	expect("node2 the egress node, replies through node1")
+
+	// Off: nothing left on either node.
+	for _, e := range []*nlEgress{e1, e2} {
+		if err := e.Set(EgressConfig{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, h := range []*lab.Host{n1, n2} {
+		rules, _ := h.Run(ctx, "ip", "rule", "show")
+		routes, _ := h.Run(ctx, "ip", "route", "show", "table", "all")
+		if strings.Contains(string(rules), "747") || strings.Contains(string(routes), "table 7473") {
+			t.Errorf("%s keeps rules or routes:\n%s\n%s", h.Name, rules, routes)
+		}
+	}
 }

@@ -98,11 +98,23 @@ func (a *Announcer) egressOf(node string) []*agentv1.Egress {
 		eg := s.egress[ip]
 		an := s.anns[ip]
 		cands := an.GetL2().GetCandidates()
+		if an.GetBgp() != nil {
+			for _, n := range a.egressNodes(ip) {
+				c := &agentv1.Candidate{Node: n}
+				if addr := s.addrOf(n); addr.IsValid() {
+					c.Address = addr.String()
+				}
+				cands = append(cands, c)
+			}
+		}
 		candidate := slices.ContainsFunc(cands, func(c *agentv1.Candidate) bool { return c.GetNode() == node })
 		if len(cands) == 0 || (!candidate && len(eg.sources[node]) == 0) {
 			continue
 		}
 		item := &agentv1.Egress{Vip: ip.String(), Candidates: cands, Sources: eg.sources[node], Services: an.GetServices()}
+		if an.GetBgp() != nil {
+			item.ReplyPorts = &agentv1.PortRange{First: uint32(desired.EgressReplyPorts[0]), Last: uint32(desired.EgressReplyPorts[1])}
+		}
 		if ip.Is6() {
 			// The candidates' addresses are their IPv4 data-plane addresses: the pods' IPv6
 			// connections are routed to their IPv6 InternalIPs.
@@ -130,6 +142,16 @@ func (a *Announcer) egressOf(node string) []*agentv1.Egress {
 	return out
 }
 
+// egressNodes are the nodes an egress address's egress node is chosen from, in order: an L2
+// address's candidates, a BGP address's announcers ranked by desired.EgressOrder.
+func (a *Announcer) egressNodes(ip netip.Addr) []string {
+	s := &a.loop
+	if s.anns[ip].GetBgp() != nil {
+		return desired.EgressOrder(ip, s.annNodes[ip])
+	}
+	return s.annNodes[ip]
+}
+
 // egressCondition is a Service's Egress condition: for each of its addresses, from which
 // node its pods leave, or why not; asks is false when the Service does not ask for egress
 // (the condition goes).
@@ -149,7 +171,7 @@ func (a *Announcer) egressCondition(svc *v1.Service) (c metav1.Condition, refuse
 			continue
 		}
 		eg := s.egress[ip]
-		nodes := s.annNodes[ip]
+		nodes := a.egressNodes(ip)
 		if len(nodes) == 0 {
 			parts = append(parts, fmt.Sprintf("%s: no eligible node", ip))
 			continue

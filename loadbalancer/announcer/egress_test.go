@@ -10,6 +10,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/metalvip/metalvip/loadbalancer/desired"
 )
 
 // egressEndpoints puts the Service's endpoints at addrs (node -> pod address).
@@ -167,5 +169,52 @@ func TestIPv6EgressRoutesToTheCandidatesIPv6Addresses(t *testing.T) {
 	}
 	if c, refused, _ := h.a.egressCondition(svc); c.Status != metav1.ConditionTrue || refused != "" || !strings.Contains(c.Message, "node3, without an IPv6 InternalIP, cannot be reached as egress node") {
 		t.Errorf("the Egress condition %+v (refused %q)", c, refused)
+	}
+}
+
+// TestBGPEgressRanksTheAnnouncersAndGivesThemTheReplyPorts: a BGP address's egress items name
+// its announcers in desired.EgressOrder, with the reply ports, to every announcer and to the
+// nodes with pods; the condition names the first as the egress node.
+func TestBGPEgressRanksTheAnnouncersAndGivesThemTheReplyPorts(t *testing.T) {
+	h := newHarness(t, 5)
+	h.a.cfg.EgressClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")}
+	h.pool("edge", map[string]any{"addresses": []any{"203.0.113.0/28"}, "egress": "Allow", "announce": map[string]any{"mode": "BGP"}})
+	svc := h.service("a", "edge", false, "203.0.113.1")
+	svc.Annotations["metalvip.io/egress"] = "true"
+	svc.Spec.Selector = map[string]string{"app": "a"}
+	h.egressEndpoints("a", map[string]string{"node1": "198.18.1.7"})
+	h.sync(changes{services: map[string]bool{"ns/a": true}})
+	announcers := h.nodesOf("203.0.113.1")
+	if len(announcers) < 2 {
+		t.Fatalf("announcers %v, want several", announcers)
+	}
+	order := desired.EgressOrder(netip.MustParseAddr("203.0.113.1"), announcers)
+	for _, n := range slices.Concat(announcers, []string{"node1"}) {
+		items := h.a.egressOf(n)
+		if len(items) != 1 {
+			t.Fatalf("%s is told %v, want one item", n, items)
+		}
+		it := items[0]
+		var got []string
+		for _, c := range it.GetCandidates() {
+			got = append(got, c.GetNode())
+		}
+		if !slices.Equal(got, order) || it.GetReplyPorts().GetFirst() != 49152 || it.GetReplyPorts().GetLast() != 65534 {
+			t.Errorf("%s is told candidates %v ports %v, want %v and 49152-65534", n, got, it.GetReplyPorts(), order)
+		}
+	}
+	if c, refused, _ := h.a.egressCondition(svc); c.Status != metav1.ConditionTrue || refused != "" || !strings.Contains(c.Message, "1 pod addresses leave from egress node "+order[0]) {
+		t.Errorf("the Egress condition %+v (refused %q)", c, refused)
+	}
+	// A port among the reply ports: refused.
+	svc.Spec.Ports = []v1.ServicePort{{Port: 50000}}
+	h.sync(changes{services: map[string]bool{"ns/a": true}})
+	if c, refused, _ := h.a.egressCondition(svc); c.Status != metav1.ConditionFalse || !strings.Contains(refused, "listens on port 50000") {
+		t.Errorf("with port 50000 the Egress condition %+v (refused %q)", c, refused)
+	}
+	for _, n := range []string{"node1", "node2", "node3", "node4", "node5"} {
+		if items := h.a.egressOf(n); len(items) != 0 {
+			t.Errorf("refused, %s is told %v", n, items)
+		}
 	}
 }

@@ -1,8 +1,10 @@
 package desired
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -44,7 +46,10 @@ func TestEgressIsGrantedOnlyWithThePoolOwnersConsentAndEverySharersAsk(t *testin
 		{"asked and allowed", v4, allow, []*v1.Service{svc("a", "true", true)}, 2, ""},
 		{"not asked: nothing to refuse", v4, deny, []*v1.Service{svc("a", "", true), svc("b", "false", true)}, 2, ""},
 		{"the pool denies it", v4, deny, []*v1.Service{svc("a", "true", true)}, 2, "IPPool keep does not allow egress"},
-		{"a BGP address", v4, bgp, []*v1.Service{svc("a", "true", true)}, 2, "announced by BGP"},
+		{"a BGP address", v4, bgp, []*v1.Service{svc("a", "true", true)}, 2, ""},
+		{"a BGP address with a Service port among the reply ports", v4, bgp, []*v1.Service{withPort(svc("a", "true", true), 443), withPort(svc("b", "true", true), 50000)}, 2,
+			"Service ns/b listens on port 50000 of the BGP address 203.0.113.5, inside the ports its egress connections take (49152-65534"},
+		{"an L2 address with a Service port there", v4, allow, []*v1.Service{withPort(svc("a", "true", true), 50000)}, 2, ""},
 		{"an IPv6 address", v6, allow, []*v1.Service{svc("a", "true", true)}, 2, ""},
 		{"no cluster ranges in the cloud-config", v4, allow, []*v1.Service{svc("a", "true", true)}, 0, "egress.clusterCIDRs"},
 		{"no IPv6 cluster ranges in the cloud-config", v6, allow, []*v1.Service{svc("a", "true", true)}, 1, "no egress.clusterCIDRs of 2001:db8::5's family"},
@@ -63,6 +68,43 @@ func TestEgressIsGrantedOnlyWithThePoolOwnersConsentAndEverySharersAsk(t *testin
 	}
 	if ok, problem := EgressAsk(svc("a", "yes please", true)); ok || !strings.Contains(problem, `neither "true" nor "false"`) {
 		t.Errorf("a malformed annotation: asks %v, problem %q", ok, problem)
+	}
+}
+
+func withPort(svc *v1.Service, port int32) *v1.Service {
+	svc.Spec.Ports = append(svc.Spec.Ports, v1.ServicePort{Port: port})
+	return svc
+}
+
+// TestEgressOrderMovesTheEgressNodeOnlyForTheFirst: a BGP address's announcers are ranked the
+// same whatever order they come in; a node joining that does not rank first, or one leaving
+// that was not first, keeps the egress node.
+func TestEgressOrderMovesTheEgressNodeOnlyForTheFirst(t *testing.T) {
+	ip := netip.MustParseAddr("203.0.113.7")
+	nodes := []string{"node1", "node2", "node3", "node4", "node5", "node6"}
+	base := EgressOrder(ip, nodes)
+	rev := slices.Clone(nodes)
+	slices.Reverse(rev)
+	if got := EgressOrder(ip, rev); !slices.Equal(got, base) {
+		t.Fatalf("order %v from reversed input, %v from sorted", got, base)
+	}
+	if slices.Equal(base, nodes) && slices.Equal(EgressOrder(netip.MustParseAddr("203.0.113.8"), nodes), nodes) {
+		t.Errorf("the order is the input's for two addresses: %v", base)
+	}
+	// Every node but the first leaving keeps the first.
+	for _, gone := range base[1:] {
+		less := slices.DeleteFunc(slices.Clone(nodes), func(n string) bool { return n == gone })
+		if got := EgressOrder(ip, less); got[0] != base[0] {
+			t.Errorf("without %s the egress node is %s, was %s", gone, got[0], base[0])
+		}
+	}
+	// A node joining moves it only when it ranks first.
+	for i := range 20 {
+		joined := fmt.Sprintf("new%d", i)
+		got := EgressOrder(ip, append(slices.Clone(nodes), joined))
+		if got[0] != base[0] && got[0] != joined {
+			t.Errorf("with %s joining the egress node is %s, was %s", joined, got[0], base[0])
+		}
 	}
 }
 

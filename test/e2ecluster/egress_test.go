@@ -3,6 +3,9 @@ package e2ecluster
 import (
 	"context"
 	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +16,8 @@ import (
 
 // TestEgressOnRealKubelets is issue 33's acceptance: pods of a Service that asks for egress
 // reach a server behind the router from the Service's address, on the egress node and on the
-// other node, while another Service's pods keep their node's address; the egress node killed
+// other node, while another Service's pods keep their node's address; the same through a BGP
+// address, whose replies the router spreads over both announcers; the egress node killed
 // hard, new connections leave from the address again through the next candidate; the
 // annotation removed, every rule and route the agents added is gone.
 func TestEgressOnRealKubelets(t *testing.T) {
@@ -64,8 +68,11 @@ func TestEgressOnRealKubelets(t *testing.T) {
 		t.Fatalf("egress workload: %v", err)
 	}
 	vip := e.VIP
+	if _, err := c.WaitNextHops(e.BGPVIP, []string{"node2", "node3"}, 2*time.Minute); err != nil {
+		t.Fatalf("the router's route to the BGP address %s: %v", e.BGPVIP, err)
+	}
 
-	ok := t.Run("the server sees only the VIP from the egress Service's pods on both nodes; the other Service's pods keep their node's address", func(t *testing.T) {
+	ok := t.Run("the server sees only the VIPs from the egress Services' pods on both nodes; the other Service's pods keep their node's address", func(t *testing.T) {
 		if err := e.WaitVIPAlone(time.Minute); err != nil {
 			t.Fatal(err)
 		}
@@ -78,16 +85,12 @@ func TestEgressOnRealKubelets(t *testing.T) {
 				t.Fatalf("a connection said %q", s.Line)
 			}
 			pod, node := f[0], f[1]
-			want := vip
-			if strings.HasPrefix(pod, "stayer-") {
-				want = e.NodeAddr[node]
-			}
-			if s.From != want {
+			if want := e.Want(s.Line); s.From != want {
 				t.Fatalf("%s on %s came from %s, want %s", pod, node, s.From, want)
 			}
 			counts[strings.SplitN(pod, "-", 2)[0]+" on "+node]++
 		}
-		for _, k := range []string{"leaver on node2", "leaver on node3", "stayer on node2", "stayer on node3"} {
+		for _, k := range []string{"leaver on node2", "leaver on node3", "bgpleaver on node2", "bgpleaver on node3", "stayer on node2", "stayer on node3"} {
 			if counts[k] < 50 {
 				t.Fatalf("connections in 3 s: %v; want at least 50 from each of %s", counts, k)
 			}
@@ -98,6 +101,49 @@ func TestEgressOnRealKubelets(t *testing.T) {
 		if !strings.Contains(cond, "leave from egress node") {
 			t.Fatalf("Egress condition %q does not name the egress node", cond)
 		}
+	})
+	t.Run("the BGP address: the router spreads the replies over both announcers, the other one sends them on to the egress node", func(t *testing.T) {
+		cond, _ := c.Kubectl(ctx, "-n", kubecluster.EgressNamespace, "get", "service", "bgpleaver", "-o", `jsonpath={.status.conditions[?(@.type=="metalvip.io/Egress")].message}`)
+		_, rest, found := strings.Cut(cond, "leave from egress node ")
+		if !found {
+			t.Fatalf("Egress condition %q does not name the egress node", cond)
+		}
+		egress := strings.Fields(rest)[0]
+		other := map[string]string{"node2": "node3", "node3": "node2"}[egress]
+		if other == "" {
+			t.Fatalf("egress node %q is no workload node (condition %q)", egress, cond)
+		}
+		// The replies the other announcer passed on: its steering rules count them.
+		steered := regexp.MustCompile(`tcp dport 49152-65534 counter packets ([0-9]+) `)
+		var before int
+		if m := steered.FindStringSubmatch(mustExec(t, c.Node(other), "nft", "list", "chain", "ip", "metalvip-egress", "prerouting")); m != nil {
+			before, _ = strconv.Atoi(m[1])
+		} else {
+			t.Fatalf("%s has no steering rule for %s", other, e.BGPVIP)
+		}
+		// And none of them is lost: in 3 s, the BGP address's pods connect about as often
+		// as the L2 address's (a lost reply costs a connection its 1-s timeout).
+		from := time.Now()
+		time.Sleep(3 * time.Second)
+		counts := map[string]int{}
+		for _, s := range e.Server.Since(from, "") {
+			if f := strings.Fields(s.Line); len(f) == 2 {
+				counts[strings.SplitN(f[0], "-", 2)[0]+" on "+f[1]]++
+			}
+		}
+		m := steered.FindStringSubmatch(mustExec(t, c.Node(other), "nft", "list", "chain", "ip", "metalvip-egress", "prerouting"))
+		after, _ := strconv.Atoi(m[1])
+		if after <= before {
+			t.Fatalf("%s passed on no reply in 3 s (counter %d, then %d)", other, before, after)
+		}
+		for _, n := range []string{"node2", "node3"} {
+			if b, l := counts["bgpleaver on "+n], counts["leaver on "+n]; b < l*8/10 {
+				t.Fatalf("in 3 s the BGP address's pod on %s connected %d times, the L2 address's %d: replies are lost (%v)", n, b, l, counts)
+			}
+		}
+		t.Logf("3 s of connections: %v; %s passed on %d packets of replies", counts, other, after-before)
+		hops, _ := c.NextHops(e.BGPVIP)
+		t.Logf("%s routed by the router over %v; egress node %s; the condition: %s", e.BGPVIP, hops, egress, cond)
 	})
 	t.Run("egress in a pool that denies it: a Warning Event and a False condition, nothing else", func(t *testing.T) {
 		if _, err := kubecluster.WaitFor(time.Minute, func() (bool, string) {
@@ -131,7 +177,7 @@ func TestEgressOnRealKubelets(t *testing.T) {
 	})
 
 	t.Run("the annotation removed: every rule and route metalvip added is gone from every node, the pods leave as before", func(t *testing.T) {
-		for _, svc := range []string{"leaver", "denied"} {
+		for _, svc := range []string{"leaver", "bgpleaver", "denied"} {
 			if _, err := c.Kubectl(ctx, "-n", kubecluster.EgressNamespace, "annotate", "service", svc, "metalvip.io/egress-"); err != nil {
 				t.Fatal(err)
 			}
@@ -148,9 +194,10 @@ func TestEgressOnRealKubelets(t *testing.T) {
 		}
 		if _, err := kubecluster.WaitFor(30*time.Second, func() (bool, string) {
 			srcs := e.Server.Since(time.Now().Add(-time.Second), "leaver-")
-			for _, s := range srcs {
-				if s.From == vip {
-					return false, s.Line + " still leaves from the VIP"
+			bgp := e.Server.Since(time.Now().Add(-time.Second), "bgpleaver-")
+			for _, s := range slices.Concat(srcs, bgp) {
+				if s.From == vip || s.From == e.BGPVIP {
+					return false, s.Line + " still leaves from a VIP"
 				}
 			}
 			return len(srcs) > 10, fmt.Sprintf("%d connections in the last second", len(srcs))
@@ -162,4 +209,14 @@ func TestEgressOnRealKubelets(t *testing.T) {
 			t.Fatalf("the Egress condition stayed: %s", cond)
 		}
 	})
+}
+
+// mustExec runs a command on a node, failing the test when it fails.
+func mustExec(t *testing.T, n *kubecluster.Node, name string, args ...string) string {
+	t.Helper()
+	out, err := n.Exec(name, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

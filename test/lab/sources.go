@@ -11,11 +11,12 @@ import (
 	"github.com/metalvip/metalvip/test/testenv"
 )
 
-// Source is one connection a SourceLog accepted: when, from which address, and the first line
-// the client sent (the cluster tests' clients send their pod and node).
+// Source is one connection a SourceLog accepted: when, from which address and port, and the
+// first line the client sent (the cluster tests' clients send their pod and node).
 type Source struct {
 	At   time.Time
 	From netip.Addr
+	Port uint16
 	Line string
 }
 
@@ -50,7 +51,7 @@ func (h *Host) RecordSources(t testenv.TB, port uint16, limit int) *SourceLog {
 				_ = c.SetReadDeadline(time.Now().Add(time.Second))
 				line, _ := bufio.NewReaderSize(c, 256).ReadString('\n')
 				from, _ := netip.ParseAddrPort(c.RemoteAddr().String())
-				l.add(Source{At: at, From: from.Addr().Unmap(), Line: strings.TrimSpace(line)})
+				l.add(Source{At: at, From: from.Addr().Unmap(), Port: from.Port(), Line: strings.TrimSpace(line)})
 			}()
 		}
 	}()

@@ -125,7 +125,7 @@ func (x Refusal_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Refusal_Kind.Descriptor instead.
 func (Refusal_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{15, 0}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{16, 0}
 }
 
 type Event_Kind int32
@@ -195,7 +195,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{28, 0}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{29, 0}
 }
 
 // DesiredState is everything one node should do.
@@ -350,7 +350,8 @@ type Egress struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// vip, IPv4 or IPv6: the pods' sources of its family leave from it.
 	Vip string `protobuf:"bytes,1,opt,name=vip,proto3" json:"vip,omitempty"`
-	// candidates are the VIP's L2 candidates, best first (as in L2Announcement).
+	// candidates are the VIP's L2 candidates, best first (as in L2Announcement); for a BGP
+	// address, its announcers in the order the CCM chose the egress node by.
 	Candidates []*Candidate `protobuf:"bytes,2,rep,name=candidates,proto3" json:"candidates,omitempty"`
 	// sources are the addresses of the Services' pods on this node.
 	Sources []string `protobuf:"bytes,3,rep,name=sources,proto3" json:"sources,omitempty"`
@@ -366,7 +367,13 @@ type Egress struct {
 	// where this node routes its pods' connections when that candidate is the egress node ("" for
 	// a node with none: its pods' connections are refused then, not sent from their own
 	// address). Empty: the candidates' addresses, when of the VIP's family.
-	Gateways      []string `protobuf:"bytes,7,rep,name=gateways,proto3" json:"gateways,omitempty"`
+	Gateways []string `protobuf:"bytes,7,rep,name=gateways,proto3" json:"gateways,omitempty"`
+	// reply_ports, when set (a BGP address: its replies reach any node of its ECMP set), is the
+	// range of source ports the egress node maps the pods' TCP and UDP connections to; every
+	// other candidate (an announcer of the address) sends the packets to the VIP with a
+	// destination port in it on to the egress node, which holds their connections. No Service
+	// of the address listens in it. Unset: an L2 address, which one node answers.
+	ReplyPorts    *PortRange `protobuf:"bytes,8,opt,name=reply_ports,json=replyPorts,proto3" json:"reply_ports,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -450,6 +457,66 @@ func (x *Egress) GetGateways() []string {
 	return nil
 }
 
+func (x *Egress) GetReplyPorts() *PortRange {
+	if x != nil {
+		return x.ReplyPorts
+	}
+	return nil
+}
+
+// PortRange is the ports first to last, both included.
+type PortRange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	First         uint32                 `protobuf:"varint,1,opt,name=first,proto3" json:"first,omitempty"`
+	Last          uint32                 `protobuf:"varint,2,opt,name=last,proto3" json:"last,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PortRange) Reset() {
+	*x = PortRange{}
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PortRange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PortRange) ProtoMessage() {}
+
+func (x *PortRange) ProtoReflect() protoreflect.Message {
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PortRange.ProtoReflect.Descriptor instead.
+func (*PortRange) Descriptor() ([]byte, []int) {
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PortRange) GetFirst() uint32 {
+	if x != nil {
+		return x.First
+	}
+	return 0
+}
+
+func (x *PortRange) GetLast() uint32 {
+	if x != nil {
+		return x.Last
+	}
+	return 0
+}
+
 // HeartbeatPeer is another node's heartbeat identity, as its agent reported it in GetState.
 type HeartbeatPeer struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -472,7 +539,7 @@ type HeartbeatPeer struct {
 
 func (x *HeartbeatPeer) Reset() {
 	*x = HeartbeatPeer{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +551,7 @@ func (x *HeartbeatPeer) String() string {
 func (*HeartbeatPeer) ProtoMessage() {}
 
 func (x *HeartbeatPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +564,7 @@ func (x *HeartbeatPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatPeer.ProtoReflect.Descriptor instead.
 func (*HeartbeatPeer) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *HeartbeatPeer) GetNode() string {
@@ -544,7 +611,7 @@ type Announcement struct {
 
 func (x *Announcement) Reset() {
 	*x = Announcement{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -556,7 +623,7 @@ func (x *Announcement) String() string {
 func (*Announcement) ProtoMessage() {}
 
 func (x *Announcement) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -569,7 +636,7 @@ func (x *Announcement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Announcement.ProtoReflect.Descriptor instead.
 func (*Announcement) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Announcement) GetVip() string {
@@ -629,7 +696,7 @@ type L2Announcement struct {
 
 func (x *L2Announcement) Reset() {
 	*x = L2Announcement{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -641,7 +708,7 @@ func (x *L2Announcement) String() string {
 func (*L2Announcement) ProtoMessage() {}
 
 func (x *L2Announcement) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -654,7 +721,7 @@ func (x *L2Announcement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Announcement.ProtoReflect.Descriptor instead.
 func (*L2Announcement) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *L2Announcement) GetCandidates() []*Candidate {
@@ -697,7 +764,7 @@ type Candidate struct {
 
 func (x *Candidate) Reset() {
 	*x = Candidate{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -709,7 +776,7 @@ func (x *Candidate) String() string {
 func (*Candidate) ProtoMessage() {}
 
 func (x *Candidate) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -722,7 +789,7 @@ func (x *Candidate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Candidate.ProtoReflect.Descriptor instead.
 func (*Candidate) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Candidate) GetNode() string {
@@ -768,7 +835,7 @@ type BGPAnnouncement struct {
 
 func (x *BGPAnnouncement) Reset() {
 	*x = BGPAnnouncement{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -780,7 +847,7 @@ func (x *BGPAnnouncement) String() string {
 func (*BGPAnnouncement) ProtoMessage() {}
 
 func (x *BGPAnnouncement) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,7 +860,7 @@ func (x *BGPAnnouncement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BGPAnnouncement.ProtoReflect.Descriptor instead.
 func (*BGPAnnouncement) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *BGPAnnouncement) GetCommunities() []string {
@@ -850,7 +917,7 @@ type NodeWeight struct {
 
 func (x *NodeWeight) Reset() {
 	*x = NodeWeight{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -862,7 +929,7 @@ func (x *NodeWeight) String() string {
 func (*NodeWeight) ProtoMessage() {}
 
 func (x *NodeWeight) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -875,7 +942,7 @@ func (x *NodeWeight) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeWeight.ProtoReflect.Descriptor instead.
 func (*NodeWeight) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NodeWeight) GetNode() string {
@@ -927,7 +994,7 @@ type BGPPeer struct {
 
 func (x *BGPPeer) Reset() {
 	*x = BGPPeer{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -939,7 +1006,7 @@ func (x *BGPPeer) String() string {
 func (*BGPPeer) ProtoMessage() {}
 
 func (x *BGPPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -952,7 +1019,7 @@ func (x *BGPPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BGPPeer.ProtoReflect.Descriptor instead.
 func (*BGPPeer) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BGPPeer) GetAddress() string {
@@ -1066,7 +1133,7 @@ type BFD struct {
 
 func (x *BFD) Reset() {
 	*x = BFD{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1078,7 +1145,7 @@ func (x *BFD) String() string {
 func (*BFD) ProtoMessage() {}
 
 func (x *BFD) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1091,7 +1158,7 @@ func (x *BFD) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BFD.ProtoReflect.Descriptor instead.
 func (*BFD) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *BFD) GetEnabled() bool {
@@ -1145,7 +1212,7 @@ type L2Options struct {
 
 func (x *L2Options) Reset() {
 	*x = L2Options{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1157,7 +1224,7 @@ func (x *L2Options) String() string {
 func (*L2Options) ProtoMessage() {}
 
 func (x *L2Options) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1170,7 +1237,7 @@ func (x *L2Options) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Options.ProtoReflect.Descriptor instead.
 func (*L2Options) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *L2Options) GetGratuitousRefreshSeconds() uint32 {
@@ -1225,7 +1292,7 @@ type BGPOptions struct {
 
 func (x *BGPOptions) Reset() {
 	*x = BGPOptions{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1237,7 +1304,7 @@ func (x *BGPOptions) String() string {
 func (*BGPOptions) ProtoMessage() {}
 
 func (x *BGPOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1250,7 +1317,7 @@ func (x *BGPOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BGPOptions.ProtoReflect.Descriptor instead.
 func (*BGPOptions) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BGPOptions) GetAsn() uint32 {
@@ -1287,7 +1354,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1366,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1379,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ApplyRequest) GetState() *DesiredState {
@@ -1342,7 +1409,7 @@ type Build struct {
 
 func (x *Build) Reset() {
 	*x = Build{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1421,7 @@ func (x *Build) String() string {
 func (*Build) ProtoMessage() {}
 
 func (x *Build) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1434,7 @@ func (x *Build) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Build.ProtoReflect.Descriptor instead.
 func (*Build) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Build) GetVersion() string {
@@ -1406,7 +1473,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1418,7 +1485,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1431,7 +1498,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ApplyResponse) GetTerm() uint64 {
@@ -1491,7 +1558,7 @@ type Refusal struct {
 
 func (x *Refusal) Reset() {
 	*x = Refusal{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1570,7 @@ func (x *Refusal) String() string {
 func (*Refusal) ProtoMessage() {}
 
 func (x *Refusal) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1583,7 @@ func (x *Refusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Refusal.ProtoReflect.Descriptor instead.
 func (*Refusal) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Refusal) GetKind() Refusal_Kind {
@@ -1555,7 +1622,7 @@ type GetStateRequest struct {
 
 func (x *GetStateRequest) Reset() {
 	*x = GetStateRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1567,7 +1634,7 @@ func (x *GetStateRequest) String() string {
 func (*GetStateRequest) ProtoMessage() {}
 
 func (x *GetStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1580,7 +1647,7 @@ func (x *GetStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStateRequest.ProtoReflect.Descriptor instead.
 func (*GetStateRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 type GetStateResponse struct {
@@ -1637,7 +1704,7 @@ type GetStateResponse struct {
 
 func (x *GetStateResponse) Reset() {
 	*x = GetStateResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +1716,7 @@ func (x *GetStateResponse) String() string {
 func (*GetStateResponse) ProtoMessage() {}
 
 func (x *GetStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +1729,7 @@ func (x *GetStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStateResponse.ProtoReflect.Descriptor instead.
 func (*GetStateResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetStateResponse) GetNode() string {
@@ -1820,7 +1887,7 @@ type EgressStatus struct {
 
 func (x *EgressStatus) Reset() {
 	*x = EgressStatus{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1832,7 +1899,7 @@ func (x *EgressStatus) String() string {
 func (*EgressStatus) ProtoMessage() {}
 
 func (x *EgressStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1845,7 +1912,7 @@ func (x *EgressStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressStatus.ProtoReflect.Descriptor instead.
 func (*EgressStatus) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EgressStatus) GetVip() string {
@@ -1912,7 +1979,7 @@ type DataPlane struct {
 
 func (x *DataPlane) Reset() {
 	*x = DataPlane{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1924,7 +1991,7 @@ func (x *DataPlane) String() string {
 func (*DataPlane) ProtoMessage() {}
 
 func (x *DataPlane) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1937,7 +2004,7 @@ func (x *DataPlane) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataPlane.ProtoReflect.Descriptor instead.
 func (*DataPlane) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DataPlane) GetReady() bool {
@@ -1987,7 +2054,7 @@ type RestartNotice struct {
 
 func (x *RestartNotice) Reset() {
 	*x = RestartNotice{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1999,7 +2066,7 @@ func (x *RestartNotice) String() string {
 func (*RestartNotice) ProtoMessage() {}
 
 func (x *RestartNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2012,7 +2079,7 @@ func (x *RestartNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartNotice.ProtoReflect.Descriptor instead.
 func (*RestartNotice) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RestartNotice) GetNode() string {
@@ -2060,7 +2127,7 @@ type ControlPlaneStatus struct {
 
 func (x *ControlPlaneStatus) Reset() {
 	*x = ControlPlaneStatus{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2072,7 +2139,7 @@ func (x *ControlPlaneStatus) String() string {
 func (*ControlPlaneStatus) ProtoMessage() {}
 
 func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2085,7 +2152,7 @@ func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
 func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ControlPlaneStatus) GetConfigFile() string {
@@ -2174,7 +2241,7 @@ type HeartbeatCounters struct {
 
 func (x *HeartbeatCounters) Reset() {
 	*x = HeartbeatCounters{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2186,7 +2253,7 @@ func (x *HeartbeatCounters) String() string {
 func (*HeartbeatCounters) ProtoMessage() {}
 
 func (x *HeartbeatCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2199,7 +2266,7 @@ func (x *HeartbeatCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatCounters.ProtoReflect.Descriptor instead.
 func (*HeartbeatCounters) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HeartbeatCounters) GetSent() uint64 {
@@ -2258,7 +2325,7 @@ type AnnouncedVIP struct {
 
 func (x *AnnouncedVIP) Reset() {
 	*x = AnnouncedVIP{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2270,7 +2337,7 @@ func (x *AnnouncedVIP) String() string {
 func (*AnnouncedVIP) ProtoMessage() {}
 
 func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2283,7 +2350,7 @@ func (x *AnnouncedVIP) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnouncedVIP.ProtoReflect.Descriptor instead.
 func (*AnnouncedVIP) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AnnouncedVIP) GetVip() string {
@@ -2361,7 +2428,7 @@ type PeerStatus struct {
 
 func (x *PeerStatus) Reset() {
 	*x = PeerStatus{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2373,7 +2440,7 @@ func (x *PeerStatus) String() string {
 func (*PeerStatus) ProtoMessage() {}
 
 func (x *PeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2386,7 +2453,7 @@ func (x *PeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatus.ProtoReflect.Descriptor instead.
 func (*PeerStatus) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PeerStatus) GetAddress() string {
@@ -2456,7 +2523,7 @@ type L2Counters struct {
 
 func (x *L2Counters) Reset() {
 	*x = L2Counters{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2468,7 +2535,7 @@ func (x *L2Counters) String() string {
 func (*L2Counters) ProtoMessage() {}
 
 func (x *L2Counters) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2481,7 +2548,7 @@ func (x *L2Counters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use L2Counters.ProtoReflect.Descriptor instead.
 func (*L2Counters) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *L2Counters) GetArpRequests() uint64 {
@@ -2541,7 +2608,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2553,7 +2620,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2566,7 +2633,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 type WatchResponse struct {
@@ -2578,7 +2645,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2590,7 +2657,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2603,7 +2670,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchResponse) GetEvent() *Event {
@@ -2630,7 +2697,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2642,7 +2709,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2655,7 +2722,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -2715,7 +2782,7 @@ type EnrollRequest struct {
 
 func (x *EnrollRequest) Reset() {
 	*x = EnrollRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2727,7 +2794,7 @@ func (x *EnrollRequest) String() string {
 func (*EnrollRequest) ProtoMessage() {}
 
 func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2740,7 +2807,7 @@ func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollRequest.ProtoReflect.Descriptor instead.
 func (*EnrollRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 type EnrollResponse struct {
@@ -2759,7 +2826,7 @@ type EnrollResponse struct {
 
 func (x *EnrollResponse) Reset() {
 	*x = EnrollResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2771,7 +2838,7 @@ func (x *EnrollResponse) String() string {
 func (*EnrollResponse) ProtoMessage() {}
 
 func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2784,7 +2851,7 @@ func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollResponse.ProtoReflect.Descriptor instead.
 func (*EnrollResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *EnrollResponse) GetNode() string {
@@ -2818,7 +2885,7 @@ type InstallRequest struct {
 
 func (x *InstallRequest) Reset() {
 	*x = InstallRequest{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2830,7 +2897,7 @@ func (x *InstallRequest) String() string {
 func (*InstallRequest) ProtoMessage() {}
 
 func (x *InstallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2843,7 +2910,7 @@ func (x *InstallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallRequest.ProtoReflect.Descriptor instead.
 func (*InstallRequest) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *InstallRequest) GetCertificate() []byte {
@@ -2861,7 +2928,7 @@ type InstallResponse struct {
 
 func (x *InstallResponse) Reset() {
 	*x = InstallResponse{}
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2873,7 +2940,7 @@ func (x *InstallResponse) String() string {
 func (*InstallResponse) ProtoMessage() {}
 
 func (x *InstallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_metalvip_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2886,7 +2953,7 @@ func (x *InstallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstallResponse.ProtoReflect.Descriptor instead.
 func (*InstallResponse) Descriptor() ([]byte, []int) {
-	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_metalvip_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 var File_metalvip_agent_v1_agent_proto protoreflect.FileDescriptor
@@ -2908,7 +2975,7 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\bdraining\x18\t \x01(\bR\bdraining\x125\n" +
 	"\x17health_check_node_ports\x18\n" +
 	" \x03(\rR\x14healthCheckNodePorts\x121\n" +
-	"\x06egress\x18\v \x03(\v2\x19.metalvip.agent.v1.EgressR\x06egress\"\xf6\x01\n" +
+	"\x06egress\x18\v \x03(\v2\x19.metalvip.agent.v1.EgressR\x06egress\"\xb5\x02\n" +
 	"\x06Egress\x12\x10\n" +
 	"\x03vip\x18\x01 \x01(\tR\x03vip\x12<\n" +
 	"\n" +
@@ -2918,7 +2985,12 @@ const file_metalvip_agent_v1_agent_proto_rawDesc = "" +
 	"\rcluster_cidrs\x18\x04 \x03(\tR\fclusterCidrs\x12\x1a\n" +
 	"\bservices\x18\x05 \x03(\tR\bservices\x12%\n" +
 	"\x0eremote_sources\x18\x06 \x03(\tR\rremoteSources\x12\x1a\n" +
-	"\bgateways\x18\a \x03(\tR\bgateways\"|\n" +
+	"\bgateways\x18\a \x03(\tR\bgateways\x12=\n" +
+	"\vreply_ports\x18\b \x01(\v2\x1c.metalvip.agent.v1.PortRangeR\n" +
+	"replyPorts\"5\n" +
+	"\tPortRange\x12\x14\n" +
+	"\x05first\x18\x01 \x01(\rR\x05first\x12\x12\n" +
+	"\x04last\x18\x02 \x01(\rR\x04last\"|\n" +
 	"\rHeartbeatPeer\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1f\n" +
@@ -3167,96 +3239,98 @@ func file_metalvip_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_metalvip_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_metalvip_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_metalvip_agent_v1_agent_proto_goTypes = []any{
 	(Mode)(0),                  // 0: metalvip.agent.v1.Mode
 	(Refusal_Kind)(0),          // 1: metalvip.agent.v1.Refusal.Kind
 	(Event_Kind)(0),            // 2: metalvip.agent.v1.Event.Kind
 	(*DesiredState)(nil),       // 3: metalvip.agent.v1.DesiredState
 	(*Egress)(nil),             // 4: metalvip.agent.v1.Egress
-	(*HeartbeatPeer)(nil),      // 5: metalvip.agent.v1.HeartbeatPeer
-	(*Announcement)(nil),       // 6: metalvip.agent.v1.Announcement
-	(*L2Announcement)(nil),     // 7: metalvip.agent.v1.L2Announcement
-	(*Candidate)(nil),          // 8: metalvip.agent.v1.Candidate
-	(*BGPAnnouncement)(nil),    // 9: metalvip.agent.v1.BGPAnnouncement
-	(*NodeWeight)(nil),         // 10: metalvip.agent.v1.NodeWeight
-	(*BGPPeer)(nil),            // 11: metalvip.agent.v1.BGPPeer
-	(*BFD)(nil),                // 12: metalvip.agent.v1.BFD
-	(*L2Options)(nil),          // 13: metalvip.agent.v1.L2Options
-	(*BGPOptions)(nil),         // 14: metalvip.agent.v1.BGPOptions
-	(*ApplyRequest)(nil),       // 15: metalvip.agent.v1.ApplyRequest
-	(*Build)(nil),              // 16: metalvip.agent.v1.Build
-	(*ApplyResponse)(nil),      // 17: metalvip.agent.v1.ApplyResponse
-	(*Refusal)(nil),            // 18: metalvip.agent.v1.Refusal
-	(*GetStateRequest)(nil),    // 19: metalvip.agent.v1.GetStateRequest
-	(*GetStateResponse)(nil),   // 20: metalvip.agent.v1.GetStateResponse
-	(*EgressStatus)(nil),       // 21: metalvip.agent.v1.EgressStatus
-	(*DataPlane)(nil),          // 22: metalvip.agent.v1.DataPlane
-	(*RestartNotice)(nil),      // 23: metalvip.agent.v1.RestartNotice
-	(*ControlPlaneStatus)(nil), // 24: metalvip.agent.v1.ControlPlaneStatus
-	(*HeartbeatCounters)(nil),  // 25: metalvip.agent.v1.HeartbeatCounters
-	(*AnnouncedVIP)(nil),       // 26: metalvip.agent.v1.AnnouncedVIP
-	(*PeerStatus)(nil),         // 27: metalvip.agent.v1.PeerStatus
-	(*L2Counters)(nil),         // 28: metalvip.agent.v1.L2Counters
-	(*WatchRequest)(nil),       // 29: metalvip.agent.v1.WatchRequest
-	(*WatchResponse)(nil),      // 30: metalvip.agent.v1.WatchResponse
-	(*Event)(nil),              // 31: metalvip.agent.v1.Event
-	(*EnrollRequest)(nil),      // 32: metalvip.agent.v1.EnrollRequest
-	(*EnrollResponse)(nil),     // 33: metalvip.agent.v1.EnrollResponse
-	(*InstallRequest)(nil),     // 34: metalvip.agent.v1.InstallRequest
-	(*InstallResponse)(nil),    // 35: metalvip.agent.v1.InstallResponse
-	nil,                        // 36: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	(*PortRange)(nil),          // 5: metalvip.agent.v1.PortRange
+	(*HeartbeatPeer)(nil),      // 6: metalvip.agent.v1.HeartbeatPeer
+	(*Announcement)(nil),       // 7: metalvip.agent.v1.Announcement
+	(*L2Announcement)(nil),     // 8: metalvip.agent.v1.L2Announcement
+	(*Candidate)(nil),          // 9: metalvip.agent.v1.Candidate
+	(*BGPAnnouncement)(nil),    // 10: metalvip.agent.v1.BGPAnnouncement
+	(*NodeWeight)(nil),         // 11: metalvip.agent.v1.NodeWeight
+	(*BGPPeer)(nil),            // 12: metalvip.agent.v1.BGPPeer
+	(*BFD)(nil),                // 13: metalvip.agent.v1.BFD
+	(*L2Options)(nil),          // 14: metalvip.agent.v1.L2Options
+	(*BGPOptions)(nil),         // 15: metalvip.agent.v1.BGPOptions
+	(*ApplyRequest)(nil),       // 16: metalvip.agent.v1.ApplyRequest
+	(*Build)(nil),              // 17: metalvip.agent.v1.Build
+	(*ApplyResponse)(nil),      // 18: metalvip.agent.v1.ApplyResponse
+	(*Refusal)(nil),            // 19: metalvip.agent.v1.Refusal
+	(*GetStateRequest)(nil),    // 20: metalvip.agent.v1.GetStateRequest
+	(*GetStateResponse)(nil),   // 21: metalvip.agent.v1.GetStateResponse
+	(*EgressStatus)(nil),       // 22: metalvip.agent.v1.EgressStatus
+	(*DataPlane)(nil),          // 23: metalvip.agent.v1.DataPlane
+	(*RestartNotice)(nil),      // 24: metalvip.agent.v1.RestartNotice
+	(*ControlPlaneStatus)(nil), // 25: metalvip.agent.v1.ControlPlaneStatus
+	(*HeartbeatCounters)(nil),  // 26: metalvip.agent.v1.HeartbeatCounters
+	(*AnnouncedVIP)(nil),       // 27: metalvip.agent.v1.AnnouncedVIP
+	(*PeerStatus)(nil),         // 28: metalvip.agent.v1.PeerStatus
+	(*L2Counters)(nil),         // 29: metalvip.agent.v1.L2Counters
+	(*WatchRequest)(nil),       // 30: metalvip.agent.v1.WatchRequest
+	(*WatchResponse)(nil),      // 31: metalvip.agent.v1.WatchResponse
+	(*Event)(nil),              // 32: metalvip.agent.v1.Event
+	(*EnrollRequest)(nil),      // 33: metalvip.agent.v1.EnrollRequest
+	(*EnrollResponse)(nil),     // 34: metalvip.agent.v1.EnrollResponse
+	(*InstallRequest)(nil),     // 35: metalvip.agent.v1.InstallRequest
+	(*InstallResponse)(nil),    // 36: metalvip.agent.v1.InstallResponse
+	nil,                        // 37: metalvip.agent.v1.HeartbeatCounters.RefusedEntry
 }
 var file_metalvip_agent_v1_agent_proto_depIdxs = []int32{
-	6,  // 0: metalvip.agent.v1.DesiredState.announcements:type_name -> metalvip.agent.v1.Announcement
-	11, // 1: metalvip.agent.v1.DesiredState.bgp_peers:type_name -> metalvip.agent.v1.BGPPeer
-	13, // 2: metalvip.agent.v1.DesiredState.l2:type_name -> metalvip.agent.v1.L2Options
-	14, // 3: metalvip.agent.v1.DesiredState.bgp:type_name -> metalvip.agent.v1.BGPOptions
-	5,  // 4: metalvip.agent.v1.DesiredState.heartbeat_peers:type_name -> metalvip.agent.v1.HeartbeatPeer
+	7,  // 0: metalvip.agent.v1.DesiredState.announcements:type_name -> metalvip.agent.v1.Announcement
+	12, // 1: metalvip.agent.v1.DesiredState.bgp_peers:type_name -> metalvip.agent.v1.BGPPeer
+	14, // 2: metalvip.agent.v1.DesiredState.l2:type_name -> metalvip.agent.v1.L2Options
+	15, // 3: metalvip.agent.v1.DesiredState.bgp:type_name -> metalvip.agent.v1.BGPOptions
+	6,  // 4: metalvip.agent.v1.DesiredState.heartbeat_peers:type_name -> metalvip.agent.v1.HeartbeatPeer
 	4,  // 5: metalvip.agent.v1.DesiredState.egress:type_name -> metalvip.agent.v1.Egress
-	8,  // 6: metalvip.agent.v1.Egress.candidates:type_name -> metalvip.agent.v1.Candidate
-	0,  // 7: metalvip.agent.v1.Announcement.mode:type_name -> metalvip.agent.v1.Mode
-	7,  // 8: metalvip.agent.v1.Announcement.l2:type_name -> metalvip.agent.v1.L2Announcement
-	9,  // 9: metalvip.agent.v1.Announcement.bgp:type_name -> metalvip.agent.v1.BGPAnnouncement
-	8,  // 10: metalvip.agent.v1.L2Announcement.candidates:type_name -> metalvip.agent.v1.Candidate
-	10, // 11: metalvip.agent.v1.BGPAnnouncement.weights:type_name -> metalvip.agent.v1.NodeWeight
-	12, // 12: metalvip.agent.v1.BGPPeer.bfd:type_name -> metalvip.agent.v1.BFD
-	3,  // 13: metalvip.agent.v1.ApplyRequest.state:type_name -> metalvip.agent.v1.DesiredState
-	16, // 14: metalvip.agent.v1.ApplyRequest.sender:type_name -> metalvip.agent.v1.Build
-	18, // 15: metalvip.agent.v1.ApplyResponse.refused:type_name -> metalvip.agent.v1.Refusal
-	1,  // 16: metalvip.agent.v1.Refusal.kind:type_name -> metalvip.agent.v1.Refusal.Kind
-	26, // 17: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
-	27, // 18: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
-	28, // 19: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
-	3,  // 20: metalvip.agent.v1.GetStateResponse.state:type_name -> metalvip.agent.v1.DesiredState
-	18, // 21: metalvip.agent.v1.GetStateResponse.refused:type_name -> metalvip.agent.v1.Refusal
-	25, // 22: metalvip.agent.v1.GetStateResponse.heartbeats:type_name -> metalvip.agent.v1.HeartbeatCounters
-	24, // 23: metalvip.agent.v1.GetStateResponse.control_plane:type_name -> metalvip.agent.v1.ControlPlaneStatus
-	16, // 24: metalvip.agent.v1.GetStateResponse.build:type_name -> metalvip.agent.v1.Build
-	16, // 25: metalvip.agent.v1.GetStateResponse.applied_by:type_name -> metalvip.agent.v1.Build
-	23, // 26: metalvip.agent.v1.GetStateResponse.restarting:type_name -> metalvip.agent.v1.RestartNotice
-	22, // 27: metalvip.agent.v1.GetStateResponse.data_plane:type_name -> metalvip.agent.v1.DataPlane
-	21, // 28: metalvip.agent.v1.GetStateResponse.egress:type_name -> metalvip.agent.v1.EgressStatus
-	26, // 29: metalvip.agent.v1.ControlPlaneStatus.vip:type_name -> metalvip.agent.v1.AnnouncedVIP
-	36, // 30: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
-	0,  // 31: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
-	31, // 32: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
-	2,  // 33: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
-	15, // 34: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
-	19, // 35: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
-	29, // 36: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
-	32, // 37: metalvip.agent.v1.AgentService.Enroll:input_type -> metalvip.agent.v1.EnrollRequest
-	34, // 38: metalvip.agent.v1.AgentService.Install:input_type -> metalvip.agent.v1.InstallRequest
-	17, // 39: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
-	20, // 40: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
-	30, // 41: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
-	33, // 42: metalvip.agent.v1.AgentService.Enroll:output_type -> metalvip.agent.v1.EnrollResponse
-	35, // 43: metalvip.agent.v1.AgentService.Install:output_type -> metalvip.agent.v1.InstallResponse
-	39, // [39:44] is the sub-list for method output_type
-	34, // [34:39] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	9,  // 6: metalvip.agent.v1.Egress.candidates:type_name -> metalvip.agent.v1.Candidate
+	5,  // 7: metalvip.agent.v1.Egress.reply_ports:type_name -> metalvip.agent.v1.PortRange
+	0,  // 8: metalvip.agent.v1.Announcement.mode:type_name -> metalvip.agent.v1.Mode
+	8,  // 9: metalvip.agent.v1.Announcement.l2:type_name -> metalvip.agent.v1.L2Announcement
+	10, // 10: metalvip.agent.v1.Announcement.bgp:type_name -> metalvip.agent.v1.BGPAnnouncement
+	9,  // 11: metalvip.agent.v1.L2Announcement.candidates:type_name -> metalvip.agent.v1.Candidate
+	11, // 12: metalvip.agent.v1.BGPAnnouncement.weights:type_name -> metalvip.agent.v1.NodeWeight
+	13, // 13: metalvip.agent.v1.BGPPeer.bfd:type_name -> metalvip.agent.v1.BFD
+	3,  // 14: metalvip.agent.v1.ApplyRequest.state:type_name -> metalvip.agent.v1.DesiredState
+	17, // 15: metalvip.agent.v1.ApplyRequest.sender:type_name -> metalvip.agent.v1.Build
+	19, // 16: metalvip.agent.v1.ApplyResponse.refused:type_name -> metalvip.agent.v1.Refusal
+	1,  // 17: metalvip.agent.v1.Refusal.kind:type_name -> metalvip.agent.v1.Refusal.Kind
+	27, // 18: metalvip.agent.v1.GetStateResponse.announced:type_name -> metalvip.agent.v1.AnnouncedVIP
+	28, // 19: metalvip.agent.v1.GetStateResponse.peers:type_name -> metalvip.agent.v1.PeerStatus
+	29, // 20: metalvip.agent.v1.GetStateResponse.l2:type_name -> metalvip.agent.v1.L2Counters
+	3,  // 21: metalvip.agent.v1.GetStateResponse.state:type_name -> metalvip.agent.v1.DesiredState
+	19, // 22: metalvip.agent.v1.GetStateResponse.refused:type_name -> metalvip.agent.v1.Refusal
+	26, // 23: metalvip.agent.v1.GetStateResponse.heartbeats:type_name -> metalvip.agent.v1.HeartbeatCounters
+	25, // 24: metalvip.agent.v1.GetStateResponse.control_plane:type_name -> metalvip.agent.v1.ControlPlaneStatus
+	17, // 25: metalvip.agent.v1.GetStateResponse.build:type_name -> metalvip.agent.v1.Build
+	17, // 26: metalvip.agent.v1.GetStateResponse.applied_by:type_name -> metalvip.agent.v1.Build
+	24, // 27: metalvip.agent.v1.GetStateResponse.restarting:type_name -> metalvip.agent.v1.RestartNotice
+	23, // 28: metalvip.agent.v1.GetStateResponse.data_plane:type_name -> metalvip.agent.v1.DataPlane
+	22, // 29: metalvip.agent.v1.GetStateResponse.egress:type_name -> metalvip.agent.v1.EgressStatus
+	27, // 30: metalvip.agent.v1.ControlPlaneStatus.vip:type_name -> metalvip.agent.v1.AnnouncedVIP
+	37, // 31: metalvip.agent.v1.HeartbeatCounters.refused:type_name -> metalvip.agent.v1.HeartbeatCounters.RefusedEntry
+	0,  // 32: metalvip.agent.v1.AnnouncedVIP.mode:type_name -> metalvip.agent.v1.Mode
+	32, // 33: metalvip.agent.v1.WatchResponse.event:type_name -> metalvip.agent.v1.Event
+	2,  // 34: metalvip.agent.v1.Event.kind:type_name -> metalvip.agent.v1.Event.Kind
+	16, // 35: metalvip.agent.v1.AgentService.Apply:input_type -> metalvip.agent.v1.ApplyRequest
+	20, // 36: metalvip.agent.v1.AgentService.GetState:input_type -> metalvip.agent.v1.GetStateRequest
+	30, // 37: metalvip.agent.v1.AgentService.Watch:input_type -> metalvip.agent.v1.WatchRequest
+	33, // 38: metalvip.agent.v1.AgentService.Enroll:input_type -> metalvip.agent.v1.EnrollRequest
+	35, // 39: metalvip.agent.v1.AgentService.Install:input_type -> metalvip.agent.v1.InstallRequest
+	18, // 40: metalvip.agent.v1.AgentService.Apply:output_type -> metalvip.agent.v1.ApplyResponse
+	21, // 41: metalvip.agent.v1.AgentService.GetState:output_type -> metalvip.agent.v1.GetStateResponse
+	31, // 42: metalvip.agent.v1.AgentService.Watch:output_type -> metalvip.agent.v1.WatchResponse
+	34, // 43: metalvip.agent.v1.AgentService.Enroll:output_type -> metalvip.agent.v1.EnrollResponse
+	36, // 44: metalvip.agent.v1.AgentService.Install:output_type -> metalvip.agent.v1.InstallResponse
+	40, // [40:45] is the sub-list for method output_type
+	35, // [35:40] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_metalvip_agent_v1_agent_proto_init() }
@@ -3270,7 +3344,7 @@ func file_metalvip_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_metalvip_agent_v1_agent_proto_rawDesc), len(file_metalvip_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   34,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
