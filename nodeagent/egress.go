@@ -27,6 +27,7 @@ type checkedEgress struct {
 // fault, not the Service's: it is left out and named in the problems.
 func checkEgress(st *agentv1.DesiredState) (out []checkedEgress, problems []string) {
 	seen := map[netip.Addr]bool{}
+	claimed := map[netip.Addr]netip.Addr{} // pod -> the VIP of the item that has it
 	for i, eg := range st.GetEgress() {
 		bad := func(format string, args ...any) {
 			problems = append(problems, fmt.Sprintf("egress[%d] (%s): %s; its pods leave as before", i, eg.GetVip(), fmt.Sprintf(format, args...)))
@@ -124,6 +125,16 @@ func checkEgress(st *agentv1.DesiredState) (out []checkedEgress, problems []stri
 		if !slices.ContainsFunc(c.cluster, func(p netip.Prefix) bool { return p.Addr().Is4() == vip.Is4() }) {
 			bad("no cluster_cidrs of the VIP's family: every destination would leave from the VIP")
 			continue
+		}
+		// A pod leaves from one address (the CCM settles it): an item that names a pod an
+		// earlier one has is left out.
+		if i := slices.IndexFunc(slices.Concat(c.sources, c.remote), func(a netip.Addr) bool { _, ok := claimed[a]; return ok }); i >= 0 {
+			src := slices.Concat(c.sources, c.remote)[i]
+			bad("pod address %s leaves from %s already", src, claimed[src])
+			continue
+		}
+		for _, a := range slices.Concat(c.sources, c.remote) {
+			claimed[a] = vip
 		}
 		out = append(out, c)
 	}

@@ -72,6 +72,8 @@ func TestEgressFollowsWhoAnswersTheVIP(t *testing.T) {
 		{Vip: "203.0.113.20", Candidates: candidates("node-b", "node-a"), Sources: []string{"198.18.1.8"}, ClusterCidrs: cluster, ReplyPorts: &agentv1.PortRange{First: 49152, Last: 65534}},
 		{Vip: "203.0.113.21", Candidates: candidates("node-a", "node-b"), Sources: []string{"198.18.1.9"}, ClusterCidrs: cluster, ReplyPorts: &agentv1.PortRange{First: 49152, Last: 65534}},
 		{Vip: "203.0.113.22", Candidates: candidates("node-b", "node-a"), Sources: []string{"198.18.1.10"}, ClusterCidrs: cluster, ReplyPorts: &agentv1.PortRange{First: 49152, Last: 65535}},
+		// A pod of an earlier item: left out.
+		{Vip: "203.0.113.23", Candidates: candidates("node-b"), Sources: []string{"198.18.1.2"}, ClusterCidrs: cluster},
 	}
 	resp, err := c.Apply(ctx(t), &agentv1.ApplyRequest{State: st})
 	if err != nil {
@@ -82,7 +84,8 @@ func TestEgressFollowsWhoAnswersTheVIP(t *testing.T) {
 		!strings.Contains(problems, "egress[4] (203.0.113.14): no cluster_cidrs") ||
 		!strings.Contains(problems, `egress[7] (2001:db8:100::12): sources: "198.18.1.6" is not an address of the VIP's family`) ||
 		!strings.Contains(problems, "egress[8] (2001:db8:100::13): no cluster_cidrs of the VIP's family") ||
-		!strings.Contains(problems, "egress[11] (203.0.113.22): reply_ports 49152-65535") {
+		!strings.Contains(problems, "egress[11] (203.0.113.22): reply_ports 49152-65535") ||
+		!strings.Contains(problems, "egress[12] (203.0.113.23): pod address 198.18.1.2 leaves from 203.0.113.10 already") {
 		t.Errorf("problems %q: want the malformed items named", problems)
 	}
 	got := eg.last()

@@ -56,6 +56,7 @@ type loopState struct {
 	dataPlane dataPlanes // what each node's agent says of its kube-proxy, and the ports it is asked
 
 	egress     map[netip.Addr]egressVIP         // addresses whose Services' pods leave from them
+	egressAsks map[netip.Addr]egressAsk         // addresses whose Services may have egress (before claims)
 	egressWhy  map[string]map[netip.Addr]string // Service -> its asking addresses -> why refused ("": granted)
 	egressSaid map[string]string                // Service -> Egress condition last set (text form)
 }
@@ -123,6 +124,7 @@ func newLoopState(maxCandidates int, records Records) loopState {
 		sessions:    map[string][]*agentv1.PeerStatus{},
 		dataPlane:   newDataPlanes(),
 		egress:      map[netip.Addr]egressVIP{},
+		egressAsks:  map[netip.Addr]egressAsk{},
 		egressWhy:   map[string]map[netip.Addr]string{},
 		egressSaid:  map[string]string{},
 	}

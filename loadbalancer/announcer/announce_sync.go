@@ -26,6 +26,8 @@ type round struct {
 	parts map[string]bool     // the node's announcements changed (its state surely did)
 	conds map[string]bool     // rewrite the Service's condition
 	grps  map[string]bool     // re-tell the group's spread
+	// egress: an address's egress asks changed (egressClaimRound settles them again).
+	egress bool
 }
 
 // sync plans what changed and pushes the nodes whose part changed.
@@ -80,6 +82,7 @@ func (a *Announcer) sync(ctx context.Context, ch changes) {
 	for ip := range r.spec {
 		a.specRound(ip, &r)
 	}
+	a.egressClaimRound(&r)
 	a.planRound(ch.nodes || reach || dataPlane, &r)
 	for ip := range r.entry {
 		a.entryRound(ip, &r)

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -30,14 +31,22 @@ type egressVIP struct {
 	sources map[string][]string
 }
 
-// egressRound decides whether the Services sharing ip get egress through it, marks the
-// nodes whose states change, and remembers the Services' verdicts for their conditions.
+// egressAsk is an address whose Services ask for egress and may have it, before the claim
+// round settles which pods each address gets: its pods, its Services and when the oldest of
+// them was created (the older claim keeps a pod two addresses ask for).
+type egressAsk struct {
+	sources  map[string][]string
+	services []string
+	since    time.Time
+}
+
+// egressRound decides whether the Services sharing ip may have egress through it and notes its
+// pods for the claim round; it remembers the verdicts of those refused for their conditions.
 func (a *Announcer) egressRound(ip netip.Addr, pool *pools.Pool, svcs []*v1.Service, r *round) {
 	s := &a.loop
-	old, had := s.egress[ip]
-	var next egressVIP
 	refused := desired.EgressRefusal(ip, pool, svcs, a.cfg.EgressClusterCIDRs)
 	asked := false
+	var ask egressAsk
 	for _, svc := range svcs {
 		ok, problem := desired.EgressAsk(svc)
 		key := desired.Key(svc)
@@ -56,6 +65,11 @@ func (a *Announcer) egressRound(ip netip.Addr, pool *pools.Pool, svcs []*v1.Serv
 			continue
 		case refused == "":
 			asked = true
+			ask.services = append(ask.services, key)
+			if t := svc.CreationTimestamp.Time; ask.since.IsZero() || t.Before(ask.since) {
+				ask.since = t
+			}
+			continue // the claim round says
 		}
 		if s.egressWhy[key] == nil {
 			s.egressWhy[key] = map[netip.Addr]string{}
@@ -64,28 +78,98 @@ func (a *Announcer) egressRound(ip netip.Addr, pool *pools.Pool, svcs []*v1.Serv
 		r.conds[key] = true
 	}
 	if asked && refused == "" {
-		next.sources = map[string][]string{}
+		ask.sources = map[string][]string{}
 		for _, svc := range svcs {
 			sel := labels.SelectorFromSet(labels.Set{"kubernetes.io/service-name": svc.Name})
 			es, _ := a.endpoints.EndpointSlices(svc.Namespace).List(sel)
-			next.sources = desired.MergeSources(next.sources, desired.EgressSources(ip, es))
+			ask.sources = desired.MergeSources(ask.sources, desired.EgressSources(ip, es))
 		}
 	}
-	if next.sources == nil {
-		delete(s.egress, ip)
+	old, had := s.egressAsks[ip]
+	if ask.sources == nil {
+		delete(s.egressAsks, ip)
 	} else {
-		s.egress[ip] = next
+		s.egressAsks[ip] = ask
 	}
-	if had == (next.sources != nil) && desired.SameSources(old.sources, next.sources) {
+	if had != (ask.sources != nil) || !desired.SameSources(old.sources, ask.sources) ||
+		!slices.Equal(old.services, ask.services) || !old.since.Equal(ask.since) {
+		r.egress = true
+	}
+}
+
+// egressClaimRound settles which addresses' pods leave from them: a pod two addresses ask for
+// leaves from the one whose oldest Service is older (then the lower address); the other is
+// refused whole, naming the pod (a pod leaves from one address). It marks the nodes whose
+// states change and the Services whose conditions do.
+func (a *Announcer) egressClaimRound(r *round) {
+	if !r.egress {
 		return
 	}
-	for _, m := range []map[string][]string{old.sources, next.sources} {
-		for n := range m {
-			r.nodes[n] = true
+	s := &a.loop
+	ips := slices.Collect(maps.Keys(s.egressAsks))
+	slices.SortFunc(ips, func(x, y netip.Addr) int {
+		if c := s.egressAsks[x].since.Compare(s.egressAsks[y].since); c != 0 {
+			return c
+		}
+		return x.Compare(y)
+	})
+	claimed := map[string]netip.Addr{} // pod address -> the address it leaves from
+	next := map[netip.Addr]egressVIP{}
+	for _, ip := range ips {
+		ask := s.egressAsks[ip]
+		why := ""
+		for _, n := range slices.Sorted(maps.Keys(ask.sources)) {
+			for _, src := range ask.sources[n] {
+				if other, ok := claimed[src]; ok && why == "" {
+					why = fmt.Sprintf("pod address %s (on %s) already leaves from %s (Services %s, which asked first): a pod leaves from one address",
+						src, n, other, strings.Join(s.egressAsks[other].services, ", "))
+				}
+			}
+		}
+		if why == "" {
+			for _, srcs := range ask.sources {
+				for _, src := range srcs {
+					claimed[src] = ip
+				}
+			}
+			next[ip] = egressVIP{sources: ask.sources}
+		}
+		for _, key := range ask.services {
+			if s.egressWhy[key] == nil {
+				s.egressWhy[key] = map[netip.Addr]string{}
+			}
+			if was, ok := s.egressWhy[key][ip]; !ok || was != why {
+				r.conds[key] = true
+			}
+			s.egressWhy[key][ip] = why
 		}
 	}
-	for _, n := range s.annNodes[ip] {
-		r.nodes[n] = true // the candidates: one of them source-NATs
+	for _, ip := range slices.Collect(maps.Keys(s.egress)) {
+		if _, ok := next[ip]; !ok {
+			next[ip] = egressVIP{} // gone: its nodes are told below
+		}
+	}
+	for ip, now := range next {
+		old, had := s.egress[ip]
+		if now.sources == nil {
+			delete(s.egress, ip)
+		} else {
+			s.egress[ip] = now
+		}
+		if had == (now.sources != nil) && desired.SameSources(old.sources, now.sources) {
+			continue
+		}
+		for _, m := range []map[string][]string{old.sources, now.sources} {
+			for n := range m {
+				r.nodes[n] = true
+			}
+		}
+		for _, n := range s.annNodes[ip] {
+			r.nodes[n] = true // the candidates: one of them source-NATs
+		}
+		for _, key := range s.shown.services[ip] {
+			r.conds[key] = true
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -216,5 +217,54 @@ func TestBGPEgressRanksTheAnnouncersAndGivesThemTheReplyPorts(t *testing.T) {
 		if items := h.a.egressOf(n); len(items) != 0 {
 			t.Errorf("refused, %s is told %v", n, items)
 		}
+	}
+}
+
+// TestAPodLeavesFromOneAddress: two addresses whose Services ask for egress for the same pod:
+// the one whose Service is older keeps it, the other is refused whole with the pod named, and
+// no node hears of it; the older one stops asking, and the other has it.
+func TestAPodLeavesFromOneAddress(t *testing.T) {
+	h := newHarness(t, 3)
+	h.a.cfg.EgressClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")}
+	h.pool("lend", map[string]any{"addresses": []any{"203.0.113.0/28"}, "egress": "Allow"})
+	// b is the older Service, on the higher address: age decides, not the address.
+	a := h.service("a", "lend", false, "203.0.113.1")
+	b := h.service("b", "lend", false, "203.0.113.2")
+	a.CreationTimestamp = metav1.NewTime(time.Unix(2e9, 0))
+	b.CreationTimestamp = metav1.NewTime(time.Unix(1e9, 0))
+	for _, svc := range []*v1.Service{a, b} {
+		svc.Annotations["metalvip.io/egress"] = "true"
+		svc.Spec.Selector = map[string]string{"app": "shared"}
+	}
+	h.egressEndpoints("a", map[string]string{"node1": "198.18.1.7"})
+	h.egressEndpoints("b", map[string]string{"node1": "198.18.1.7"})
+	h.sync(changes{services: map[string]bool{"ns/a": true, "ns/b": true}})
+	var vips []string
+	for _, it := range h.a.egressOf("node1") {
+		vips = append(vips, it.GetVip())
+	}
+	if !slices.Equal(vips, []string{"203.0.113.2"}) {
+		t.Errorf("node1 is told egress through %v, want only the older Service's 203.0.113.2", vips)
+	}
+	if c, refused, _ := h.a.egressCondition(a); c.Status != metav1.ConditionFalse ||
+		!strings.Contains(refused, "pod address 198.18.1.7 (on node1) already leaves from 203.0.113.2 (Services ns/b, which asked first)") {
+		t.Errorf("the younger Service's condition %+v (refused %q)", c, refused)
+	}
+	if c, refused, _ := h.a.egressCondition(b); c.Status != metav1.ConditionTrue || refused != "" {
+		t.Errorf("the older Service's condition %+v (refused %q)", c, refused)
+	}
+
+	// b stops asking: a has the pod.
+	delete(b.Annotations, "metalvip.io/egress")
+	h.sync(changes{services: map[string]bool{"ns/b": true}})
+	vips = nil
+	for _, it := range h.a.egressOf("node1") {
+		vips = append(vips, it.GetVip())
+	}
+	if !slices.Equal(vips, []string{"203.0.113.1"}) {
+		t.Errorf("with b asking no more node1 is told egress through %v, want 203.0.113.1", vips)
+	}
+	if c, refused, _ := h.a.egressCondition(a); c.Status != metav1.ConditionTrue || refused != "" {
+		t.Errorf("then a's condition %+v (refused %q)", c, refused)
 	}
 }
