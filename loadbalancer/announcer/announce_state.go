@@ -57,13 +57,15 @@ type loopState struct {
 
 	egress     map[netip.Addr]egressVIP         // addresses whose Services' pods leave from them
 	egressAsks map[netip.Addr]egressAsk         // addresses whose Services may have egress (before claims)
+	annPeered  map[netip.Addr]bool              // BGP addresses whose parts carry egress heartbeat peers
 	egressWhy  map[string]map[netip.Addr]string // Service -> its asking addresses -> why refused ("": granted)
 	egressSaid map[string]string                // Service -> Egress condition last set (text form)
 }
 
 // nodePart is one node's announcements, ordered by VIP in a copy-on-write tree (a snapshot
-// for the push costs nothing, a change O(log n)), and how many of its L2 VIPs each other node
-// is a candidate of (its heartbeat peers).
+// for the push costs nothing, a change O(log n)), and how many of its VIPs name each other
+// node as a peer (its heartbeat peers): an L2 VIP its candidates, a BGP VIP with egress the
+// announcers that may be its egress node (egressPeers).
 type nodePart struct {
 	anns    *btree.BTreeG[annItem]
 	peers   map[string]int
@@ -71,8 +73,9 @@ type nodePart struct {
 }
 
 type annItem struct {
-	ip netip.Addr
-	an *agentv1.Announcement
+	ip    netip.Addr
+	an    *agentv1.Announcement
+	peers []string // the nodes this VIP makes heartbeat peers of the part's node
 }
 
 func annLess(a, b annItem) bool { return a.ip.Less(b.ip) }
@@ -125,6 +128,7 @@ func newLoopState(maxCandidates int, records Records) loopState {
 		dataPlane:   newDataPlanes(),
 		egress:      map[netip.Addr]egressVIP{},
 		egressAsks:  map[netip.Addr]egressAsk{},
+		annPeered:   map[netip.Addr]bool{},
 		egressWhy:   map[string]map[netip.Addr]string{},
 		egressSaid:  map[string]string{},
 	}
@@ -193,13 +197,20 @@ func (s *loopState) part(node string) *nodePart {
 	return p
 }
 
-// set puts an announcement in the part.
-func (p *nodePart) set(ip netip.Addr, an *agentv1.Announcement) {
-	if old, found := p.anns.ReplaceOrInsert(annItem{ip, an}); found {
-		p.unpeer(old.an)
+// set puts an announcement in the part, with the heartbeat peers it gives the node (an L2
+// VIP's candidates when extra is nil).
+func (p *nodePart) set(ip netip.Addr, an *agentv1.Announcement, extra []string) {
+	peers := extra
+	if peers == nil {
+		for _, c := range an.GetL2().GetCandidates() {
+			peers = append(peers, c.GetNode())
+		}
 	}
-	for _, c := range an.GetL2().GetCandidates() {
-		p.peers[c.GetNode()]++
+	if old, found := p.anns.ReplaceOrInsert(annItem{ip, an, peers}); found {
+		p.unpeer(old.peers)
+	}
+	for _, n := range peers {
+		p.peers[n]++
 	}
 	p.version++
 }
@@ -207,15 +218,15 @@ func (p *nodePart) set(ip netip.Addr, an *agentv1.Announcement) {
 // remove takes a VIP's announcement out of the part.
 func (p *nodePart) remove(ip netip.Addr) {
 	if old, found := p.anns.Delete(annItem{ip: ip}); found {
-		p.unpeer(old.an)
+		p.unpeer(old.peers)
 		p.version++
 	}
 }
 
-func (p *nodePart) unpeer(an *agentv1.Announcement) {
-	for _, c := range an.GetL2().GetCandidates() {
-		if p.peers[c.GetNode()]--; p.peers[c.GetNode()] <= 0 {
-			delete(p.peers, c.GetNode())
+func (p *nodePart) unpeer(peers []string) {
+	for _, n := range peers {
+		if p.peers[n]--; p.peers[n] <= 0 {
+			delete(p.peers, n)
 		}
 	}
 }

@@ -284,7 +284,9 @@ func (a *Announcer) entryRound(ip netip.Addr, r *round) {
 	if v, known := s.vips[ip]; ok && known {
 		next = desired.Announcement(e, v, s.pools.of(ip), s.shown.services[ip], s.addrOf, s.weights[ip], s.communities[ip])
 	}
-	if old != nil && next != nil && proto.Equal(old, next) && slices.Equal(s.annNodes[ip], e.Nodes) {
+	// A BGP address with egress makes heartbeat peers of its announcers (egressPeers).
+	peered := next.GetBgp() != nil && s.egress[ip].sources != nil
+	if old != nil && next != nil && proto.Equal(old, next) && slices.Equal(s.annNodes[ip], e.Nodes) && s.annPeered[ip] == peered {
 		return // (a BGP announcement does not name its nodes: compare them apart)
 	}
 	a.moveEvents(ip, e, ok)
@@ -298,14 +300,42 @@ func (a *Announcer) entryRound(ip netip.Addr, r *round) {
 	if next == nil {
 		delete(s.anns, ip)
 		delete(s.annNodes, ip)
+		delete(s.annPeered, ip)
 		return
 	}
 	s.anns[ip] = next
 	s.annNodes[ip] = slices.Clone(e.Nodes)
+	if peered {
+		s.annPeered[ip] = true
+	} else {
+		delete(s.annPeered, ip)
+	}
 	for _, n := range e.Nodes {
-		s.part(n).set(ip, next)
+		var extra []string
+		if peered {
+			extra = egressPeers(ip, e.Nodes, n)
+		}
+		s.part(n).set(ip, next, extra)
 		r.nodes[n], r.parts[n] = true, true
 	}
+}
+
+// egressWatch is how many of a BGP egress address's announcers, first in its egress order,
+// every announcer exchanges heartbeats with: the egress node is the first live one of them.
+const egressWatch = 3
+
+// egressPeers are the heartbeat peers a BGP address with egress gives its announcer node: the
+// first egressWatch announcers in the egress order watch every announcer (one of them takes
+// the egress role when those before it die), and every other announcer watches them (it passes
+// the replies on to the first live one). The egress node fails over with the heartbeats, not
+// with the CCM's next plan; the peers grow with the announcers, not with their square.
+func egressPeers(ip netip.Addr, announcers []string, node string) []string {
+	order := desired.EgressOrder(ip, announcers)
+	top := order[:min(egressWatch, len(order))]
+	if slices.Contains(top, node) {
+		return order
+	}
+	return slices.Clone(top)
 }
 
 // planRound makes the first plan (keeping what the agents held at start), or replans over

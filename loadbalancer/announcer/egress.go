@@ -170,6 +170,9 @@ func (a *Announcer) egressClaimRound(r *round) {
 		for _, key := range s.shown.services[ip] {
 			r.conds[key] = true
 		}
+		if had != (now.sources != nil) && s.anns[ip].GetBgp() != nil {
+			r.entry[ip] = true // its announcers' heartbeat peers change (egressPeers)
+		}
 	}
 }
 

@@ -207,6 +207,20 @@ func TestBGPEgressRanksTheAnnouncersAndGivesThemTheReplyPorts(t *testing.T) {
 	if c, refused, _ := h.a.egressCondition(svc); c.Status != metav1.ConditionTrue || refused != "" || !strings.Contains(c.Message, "1 pod addresses leave from egress node "+order[0]) {
 		t.Errorf("the Egress condition %+v (refused %q)", c, refused)
 	}
+	// The announcers exchange heartbeats with the first ones of the order (the egress node
+	// fails over with them), those with every announcer.
+	top := order[:min(egressWatch, len(order))]
+	for _, n := range announcers {
+		want := top
+		if slices.Contains(top, n) {
+			want = order
+		}
+		for _, p := range want {
+			if h.a.loop.part(n).peers[p] == 0 {
+				t.Errorf("%s's heartbeat peers %v lack %s", n, h.a.loop.part(n).peers, p)
+			}
+		}
+	}
 	// A port among the reply ports: refused.
 	svc.Spec.Ports = []v1.ServicePort{{Port: 50000}}
 	h.sync(changes{services: map[string]bool{"ns/a": true}})
@@ -216,6 +230,9 @@ func TestBGPEgressRanksTheAnnouncersAndGivesThemTheReplyPorts(t *testing.T) {
 	for _, n := range []string{"node1", "node2", "node3", "node4", "node5"} {
 		if items := h.a.egressOf(n); len(items) != 0 {
 			t.Errorf("refused, %s is told %v", n, items)
+		}
+		if peers := h.a.loop.part(n).peers; len(peers) != 0 {
+			t.Errorf("refused, %s keeps heartbeat peers %v", n, peers)
 		}
 	}
 }

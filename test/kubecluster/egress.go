@@ -235,8 +235,9 @@ func (e *Egress) WaitVIPAlone(timeout time.Duration) error {
 type EgressFailover struct {
 	Victim, Survivor string
 	// Pause is the longest time between two connections of the survivor's pod from the VIP
-	// around the kill (they come every 20 ms: the pause is the failover).
-	Pause time.Duration
+	// around the kill (they come every 20 ms: the pause is the failover); BGPPause the same
+	// for the pod of the BGP address's Service (the victim may be its egress node too).
+	Pause, BGPPause time.Duration
 }
 
 // KillEgressNode kills the node answering for the VIP hard, measures the pause of the egress
@@ -266,6 +267,7 @@ func (e *Egress) KillEgressNode(ctx context.Context) (EgressFailover, error) {
 	end := at.Add(6 * time.Second)
 	time.Sleep(time.Until(end))
 	last := at.Add(-100 * time.Millisecond)
+	lastBGP := last
 	for _, s := range e.Server.Since(last, "") {
 		fields := strings.Fields(s.Line)
 		if len(fields) != 2 || fields[1] != f.Survivor {
@@ -276,11 +278,15 @@ func (e *Egress) KillEgressNode(ctx context.Context) (EgressFailover, error) {
 			return f, fmt.Errorf("%s killed, %q came from %s %s after the kill, want %s; egress rules on %s: %s",
 				owner, s.Line, s.From, s.At.Sub(at).Round(time.Millisecond), want, f.Survivor, c.Node(f.Survivor).EgressLeft())
 		}
-		if want == e.VIP {
+		switch want {
+		case e.VIP:
 			f.Pause, last = max(f.Pause, s.At.Sub(last)), s.At
+		case e.BGPVIP:
+			f.BGPPause, lastBGP = max(f.BGPPause, s.At.Sub(lastBGP)), s.At
 		}
 	}
 	f.Pause = max(f.Pause, end.Sub(last))
+	f.BGPPause = max(f.BGPPause, end.Sub(lastBGP))
 	revived = true
 	if err := c.Node(owner).Revive(); err != nil {
 		return f, err
