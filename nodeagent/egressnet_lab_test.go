@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -176,17 +177,7 @@ func testEgressLeavesFromTheVIP(t *testing.T, fam egressFamily) {
 	if err := e1.Set(EgressConfig{Cluster: cluster, Route: []EgressRoute{{VIP: vip, Sources: []netip.Addr{pod}}}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := n1.Do(func() error {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: pod.AsSlice()}, Timeout: time.Second}
-		c, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(server, 9000).String())
-		if err == nil {
-			_ = c.Close()
-			return fmt.Errorf("the pod reached the server with no route to the egress node")
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	cannotConnect(ctx, t, n1, pod, server, "the pod reached the server with no route to the egress node")
 
 	// A restarted agent on node1 finds the old rules and, with nothing to do, removes them.
 	fresh := egressNetOn(t, n1)
@@ -304,17 +295,7 @@ func TestLabBGPEgressRepliesReachTheEgressNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	// node2 does not steer yet: the replies never reach node1.
-	if err := n1.Do(func() error {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: pod.AsSlice()}, Timeout: time.Second}
-		c, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(server, 9000).String())
-		if err == nil {
-			_ = c.Close()
-			return fmt.Errorf("connected with the replies sent to node2, which does not steer")
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	cannotConnect(ctx, t, n1, pod, server, "connected with the replies sent to node2, which does not steer")
 	if err := e2.Set(EgressConfig{Cluster: cluster, Steer: []EgressSteer{{VIP: vip, Via: n1.IPv4, Ports: ports}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -351,5 +332,22 @@ func TestLabBGPEgressRepliesReachTheEgressNode(t *testing.T) {
 		if strings.Contains(string(rules), "747") || strings.Contains(string(routes), "table 7473") {
 			t.Errorf("%s keeps rules or routes:\n%s\n%s", h.Name, rules, routes)
 		}
+	}
+}
+
+// cannotConnect fails the test, saying why, when src on h connects to port 9000 of server
+// within a second.
+func cannotConnect(ctx context.Context, t *testing.T, h *lab.Host, src, server netip.Addr, why string) {
+	t.Helper()
+	if err := h.Do(func() error {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src.AsSlice()}, Timeout: time.Second}
+		c, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(server, 9000).String())
+		if err == nil {
+			_ = c.Close()
+			return errors.New(why)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
