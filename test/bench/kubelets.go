@@ -63,23 +63,25 @@ func egressFailover(m *testenv.Main, r *report, c *kubecluster.Cluster) {
 	if err := e.WaitVIPAlone(time.Minute); err != nil {
 		m.Fatalf("egress: %v\n%s", err, c.Describe(ctx))
 	}
-	var pauses []float64
+	var pauses, bgp []float64
 	for i := range *egressTrials {
 		f, err := e.KillEgressNode(ctx)
 		if err != nil {
 			m.Fatalf("egress trial %d: %v\n%s", i, err, c.Describe(ctx))
 		}
-		harness.Step("  egress trial %d: %s killed, the pod on %s paused %s", i, f.Victim, f.Survivor, f.Pause.Round(time.Millisecond))
-		pauses = append(pauses, float64(f.Pause))
+		harness.Step("  egress trial %d: %s killed, the pod on %s paused %s (%s through the BGP address)", i, f.Victim, f.Survivor, f.Pause.Round(time.Millisecond), f.BGPPause.Round(time.Millisecond))
+		pauses, bgp = append(pauses, float64(f.Pause)), append(bgp, float64(f.BGPPause))
 	}
 	if err := c.RemoveEgress(ctx); err != nil {
 		m.Fatalf("egress: %v", err)
 	}
-	d := func(p float64) string { return figure.Duration(time.Duration(figure.Percentile(pauses, p))) }
+	row := func(what string, xs []float64) []string {
+		d := func(p float64) string { return figure.Duration(time.Duration(figure.Percentile(xs, p))) }
+		return []string{what, d(50), d(99), figure.Duration(time.Duration(slices.Max(xs))), figure.Duration(time.Duration(slices.Min(xs)))}
+	}
 	r.addAfter(kubeletsSection, egressSection,
-		fmt.Sprintf("A cluster of real kubelets as above (with -egress-only, one of its own without the HTTP workload), its CCM with egress.clusterCIDRs (docs/egress.md): a Deployment of two pods, one on each of node2 and node3, behind an L2 Service with metalvip.io/egress: \"true\" in a pool with spec.egress: Allow announced from those two nodes; each pod opens a new TCP connection to a server behind the router every 20 ms (each in its own goroutine, 1 s timeout), and the server records each connection's source address. The egress node (the one answering ARP for the VIP) dies hard as above; the figure is the longest pause between two connections from the VIP of the pod on the other node, which becomes the egress node: the heartbeats' detection (50 ms, 3 misses) and the agent's switch from routing its pod to the dead node to source-NATing it itself. Every connection of the surviving node's pods is checked: from the VIP (the egress Service's), from the node's address (another Service's pods on the same nodes). %d trials. Target: under 300 ms.", *egressTrials),
-		[][]string{{"pause p50", "p99", "max", "min"},
-			{d(50), d(99), figure.Duration(time.Duration(slices.Max(pauses))), figure.Duration(time.Duration(slices.Min(pauses)))}})
+		fmt.Sprintf("A cluster of real kubelets as above (with -egress-only, one of its own without the HTTP workload), its CCM with egress.clusterCIDRs (docs/egress.md): a Deployment of two pods, one on each of node2 and node3, behind an L2 Service with metalvip.io/egress: \"true\" in a pool with spec.egress: Allow announced from those two nodes; each pod opens a new TCP connection to a server behind the router every 20 ms (each in its own goroutine, 1 s timeout), and the server records each connection's source address. The egress node (the one answering ARP for the VIP) dies hard as above; the figure is the longest pause between two connections from the VIP of the pod on the other node, which becomes the egress node: the heartbeats' detection (50 ms, 3 misses) and the agent's switch from routing its pod to the dead node to source-NATing it itself. Every connection of the surviving node's pods is checked: from the VIP (the egress Service's), from the node's address (another Service's pods on the same nodes). The same for a BGP address announced from both nodes (the router spreads the replies over both, BFD at 900 ms): the pause of the other node's pod of a Service of it that asks for egress (the victim is its egress node when it ranks first for the address; the announcers' heartbeats move the role, and replies the router still sends to the dead node are lost until BFD withdraws its route). %d trials. Target: under 300 ms.", *egressTrials),
+		[][]string{{"address", "pause p50", "p99", "max", "min"}, row("L2", pauses), row("BGP", bgp)})
 }
 
 // kubeletsAlone measures the real-kubelet failover alone and writes its section into the
