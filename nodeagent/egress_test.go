@@ -29,6 +29,8 @@ func (f *fakeEgress) Flows() map[netip.Addr]uint64 {
 
 func (f *fakeEgress) Close() error { return f.Set(EgressConfig{}) }
 
+func (f *fakeEgress) Check() error { return nil }
+
 func (f *fakeEgress) last() EgressConfig {
 	f.mu.Lock()
 	defer f.mu.Unlock()

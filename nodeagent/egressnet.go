@@ -53,6 +53,9 @@ type EgressNet interface {
 	// Flows returns, by VIP, the connections this node source-NATed to it since the agent
 	// started.
 	Flows() map[netip.Addr]uint64
+	// Check writes the last configuration again when the kernel lost some of it (a firewall
+	// flushed the ruleset, rules were deleted by hand), or when the last Set failed.
+	Check() error
 	Close() error
 }
 
@@ -150,6 +153,10 @@ func newEgressNetIn(ns netns.NsHandle) (*nlEgress, error) {
 func (e *nlEgress) Set(want EgressConfig) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.setLocked(want)
+}
+
+func (e *nlEgress) setLocked(want EgressConfig) error {
 	// The agent sets the whole configuration at every decision (every liveness change): the
 	// kernel is touched only when it differs from the last one applied.
 	if e.known && reflect.DeepEqual(e.applied, want) {
@@ -654,6 +661,52 @@ func (e *nlEgress) Flows() map[netip.Addr]uint64 {
 		out[vip] += n
 	}
 	return out
+}
+
+func (e *nlEgress) Check() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.touched || (e.known && e.intact()) {
+		return nil
+	}
+	klog.InfoS("Egress: the kernel lost some of the rules, or the last write failed: writing them again")
+	e.known = false
+	return e.setLocked(e.applied)
+}
+
+// intact reports whether the kernel holds the nftables tables and as many ip rules of the
+// agent's as the applied configuration makes.
+func (e *nlEgress) intact() bool {
+	c, err := nftables.New(e.nftOpts...)
+	if err != nil {
+		return false
+	}
+	rules := 0
+	for _, f := range natFamilies {
+		ours := func(a netip.Addr) bool { return a.Is4() == f.is4 }
+		want := slices.ContainsFunc(e.applied.SNAT, func(s EgressSNAT) bool { return ours(s.VIP) }) ||
+			slices.ContainsFunc(e.applied.Route, func(r EgressRoute) bool { return ours(r.VIP) }) ||
+			slices.ContainsFunc(e.applied.Steer, func(r EgressSteer) bool { return ours(r.VIP) })
+		if _, err := c.ListTableOfFamily(egressTable, f.table); (err == nil) != want {
+			return false
+		}
+	}
+	for _, r := range e.applied.Route {
+		for _, src := range r.Sources {
+			rules++
+			for _, p := range e.applied.Cluster {
+				if p.Addr().Is4() == src.Is4() {
+					rules++
+				}
+			}
+		}
+	}
+	rules += 2 * len(e.applied.Steer)
+	have, err := e.ruleList()
+	if err != nil {
+		return false
+	}
+	return len(slices.DeleteFunc(have, func(r netlink.Rule) bool { return !ours(r) })) == rules
 }
 
 func (e *nlEgress) Close() error {

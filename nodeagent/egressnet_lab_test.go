@@ -300,6 +300,18 @@ func TestLabBGPEgressRepliesReachTheEgressNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect("node1 the egress node, replies through node2")
+	// A firewall flushes node2's ruleset and its rules go: the check writes them again.
+	run(n2, "nft", "flush", "ruleset")
+	run(n2, "ip", "rule", "del", "prio", "7472")
+	run(n2, "ip", "rule", "del", "prio", "7472")
+	if err := e2.Check(); err != nil {
+		t.Fatal(err)
+	}
+	run(n2, "nft", "add table ip kubeproxy { chain forward { type filter hook forward priority 0; ct state invalid counter drop; }; }")
+	expect("node1 the egress node, replies through node2 after its rules were flushed and checked")
+	if err := e2.Check(); err != nil { // intact: nothing to do
+		t.Fatal(err)
+	}
 	if rules, _ := n2.Run(ctx, "ip", "rule", "show"); !strings.Contains(string(rules), "to 203.0.113.60 ipproto tcp dport 49152-65534 lookup") {
 		t.Fatalf("node2 has no steering rule:\n%s", rules)
 	}

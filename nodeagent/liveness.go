@@ -304,6 +304,14 @@ func (a *Agent) retryLoop() {
 					klog.ErrorS(err, "Virtual MACs: cannot check what the node receives")
 				}
 			}
+			if a.opts.Egress != nil {
+				if err := a.opts.Egress.Check(); err != nil {
+					klog.ErrorS(err, "Egress rules")
+					a.egressProblem = "egress: " + err.Error()
+				} else if a.egressProblem != "" {
+					a.setEgressLocked() // says again what it does, the problem gone
+				}
+			}
 			if (a.state != nil || a.opts.ControlPlane != nil) && len(a.problems)+len(a.l2Problems) > 0 {
 				ctx, cancel := context.WithTimeout(context.Background(), a.opts.RetryInterval)
 				a.applyLocked(ctx)

@@ -302,8 +302,13 @@ func (a *Announcer) egressStatus(key string) {
 		a.tell.forget("egress/" + key)
 		return
 	}
-	if len(s.shown.addrs[key]) == 0 {
-		delete(s.egressWhy, key) // no address: nothing to leave from
+	for ip := range s.egressWhy[key] {
+		if !slices.Contains(s.shown.addrs[key], ip) {
+			delete(s.egressWhy[key], ip) // an address it shows no more: nothing to leave from
+		}
+	}
+	if len(s.egressWhy[key]) == 0 {
+		delete(s.egressWhy, key)
 	}
 	c, refused, asks := a.egressCondition(svc)
 	if refused != "" {

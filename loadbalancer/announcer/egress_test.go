@@ -285,3 +285,25 @@ func TestAPodLeavesFromOneAddress(t *testing.T) {
 		t.Errorf("then a's condition %+v (refused %q)", c, refused)
 	}
 }
+
+// TestEgressConditionFollowsTheServicesAddress: a Service whose address changes has its Egress
+// condition name the new address only.
+func TestEgressConditionFollowsTheServicesAddress(t *testing.T) {
+	h := newHarness(t, 3)
+	h.a.cfg.EgressClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")}
+	h.pool("lend", map[string]any{"addresses": []any{"203.0.113.0/28"}, "egress": "Allow"})
+	svc := h.service("a", "lend", false, "203.0.113.1")
+	svc.Annotations["metalvip.io/egress"] = "true"
+	svc.Spec.Selector = map[string]string{"app": "a"}
+	h.egressEndpoints("a", map[string]string{"node1": "198.18.1.7"})
+	h.sync(changes{services: map[string]bool{"ns/a": true}})
+	if c, _, _ := h.a.egressCondition(svc); !strings.Contains(c.Message, "203.0.113.1: 1 pod addresses leave") {
+		t.Fatalf("the Egress condition %+v", c)
+	}
+	svc.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "203.0.113.3"}}
+	h.sync(changes{services: map[string]bool{"ns/a": true}})
+	c, _, _ := h.a.egressCondition(svc)
+	if strings.Contains(c.Message, "203.0.113.1") || !strings.Contains(c.Message, "203.0.113.3: 1 pod addresses leave") {
+		t.Errorf("after the address moved the Egress condition says %q", c.Message)
+	}
+}
