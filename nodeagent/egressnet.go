@@ -103,6 +103,15 @@ type EgressRoute struct {
 
 func (c EgressConfig) empty() bool { return len(c.SNAT)+len(c.Route)+len(c.Steer) == 0 }
 
+// has reports whether c does anything for VIPs of a family (IPv4 when is4): its nftables
+// table of that family exists then.
+func (c EgressConfig) has(is4 bool) bool {
+	ours := func(a netip.Addr) bool { return a.Is4() == is4 }
+	return slices.ContainsFunc(c.SNAT, func(s EgressSNAT) bool { return ours(s.VIP) }) ||
+		slices.ContainsFunc(c.Route, func(r EgressRoute) bool { return ours(r.VIP) }) ||
+		slices.ContainsFunc(c.Steer, func(r EgressSteer) bool { return ours(r.VIP) })
+}
+
 const (
 	egressTable = "metalvip-egress"
 	// egressRulePrio and egressRulePrio+1 are the priorities of the agent's ip rules: the
@@ -524,9 +533,7 @@ func (e *nlEgress) addNAT(c *nftables.Conn, f natFamily, want EgressConfig) {
 	t := egressNATTable(f.table)
 	c.AddTable(t)
 	c.DelTable(t)
-	if !slices.ContainsFunc(want.SNAT, func(s EgressSNAT) bool { return ours(s.VIP) }) &&
-		!slices.ContainsFunc(want.Route, func(r EgressRoute) bool { return ours(r.VIP) }) &&
-		!slices.ContainsFunc(want.Steer, func(r EgressSteer) bool { return ours(r.VIP) }) {
+	if !want.has(f.is4) {
 		return
 	}
 	c.AddTable(t)
@@ -683,11 +690,7 @@ func (e *nlEgress) intact() bool {
 	}
 	rules := 0
 	for _, f := range natFamilies {
-		ours := func(a netip.Addr) bool { return a.Is4() == f.is4 }
-		want := slices.ContainsFunc(e.applied.SNAT, func(s EgressSNAT) bool { return ours(s.VIP) }) ||
-			slices.ContainsFunc(e.applied.Route, func(r EgressRoute) bool { return ours(r.VIP) }) ||
-			slices.ContainsFunc(e.applied.Steer, func(r EgressSteer) bool { return ours(r.VIP) })
-		if _, err := c.ListTableOfFamily(egressTable, f.table); (err == nil) != want {
+		if _, err := c.ListTableOfFamily(egressTable, f.table); (err == nil) != e.applied.has(f.is4) {
 			return false
 		}
 	}
